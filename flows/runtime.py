@@ -1,0 +1,38 @@
+"""Where the flow's Prefect API lives when the user has no server.
+
+With no ``PREFECT_API_URL``, Prefect would start a temporary API server in this process *and in every
+spawned worker*. We start one temporary server up front and point this process and the workers at it
+(workers inherit the environment), so a run pays the start-up once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def prefect_api() -> Iterator[str]:
+    """Yield the API URL in use: the configured server, or a temporary one for this command."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    configured = PREFECT_API_URL.value()
+    if configured:
+        yield configured
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    server.start()
+    os.environ["PREFECT_API_URL"] = server.api_url
+    try:
+        with temporary_settings({PREFECT_API_URL: server.api_url}):
+            yield server.api_url
+    finally:
+        from prefect.logging.handlers import APILogHandler
+
+        APILogHandler.flush()  # send the last log lines while the server still listens
+        os.environ.pop("PREFECT_API_URL", None)
+        server.stop()

@@ -1,0 +1,176 @@
+"""The ``tokenize-mixer`` flow: plan -> tokenize_slice per slice -> assemble -> validate -> publish."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.futures import as_completed
+from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
+
+from sftmix.config import MixerConfig, RunOptions
+from sftmix.digest import RUN_REPORT
+from sftmix.parallel import available_cpus
+from sftmix.plan import Plan
+from sftmix.publish import check_output_free, new_staging_dir
+from sftmix.report import DatasetReport, RunReport
+from sftmix.slices import SliceManifest, verify_slice
+from sftmix.storage import atomic_write_bytes, remove_tree
+from tasks.assemble import assemble_output
+from tasks.plan import plan_mixer
+from tasks.publish import publish_output
+from tasks.tokenize import init_worker, slice_task_for
+from tasks.validate import validate_output
+
+
+@dataclass
+class SliceOutcome:
+    manifests: list[SliceManifest]
+    computed: int
+    reused: int
+    rechecked: int
+    seconds: float
+
+
+def _runner(plan: Plan, run: RunOptions):
+    workers = min(run.workers or available_cpus(), max(1, len(plan.slices)))
+    if run.runner == "process" or (run.runner == "auto" and workers > 1):
+        return ProcessPoolTaskRunner(max_workers=workers, initializer=init_worker), workers
+    return ThreadPoolTaskRunner(max_workers=1), 1
+
+
+def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
+    """Tokenize every slice (reusing finished ones), distrusting cached files until they verify."""
+    logger = get_run_logger()
+    ctx = plan.context
+    runner, workers = _runner(plan, run)
+    logger.info("%d slices on %d worker(s) (%s)", len(plan.slices), workers, type(runner).__name__)
+    started = time.perf_counter()
+    manifests: list[SliceManifest | None] = [None] * len(plan.slices)
+    cached = [False] * len(plan.slices)
+    errors: list[BaseException] = []
+    with runner:
+        task = slice_task_for(ctx.work_dir)
+        futures = {runner.submit(task, parameters={"spec": s, "ctx": ctx}): s for s in plan.slices}
+        done = 0
+        for fut in as_completed(list(futures)):
+            spec = futures[fut]
+            done += 1
+            try:
+                m = SliceManifest.model_validate(fut.result())
+            except BaseException as exc:  # collected: finished slices stay checkpointed
+                errors.append(exc)
+                logger.error("slice %s failed: %s", spec.describe(), exc)
+                continue
+            manifests[spec.index] = m
+            cached[spec.index] = fut.state.name == "Cached"
+            verb = (
+                "reused"
+                if cached[spec.index]
+                else f"done in {m.seconds:.1f}s ({m.tokens / max(m.seconds, 1e-9):,.0f} tok/s)"
+            )
+            logger.info(
+                "[%d/%d] %s: %d rows, %d tokens, %s",
+                done,
+                len(futures),
+                spec.describe(),
+                m.rows,
+                m.tokens,
+                verb,
+            )
+        if errors:
+            raise errors[0]
+        stale = []
+        for spec, m in zip(plan.slices, manifests, strict=True):
+            if cached[spec.index] and (problem := verify_slice(ctx.work_dir, m)) is not None:
+                logger.warning(
+                    "cached slice %s is not trustworthy (%s): recomputing", spec.describe(), problem
+                )
+                stale.append(spec)
+        if stale:
+            refresh = slice_task_for(ctx.work_dir, refresh=True)
+            for spec, fut in [(s, runner.submit(refresh, parameters={"spec": s, "ctx": ctx})) for s in stale]:
+                manifests[spec.index] = SliceManifest.model_validate(fut.result())
+                cached[spec.index] = False
+    reused = sum(cached)
+    return SliceOutcome(
+        manifests=[m for m in manifests if m is not None],
+        computed=len(plan.slices) - reused,
+        reused=reused,
+        rechecked=len(stale),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _documents_path(plan: Plan) -> Path:
+    ident = json.dumps([plan.mixer.model_dump(), [s.key for s in plan.slices]], sort_keys=True)
+    return (
+        Path(plan.context.work_dir)
+        / "runs"
+        / f"{hashlib.sha256(ident.encode()).hexdigest()[:24]}.documents.npy"
+    )
+
+
+@flow(name="tokenize-mixer", validate_parameters=True)
+def tokenize_mixer(mixer: MixerConfig, run: RunOptions | None = None) -> dict:
+    """Tokenize a mixer of chat datasets into OLMo-core shards (byte-compatible with open-instruct)."""
+    run = run or RunOptions()
+    logger = get_run_logger()
+    started = time.perf_counter()
+    check_output_free(mixer.output.path, mixer.output.overwrite)
+    plan = plan_mixer(mixer, run)
+    for line in plan.summary().splitlines():
+        logger.info(line)
+    outcome = run_slices(plan, run)
+    staging = new_staging_dir(mixer.output.path)
+    try:
+        result = assemble_output(plan, outcome.manifests, staging, _documents_path(plan))
+        digests, validation = validate_output(staging, run.reference)
+        dropped: dict[str, int] = {}
+        for t in result.tallies:
+            for k, v in t.dropped.items():
+                dropped[k] = dropped.get(k, 0) + v
+        report = RunReport(
+            output_dir=mixer.output.path,
+            slices_total=len(plan.slices),
+            slices_computed=outcome.computed,
+            slices_reused=outcome.reused,
+            slices_rechecked=outcome.rechecked,
+            rows_in=sum(t.selected for t in result.tallies),
+            rows_kept=sum(t.kept for t in result.tallies),
+            rows_dropped=dict(sorted(dropped.items())),
+            datasets=[d.name for d in plan.datasets],
+            per_dataset=[
+                DatasetReport(name=t.name, selected=t.selected, kept=t.kept, dropped=dict(t.dropped))
+                for t in result.tallies
+            ],
+            documents=result.documents,
+            tokens=result.tokens,
+            trainable_tokens=result.trainable_tokens,
+            parts=result.parts,
+            token_dtype=plan.context.token_dtype,
+            wall_seconds=0.0,
+            tokenize_seconds=round(outcome.seconds, 3),
+            tokens_per_second=0.0,
+            digests=digests,
+            validation=validation,
+            documents_file=result.documents_path,
+            warnings=plan.warnings,
+        )
+        report.wall_seconds = round(time.perf_counter() - started, 3)
+        report.tokens_per_second = round(result.tokens / max(report.wall_seconds, 1e-9), 1)
+        report.publish = "pending"
+        atomic_write_bytes(staging / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8"))
+        report.publish = publish_output(staging, mixer.output.path, mixer.output.overwrite)
+        atomic_write_bytes(
+            Path(mixer.output.path) / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8")
+        )
+    finally:
+        remove_tree(staging)
+    for line in report.render().splitlines():
+        logger.info(line)
+    return report.model_dump()

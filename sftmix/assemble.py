@@ -1,0 +1,235 @@
+"""From slice manifests to the final shards: global order first, then a streamed scatter.
+
+The order (kept rows per dataset in selection order, concatenated in mixer order, shuffled with
+``numpy.random.default_rng(seed).permutation``, cut to ``num_examples``) needs only the small per-row
+records. Tokens are then copied slice by slice (each slice file read once, sequentially) into
+memory-mapped parts at precomputed offsets, so memory is bounded by one slice, not by the dataset.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ChecksumError, DatasetError
+from .labels import DROP_REASONS, RowStatus
+from .olmo_format import PartSet, dataset_statistics, part_tokens, write_boundaries, write_statistics
+from .plan import Plan
+from .selection import selection_indices
+from .slices import ROW_DTYPE, SliceManifest, load_slice_arrays
+from .tokenizer import TokenizerKey, load_hf_tokenizer
+
+logger = logging.getLogger(__name__)
+
+DOCUMENTS_FILE = "documents.npy"
+DOC_DTYPE = np.dtype([("dataset", "<i4"), ("row", "<i8"), ("start", "<i8"), ("length", "<i8")])
+
+
+@dataclass
+class DatasetTally:
+    name: str
+    selected: int = 0
+    kept: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class AssembleResult:
+    documents: int
+    tokens: int
+    trainable_tokens: int
+    parts: int
+    statistics: dict[str, Any]
+    tallies: list[DatasetTally]
+    documents_path: str
+
+
+def _records(
+    plan: Plan, manifests: list[SliceManifest], slice_ids: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Row records of a dataset's slices (sorted by source row) and the slice each came from."""
+    arrays, owners = [], []
+    for sid in slice_ids:
+        _, _, rows = load_slice_arrays(plan.context.work_dir, manifests[sid])
+        arrays.append(np.asarray(rows, dtype=ROW_DTYPE))
+        owners.append(np.full(rows.shape[0], sid, dtype=np.int64))
+    if not arrays:
+        return np.zeros(0, dtype=ROW_DTYPE), np.zeros(0, dtype=np.int64)
+    return np.concatenate(arrays), np.concatenate(owners)
+
+
+def global_order(
+    plan: Plan, manifests: list[SliceManifest]
+) -> tuple[np.ndarray, np.ndarray, list[DatasetTally]]:
+    """Every output document as (dataset, record) plus the concatenated record table."""
+    tables, owners, doc_dataset, doc_record, tallies = [], [], [], [], []
+    base = 0
+    for d in plan.datasets:
+        records, owner = _records(plan, manifests, d.slices)
+        sel = selection_indices(d.n_rows, d.target)
+        pos = np.searchsorted(records["row"], sel)
+        if pos.size and (pos.max() >= records.shape[0] or not np.array_equal(records["row"][pos], sel)):
+            raise ChecksumError(
+                f"dataset {d.name!r}: slice checkpoints do not cover the selected rows; rerun"
+            )
+        status = records["status"][pos]
+        kept = pos[status == RowStatus.KEPT]
+        tally = DatasetTally(name=d.name, selected=int(sel.size), kept=int(kept.size))
+        for code, count in zip(*np.unique(status[status != RowStatus.KEPT], return_counts=True), strict=True):
+            tally.dropped[DROP_REASONS[RowStatus(int(code))]] += int(count)
+        if tally.kept == 0:
+            raise DatasetError(
+                d.name,
+                f"no rows left after tokenization ({tally.selected} selected, dropped: {dict(tally.dropped)})",
+            )
+        tallies.append(tally)
+        tables.append(records)
+        owners.append(owner)
+        doc_dataset.append(np.full(kept.size, d.index, dtype=np.int32))
+        doc_record.append(kept + base)
+        base += records.shape[0]
+    table = np.concatenate(tables)
+    table_owner = np.concatenate(owners)
+    datasets = np.concatenate(doc_dataset)
+    record = np.concatenate(doc_record)
+    perm = np.random.default_rng(plan.mixer.shuffle_seed).permutation(record.shape[0])
+    n = plan.mixer.num_examples
+    if n > 0:
+        if n > perm.shape[0]:
+            logger.warning(
+                "num_examples=%d but only %d rows were kept: writing all of them", n, perm.shape[0]
+            )
+        perm = perm[:n]
+    order = np.empty(perm.shape[0], dtype=[("dataset", "<i4"), ("record", "<i8")])
+    order["dataset"] = datasets[perm]
+    order["record"] = record[perm]
+    return order, _with_owner(table, table_owner), tallies
+
+
+def _with_owner(table: np.ndarray, owner: np.ndarray) -> np.ndarray:
+    out = np.empty(table.shape[0], dtype=ROW_DTYPE.descr + [("slice", "<i8")])
+    for name in ROW_DTYPE.names:
+        out[name] = table[name]
+    out["slice"] = owner
+    return out
+
+
+def assemble(
+    plan: Plan, manifests: list[SliceManifest], staging: Path, documents_path: Path
+) -> AssembleResult:
+    """Write parts, boundaries and statistics for ``plan`` into ``staging``."""
+    order, table, tallies = global_order(plan, manifests)
+    docs = table[order["record"]]
+    lengths = docs["length"]
+    ends = np.cumsum(lengths, dtype=np.int64)
+    starts = ends - lengths
+    total = int(ends[-1]) if ends.size else 0
+    dtype = np.dtype(plan.context.token_dtype)
+    per_part = part_tokens(dtype)
+    parts = PartSet(staging, total, dtype, per_part)
+    by_slice = np.argsort(docs["slice"], kind="stable")
+    slice_ids, first = np.unique(docs["slice"][by_slice], return_index=True)
+    bounds = list(first[1:]) + [by_slice.shape[0]]
+    for sid, lo, hi in zip(slice_ids.tolist(), first.tolist(), bounds, strict=True):
+        tokens, mask, _ = load_slice_arrays(plan.context.work_dir, manifests[sid])
+        group = by_slice[lo:hi]
+        src = docs["offset"][group]
+        group = group[np.argsort(src, kind="stable")]  # sequential reads within the slice
+        for i in group.tolist():
+            a, n = int(docs["offset"][i]), int(lengths[i])
+            parts.write(int(starts[i]), tokens[a : a + n], mask[a : a + n])
+    parts.close()
+    n_parts = len(range(0, total, per_part))
+    write_boundaries(staging, starts, ends, per_part, n_parts)
+
+    stats = _statistics(plan, order, docs, tallies, total)
+    write_statistics(staging, stats)
+    _save_tokenizer(plan, staging / "tokenizer")
+
+    documents = np.empty(order.shape[0], dtype=DOC_DTYPE)
+    documents["dataset"] = order["dataset"]
+    documents["row"] = docs["row"]
+    documents["start"] = starts
+    documents["length"] = lengths
+    documents_path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(documents_path, documents)
+    return AssembleResult(
+        documents=int(order.shape[0]),
+        tokens=total,
+        trainable_tokens=int(docs["trainable"].sum()),
+        parts=n_parts,
+        statistics=stats,
+        tallies=tallies,
+        documents_path=str(documents_path),
+    )
+
+
+def _statistics(
+    plan: Plan, order: np.ndarray, docs: np.ndarray, tallies: list[DatasetTally], total: int
+) -> dict:
+    pre: dict[str, dict[str, Any]] = {}
+    for d, t in zip(plan.datasets, tallies, strict=True):
+        pre[d.name] = {
+            "dataset_split": d.split,
+            "initial_instances": d.target,
+            "final_instances": t.kept,
+            "instances_filtered": d.target - t.kept,
+            "frac_or_num_samples": d.amount,
+            "original_dataset_size": d.n_rows,
+            "is_upsampled": d.upsampled,
+            "upsampling_factor": d.target / d.n_rows if d.n_rows > 0 else 1.0,
+        }
+    names = [plan.datasets[i].name for i in order["dataset"].tolist()]
+    counts: Counter[str] = Counter()
+    tokens: Counter[str] = Counter()
+    trainable: Counter[str] = Counter()
+    filtered: Counter[str] = Counter()
+    seen: list[str] = []
+    for name, length, train in zip(names, docs["length"].tolist(), docs["trainable"].tolist(), strict=True):
+        if name not in counts:
+            seen.append(name)
+        counts[name] += 1
+        tokens[name] += length
+        trainable[name] += train
+        filtered[name] += train == 0
+    total_trainable = int(docs["trainable"].sum())
+    return dataset_statistics(
+        output_dir=str(Path(plan.mixer.output.path)),
+        tokenizer=plan.mixer.tokenizer.name_or_path,
+        max_seq_length=plan.mixer.max_seq_length,
+        chat_template=plan.mixer.tokenizer.chat_template,
+        pre=pre,
+        order=seen,
+        counts=counts,
+        tokens=tokens,
+        trainable=trainable,
+        filtered=filtered,
+        total_instances=int(order.shape[0]),
+        total_tokens=total,
+        total_trainable=total_trainable,
+        num_filtered=int((docs["trainable"] == 0).sum()),
+    )
+
+
+def _save_tokenizer(plan: Plan, directory: Path) -> None:
+    """The tokenizer with the chat template used, as the reference saves it (not digested)."""
+    import json
+
+    tok = copy.deepcopy(
+        load_hf_tokenizer(TokenizerKey(plan.context.tokenizer, plan.context.tokenizer_revision))
+    )
+    tok.chat_template = plan.context.template_text
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(str(directory))
+    template_file, config_file = directory / "chat_template.jinja", directory / "tokenizer_config.json"
+    if template_file.exists() and config_file.exists():
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        if "chat_template" not in config:
+            config["chat_template"] = template_file.read_text(encoding="utf-8")
+            config_file.write_text(json.dumps(config, indent=2), encoding="utf-8")

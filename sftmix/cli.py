@@ -1,0 +1,230 @@
+"""``tokenize-mixer``: convert (the reference's flags), run, plan, compare, digest.
+
+``convert`` and ``run`` both run the Prefect flow: with no ``PREFECT_API_URL`` it starts Prefect's
+ephemeral API (no server needed); with one, the run shows up on that server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec, load_run_file
+from .errors import ConfigError, MixerError
+from .selection import parse_amount
+
+logger = logging.getLogger("sftmix")
+
+#: Reference flags that do not change the output; accepted so existing scripts run unchanged.
+IGNORED_REFERENCE_FLAGS = (
+    "dataset_name",
+    "dataset_mixer",
+    "dataset_transform_fn",
+    "dataset_target_columns",
+    "dataset_cache_mode",
+    "dataset_local_cache_dir",
+    "dataset_config_hash",
+    "dataset_skip_cache",
+    "visualize",
+    "tokenizer_config_only",
+    "resume",
+    "trust_remote_code",
+    "use_fast",
+    "get_tokenizer_fn",
+    "use_slow_tokenizer",
+)
+
+
+def _flag(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
+    """Accept both ``--snake_case`` (the reference's) and ``--kebab-case`` spellings."""
+    spellings = [f"--{name}"]
+    if "_" in name:
+        spellings.append(f"--{name.replace('_', '-')}")
+    parser.add_argument(*spellings, dest=name, **kwargs)
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "y"):
+        return True
+    if text.lower() in ("0", "false", "no", "n"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+
+
+def _run_flags(parser: argparse.ArgumentParser) -> None:
+    _flag(
+        parser,
+        "work_dir",
+        help="checkpoint directory (default: $TOKENIZE_MIXER_WORK_DIR or ~/.cache/tokenize-mixer)",
+    )
+    _flag(parser, "workers", type=int, help="worker processes (default: the CPUs this process may use)")
+    _flag(parser, "slice_rows", type=int, help="most source rows per slice")
+    _flag(parser, "runner", choices=["auto", "process", "thread"], help="task runner")
+    _flag(parser, "reference", help="directory or digests JSON to validate against; a mismatch fails the run")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokenize-mixer", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    conv = sub.add_parser("convert", help="the reference converter's flags, same bytes out")
+    _flag(
+        conv, "dataset_mixer_list", nargs="+", required=True, metavar="NAME AMOUNT", help="NAME AMOUNT pairs"
+    )
+    _flag(
+        conv, "dataset_mixer_list_splits", nargs="+", default=["train"], help="one split, or one per dataset"
+    )
+    _flag(conv, "tokenizer_name_or_path", required=True)
+    _flag(conv, "tokenizer_revision")
+    _flag(conv, "chat_template_name")
+    _flag(conv, "add_bos", type=_bool, nargs="?", const=True, default=False)
+    _flag(conv, "max_seq_length", type=int)
+    _flag(conv, "num_examples", type=int, default=0)
+    _flag(conv, "shuffle_seed", type=int, default=42)
+    _flag(conv, "output_dir", required=True)
+    _flag(conv, "overwrite", action="store_true", help="replace an output directory holding different shards")
+    for name in IGNORED_REFERENCE_FLAGS:
+        _flag(conv, name, nargs="*", help=argparse.SUPPRESS)
+    _run_flags(conv)
+
+    run = sub.add_parser("run", help="run a mixer config (YAML or JSON)")
+    run.add_argument("config")
+    _flag(run, "output_dir", help="override the config's output path")
+    _flag(run, "overwrite", action="store_true", default=None)
+    _run_flags(run)
+
+    plan = sub.add_parser("plan", help="print the slices of a mixer config without running")
+    plan.add_argument("config")
+    _run_flags(plan)
+
+    cmp_ = sub.add_parser(
+        "compare", help="compare two outputs (directories or digests JSON); exit 1 on mismatch"
+    )
+    cmp_.add_argument("a")
+    cmp_.add_argument("b")
+
+    dig = sub.add_parser("digest", help="write the digests of an output directory as JSON")
+    dig.add_argument("output")
+    dig.add_argument("-o", "--out", help="file to write (default: stdout)")
+    return parser
+
+
+def mixer_from_convert_args(args: argparse.Namespace) -> MixerConfig:
+    pairs = args.dataset_mixer_list
+    if len(pairs) % 2:
+        raise ConfigError(
+            f"--dataset_mixer_list needs NAME AMOUNT pairs; got {len(pairs)} values: {' '.join(pairs)}"
+        )
+    names, amounts = pairs[0::2], [parse_amount(a) for a in pairs[1::2]]
+    splits = args.dataset_mixer_list_splits
+    if len(splits) == 1:
+        splits = splits * len(names)
+    elif len(splits) != len(names):
+        raise ConfigError(f"--dataset_mixer_list_splits has {len(splits)} splits for {len(names)} datasets")
+    return MixerConfig(
+        datasets=[
+            DatasetEntry(path=n, amount=a, split=s) for n, a, s in zip(names, amounts, splits, strict=True)
+        ],
+        tokenizer=TokenizerSpec(
+            name_or_path=args.tokenizer_name_or_path,
+            revision=args.tokenizer_revision,
+            chat_template=args.chat_template_name,
+            add_bos=args.add_bos,
+            unknown_template="fallback",
+        ),
+        max_seq_length=args.max_seq_length,
+        shuffle_seed=args.shuffle_seed,
+        num_examples=args.num_examples,
+        output=OutputSpec(path=args.output_dir, overwrite=args.overwrite),
+    )
+
+
+def run_options(args: argparse.Namespace, base: RunOptions | None = None) -> RunOptions:
+    data = (base or RunOptions()).model_dump()
+    for key in ("work_dir", "workers", "slice_rows", "runner", "reference"):
+        if getattr(args, key, None) is not None:
+            data[key] = getattr(args, key)
+    return RunOptions.model_validate(data)
+
+
+def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
+    from flows.runtime import prefect_api
+    from flows.tokenize_mixer import tokenize_mixer
+
+    from .report import RunReport
+
+    with prefect_api():
+        report = RunReport.model_validate(tokenize_mixer(mixer=mixer, run=run))
+    sys.stdout.write(report.render() + "\n")
+    return 0
+
+
+def _configure_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    for noisy in ("httpx", "httpcore", "datasets", "filelock", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.verbose)
+    try:
+        if args.command == "convert":
+            for name in IGNORED_REFERENCE_FLAGS:
+                if getattr(args, name) is not None:
+                    logger.warning("--%s does not change the output here and is ignored", name)
+            return _run_flow(mixer_from_convert_args(args), run_options(args))
+        if args.command == "run":
+            rf = load_run_file(args.config)
+            mixer = rf.mixer
+            if args.output_dir or args.overwrite is not None:
+                out = mixer.output.model_copy(
+                    update={
+                        k: v
+                        for k, v in (("path", args.output_dir), ("overwrite", args.overwrite))
+                        if v is not None
+                    }
+                )
+                mixer = mixer.model_copy(update={"output": out})
+            return _run_flow(mixer, run_options(args, rf.run))
+        if args.command == "plan":
+            from .plan import build_plan
+
+            rf = load_run_file(args.config)
+            sys.stdout.write(build_plan(rf.mixer, run_options(args, rf.run)).summary() + "\n")
+            return 0
+        if args.command == "compare":
+            from .digest import compare
+
+            result = compare(args.a, args.b)
+            sys.stdout.write(result.render() + "\n")
+            return 0 if result.matches else 1
+        if args.command == "digest":
+            from .digest import DIGESTS_FORMAT, output_digests
+
+            text = json.dumps(
+                {"format": DIGESTS_FORMAT, "files": output_digests(args.output)}, indent=2, sort_keys=True
+            )
+            if args.out:
+                with open(args.out, "w", encoding="utf-8") as fh:
+                    fh.write(text + "\n")
+            else:
+                sys.stdout.write(text + "\n")
+            return 0
+    except MixerError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""The configuration a user writes: one place to read every knob.
+
+These pydantic models are what ``tokenize-mixer run CONFIG.yaml`` reads and what the Prefect UI shows
+as the flow's parameter form, so every field carries a description and its constraints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import ConfigError
+from .selection import Amount, parse_amount
+
+
+class DatasetEntry(BaseModel):
+    """One dataset of the mixer and how much of it to take."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(
+        description="Hugging Face hub name, local .jsonl/.parquet file, or gs:// path. "
+        "Written as typed into dataset_statistics.json."
+    )
+    amount: float | int = Field(
+        default=1.0,
+        description="A number with a '.' is a fraction of the dataset (1.0 = all rows, 3.0 = upsample 3x, "
+        "0.25 = a random quarter); a whole number is a row count.",
+    )
+    split: str = Field(default="train", description="Dataset split to read.")
+    revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit) to pin.")
+
+    @field_validator("amount", mode="before")
+    @classmethod
+    def _parse_amount(cls, value: object) -> Amount:
+        try:
+            return parse_amount(value)  # type: ignore[arg-type]
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+
+class TokenizerSpec(BaseModel):
+    """Which tokenizer and chat template render the conversations."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name_or_path: str = Field(description="Local tokenizer directory or hub name (as for AutoTokenizer).")
+    revision: str | None = Field(default=None, description="Hub revision of the tokenizer.")
+    chat_template: str | None = Field(
+        default=None,
+        description="'olmo' or 'tulu' (carried by tokenize-mixer), 'tokenizer' (or empty) for the tokenizer's "
+        "own chat_template, or a path to a .jinja file.",
+    )
+    add_bos: bool = Field(
+        default=False, description="Prepend the bos token to the chat template (reference --add_bos)."
+    )
+    unknown_template: Literal["error", "fallback"] = Field(
+        default="error",
+        description="What an unknown template name does: 'error' (our configs) or 'fallback' to the tokenizer's "
+        "own template with a loud warning (the reference's behaviour, used by `convert`).",
+    )
+
+
+class OutputSpec(BaseModel):
+    """Where the shards go and how they are laid out."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="Output directory (local path; recorded in dataset_statistics.json).")
+    token_dtype_rule: Literal["vocab_size", "largest_id"] = Field(
+        default="vocab_size",
+        description="'vocab_size' picks the dtype from tokenizer.vocab_size like the reference (an id that does not "
+        "fit fails the run); 'largest_id' also counts added tokens.",
+    )
+    overwrite: bool = Field(
+        default=False, description="Replace an output directory that already holds different shards."
+    )
+
+
+class MixerConfig(BaseModel):
+    """A mixer: datasets with amounts, a tokenizer and template, a max length and where to write."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    datasets: list[DatasetEntry] = Field(min_length=1, description="Datasets in mixer order.")
+    tokenizer: TokenizerSpec
+    max_seq_length: int | None = Field(
+        default=None, gt=0, description="Truncate each conversation to this many tokens (not dropped)."
+    )
+    shuffle_seed: int = Field(default=42, ge=0, description="Seed of the global shuffle of kept rows.")
+    num_examples: int = Field(
+        default=0, ge=0, description="Keep only the first N rows after the shuffle (0 = all)."
+    )
+    output: OutputSpec
+
+
+class RunOptions(BaseModel):
+    """How to run: where checkpoints live, slice size, parallelism, validation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    work_dir: str | None = Field(
+        default=None,
+        description="Slice checkpoints and Prefect results. Default: $TOKENIZE_MIXER_WORK_DIR or the user cache "
+        "directory. Deleting it means starting cold.",
+    )
+    slice_rows: int = Field(
+        default=2000, gt=0, description="Most source rows per slice (one task per slice)."
+    )
+    workers: int | None = Field(
+        default=None, gt=0, description="Worker processes; default: the CPUs this process may use."
+    )
+    runner: Literal["auto", "process", "thread"] = Field(
+        default="auto",
+        description="'process' (a spawn process pool), 'thread' (in-process, for debugging), or 'auto': "
+        "process when there are several workers and slices.",
+    )
+    reference: str | None = Field(
+        default=None,
+        description="A directory or digests JSON to validate the output against; a mismatch fails the run.",
+    )
+
+
+def default_work_dir() -> Path:
+    """``$TOKENIZE_MIXER_WORK_DIR``, else the user cache directory."""
+    env = os.environ.get("TOKENIZE_MIXER_WORK_DIR")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tokenize-mixer"
+
+
+class RunFile(BaseModel):
+    """The file ``tokenize-mixer run`` reads: a mixer plus optional run options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mixer: MixerConfig
+    run: RunOptions = Field(default_factory=RunOptions)
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    """One line per problem, naming the field, instead of pydantic's wall of text."""
+    lines = [f"invalid configuration in {source}:"]
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"  {where}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def load_run_file(path: str | os.PathLike[str]) -> RunFile:
+    """Read a YAML or JSON config. A file with top-level ``datasets`` is a bare mixer."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {p}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(
+            f"config {p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {p} must be a mapping with 'mixer' (and optionally 'run')")
+    if "datasets" in data:
+        data = {"mixer": data}
+    try:
+        return RunFile.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, str(p))) from None

@@ -1,0 +1,195 @@
+"""Digest an output and compare two (SPEC.md, Verification).
+
+Token and label parts hash as bytes, ``.csv.gz`` after decompression (gzip headers hold a timestamp),
+``dataset_statistics.json`` without ``timestamp``/``output_directory`` dumped with sorted keys. The
+human report, ``tokenizer/``, ``run_report.json`` and temporary files are skipped. On a mismatch the
+first differing byte is mapped to its part offset, document, and (when the run left its document map)
+dataset and row.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError
+from .olmo_format import BOUNDS_PART, STATS_JSON, STATS_TXT
+from .storage import is_temp
+
+DIGESTS_FORMAT = "tokenize-mixer-digests/1"
+RUN_REPORT = "run_report.json"
+SKIPPED = {STATS_TXT, RUN_REPORT, "tokenizer"}
+
+
+def _sha256_stream(chunks: Any) -> str:
+    h = hashlib.sha256()
+    for c in chunks:
+        h.update(c)
+    return h.hexdigest()
+
+
+def _read_blocks(fh: Any) -> Any:
+    return iter(lambda: fh.read(1 << 22), b"")
+
+
+def artifact_digest(path: Path) -> str:
+    name = path.name
+    if name == STATS_JSON:
+        stats = json.loads(path.read_text(encoding="utf-8"))
+        stats.pop("timestamp", None)
+        stats.pop("output_directory", None)
+        return hashlib.sha256(json.dumps(stats, sort_keys=True).encode("utf-8")).hexdigest()
+    opener = gzip.open if name.endswith(".gz") else open
+    with opener(path, "rb") as fh:
+        return _sha256_stream(_read_blocks(fh))
+
+
+def output_digests(directory: str | Path) -> dict[str, str]:
+    root = Path(directory)
+    if not root.is_dir():
+        raise ConfigError(f"{root} is not a directory")
+    return {
+        p.name: artifact_digest(p)
+        for p in sorted(root.iterdir())
+        if p.name not in SKIPPED and not is_temp(p.name) and not p.name.startswith(".") and p.is_file()
+    }
+
+
+def write_digests(directory: str | Path, target: str | Path) -> dict[str, str]:
+    digests = output_digests(directory)
+    Path(target).write_text(
+        json.dumps({"format": DIGESTS_FORMAT, "files": digests}, indent=2, sort_keys=True)
+    )
+    return digests
+
+
+def load_digests(source: str | Path) -> tuple[dict[str, str], Path | None]:
+    """Digests of a directory, or of a digests JSON; also the directory when there is one."""
+    p = Path(source)
+    if p.is_dir():
+        return output_digests(p), p
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{p} is neither an output directory nor a digests JSON: {exc}") from None
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, dict):
+        raise ConfigError(f"{p} is not a digests JSON (no 'files' mapping)")
+    return files, None
+
+
+@dataclass
+class Difference:
+    name: str
+    status: str  # OK, DIFF, ONLY_A, ONLY_B
+    detail: str = ""
+
+
+@dataclass
+class Comparison:
+    items: list[Difference] = field(default_factory=list)
+
+    @property
+    def matches(self) -> bool:
+        return all(i.status == "OK" for i in self.items)
+
+    def render(self) -> str:
+        lines = [f"{i.status:<6} {i.name}" + (f"  {i.detail}" if i.detail else "") for i in self.items]
+        lines.append("outputs match" if self.matches else "outputs DIFFER")
+        return "\n".join(lines)
+
+
+def _first_difference(a: Path, b: Path) -> int | None:
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        offset = 0
+        while True:
+            ba, bb = fa.read(1 << 20), fb.read(1 << 20)
+            if ba != bb:
+                n = min(len(ba), len(bb))
+                diff = np.flatnonzero(np.frombuffer(ba[:n], np.uint8) != np.frombuffer(bb[:n], np.uint8))
+                return offset + (int(diff[0]) if diff.size else n)
+            if not ba:
+                return None
+            offset += len(ba)
+
+
+def _part_index(name: str) -> int | None:
+    stem = name.rsplit("_part_", 1)
+    if len(stem) != 2:
+        return None
+    try:
+        return int(stem[1].split(".")[0])
+    except ValueError:
+        return None
+
+
+def locate(directory: Path, part: int, token: int) -> str:
+    """Which document (and, when the run left its document map, dataset and row) holds a token."""
+    g = token + sum(
+        (directory / f"labels_mask_part_{k:04d}.npy").stat().st_size
+        for k in range(part)
+        if (directory / f"labels_mask_part_{k:04d}.npy").exists()
+    )
+    where = f"token {token} of part {part} (global token {g})"
+    mapped = _dataset_row(directory, g)
+    if mapped:
+        return where + mapped
+    bounds = directory / BOUNDS_PART.format(part)
+    if bounds.exists():
+        with gzip.open(bounds, "rt") as fh:
+            for j, line in enumerate(fh):
+                start, end = (int(x) for x in line.split(","))
+                if start <= token < end:
+                    return where + f", document {j} of the part (tokens {start}-{end})"
+    return where
+
+
+def _dataset_row(directory: Path, global_token: int) -> str:
+    try:
+        data = json.loads((directory / RUN_REPORT).read_text(encoding="utf-8"))
+        documents = np.load(data["documents_file"], mmap_mode="r")
+        doc = int(np.searchsorted(documents["start"], global_token, side="right")) - 1
+        rec = documents[doc]
+        name = data["datasets"][int(rec["dataset"])]
+        return f", document {doc}: dataset {name!r}, row {int(rec['row'])}"
+    except (OSError, KeyError, ValueError, IndexError, TypeError):
+        return ""
+
+
+def compare(a: str | Path, b: str | Path) -> Comparison:
+    da, dir_a = load_digests(a)
+    db, dir_b = load_digests(b)
+    result = Comparison()
+    for name in sorted(set(da) | set(db)):
+        if name not in db:
+            result.items.append(Difference(name, "ONLY_A"))
+        elif name not in da:
+            result.items.append(Difference(name, "ONLY_B"))
+        elif da[name] == db[name]:
+            result.items.append(Difference(name, "OK"))
+        else:
+            result.items.append(Difference(name, "DIFF", _explain(name, dir_a, dir_b)))
+    return result
+
+
+def _explain(name: str, dir_a: Path | None, dir_b: Path | None) -> str:
+    if dir_a is None or dir_b is None or not name.endswith(".npy"):
+        return ""
+    offset = _first_difference(dir_a / name, dir_b / name)
+    if offset is None:
+        return ""
+    part = _part_index(name)
+    if part is None:
+        return f"first differing byte at offset {offset}"
+    mask = dir_a / f"labels_mask_part_{part:04d}.npy"
+    tokens = dir_a / f"token_ids_part_{part:04d}.npy"
+    itemsize = 1
+    if name.startswith("token_ids") and mask.exists() and mask.stat().st_size:
+        itemsize = max(1, tokens.stat().st_size // mask.stat().st_size)
+    return f"first differing byte at offset {offset}: " + locate(dir_a, part, offset // itemsize)

@@ -1,0 +1,52 @@
+"""Typed errors that name what a user must fix: the dataset, the row and the reason."""
+
+from __future__ import annotations
+
+
+class MixerError(Exception):
+    """Base class: an error the user can act on, printed without a traceback by the CLI."""
+
+
+class ConfigError(MixerError):
+    """The mixer configuration or the command line is wrong."""
+
+
+class TemplateError(MixerError):
+    """A chat template cannot be found, loaded or rendered."""
+
+
+class DatasetError(MixerError):
+    """A dataset cannot be opened or read."""
+
+    def __init__(self, dataset: str, reason: str) -> None:
+        self.dataset = dataset
+        self.reason = reason
+        super().__init__(f"dataset {dataset!r}: {reason}")
+
+    def __reduce__(self) -> tuple:  # picklable across worker processes
+        return (type(self), (self.dataset, self.reason))
+
+
+class BadRowError(MixerError):
+    """One row of a dataset is malformed."""
+
+    def __init__(self, dataset: str, row: int, reason: str) -> None:
+        self.dataset = dataset
+        self.row = row
+        self.reason = reason
+        super().__init__(f"dataset {dataset!r}, row {row}: {reason}")
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.dataset, self.row, self.reason))
+
+
+class TokenDtypeError(MixerError):
+    """A token id does not fit the dtype chosen for the output parts."""
+
+
+class OutputConflictError(MixerError):
+    """The output directory already holds different shards."""
+
+
+class ChecksumError(MixerError):
+    """A checkpoint or an output file does not match its recorded digest."""

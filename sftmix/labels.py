@@ -1,0 +1,224 @@
+"""Render + tokenize + assistant-only label mask for a batch of conversations.
+
+The rule (SPEC.md, Tokenization and labels): tokenize the full render once; an assistant turn ``i``
+is the character span ``[len(render(m[:i], gen=True)), len(render(m[:i+1])))`` and a token is
+trainable when its offsets overlap a span. When a prefix render is not a literal prefix of the full
+render (the ``olmo`` template on multi-turn chats), spans come from token counts of the prefixes and
+are then checked against the message content; a row that fails the check is dropped, as in the
+reference. No I/O here: the caller supplies the renderer and tokenizers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+from .formats import Conversation
+from .templates import ChatRenderer
+
+
+class RowStatus(IntEnum):
+    KEPT = 0
+    NO_TRAINABLE = 1
+    SPAN_UNVERIFIED = 2
+    BAD_ROW = 3
+
+
+#: Why a row was dropped, as shown in statistics and reports.
+DROP_REASONS = {
+    RowStatus.NO_TRAINABLE: "no_trainable_tokens",
+    RowStatus.SPAN_UNVERIFIED: "assistant_span_unverified",
+    RowStatus.BAD_ROW: "bad_row",
+}
+
+
+class RenderError(Exception):
+    """The template failed on a whole conversation (not a prefix): row ``index`` of the batch."""
+
+    def __init__(self, index: int, cause: Exception) -> None:
+        self.index = index
+        self.cause = cause
+        super().__init__(f"chat template failed: {type(cause).__name__}: {cause}")
+
+
+@dataclass
+class TokenizedRow:
+    ids: np.ndarray
+    mask: np.ndarray
+    status: RowStatus
+    detail: str | None = None
+
+
+class _SpanFailure(Exception):
+    pass
+
+
+@dataclass
+class _Pending:
+    """A row waiting for prefix token counts (the fallback path)."""
+
+    row: int
+    indices: list[int]
+    headers: list[str | None]
+    throughs: list[str]
+
+
+def assistant_indices(messages: Sequence[dict]) -> list[int]:
+    return [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+
+
+class LabelMasker:
+    """Tokenizes conversations and marks assistant tokens trainable."""
+
+    def __init__(
+        self,
+        renderer: ChatRenderer,
+        encode_batch: Callable[[list[str]], list],
+        decode: Callable[[list[int]], str],
+        max_seq_length: int | None,
+    ) -> None:
+        self.renderer = renderer
+        self.encode_batch = encode_batch
+        self.decode = decode
+        self.max_len = max_seq_length
+
+    def _cap(self, n: int) -> int:
+        return n if self.max_len is None else min(n, self.max_len)
+
+    def tokenize(self, conversations: Sequence[Conversation]) -> list[TokenizedRow]:
+        rendered: list[str] = []
+        for i, conv in enumerate(conversations):
+            try:
+                rendered.append(self.renderer.render(conv.messages, conv.tools, False))
+            except Exception as exc:  # the template's own error, reported with the row
+                raise RenderError(i, exc) from exc
+        encodings = self.encode_batch(rendered)
+        results: list[TokenizedRow] = []
+        pending: list[_Pending] = []
+        for i, (conv, text, enc) in enumerate(zip(conversations, rendered, encodings, strict=True)):
+            ids = np.asarray(enc.ids, dtype=np.int64)
+            offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+            if self.max_len is not None:
+                ids, offsets = ids[: self.max_len], offsets[: self.max_len]
+            row = TokenizedRow(ids=ids, mask=np.zeros(ids.shape[0], dtype=np.uint8), status=RowStatus.KEPT)
+            results.append(row)
+            try:
+                spans = self._char_spans(conv, text, pending, i)
+            except _SpanFailure as exc:
+                row.status, row.detail = RowStatus.SPAN_UNVERIFIED, str(exc)
+                continue
+            if spans is not None:
+                row.mask = _overlap_mask(offsets, spans)
+        if pending:
+            self._token_count_spans(conversations, rendered, results, pending)
+        for row in results:
+            if row.status == RowStatus.KEPT and not row.mask.any():
+                row.status, row.detail = (
+                    RowStatus.NO_TRAINABLE,
+                    "no assistant token survives (none, or truncated)",
+                )
+        return results
+
+    def _char_spans(
+        self, conv: Conversation, text: str, pending: list[_Pending], row: int
+    ) -> list[tuple[int, int]] | None:
+        """Character spans of the assistant turns, or ``None`` when the row needs token counts."""
+        indices = assistant_indices(conv.messages)
+        headers: list[str | None] = []
+        throughs: list[str] = []
+        spans: list[tuple[int, int]] = []
+        stable = True
+        for idx in indices:
+            try:
+                header = None if idx == 0 else self.renderer.render(conv.messages[:idx], conv.tools, True)
+                through = self.renderer.render(conv.messages[: idx + 1], conv.tools, False)
+            except Exception as exc:
+                if stable:
+                    roles = [m.get("role") for m in conv.messages[: idx + 1]]
+                    raise _SpanFailure(
+                        f"template failed on the prefix {roles} of message {idx}: {exc}"
+                    ) from exc
+                raise _SpanFailure(f"template failed on a prefix of message {idx}: {exc}") from exc
+            headers.append(header)
+            throughs.append(through)
+            h = header or ""
+            if stable and len(h) <= len(through) and text.startswith(h) and text.startswith(through):
+                spans.append((len(h), len(through)))
+            else:
+                stable = False
+        if stable:
+            return spans
+        pending.append(_Pending(row=row, indices=indices, headers=headers, throughs=throughs))
+        return None
+
+    def _token_count_spans(
+        self,
+        conversations: Sequence[Conversation],
+        rendered: list[str],
+        results: list[TokenizedRow],
+        pending: list[_Pending],
+    ) -> None:
+        texts: list[str] = []
+        for p in pending:
+            for header, through in zip(p.headers, p.throughs, strict=True):
+                if header is not None:
+                    texts.append(header)
+                texts.append(through)
+        counts = iter([len(e.ids) for e in self.encode_batch(texts)])
+        for p in pending:
+            row = results[p.row]
+            n = row.ids.shape[0]
+            spans: list[tuple[int, int, int]] = []
+            for idx, header in zip(p.indices, p.headers, strict=True):
+                start = 0 if header is None else self._cap(next(counts))
+                end = self._cap(next(counts))
+                spans.append((idx, start, end))
+                s, e = max(0, start), min(end, n)
+                if s < e:
+                    row.mask[s:e] = 1
+            problem = self._verify(conversations[p.row].messages, row.ids, rendered[p.row], spans)
+            if problem is not None:
+                row.mask[:] = 0
+                row.status, row.detail = RowStatus.SPAN_UNVERIFIED, problem
+
+    def _verify(
+        self, messages: Sequence[dict], ids: np.ndarray, rendered: str, spans: list[tuple[int, int, int]]
+    ) -> str | None:
+        """The reference's check that each token-count span starts at, and covers, its content."""
+        n = ids.shape[0]
+        for idx, start, end in spans:
+            content = messages[idx].get("content")
+            if not content or content not in rendered:
+                continue
+            truncated_tail = end >= n
+            start, end = max(0, start), min(end, n)
+            if start >= end:
+                continue
+            decoded = self.decode(ids[start:end].tolist())
+            stripped = decoded.lstrip()
+            if truncated_tail and stripped and content.startswith(stripped):
+                continue
+            if content not in decoded:
+                return f"span of message {idx} does not cover its content"
+            if not stripped.startswith(content):
+                return f"span of message {idx} starts inside the assistant header"
+            tail = decoded[decoded.index(content) + len(content) :]
+            for later in range(idx + 1, len(messages)):
+                later_content = messages[later].get("content")
+                if later_content and later_content in tail:
+                    return f"span of message {idx} runs into message {later}"
+        return None
+
+
+def _overlap_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    mask = np.zeros(offsets.shape[0], dtype=bool)
+    if not spans or offsets.shape[0] == 0:
+        return mask.astype(np.uint8)
+    starts, ends = offsets[:, 0], offsets[:, 1]
+    nonempty = starts != ends
+    for s, e in spans:
+        mask |= (starts < e) & (s < ends)
+    return (mask & nonempty).astype(np.uint8)

@@ -1,0 +1,195 @@
+"""Plan a mixer: open each dataset, select its rows, and cut the work into content-keyed slices.
+
+The plan is small and printable (``tokenize-mixer plan``). A slice's content key hashes everything
+that changes its bytes, so an identical rerun finds every slice done and an edit recomputes only what
+it touches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel
+
+from .config import MixerConfig, RunOptions, default_work_dir
+from .errors import DatasetError
+from .formats import MESSAGES_KEY
+from .selection import selected_source_rows, small_count_warning, target_rows
+from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext
+from .sources import describe
+from .templates import resolve_template
+from .tokenizer import (
+    TokenizerKey,
+    choose_token_dtype,
+    load_hf_tokenizer,
+    own_chat_template,
+    tokenizer_fingerprint,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class DatasetPlan(BaseModel):
+    index: int
+    name: str
+    split: str
+    amount: float | int
+    n_rows: int
+    target: int
+    fingerprint: str
+    slices: list[int]
+
+    @property
+    def upsampled(self) -> bool:
+        return self.target > self.n_rows
+
+
+class Plan(BaseModel):
+    mixer: MixerConfig
+    context: TokenizeContext
+    datasets: list[DatasetPlan]
+    slices: list[SliceSpec]
+    template_source: str
+    template_sha256: str
+    tokenizer_fingerprint: str
+    warnings: list[str]
+
+    def summary(self) -> str:
+        m = self.mixer
+        lines = [
+            f"tokenizer   {m.tokenizer.name_or_path} (fingerprint {self.tokenizer_fingerprint[:12]})",
+            f"template    {m.tokenizer.chat_template or '(tokenizer)'} -> {self.template_source} "
+            f"(sha256 {self.template_sha256[:12]})",
+            f"max length  {m.max_seq_length}; token dtype {self.context.token_dtype}; shuffle seed {m.shuffle_seed}"
+            + (f"; first {m.num_examples} rows" if m.num_examples else ""),
+            f"work dir    {self.context.work_dir}",
+            f"output      {m.output.path}",
+            "",
+            f"{'#':>3}  {'dataset':<40} {'split':<8} {'amount':>8} {'rows':>9} {'selected':>9} {'slices':>6}",
+        ]
+        for d in self.datasets:
+            lines.append(
+                f"{d.index:>3}  {d.name:<40} {d.split:<8} {d.amount!s:>8} {d.n_rows:>9} {d.target:>9} {len(d.slices):>6}"
+            )
+        lines.append(f"\n{len(self.slices)} slices")
+        for w in self.warnings:
+            lines.append(f"warning: {w}")
+        return "\n".join(lines)
+
+
+def _digest(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _row_groups(
+    n_rows: int, selected: np.ndarray | None, slice_rows: int
+) -> list[tuple[int, int, list[int] | None]]:
+    """(start, end, subset) per slice: fixed ranges over all rows, or groups of the selected subset."""
+    if selected is None:
+        return [(a, min(a + slice_rows, n_rows), None) for a in range(0, n_rows, slice_rows)]
+    groups = []
+    for a in range(0, len(selected), slice_rows):
+        chunk = selected[a : a + slice_rows].tolist()
+        groups.append((chunk[0], chunk[-1] + 1, chunk))
+    return groups
+
+
+def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
+    work_dir = Path(run.work_dir).expanduser() if run.work_dir else default_work_dir()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    datasets_cache = work_dir / "datasets-cache"
+    tk = TokenizerKey(mixer.tokenizer.name_or_path, mixer.tokenizer.revision)
+    hf = load_hf_tokenizer(tk)
+    template = resolve_template(
+        mixer.tokenizer.chat_template,
+        own_chat_template(tk),
+        mixer.tokenizer.name_or_path,
+        unknown=mixer.tokenizer.unknown_template,
+        add_bos=mixer.tokenizer.add_bos,
+        bos_token=hf.bos_token,
+    )
+    dtype = choose_token_dtype(hf, mixer.output.token_dtype_rule)
+    tok_fp = tokenizer_fingerprint(tk)
+    ctx = TokenizeContext(
+        tokenizer=tk.name_or_path,
+        tokenizer_revision=tk.revision,
+        template_text=template.text,
+        max_seq_length=mixer.max_seq_length,
+        token_dtype=dtype.name,
+        work_dir=str(work_dir),
+        datasets_cache=str(datasets_cache),
+    )
+    shared_key = {
+        "format": SLICE_FORMAT_VERSION,
+        "tokenizer": tok_fp,
+        "template": template.sha256,
+        "max_seq_length": mixer.max_seq_length,
+        "dtype": dtype.name,
+    }
+    warnings: list[str] = []
+    datasets: list[DatasetPlan] = []
+    slices: list[SliceSpec] = []
+    for index, entry in enumerate(mixer.datasets):
+        info = describe(entry.path, entry.split, entry.revision, str(datasets_cache))
+        if info.n_rows == 0:
+            raise DatasetError(entry.path, f"split {entry.split!r} has no rows")
+        if MESSAGES_KEY not in info.columns:
+            raise DatasetError(entry.path, f"no '{MESSAGES_KEY}' column (columns: {', '.join(info.columns)})")
+        target = target_rows(entry.amount, info.n_rows)
+        if target == 0:
+            raise DatasetError(entry.path, f"amount {entry.amount} of {info.n_rows} rows selects no rows")
+        if (w := small_count_warning(entry.path, entry.amount, info.n_rows)) is not None:
+            warnings.append(w)
+            logger.warning(w)
+        selected = selected_source_rows(info.n_rows, target)
+        ids = []
+        for start, end, subset in _row_groups(info.n_rows, selected, run.slice_rows):
+            key = _digest(
+                {
+                    **shared_key,
+                    "source": info.fingerprint,
+                    "split": entry.split,
+                    "rows": [start, end],
+                    "subset": None if subset is None else _digest(subset),
+                }
+            )
+            ids.append(len(slices))
+            slices.append(
+                SliceSpec(
+                    key=key,
+                    index=len(slices),
+                    dataset_index=index,
+                    dataset=entry.path,
+                    split=entry.split,
+                    revision=entry.revision,
+                    row_start=start,
+                    row_end=end,
+                    rows=subset,
+                )
+            )
+        datasets.append(
+            DatasetPlan(
+                index=index,
+                name=entry.path,
+                split=entry.split,
+                amount=entry.amount,
+                n_rows=info.n_rows,
+                target=target,
+                fingerprint=info.fingerprint,
+                slices=ids,
+            )
+        )
+    return Plan(
+        mixer=mixer,
+        context=ctx,
+        datasets=datasets,
+        slices=slices,
+        template_source=template.source,
+        template_sha256=template.sha256,
+        tokenizer_fingerprint=tok_fp,
+        warnings=warnings,
+    )

@@ -1,0 +1,243 @@
+"""One slice's checkpoint: tokens, label mask and per-row facts, with a manifest written last.
+
+A slice is a range of source rows of one dataset (only the rows the mixer selects). Its directory,
+named by the slice's content key, holds ``tokens.npy`` (kept rows back to back), ``mask.npy`` and
+``rows.npy`` (one record per tokenized row); ``manifest.json`` lands last with the files' digests, so a
+slice counts as done only when its manifest exists and every digest matches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from .errors import BadRowError, ChecksumError, DatasetError, MixerError
+from .formats import Conversation, RowFormatError, conversation_from_row
+from .labels import DROP_REASONS, LabelMasker, RenderError, RowStatus
+from .sources import read_rows
+from .storage import atomic_write_bytes, atomic_write_with, sha256_file
+from .templates import ChatRenderer
+from .tokenizer import TokenizerKey, check_ids_fit, load_hf_tokenizer, rust_tokenizer, special_tokens
+
+logger = logging.getLogger(__name__)
+
+#: Bump when the bytes a slice holds for the same inputs change; part of every content key.
+SLICE_FORMAT_VERSION = "1"
+
+ROW_DTYPE = np.dtype(
+    [("row", "<i8"), ("offset", "<i8"), ("length", "<i8"), ("trainable", "<i8"), ("status", "<i1")]
+)
+ARTIFACTS = ("tokens.npy", "mask.npy", "rows.npy")
+MANIFEST = "manifest.json"
+
+
+class TokenizeContext(BaseModel):
+    """What every slice of a run shares: tokenizer, template, truncation, dtype, where to write."""
+
+    tokenizer: str
+    tokenizer_revision: str | None = None
+    template_text: str
+    max_seq_length: int | None
+    token_dtype: str
+    work_dir: str
+    datasets_cache: str
+    batch_size: int = 256
+
+
+class SliceSpec(BaseModel):
+    """One unit of work: rows ``[row_start, row_end)`` of one dataset (or the listed subset)."""
+
+    key: str
+    index: int
+    dataset_index: int
+    dataset: str
+    split: str
+    revision: str | None = None
+    row_start: int
+    row_end: int
+    rows: list[int] | None = Field(default=None, description="Selected rows; None = every row in the range.")
+
+    def row_list(self) -> list[int]:
+        return list(range(self.row_start, self.row_end)) if self.rows is None else list(self.rows)
+
+    def describe(self) -> str:
+        return f"{self.dataset} rows {self.row_start}-{self.row_end - 1}"
+
+
+class FileDigest(BaseModel):
+    bytes: int
+    sha256: str
+
+
+class SliceManifest(BaseModel):
+    """The persisted result of a slice task: small, and enough to trust (or distrust) the files."""
+
+    key: str
+    dataset: str
+    row_start: int
+    row_end: int
+    rows: int
+    kept: int
+    tokens: int
+    trainable_tokens: int
+    dropped: dict[str, int]
+    drop_examples: list[dict] = Field(default_factory=list)
+    token_dtype: str
+    files: dict[str, FileDigest]
+    seconds: float
+    format_version: str = SLICE_FORMAT_VERSION
+
+
+def slice_dir(work_dir: str | Path, key: str) -> Path:
+    return Path(work_dir) / "slices" / key[:2] / key
+
+
+def read_manifest(work_dir: str | Path, key: str) -> SliceManifest | None:
+    path = slice_dir(work_dir, key) / MANIFEST
+    try:
+        return SliceManifest.model_validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def verify_slice(work_dir: str | Path, manifest: SliceManifest) -> str | None:
+    """``None`` when every file is present with the recorded size and sha256; else what is wrong."""
+    root = slice_dir(work_dir, manifest.key)
+    on_disk = read_manifest(work_dir, manifest.key)
+    if on_disk is None:
+        return "manifest missing or unreadable"
+    if on_disk.files != manifest.files:
+        return "manifest on disk differs from the recorded result"
+    for name, digest in manifest.files.items():
+        path = root / name
+        if not path.is_file():
+            return f"{name} missing"
+        if path.stat().st_size != digest.bytes:
+            return f"{name} has {path.stat().st_size} bytes, expected {digest.bytes}"
+        if sha256_file(path) != digest.sha256:
+            return f"{name} fails its sha256"
+    return None
+
+
+def load_slice_arrays(
+    work_dir: str | Path, manifest: SliceManifest
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Memory-mapped tokens, mask and row records of a finished slice."""
+    root = slice_dir(work_dir, manifest.key)
+    try:
+        tokens = np.load(root / "tokens.npy", mmap_mode="r")
+        mask = np.load(root / "mask.npy", mmap_mode="r")
+        rows = np.load(root / "rows.npy", mmap_mode="r")
+    except (OSError, ValueError) as exc:
+        raise ChecksumError(f"slice {manifest.key[:12]} ({manifest.dataset}): unreadable: {exc}") from None
+    return tokens, mask, rows
+
+
+def _save_npy(path: Path, array: np.ndarray) -> FileDigest:
+    atomic_write_with(path, lambda fh: np.save(fh, array, allow_pickle=False))
+    return FileDigest(bytes=path.stat().st_size, sha256=sha256_file(path))
+
+
+def _masker(ctx: TokenizeContext) -> LabelMasker:
+    key = TokenizerKey(ctx.tokenizer, ctx.tokenizer_revision)
+    hf = load_hf_tokenizer(key)
+    rust = rust_tokenizer(key)
+    renderer = ChatRenderer(ctx.template_text, special_tokens(hf))
+    return LabelMasker(
+        renderer=renderer,
+        encode_batch=lambda texts: rust.encode_batch(texts, add_special_tokens=False),
+        decode=lambda ids: hf.decode(ids, clean_up_tokenization_spaces=False),
+        max_seq_length=ctx.max_seq_length,
+    )
+
+
+def _conversations(spec: SliceSpec, rows: list[int], records: list[dict]) -> list[Conversation]:
+    out = []
+    for row, record in zip(rows, records, strict=True):
+        try:
+            out.append(conversation_from_row(record))
+        except RowFormatError as exc:
+            raise BadRowError(spec.dataset, row, str(exc)) from None
+    return out
+
+
+def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
+    """Tokenize one slice and write its checkpoint; returns the manifest (written last)."""
+    started = time.perf_counter()
+    rows = spec.row_list()
+    dtype = np.dtype(ctx.token_dtype)
+    masker = _masker(ctx)
+    token_chunks: list[np.ndarray] = []
+    mask_chunks: list[np.ndarray] = []
+    records = np.zeros(len(rows), dtype=ROW_DTYPE)
+    records["row"] = rows
+    dropped: Counter[str] = Counter()
+    examples: list[dict] = []
+    offset = 0
+    for b in range(0, len(rows), ctx.batch_size):
+        batch_rows = rows[b : b + ctx.batch_size]
+        try:
+            raw = read_rows(spec.dataset, spec.split, spec.revision, ctx.datasets_cache, batch_rows)
+        except MixerError:
+            raise
+        except Exception as exc:  # Arrow/datasets failures while reading, named with the rows
+            raise DatasetError(
+                spec.dataset, f"cannot read rows {batch_rows[0]}-{batch_rows[-1]}: {exc}"
+            ) from None
+        convs = _conversations(spec, batch_rows, raw)
+        try:
+            results = masker.tokenize(convs)
+        except RenderError as exc:
+            raise BadRowError(spec.dataset, batch_rows[exc.index], str(exc)) from None
+        for j, res in enumerate(results):
+            rec = records[b + j]
+            rec["length"] = res.ids.shape[0]
+            rec["status"] = int(res.status)
+            if res.status == RowStatus.KEPT:
+                check_ids_fit(res.ids, dtype, f"dataset {spec.dataset!r}, row {batch_rows[j]}")
+                rec["offset"] = offset
+                rec["trainable"] = int(res.mask.sum())
+                token_chunks.append(res.ids.astype(dtype))
+                mask_chunks.append(res.mask.astype(np.uint8))
+                offset += res.ids.shape[0]
+            else:
+                rec["offset"] = -1
+                reason = DROP_REASONS[res.status]
+                dropped[reason] += 1
+                if len(examples) < 5:
+                    examples.append({"row": batch_rows[j], "reason": reason, "detail": res.detail})
+                logger.debug(
+                    "dataset %s row %d dropped: %s (%s)", spec.dataset, batch_rows[j], reason, res.detail
+                )
+    tokens = np.concatenate(token_chunks) if token_chunks else np.zeros(0, dtype=dtype)
+    mask = np.concatenate(mask_chunks) if mask_chunks else np.zeros(0, dtype=np.uint8)
+    root = slice_dir(ctx.work_dir, spec.key)
+    files = {
+        "tokens.npy": _save_npy(root / "tokens.npy", tokens),
+        "mask.npy": _save_npy(root / "mask.npy", mask),
+        "rows.npy": _save_npy(root / "rows.npy", records),
+    }
+    kept = records["status"] == RowStatus.KEPT
+    manifest = SliceManifest(
+        key=spec.key,
+        dataset=spec.dataset,
+        row_start=spec.row_start,
+        row_end=spec.row_end,
+        rows=len(rows),
+        kept=int(kept.sum()),
+        tokens=int(tokens.shape[0]),
+        trainable_tokens=int(records["trainable"][kept].sum()),
+        dropped=dict(sorted(dropped.items())),
+        drop_examples=examples,
+        token_dtype=dtype.name,
+        files=files,
+        seconds=round(time.perf_counter() - started, 3),
+    )
+    atomic_write_bytes(root / MANIFEST, json.dumps(manifest.model_dump(), indent=1).encode("utf-8"))
+    return manifest

@@ -1,0 +1,99 @@
+"""Open a dataset (hub name, local .jsonl/.parquet) and read rows from it.
+
+Local files go through ``datasets.load_dataset`` exactly as the reference loads them, so rows reach the
+template with the same fields (Arrow unifies the message keys across rows). The Arrow cache lives in the
+work directory, so every worker process memory-maps the same files instead of re-parsing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from .errors import DatasetError
+
+logger = logging.getLogger(__name__)
+
+LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def _quiet_datasets() -> None:
+    import datasets
+
+    datasets.utils.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+
+
+def local_builder(path: str) -> str | None:
+    """The ``datasets`` builder for a local file, or ``None`` for a hub name."""
+    for suffix, builder in LOCAL_SUFFIXES.items():
+        if path.endswith(suffix):
+            return builder
+    return None
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    n_rows: int
+    fingerprint: str
+    columns: tuple[str, ...]
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@lru_cache(maxsize=32)
+def open_dataset(path: str, split: str, revision: str | None, cache_dir: str) -> Any:
+    """The ``datasets.Dataset`` behind a mixer entry (memory-mapped Arrow)."""
+    _quiet_datasets()
+    import datasets
+
+    builder = local_builder(path)
+    try:
+        if builder is not None:
+            if not os.path.isfile(path):
+                raise DatasetError(path, "file not found")
+            if split != "train":
+                raise DatasetError(path, f"a local file has only the 'train' split (asked for {split!r})")
+            ds = datasets.load_dataset(builder, data_files=path, split=split, cache_dir=cache_dir)
+        else:
+            ds = datasets.load_dataset(path, split=split, revision=revision, cache_dir=cache_dir)
+    except DatasetError:
+        raise
+    except (datasets.exceptions.DatasetGenerationError, ValueError, OSError, FileNotFoundError) as exc:
+        cause = exc.__cause__ or exc
+        raise DatasetError(path, f"cannot load split {split!r}: {type(cause).__name__}: {cause}") from None
+    if not isinstance(ds, datasets.Dataset):
+        raise DatasetError(path, f"split {split!r} did not load as a single dataset")
+    return ds
+
+
+def describe(path: str, split: str, revision: str | None, cache_dir: str) -> SourceInfo:
+    """Row count and a content fingerprint (file sha256 for local files, the Arrow fingerprint otherwise)."""
+    ds = open_dataset(path, split, revision, cache_dir)
+    if local_builder(path) is not None:
+        fingerprint = "sha256:" + file_sha256(path)
+    else:
+        fingerprint = f"hf:{revision or 'main'}:{ds._fingerprint}"
+    return SourceInfo(n_rows=len(ds), fingerprint=fingerprint, columns=tuple(ds.column_names))
+
+
+def read_rows(
+    path: str, split: str, revision: str | None, cache_dir: str, rows: list[int]
+) -> list[dict[str, Any]]:
+    """Rows by index, in the order given (contiguous ranges read as one slice of the Arrow table)."""
+    ds = open_dataset(path, split, revision, cache_dir)
+    if rows and rows[-1] - rows[0] + 1 == len(rows):
+        sub = ds.select(range(rows[0], rows[-1] + 1))
+    else:
+        sub = ds.select(rows)
+    return list(sub)

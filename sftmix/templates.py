@@ -1,0 +1,182 @@
+"""Chat templates: the named ones we carry (olmo, tulu), the tokenizer's own, and .jinja files.
+
+Rendering mirrors ``transformers.apply_chat_template(tokenize=False)`` as the reference runs it
+(transformers 5.4): a sandboxed Jinja environment with ``trim_blocks``/``lstrip_blocks``, the
+``loopcontrols`` extension, a ``tojson`` that does not escape HTML, ``raise_exception`` and
+``strftime_now``, and the tokenizer's named special tokens as template variables. Owning the renderer
+keeps compat bytes stable when transformers changes its message normalisation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .errors import TemplateError
+
+logger = logging.getLogger(__name__)
+
+#: Templates carried byte for byte from the reference (``sftmix/templates/<name>.jinja``).
+NAMED_TEMPLATES = ("olmo", "tulu")
+
+#: Names the reference knows but we do not carry: refusing them beats silently rendering differently.
+REFERENCE_ONLY_TEMPLATES = frozenset(
+    {
+        "simple_concat_with_space",
+        "simple_concat_with_new_line",
+        "simple_chat",
+        "assistant_message_only",
+        "zephyr",
+        "tulu_thinker",
+        "tulu_thinker_r1_style",
+        "olmo_old",
+        "olmo_thinker",
+        "olmo_thinker_no_think_7b",
+        "olmo_thinker_remove_intermediate_thinking",
+        "olmo_thinker_no_think_sft_tokenization",
+        "olmo_thinker_rlzero",
+        "olmo_thinker_code_rlzero",
+        "r1_simple_chat",
+        "r1_simple_chat_postpend_think",
+        "r1_simple_chat_postpend_think_orz_style",
+        "r1_simple_chat_postpend_think_tool_vllm",
+        "qwen_instruct_user_boxed_math",
+    }
+)
+
+TOKENIZER_TEMPLATE = "tokenizer"
+
+
+def named_template(name: str) -> str:
+    """The exact text of a template we carry."""
+    return resources.files("sftmix").joinpath("templates", f"{name}.jinja").read_text(encoding="utf-8")
+
+
+def template_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class ResolvedTemplate:
+    """The template text actually used, and how the user named it (recorded in the statistics)."""
+
+    text: str
+    label: str | None
+    source: str
+
+    @property
+    def sha256(self) -> str:
+        return template_sha256(self.text)
+
+
+def _own_template(own: str | dict[str, str] | None, tokenizer_name: str) -> str:
+    if isinstance(own, dict):
+        own = own.get("default")
+    if not own:
+        raise TemplateError(
+            f"tokenizer {tokenizer_name!r} has no chat_template; name one with --chat_template_name "
+            f"({', '.join(NAMED_TEMPLATES)}) or give a .jinja file"
+        )
+    return own
+
+
+def resolve_template(
+    name: str | None,
+    own: str | dict[str, str] | None,
+    tokenizer_name: str,
+    unknown: str = "error",
+    add_bos: bool = False,
+    bos_token: str | None = None,
+) -> ResolvedTemplate:
+    """Pick the template text for ``name``; ``own`` is the tokenizer's own chat_template."""
+    if name in NAMED_TEMPLATES:
+        text, source = named_template(name), f"tokenize-mixer:{name}"
+    elif name is None or name in ("", TOKENIZER_TEMPLATE):
+        text, source = _own_template(own, tokenizer_name), f"tokenizer:{tokenizer_name}"
+    elif name.endswith(".jinja"):
+        try:
+            text = Path(name).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise TemplateError(f"cannot read chat template file {name!r}: {exc.strerror or exc}") from None
+        source = f"file:{name}"
+    elif name in REFERENCE_ONLY_TEMPLATES:
+        raise TemplateError(
+            f"chat template {name!r} is one of the reference's templates that tokenize-mixer does not carry; "
+            f"save its text as a .jinja file and pass that path, or use one of {', '.join(NAMED_TEMPLATES)}"
+        )
+    elif unknown == "fallback":
+        text = _own_template(own, tokenizer_name)
+        source = f"tokenizer:{tokenizer_name}"
+        logger.warning(
+            "UNKNOWN CHAT TEMPLATE %r: falling back to the tokenizer's own chat_template (sha256 %s), as the "
+            "reference converter does. Known names: %s.",
+            name,
+            template_sha256(text)[:16],
+            ", ".join(NAMED_TEMPLATES),
+        )
+    else:
+        raise TemplateError(
+            f"unknown chat template {name!r}: use one of {', '.join(NAMED_TEMPLATES)}, "
+            f"'{TOKENIZER_TEMPLATE}' for the tokenizer's own template, or a path to a .jinja file"
+        )
+    if add_bos:
+        if text.startswith("{{ bos_token }}") or (bos_token is not None and text.startswith(bos_token)):
+            raise TemplateError("add_bos is set, but the chat template already starts with the bos token")
+        text = "{{ bos_token }}" + text
+    return ResolvedTemplate(text=text, label=name, source=source)
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=16)
+def compile_template(text: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(f"chat template does not compile (line {exc.lineno}): {exc.message}") from None
+
+
+class ChatRenderer:
+    """Renders conversations with one compiled template and the tokenizer's special tokens."""
+
+    def __init__(self, template_text: str, special_tokens: dict[str, str]) -> None:
+        self._template = compile_template(template_text)
+        self._special_tokens = dict(special_tokens)
+
+    def render(self, messages: list[dict[str, Any]], tools: list | None, add_generation_prompt: bool) -> str:
+        return self._template.render(
+            messages=messages,
+            tools=tools,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **self._special_tokens,
+        )

@@ -1,0 +1,113 @@
+"""Load the tokenizer the way the reference does, and derive what depends on it.
+
+What changes bytes is reproduced (the ``<pad>`` token the reference adds when pad is missing or equals
+eos: an added special token splits text that contains it); the rest is ours: a content fingerprint for
+slice keys, the output dtype, and a Rust tokenizer of our own for batch encoding with offsets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError, TokenDtypeError
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = (np.uint8, np.uint16, np.uint32, np.uint64)
+
+
+def _quiet_transformers() -> None:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+
+
+@dataclass(frozen=True)
+class TokenizerKey:
+    """What identifies a loaded tokenizer: hashable, so each process loads it once."""
+
+    name_or_path: str
+    revision: str | None
+
+
+@lru_cache(maxsize=4)
+def load_hf_tokenizer(key: TokenizerKey) -> Any:
+    """AutoTokenizer plus the reference's pad handling (the only quirk that can change bytes)."""
+    _quiet_transformers()
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(key.name_or_path, revision=key.revision, use_fast=True)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot load tokenizer {key.name_or_path!r}: {exc}") from None
+    if not getattr(tok, "is_fast", False) and not hasattr(tok, "backend_tokenizer"):
+        raise ConfigError(
+            f"tokenizer {key.name_or_path!r} has no fast (Rust) implementation; offsets need one"
+        )
+    if tok.pad_token_id is None or tok.pad_token_id == tok.eos_token_id:
+        if type(tok).__name__.startswith("GPTNeoXTokenizer") and tok.bos_token is None:
+            tok.bos_token = tok.eos_token
+        else:
+            tok.add_special_tokens({"pad_token": "<pad>"})
+            logger.info("tokenizer %s: added a <pad> token, as the reference does", key.name_or_path)
+    return tok
+
+
+def own_chat_template(key: TokenizerKey) -> str | dict[str, str] | None:
+    """The chat_template the tokenizer ships with (before any template is chosen)."""
+    return load_hf_tokenizer(key).chat_template
+
+
+def special_tokens(tok: Any) -> dict[str, str]:
+    """The named special tokens a chat template sees (bos_token, eos_token, ...)."""
+    return dict(tok.special_tokens_map)
+
+
+@lru_cache(maxsize=4)
+def rust_tokenizer(key: TokenizerKey) -> Any:
+    """An independent copy of the Rust tokenizer with truncation and padding off."""
+    from tokenizers import Tokenizer
+
+    rust = Tokenizer.from_str(load_hf_tokenizer(key).backend_tokenizer.to_str())
+    rust.no_truncation()
+    rust.no_padding()
+    return rust
+
+
+def tokenizer_fingerprint(key: TokenizerKey) -> str:
+    """Hash of everything in the tokenizer that changes token ids or template variables."""
+    tok = load_hf_tokenizer(key)
+    h = hashlib.sha256()
+    h.update(tok.backend_tokenizer.to_str().encode("utf-8"))
+    h.update(json.dumps(special_tokens(tok), sort_keys=True).encode("utf-8"))
+    return h.hexdigest()
+
+
+def largest_token_id(tok: Any) -> int:
+    """The largest id this tokenizer can emit, added tokens included."""
+    return max(len(tok) - 1, tok.vocab_size - 1, max(tok.get_vocab().values(), default=0))
+
+
+def choose_token_dtype(tok: Any, rule: str = "vocab_size") -> np.dtype:
+    """Smallest unsigned dtype for the token parts; 'vocab_size' is the reference's rule."""
+    top = tok.vocab_size - 1 if rule == "vocab_size" else largest_token_id(tok)
+    for dt in _DTYPES:
+        if top <= np.iinfo(dt).max:
+            return np.dtype(dt)
+    raise TokenDtypeError(f"vocabulary of {top + 1} ids does not fit any unsigned integer dtype")
+
+
+def check_ids_fit(ids: np.ndarray, dtype: np.dtype, where: str) -> None:
+    """Fail loudly where the reference would silently wrap an id around."""
+    if ids.size and int(ids.max()) > np.iinfo(dtype).max:
+        raise TokenDtypeError(
+            f"{where}: token id {int(ids.max())} does not fit {dtype.name} (chosen from tokenizer.vocab_size); "
+            "rerun with output.token_dtype_rule: largest_id"
+        )

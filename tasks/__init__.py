@@ -1,0 +1,1 @@
+"""Thin Prefect tasks over ``sftmix``: one module per stage."""

@@ -1,0 +1,17 @@
+"""Assemble the shards from the slice checkpoints into a staging directory."""
+
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from sftmix.assemble import AssembleResult, assemble
+from sftmix.plan import Plan
+from sftmix.slices import SliceManifest
+
+
+@task(name="assemble", cache_policy=NO_CACHE, persist_result=False)
+def assemble_output(
+    plan: Plan, manifests: list[SliceManifest], staging: Path, documents: Path
+) -> AssembleResult:
+    return assemble(plan, manifests, staging, documents)

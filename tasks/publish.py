@@ -1,0 +1,13 @@
+"""Publish the staging directory as the output directory."""
+
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from sftmix.publish import publish_local
+
+
+@task(name="publish", cache_policy=NO_CACHE, persist_result=False)
+def publish_output(staging: Path, output: str, overwrite: bool) -> str:
+    return publish_local(staging, output, overwrite)

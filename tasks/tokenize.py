@@ -1,0 +1,58 @@
+"""The fan-out: one task per slice, its manifest persisted as the Prefect result under its content key."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from prefect import Task, task
+from prefect.client.schemas.objects import TaskRun
+from prefect.context import TaskRunContext
+from prefect.states import State
+
+from sftmix.errors import MixerError
+from sftmix.slices import SliceSpec, TokenizeContext, tokenize_slice
+
+
+def slice_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    """The slice's content key: same inputs, same key, whatever the run."""
+    return f"tokenize-mixer-slice-{parameters['spec'].key}"
+
+
+def retry_transient(task: Task, task_run: TaskRun, state: State) -> bool:
+    """Retry I/O hiccups, not bad data: a MixerError fails the same way every time."""
+    try:
+        state.result()
+    except MixerError:
+        return False
+    except Exception:
+        return True
+    return False
+
+
+@task(
+    name="tokenize_slice",
+    cache_key_fn=slice_cache_key,
+    persist_result=True,
+    result_serializer="json",
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_transient,
+    task_run_name="tokenize {spec.dataset} [{spec.row_start}:{spec.row_end}]",
+)
+def tokenize_slice_task(spec: SliceSpec, ctx: TokenizeContext) -> dict:
+    return tokenize_slice(spec, ctx).model_dump()
+
+
+def slice_task_for(work_dir: str, refresh: bool = False) -> Task:
+    """The slice task with its result records stored in the run's work directory."""
+    return tokenize_slice_task.with_options(
+        result_storage=Path(work_dir) / "prefect-results", refresh_cache=refresh
+    )
+
+
+def init_worker() -> None:
+    """Each worker process tokenizes on one thread; the processes use the cores."""
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"

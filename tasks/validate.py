@@ -1,0 +1,22 @@
+"""Digest the output and compare it with a reference (directory or digests JSON)."""
+
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from sftmix.digest import compare, output_digests
+from sftmix.errors import ChecksumError
+from sftmix.report import Validation
+
+
+@task(name="validate", cache_policy=NO_CACHE, persist_result=False)
+def validate_output(staging: Path, reference: str | None) -> tuple[dict[str, str], Validation | None]:
+    digests = output_digests(staging)
+    if reference is None:
+        return digests, None
+    result = compare(staging, reference)
+    validation = Validation(reference=reference, matches=result.matches, details=result.render())
+    if not result.matches:
+        raise ChecksumError(f"output differs from reference {reference}:\n{result.render()}")
+    return digests, validation
