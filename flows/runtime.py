@@ -31,8 +31,8 @@ def prefect_api() -> Iterator[str]:
         with temporary_settings({PREFECT_API_URL: server.api_url}):
             yield server.api_url
     finally:
-        from prefect.logging.handlers import APILogHandler
+        from prefect.logging.handlers import APILogWorker
 
-        APILogHandler.flush()  # send the last log lines while the server still listens
+        APILogWorker.drain_all(timeout=10)  # send the last log lines while the server still listens
         os.environ.pop("PREFECT_API_URL", None)
         server.stop()

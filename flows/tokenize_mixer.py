@@ -36,9 +36,14 @@ class SliceOutcome:
     seconds: float
 
 
+#: Below this many rows to tokenize, worker start-up (imports, tokenizer load) costs more than it saves.
+SMALL_JOB_ROWS = 2000
+
+
 def _runner(plan: Plan, run: RunOptions):
     workers = min(run.workers or available_cpus(), max(1, len(plan.slices)))
-    if run.runner == "process" or (run.runner == "auto" and workers > 1):
+    rows = sum(s.row_end - s.row_start if s.rows is None else len(s.rows) for s in plan.slices)
+    if run.runner == "process" or (run.runner == "auto" and workers > 1 and rows >= SMALL_JOB_ROWS):
         return ProcessPoolTaskRunner(max_workers=workers, initializer=init_worker), workers
     return ThreadPoolTaskRunner(max_workers=1), 1
 

@@ -1,0 +1,110 @@
+"""End to end through the console script, with no Prefect server (the CLI starts a temporary API)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).parent.parent
+CLI = [sys.executable, "-m", "sftmix.cli"]
+
+
+def cli(*args: str, cwd: Path = ROOT, check: bool = True) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    proc = subprocess.run([*CLI, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.mark.slow
+def test_demo_runs_and_an_identical_rerun_reuses_everything(tmp_path):
+    out, work = tmp_path / "demo", tmp_path / "work"
+    first = cli("run", "examples/mixer.yaml", "--output_dir", str(out), "--work_dir", str(work))
+    report = json.loads((out / "run_report.json").read_text())
+    assert report["slices_computed"] == report["slices_total"] > 1
+    assert {
+        "slices_total",
+        "slices_computed",
+        "slices_reused",
+        "rows_in",
+        "rows_kept",
+        "rows_dropped",
+        "tokens",
+        "trainable_tokens",
+        "wall_seconds",
+        "tokens_per_second",
+    } <= set(report)
+    assert "slices" in first.stdout
+    digests = report["digests"]
+
+    cli("run", "examples/mixer.yaml", "--output_dir", str(out), "--work_dir", str(work))
+    again = json.loads((out / "run_report.json").read_text())
+    assert again["slices_reused"] == again["slices_total"] and again["slices_computed"] == 0
+    assert again["digests"] == digests
+    assert not [p for p in out.parent.iterdir() if ".tmp-" in p.name]
+
+    plan = cli("plan", "examples/mixer.yaml", "--work_dir", str(work)).stdout
+    assert "examples/data/general.jsonl" in plan and "slices" in plan
+
+
+@pytest.mark.slow
+def test_convert_validates_against_the_reference_and_compare_locates_a_difference(golden_dir, tmp_path):
+    case = next(
+        c for c in json.loads((golden_dir / "cases.json").read_text())["cases"] if c["name"] == "tulu_amounts"
+    )
+    expected = golden_dir / "expected" / "tulu_amounts"
+    out = tmp_path / "out"
+    cli(
+        "convert",
+        *case["args"],
+        "--output_dir",
+        str(out),
+        "--work_dir",
+        str(tmp_path / "work"),
+        "--reference",
+        str(expected),
+        cwd=golden_dir,
+    )
+    assert cli("compare", str(out), str(expected)).returncode == 0
+
+    digests = tmp_path / "digests.json"
+    cli("digest", str(out), "-o", str(digests))
+    assert cli("compare", str(out), str(digests)).returncode == 0
+
+    tampered = tmp_path / "tampered"
+    shutil.copytree(out, tampered)
+    tokens = np.fromfile(tampered / "token_ids_part_0000.npy", dtype=np.uint32)
+    tokens[500] += 1
+    tokens.tofile(tampered / "token_ids_part_0000.npy")
+    proc = cli("compare", str(tampered), str(out), check=False)
+    assert proc.returncode == 1
+    assert "DIFF   token_ids_part_0000.npy" in proc.stdout
+    assert f"offset {500 * 4}" in proc.stdout and "token 500 of part 0" in proc.stdout
+    assert "dataset 'data/" in proc.stdout and "row" in proc.stdout
+
+
+def test_convert_accepts_hyphenated_flags_and_reports_errors_without_traceback(tmp_path):
+    proc = cli(
+        "convert",
+        "--dataset-mixer-list",
+        "missing.jsonl",
+        "1.0",
+        "--tokenizer-name-or-path",
+        str(ROOT / "examples" / "tokenizer"),
+        "--output-dir",
+        str(tmp_path / "o"),
+        "--work-dir",
+        str(tmp_path / "w"),
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "error: dataset 'missing.jsonl': file not found" in proc.stderr

@@ -1,0 +1,156 @@
+"""Errors a user can act on: each names the dataset, row or flag, and no library traceback leaks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sftmix.cli import main
+from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec, load_run_file
+from sftmix.errors import BadRowError, ConfigError, DatasetError, OutputConflictError, TemplateError
+from sftmix.plan import build_plan
+from sftmix.publish import new_staging_dir, publish_local
+from sftmix.slices import tokenize_slice
+
+TINY = Path(__file__).parent / "golden" / "tokenizers" / "tiny"
+
+
+def mixer(
+    tmp_path: Path, *datasets: tuple[str, object], template: str | None = "tulu", tokenizer: Path = TINY
+):
+    return MixerConfig(
+        datasets=[DatasetEntry(path=p, amount=a) for p, a in datasets],
+        tokenizer=TokenizerSpec(name_or_path=str(tokenizer), chat_template=template),
+        max_seq_length=128,
+        output=OutputSpec(path=str(tmp_path / "out")),
+    )
+
+
+def write_jsonl(path: Path, rows: list) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+
+
+def run_slices(tmp_path: Path, m: MixerConfig) -> None:
+    plan = build_plan(m, RunOptions(work_dir=str(tmp_path / "work")))
+    for spec in plan.slices:
+        tokenize_slice(spec, plan.context)
+
+
+def test_missing_dataset_file(tmp_path):
+    with pytest.raises(DatasetError, match=r"'.*nope.jsonl': file not found"):
+        build_plan(mixer(tmp_path, (str(tmp_path / "nope.jsonl"), 1.0)), RunOptions(work_dir=str(tmp_path)))
+
+
+def test_odd_length_mixer_list_and_bad_amount(capsys):
+    assert (
+        main(
+            [
+                "convert",
+                "--dataset_mixer_list",
+                "a.jsonl",
+                "1.0",
+                "b.jsonl",
+                "--tokenizer_name_or_path",
+                "t",
+                "--output_dir",
+                "o",
+            ]
+        )
+        == 2
+    )
+    assert "NAME AMOUNT pairs" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "convert",
+                "--dataset_mixer_list",
+                "a.jsonl",
+                "lots",
+                "--tokenizer_name_or_path",
+                "t",
+                "--output_dir",
+                "o",
+            ]
+        )
+        == 2
+    )
+    assert "amount 'lots' is not a number" in capsys.readouterr().err
+
+
+def test_config_errors_name_the_field(tmp_path):
+    cfg = tmp_path / "mixer.yaml"
+    cfg.write_text(
+        "datasets:\n  - path: a.jsonl\n    amount: 0\ntokenizer: {name_or_path: t}\noutput: {path: o}\n"
+    )
+    with pytest.raises(ConfigError, match=r"datasets\.0\.amount"):
+        load_run_file(cfg)
+    cfg.write_text("datasets: []\ntokenizer: {name_or_path: t}\noutput: {path: o}\nmax_seq_length: -5\n")
+    with pytest.raises(ConfigError, match="max_seq_length") as exc:
+        load_run_file(cfg)
+    assert "mixer.datasets" in str(exc.value)
+
+
+def test_unknown_template_is_refused_in_our_configs(tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [GOOD])
+    with pytest.raises(TemplateError, match="unknown chat template 'olmo123'"):
+        build_plan(mixer(tmp_path, (data, 1.0), template="olmo123"), RunOptions(work_dir=str(tmp_path)))
+
+
+def test_tokenizer_without_chat_template(tmp_path):
+    tok = tmp_path / "tok"
+    shutil.copytree(TINY, tok)
+    config = json.loads((tok / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (tok / "tokenizer_config.json").write_text(json.dumps(config))
+    data = write_jsonl(tmp_path / "d.jsonl", [GOOD])
+    with pytest.raises(TemplateError, match="has no chat_template"):
+        build_plan(
+            mixer(tmp_path, (data, 1.0), template=None, tokenizer=tok), RunOptions(work_dir=str(tmp_path))
+        )
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        ({"messages": []}, "'messages' is empty"),
+        ({"messages": [{"role": None, "content": "x"}]}, "message 0 has no 'role' string"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": "{not json"}, "'tools' is not valid JSON"),
+    ],
+)
+def test_malformed_rows_name_dataset_and_row(tmp_path, bad, reason):
+    data = write_jsonl(tmp_path / "d.jsonl", [GOOD, GOOD, bad, GOOD])
+    with pytest.raises(BadRowError, match=rf"d\.jsonl', row 2: {reason}"):
+        run_slices(tmp_path, mixer(tmp_path, (data, 1.0)))
+
+
+def test_missing_messages_column(tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "x"}])
+    with pytest.raises(DatasetError, match="no 'messages' column"):
+        build_plan(mixer(tmp_path, (data, 1.0)), RunOptions(work_dir=str(tmp_path)))
+
+
+def test_invalid_json_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n{oops\n")
+    with pytest.raises(DatasetError, match="d.jsonl"):
+        build_plan(mixer(tmp_path, (str(path), 1.0)), RunOptions(work_dir=str(tmp_path)))
+
+
+def test_output_with_different_shards_is_not_clobbered(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "token_ids_part_0000.npy").write_bytes(b"\x01\x00")
+    staging = new_staging_dir(out)
+    (staging / "token_ids_part_0000.npy").write_bytes(b"\x02\x00")
+    with pytest.raises(OutputConflictError, match="already holds different shards"):
+        publish_local(staging, out, overwrite=False)
+    assert (out / "token_ids_part_0000.npy").read_bytes() == b"\x01\x00"
+    assert publish_local(staging, out, overwrite=True) == "overwritten"
+    assert (out / "token_ids_part_0000.npy").read_bytes() == b"\x02\x00"

@@ -1,0 +1,57 @@
+"""The flow's checkpoints: what an edit recomputes, and what a damaged checkpoint costs."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from flows.tokenize_mixer import tokenize_mixer
+from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.digest import compare
+from sftmix.slices import slice_dir
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def demo_mixer(data: Path, out: Path, max_len: int = 256) -> MixerConfig:
+    return MixerConfig(
+        datasets=[
+            DatasetEntry(path=str(data / "general.jsonl"), amount=2.0),
+            DatasetEntry(path=str(data / "arithmetic.jsonl"), amount=0.5),
+        ],
+        tokenizer=TokenizerSpec(name_or_path=str(EXAMPLES / "tokenizer"), chat_template="olmo"),
+        max_seq_length=max_len,
+        output=OutputSpec(path=str(out)),
+    )
+
+
+def test_edits_recompute_only_what_they_touch(prefect_api, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(EXAMPLES / "data", data)
+    run = RunOptions(work_dir=str(tmp_path / "work"), slice_rows=40, runner="thread")
+    first = tokenize_mixer(mixer=demo_mixer(data, tmp_path / "o1"), run=run)
+    assert first["slices_computed"] == first["slices_total"] == 1 + 3
+
+    with open(data / "general.jsonl", "a", encoding="utf-8") as fh:  # edit one dataset
+        fh.write(
+            '{"messages": [{"role": "user", "content": "New?"}, {"role": "assistant", "content": "Yes."}]}\n'
+        )
+    second = tokenize_mixer(mixer=demo_mixer(data, tmp_path / "o2"), run=run)
+    assert (second["slices_computed"], second["slices_reused"]) == (1, 3)
+
+    third = tokenize_mixer(mixer=demo_mixer(data, tmp_path / "o3", max_len=128), run=run)
+    assert third["slices_computed"] == third["slices_total"]
+
+
+def test_damaged_checkpoint_is_recomputed_not_trusted(prefect_api, tmp_path):
+    run = RunOptions(work_dir=str(tmp_path / "work"), slice_rows=40, runner="thread")
+    tokenize_mixer(mixer=demo_mixer(EXAMPLES / "data", tmp_path / "o1"), run=run)
+    victim = next((Path(run.work_dir) / "slices").glob("*/*/tokens.npy"))
+    raw = bytearray(victim.read_bytes())
+    raw[-1] ^= 0xFF
+    victim.write_bytes(bytes(raw))
+    second = tokenize_mixer(mixer=demo_mixer(EXAMPLES / "data", tmp_path / "o2"), run=run)
+    assert second["slices_rechecked"] == 1
+    assert second["slices_reused"] == second["slices_total"] - 1
+    assert compare(tmp_path / "o1", tmp_path / "o2").matches
+    assert slice_dir(run.work_dir, victim.parent.name).exists()

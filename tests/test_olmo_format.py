@@ -1,0 +1,32 @@
+import gzip
+
+import numpy as np
+
+from sftmix.olmo_format import BOUNDS_PART, MASK_PART, TOKENS_PART, PartSet, part_tokens, write_boundaries
+
+
+def test_part_size_is_one_gib_of_ids():
+    assert part_tokens(np.dtype(np.uint32)) == 1024**3 // 4
+    assert part_tokens(np.dtype(np.uint16)) == 1024**3 // 2
+
+
+def test_documents_straddle_parts_and_boundaries_are_clipped(tmp_path):
+    lengths = np.array([4, 7, 3, 6])
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    per_part = 8
+    parts = PartSet(tmp_path, int(ends[-1]), np.dtype(np.uint16), per_part)
+    for i, (s, n) in enumerate(zip(starts.tolist(), lengths.tolist(), strict=True)):
+        parts.write(s, np.full(n, i + 1, dtype=np.uint16), np.full(n, i % 2, dtype=np.uint8))
+    parts.close()
+    write_boundaries(tmp_path, starts, ends, per_part, 3)
+    tokens = [np.fromfile(tmp_path / TOKENS_PART.format(k), dtype=np.uint16) for k in range(3)]
+    masks = [np.fromfile(tmp_path / MASK_PART.format(k), dtype=np.bool_) for k in range(3)]
+    assert [t.size for t in tokens] == [8, 8, 4]
+    assert np.concatenate(tokens).tolist() == [1] * 4 + [2] * 7 + [3] * 3 + [4] * 6
+    assert np.concatenate(masks).astype(int).tolist() == [0] * 4 + [1] * 7 + [0] * 3 + [1] * 6
+    lines = []
+    for k in range(3):
+        with gzip.open(tmp_path / BOUNDS_PART.format(k), "rt") as fh:
+            lines.append(fh.read().split())
+    assert lines == [["0,4", "4,8"], ["0,3", "3,6", "6,8"], ["0,4"]]

@@ -1,0 +1,44 @@
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from sftmix.errors import TemplateError
+from sftmix.templates import ChatRenderer, named_template, resolve_template
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "templates"
+
+
+@pytest.mark.parametrize("name", ["olmo", "tulu"])
+def test_named_templates_are_carried_byte_for_byte(name):
+    text = named_template(name)
+    if SHARED.exists():
+        assert text == (SHARED / f"{name}.jinja").read_text(encoding="utf-8")
+    assert hashlib.sha256(text.encode()).hexdigest()  # non-empty, readable package data
+
+
+def test_resolve_rules(tmp_path):
+    own = "{{ messages[0]['content'] }}"
+    assert resolve_template("olmo", own, "tok").text == named_template("olmo")
+    assert resolve_template(None, own, "tok").text == own
+    assert resolve_template("tokenizer", own, "tok").text == own
+    path = tmp_path / "mine.jinja"
+    path.write_text("X{{ messages|length }}")
+    assert resolve_template(str(path), own, "tok").text == "X{{ messages|length }}"
+    with pytest.raises(TemplateError, match="unknown chat template 'olmo123'"):
+        resolve_template("olmo123", own, "tok")
+    assert resolve_template("olmo123", own, "tok", unknown="fallback").text == own
+    with pytest.raises(TemplateError, match="does not carry"):
+        resolve_template("zephyr", own, "tok", unknown="fallback")
+    with pytest.raises(TemplateError, match="has no chat_template"):
+        resolve_template(None, None, "tok")
+    assert resolve_template("tulu", own, "tok", add_bos=True).text == "{{ bos_token }}" + named_template(
+        "tulu"
+    )
+
+
+def test_renderer_matches_transformers_settings():
+    r = ChatRenderer(named_template("tulu"), {"eos_token": "</s>"})
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    assert r.render(msgs, None, False) == "<|user|>\nhi\n<|assistant|>\nyo</s>"
+    assert r.render(msgs[:1], None, True) == "<|user|>\nhi\n<|assistant|>\n"
