@@ -7,13 +7,16 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.futures import as_completed
+from prefect.states import Failed
 from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
 
 from sftmix.config import MixerConfig, RunOptions
 from sftmix.digest import RUN_REPORT
+from sftmix.errors import MixerError
 from sftmix.parallel import available_cpus
 from sftmix.plan import Plan
 from sftmix.publish import check_output_free, new_staging_dir
@@ -123,18 +126,29 @@ def _documents_path(plan: Plan) -> Path:
 @flow(name="tokenize-mixer", validate_parameters=True)
 def tokenize_mixer(mixer: MixerConfig, run: RunOptions | None = None) -> dict:
     """Tokenize a mixer of chat datasets into OLMo-core shards (byte-compatible with open-instruct)."""
-    run = run or RunOptions()
+    try:
+        return _tokenize_mixer(mixer, run or RunOptions())
+    except MixerError as exc:
+        return Failed(message=str(exc), data=exc)
+
+
+def _call(task: Any, *args: Any) -> Any:
+    """Run a task in-line; a user error it reports as a Failed state is raised here."""
+    return task(*args, return_state=True).result()
+
+
+def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
     logger = get_run_logger()
     started = time.perf_counter()
     check_output_free(mixer.output.path, mixer.output.overwrite)
-    plan = plan_mixer(mixer, run)
+    plan = _call(plan_mixer, mixer, run)
     for line in plan.summary().splitlines():
         logger.info(line)
     outcome = run_slices(plan, run)
     staging = new_staging_dir(mixer.output.path)
     try:
-        result = assemble_output(plan, outcome.manifests, staging, _documents_path(plan))
-        digests, validation = validate_output(staging, run.reference)
+        result = _call(assemble_output, plan, outcome.manifests, staging, _documents_path(plan))
+        digests, validation = _call(validate_output, staging, run.reference)
         dropped: dict[str, int] = {}
         for t in result.tallies:
             for k, v in t.dropped.items():
@@ -170,7 +184,7 @@ def tokenize_mixer(mixer: MixerConfig, run: RunOptions | None = None) -> dict:
         report.tokens_per_second = round(result.tokens / max(report.wall_seconds, 1e-9), 1)
         report.publish = "pending"
         atomic_write_bytes(staging / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8"))
-        report.publish = publish_output(staging, mixer.output.path, mixer.output.overwrite)
+        report.publish = _call(publish_output, staging, mixer.output.path, mixer.output.overwrite)
         atomic_write_bytes(
             Path(mixer.output.path) / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8")
         )

@@ -159,7 +159,11 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
     from .report import RunReport
 
     with prefect_api():
-        report = RunReport.model_validate(tokenize_mixer(mixer=mixer, run=run))
+        state = tokenize_mixer(mixer=mixer, run=run, return_state=True)
+    result = state.result(raise_on_failure=False)
+    if isinstance(result, BaseException):
+        raise result
+    report = RunReport.model_validate(result)
     sys.stdout.write(report.render() + "\n")
     return 0
 

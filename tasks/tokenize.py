@@ -13,6 +13,7 @@ from prefect.states import State
 
 from sftmix.errors import MixerError
 from sftmix.slices import SliceSpec, TokenizeContext, tokenize_slice
+from tasks import fail_cleanly
 
 
 def slice_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
@@ -41,6 +42,7 @@ def retry_transient(task: Task, task_run: TaskRun, state: State) -> bool:
     retry_condition_fn=retry_transient,
     task_run_name="tokenize {spec.dataset} [{spec.row_start}:{spec.row_end}]",
 )
+@fail_cleanly
 def tokenize_slice_task(spec: SliceSpec, ctx: TokenizeContext) -> dict:
     return tokenize_slice(spec, ctx).model_dump()
 

@@ -8,9 +8,11 @@ from prefect.cache_policies import NO_CACHE
 from sftmix.digest import compare, output_digests
 from sftmix.errors import ChecksumError
 from sftmix.report import Validation
+from tasks import fail_cleanly
 
 
 @task(name="validate", cache_policy=NO_CACHE, persist_result=False)
+@fail_cleanly
 def validate_output(staging: Path, reference: str | None) -> tuple[dict[str, str], Validation | None]:
     digests = output_digests(staging)
     if reference is None:
