@@ -14,14 +14,16 @@ from prefect.futures import as_completed
 from prefect.states import Failed
 from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
 
+from flows.artifacts import publish_artifacts
+from flows.progress import SliceProgress
 from sftmix.config import MixerConfig, RunOptions
 from sftmix.digest import RUN_REPORT
-from sftmix.errors import MixerError
+from sftmix.errors import MixerError, SliceFailuresError
 from sftmix.parallel import available_cpus
 from sftmix.plan import Plan
 from sftmix.publish import check_output_free, new_staging_dir
 from sftmix.report import DatasetReport, RunReport
-from sftmix.slices import SliceManifest, verify_slice
+from sftmix.slices import SliceManifest, SliceSpec, verify_slice
 from sftmix.storage import atomic_write_bytes, remove_tree
 from tasks.assemble import assemble_output
 from tasks.plan import plan_mixer
@@ -60,7 +62,8 @@ def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
     started = time.perf_counter()
     manifests: list[SliceManifest | None] = [None] * len(plan.slices)
     cached = [False] * len(plan.slices)
-    errors: list[BaseException] = []
+    errors: list[tuple[SliceSpec, BaseException]] = []
+    progress = SliceProgress(len(plan.slices))
     with runner:
         task = slice_task_for(ctx.work_dir)
         futures = {runner.submit(task, parameters={"spec": s, "ctx": ctx}): s for s in plan.slices}
@@ -70,12 +73,13 @@ def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
             done += 1
             try:
                 m = SliceManifest.model_validate(fut.result())
-            except BaseException as exc:  # collected: finished slices stay checkpointed
-                errors.append(exc)
+            except Exception as exc:  # collected: finished slices stay checkpointed
+                errors.append((spec, exc))
                 logger.error("slice %s failed: %s", spec.describe(), exc)
                 continue
             manifests[spec.index] = m
             cached[spec.index] = fut.state.name == "Cached"
+            progress.advance(m.rows, m.tokens, spec.describe())
             verb = (
                 "reused"
                 if cached[spec.index]
@@ -91,7 +95,12 @@ def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
                 verb,
             )
         if errors:
-            raise errors[0]
+            spec, first = errors[0]
+            raise SliceFailuresError(
+                f"{len(errors)} of {len(futures)} slices failed; the {len(futures) - len(errors)} others are "
+                f"checkpointed and a rerun recomputes only the failed ones. First failure, {spec.describe()}: "
+                + (str(first) if isinstance(first, MixerError) else f"{type(first).__name__}: {first}")
+            ) from first
         stale = []
         for spec, m in zip(plan.slices, manifests, strict=True):
             if cached[spec.index] and (problem := verify_slice(ctx.work_dir, m)) is not None:
@@ -124,10 +133,14 @@ def _documents_path(plan: Plan) -> Path:
 
 
 @flow(name="tokenize-mixer", validate_parameters=True)
-def tokenize_mixer(mixer: MixerConfig, run: RunOptions | None = None) -> dict:
-    """Tokenize a mixer of chat datasets into OLMo-core shards (byte-compatible with open-instruct)."""
+def tokenize_mixer(mixer: MixerConfig, run: RunOptions = RunOptions()) -> dict:  # noqa: B008 (immutable use)
+    """Tokenize a mixer of chat datasets into OLMo-core shards (byte-compatible with open-instruct).
+
+    ``mixer`` is what to tokenize and where to write it; ``run`` is how (work directory, slice size,
+    workers, an optional reference to validate against).
+    """
     try:
-        return _tokenize_mixer(mixer, run or RunOptions())
+        return _tokenize_mixer(mixer, run)
     except MixerError as exc:
         return Failed(message=str(exc), data=exc)
 
@@ -190,6 +203,7 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
         )
     finally:
         remove_tree(staging)
+    publish_artifacts(report, result.statistics)
     for line in report.render().splitlines():
         logger.info(line)
     return report.model_dump()

@@ -222,7 +222,7 @@ def _save_tokenizer(plan: Plan, directory: Path) -> None:
     import json
 
     tok = copy.deepcopy(
-        load_hf_tokenizer(TokenizerKey(plan.context.tokenizer, plan.context.tokenizer_revision))
+        load_hf_tokenizer(TokenizerKey.of(plan.context.tokenizer, plan.context.tokenizer_revision))
     )
     tok.chat_template = plan.context.template_text
     directory.mkdir(parents=True, exist_ok=True)

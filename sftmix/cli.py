@@ -7,10 +7,11 @@ ephemeral API (no server needed); with one, the run shows up on that server.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec, load_run_file
@@ -152,13 +153,51 @@ def run_options(args: argparse.Namespace, base: RunOptions | None = None) -> Run
     return RunOptions.model_validate(data)
 
 
+@contextlib.contextmanager
+def _progress_bar() -> Iterator[None]:
+    """A live bar (slices done, rows/s, tokens/s) when stderr is a terminal."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from flows.progress import ProgressEvent, add_listener, remove_listener
+
+    bar = Progress(
+        TextColumn("slices"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    )
+    task_id = bar.add_task("slices", total=None, rate="")
+
+    def update(e: ProgressEvent) -> None:
+        t = max(e.elapsed, 1e-9)
+        bar.update(
+            task_id,
+            total=e.total,
+            completed=e.done,
+            rate=f"{e.rows / t:,.0f} rows/s {e.tokens / t:,.0f} tok/s",
+        )
+
+    add_listener(update)
+    try:
+        with bar:
+            yield
+    finally:
+        remove_listener(update)
+
+
 def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
     from flows.runtime import prefect_api
     from flows.tokenize_mixer import tokenize_mixer
 
     from .report import RunReport
 
-    with prefect_api():
+    with prefect_api(), _progress_bar():
         state = tokenize_mixer(mixer=mixer, run=run, return_state=True)
     result = state.result(raise_on_failure=False)
     if isinstance(result, BaseException):

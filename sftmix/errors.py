@@ -50,3 +50,7 @@ class OutputConflictError(MixerError):
 
 class ChecksumError(MixerError):
     """A checkpoint or an output file does not match its recorded digest."""
+
+
+class SliceFailuresError(MixerError):
+    """Some slices failed after their retries; the others are checkpointed."""

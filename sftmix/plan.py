@@ -20,7 +20,8 @@ from .errors import DatasetError
 from .formats import MESSAGES_KEY
 from .selection import selected_source_rows, small_count_warning, target_rows
 from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext
-from .sources import describe
+from .sources import describe, rows_fingerprint
+from .storage import atomic_write_bytes
 from .templates import resolve_template
 from .tokenizer import (
     TokenizerKey,
@@ -98,11 +99,37 @@ def _row_groups(
     return groups
 
 
+class FingerprintMemo:
+    """Row-range fingerprints of one dataset version (keyed by its content fingerprint), kept in the
+    work directory so a rerun does not hash the data again."""
+
+    def __init__(self, work_dir: Path, source_fingerprint: str, split: str) -> None:
+        name = hashlib.sha256(f"{source_fingerprint}|{split}".encode()).hexdigest()[:32]
+        self.path = work_dir / "fingerprints" / f"{name}.json"
+        try:
+            self.known: dict[str, str] = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            self.known = {}
+        self.dirty = False
+
+    @staticmethod
+    def key(rows_key: dict) -> str:
+        return _digest(rows_key)
+
+    def remember(self, rows_key: dict, fingerprint: str) -> None:
+        self.known[self.key(rows_key)] = fingerprint
+        self.dirty = True
+
+    def save(self) -> None:
+        if self.dirty:
+            atomic_write_bytes(self.path, json.dumps(self.known, sort_keys=True).encode("utf-8"))
+
+
 def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
     work_dir = Path(run.work_dir).expanduser() if run.work_dir else default_work_dir()
     work_dir.mkdir(parents=True, exist_ok=True)
     datasets_cache = work_dir / "datasets-cache"
-    tk = TokenizerKey(mixer.tokenizer.name_or_path, mixer.tokenizer.revision)
+    tk = TokenizerKey.of(mixer.tokenizer.name_or_path, mixer.tokenizer.revision)
     hf = load_hf_tokenizer(tk)
     template = resolve_template(
         mixer.tokenizer.chat_template,
@@ -147,16 +174,16 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
             logger.warning(w)
         selected = selected_source_rows(info.n_rows, target)
         ids = []
+        memo = FingerprintMemo(work_dir, info.fingerprint, entry.split)
         for start, end, subset in _row_groups(info.n_rows, selected, run.slice_rows):
-            key = _digest(
-                {
-                    **shared_key,
-                    "source": info.fingerprint,
-                    "split": entry.split,
-                    "rows": [start, end],
-                    "subset": None if subset is None else _digest(subset),
-                }
-            )
+            rows_key = {"rows": [start, end], "subset": None if subset is None else _digest(subset)}
+            data = memo.known.get(memo.key(rows_key))
+            if data is None:
+                data = rows_fingerprint(
+                    entry.path, entry.split, entry.revision, str(datasets_cache), start, end, subset
+                )
+                memo.remember(rows_key, data)
+            key = _digest({**shared_key, **rows_key, "data": data})
             ids.append(len(slices))
             slices.append(
                 SliceSpec(
@@ -171,6 +198,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
                     rows=subset,
                 )
             )
+        memo.save()
         datasets.append(
             DatasetPlan(
                 index=index,

@@ -145,7 +145,7 @@ def _save_npy(path: Path, array: np.ndarray) -> FileDigest:
 
 
 def _masker(ctx: TokenizeContext) -> LabelMasker:
-    key = TokenizerKey(ctx.tokenizer, ctx.tokenizer_revision)
+    key = TokenizerKey.of(ctx.tokenizer, ctx.tokenizer_revision)
     hf = load_hf_tokenizer(key)
     rust = rust_tokenizer(key)
     renderer = ChatRenderer(ctx.template_text, special_tokens(hf))

@@ -51,9 +51,17 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
-@lru_cache(maxsize=32)
 def open_dataset(path: str, split: str, revision: str | None, cache_dir: str) -> Any:
-    """The ``datasets.Dataset`` behind a mixer entry (memory-mapped Arrow)."""
+    """The ``datasets.Dataset`` behind a mixer entry (memory-mapped Arrow), reopened when the file changes."""
+    stamp = None
+    if local_builder(path) is not None and os.path.isfile(path):
+        st = os.stat(path)
+        stamp = (st.st_size, st.st_mtime_ns)
+    return _open_dataset(path, split, revision, cache_dir, stamp)
+
+
+@lru_cache(maxsize=32)
+def _open_dataset(path: str, split: str, revision: str | None, cache_dir: str, stamp: tuple | None) -> Any:
     _quiet_datasets()
     import datasets
 
@@ -85,6 +93,28 @@ def describe(path: str, split: str, revision: str | None, cache_dir: str) -> Sou
     else:
         fingerprint = f"hf:{revision or 'main'}:{ds._fingerprint}"
     return SourceInfo(n_rows=len(ds), fingerprint=fingerprint, columns=tuple(ds.column_names))
+
+
+def rows_fingerprint(
+    path: str,
+    split: str,
+    revision: str | None,
+    cache_dir: str,
+    start: int,
+    end: int,
+    subset: list[int] | None,
+) -> str:
+    """Hash of the data of rows ``[start, end)`` (or of ``subset``), so an edit elsewhere in the file
+    leaves this slice's checkpoint valid. The rows are hashed as one Arrow IPC stream of a single chunk,
+    schema included (a new key in any row changes what the template sees)."""
+    import pyarrow as pa
+
+    ds = open_dataset(path, split, revision, cache_dir).with_format("arrow")
+    table = (ds[start:end] if subset is None else ds[subset]).combine_chunks()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return hashlib.sha256(sink.getvalue()).hexdigest()
 
 
 def read_rows(

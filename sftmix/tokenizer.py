@@ -31,10 +31,25 @@ def _quiet_transformers() -> None:
 
 @dataclass(frozen=True)
 class TokenizerKey:
-    """What identifies a loaded tokenizer: hashable, so each process loads it once."""
+    """What identifies a loaded tokenizer: hashable, so each process loads it once (and again when the
+    files of a local tokenizer directory change)."""
 
     name_or_path: str
     revision: str | None
+    stamp: tuple = ()
+
+    @classmethod
+    def of(cls, name_or_path: str, revision: str | None) -> TokenizerKey:
+        stamp: tuple = ()
+        if os.path.isdir(name_or_path):
+            stamp = tuple(
+                sorted(
+                    (e.name, e.stat().st_size, e.stat().st_mtime_ns)
+                    for e in os.scandir(name_or_path)
+                    if e.is_file()
+                )
+            )
+        return cls(name_or_path, revision, stamp)
 
 
 @lru_cache(maxsize=4)

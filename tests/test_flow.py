@@ -55,3 +55,22 @@ def test_damaged_checkpoint_is_recomputed_not_trusted(prefect_api, tmp_path):
     assert second["slices_reused"] == second["slices_total"] - 1
     assert compare(tmp_path / "o1", tmp_path / "o2").matches
     assert slice_dir(run.work_dir, victim.parent.name).exists()
+
+
+def test_editing_one_row_recomputes_only_its_slice(prefect_api, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(EXAMPLES / "data", data)
+    mixer = demo_mixer(data, tmp_path / "o1").model_copy(
+        update={"datasets": [DatasetEntry(path=str(data / "arithmetic.jsonl"), amount=1.0)]}
+    )
+    run = RunOptions(work_dir=str(tmp_path / "work"), slice_rows=40, runner="thread")
+    first = tokenize_mixer(mixer=mixer, run=run)
+    assert first["slices_total"] == 6
+    lines = (data / "arithmetic.jsonl").read_text(encoding="utf-8").splitlines()
+    lines[100] = lines[100].replace("What is", "What's")
+    (data / "arithmetic.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    second = tokenize_mixer(
+        mixer=mixer.model_copy(update={"output": OutputSpec(path=str(tmp_path / "o2"))}), run=run
+    )
+    assert (second["slices_computed"], second["slices_reused"]) == (1, 5)
+    assert not compare(tmp_path / "o1", tmp_path / "o2").matches

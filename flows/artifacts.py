@@ -1,0 +1,67 @@
+"""What the Prefect UI shows at the end of a run: per-dataset table and a markdown run report."""
+
+from __future__ import annotations
+
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from sftmix.report import RunReport
+
+
+def dataset_table(report: RunReport, statistics: dict) -> list[dict]:
+    per = {s["dataset_name"]: s for s in statistics["per_dataset_statistics"]}
+    rows = []
+    for d in report.per_dataset:
+        s = per.get(d.name, {})
+        tokens = s.get("final_tokens_in_output", 0)
+        rows.append(
+            {
+                "dataset": d.name,
+                "rows selected": d.selected,
+                "kept": d.kept,
+                "dropped": ", ".join(f"{k}: {v}" for k, v in d.dropped.items()) or "0",
+                "in output": s.get("final_instances_in_output", 0),
+                "tokens": tokens,
+                "trainable %": round(100 * s.get("final_trainable_tokens_in_output", 0) / tokens, 1)
+                if tokens
+                else 0,
+                "upsampling": f"{s.get('upsampling_factor', 1.0):.2f}x",
+            }
+        )
+    return rows
+
+
+def report_markdown(report: RunReport) -> str:
+    lines = [
+        "# tokenize-mixer run",
+        "",
+        f"**Output** `{report.output_dir}` ({report.publish})",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| slices | {report.slices_total} total, {report.slices_computed} computed, {report.slices_reused} reused, "
+        f"{report.slices_rechecked} recomputed after a failed check |",
+        f"| rows | {report.rows_in} in, {report.rows_kept} kept, dropped {report.rows_dropped or 'none'} |",
+        f"| documents | {report.documents} in {report.parts} part(s), dtype {report.token_dtype} |",
+        f"| tokens | {report.tokens:,} ({report.trainable_tokens:,} trainable) |",
+        f"| time | {report.wall_seconds:.1f} s wall, tokenizing {report.tokenize_seconds:.1f} s |",
+        f"| throughput | {report.tokens_per_second:,.0f} tokens/s |",
+    ]
+    if report.validation is not None:
+        verdict = "matches" if report.validation.matches else "DIFFERS"
+        lines.append(f"| reference | `{report.validation.reference}`: {verdict} |")
+    lines += ["", "## Digests (sha256, SPEC Verification)", "", "| file | sha256 |", "|---|---|"]
+    lines += [f"| `{name}` | `{digest}` |" for name, digest in sorted(report.digests.items())]
+    if report.warnings:
+        lines += ["", "## Warnings", ""] + [f"- {w}" for w in report.warnings]
+    return "\n".join(lines)
+
+
+def publish_artifacts(report: RunReport, statistics: dict) -> None:
+    create_table_artifact(
+        table=dataset_table(report, statistics),
+        key="tokenize-mixer-datasets",
+        description="Per-dataset statistics of this run",
+    )
+    create_markdown_artifact(
+        markdown=report_markdown(report), key="tokenize-mixer-report", description="Run report"
+    )
