@@ -1,0 +1,160 @@
+"""The loop users live in: a real `prefect server` on 127.0.0.1, a process work pool, a worker, the
+deployments from deployments/prefect.yaml, and `prefect deployment run` (started by infra/local_up.sh)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(
+        PATH=f"{BIN}{os.pathsep}{env['PATH']}",
+        PREFECT_HOME=str(home),
+        TOKENIZE_MIXER_PORT=str(port),
+        TOKENIZE_MIXER_POOL="tokenize-mixer-test",
+        PREFECT_WORKER_QUERY_SECONDS="1",
+    )
+    up = subprocess.run(
+        ["bash", "infra/local_up.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        env["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
+        yield env
+    finally:
+        subprocess.run(["bash", "infra/local_down.sh"], cwd=ROOT, env=env, timeout=60)
+
+
+def deployment_run(env: dict, name: str, params: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            str(BIN / "prefect"),
+            "deployment",
+            "run",
+            f"tokenize-mixer/{name}",
+            "--watch",
+            "--watch-interval",
+            "1",
+            "--params",
+            json.dumps(params),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def demo_params(tmp: Path, data: Path = Path("examples/data")) -> dict:
+    """The demo mixer (dataset paths as typed, relative to the checkout the worker runs in)."""
+    return {
+        "mixer": {
+            "datasets": [
+                {"path": str(data / "general.jsonl"), "amount": 3.0},
+                {"path": str(data / "arithmetic.jsonl"), "amount": 0.5},
+                {"path": str(data / "conversions.jsonl"), "amount": 100},
+            ],
+            "tokenizer": {"name_or_path": "examples/tokenizer", "chat_template": "olmo"},
+            "max_seq_length": 256,
+            "output": {"path": str(tmp / "out")},
+        },
+        "run": {"work_dir": str(tmp / "work"), "slice_rows": 40},
+    }
+
+
+def run_states(env: dict, flow_run_name: str) -> tuple[str, dict[str, int]]:
+    """The flow run's state message, and its slice task runs counted by state name."""
+    code = (
+        "import collections, json, sys\n"
+        "from prefect.client.orchestration import get_client\n"
+        "from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, TaskRunFilter, TaskRunFilterName\n"
+        "with get_client(sync_client=True) as c:\n"
+        "    fr = c.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[sys.argv[1]])))[0]\n"
+        "    trs = c.read_task_runs(flow_run_filter=FlowRunFilter(id={'any_': [fr.id]}),\n"
+        "                           task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_='tokenize ')))\n"
+        "    print(json.dumps([fr.state.message, collections.Counter(t.state.name for t in trs)]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, flow_run_name], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    message, counts = json.loads(out.stdout)
+    return message or "", counts
+
+
+def flow_run_name(output: str) -> str:
+    for line in output.splitlines():
+        if line.startswith("Created flow run '"):
+            return line.strip().split("'")[1]
+    raise AssertionError(output)
+
+
+def test_demo_deployment_runs_to_completion_with_the_expected_digests(server, tmp_path):
+    proc = deployment_run(server, "demo", demo_params(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    compare = subprocess.run(
+        [
+            str(BIN / "tokenize-mixer"),
+            "compare",
+            str(tmp_path / "out"),
+            str(ROOT / "examples" / "demo.digests.json"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert compare.returncode == 0, compare.stdout
+    report = json.loads((tmp_path / "out" / "run_report.json").read_text())
+    assert report["slices_computed"] == report["slices_total"]
+
+
+def test_fail_then_fix_recomputes_only_the_failed_slice(server, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(ROOT / "examples" / "data", data)
+    rows = (data / "arithmetic.jsonl").read_text(encoding="utf-8").splitlines()
+    good = rows[60]
+    broken = json.loads(good)
+    broken["messages"][0]["role"] = None  # loads fine, fails validation in its slice
+    rows[60] = json.dumps(broken)
+    (data / "arithmetic.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    params = demo_params(tmp_path, data)
+    params["mixer"]["datasets"][1]["amount"] = 1.0  # fixed row ranges: rows 40-79 are one slice
+
+    failed = deployment_run(server, "demo", params)
+    assert failed.returncode != 0
+    message, states = run_states(server, flow_run_name(failed.stdout))
+    assert "1 of 10 slices failed" in message
+    assert "arithmetic.jsonl rows 40-79" in message and "row 60: message 0 has no 'role' string" in message
+    assert states == {"Failed": 1, "Completed": 9}
+
+    rows[60] = good
+    (data / "arithmetic.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    fixed = deployment_run(server, "demo", params)
+    assert fixed.returncode == 0, fixed.stdout[-3000:]
+    report = json.loads((tmp_path / "out" / "run_report.json").read_text())
+    assert report["slices_computed"] == 1
+    assert report["slices_reused"] == report["slices_total"] - 1
+    _, states = run_states(server, flow_run_name(fixed.stdout))
+    assert states == {"Cached": report["slices_total"] - 1, "Completed": 1}
