@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
     errors: list[tuple[SliceSpec, BaseException]] = []
     progress = SliceProgress(len(plan.slices))
     with runner:
-        task = slice_task_for(ctx.work_dir)
+        task = slice_task_for(ctx.work_dir, refresh=run.force_recache, cache=not run.disable_cache)
         futures = {runner.submit(task, parameters={"spec": s, "ctx": ctx}): s for s in plan.slices}
         done = 0
         for fut in as_completed(list(futures)):
@@ -157,10 +158,16 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
     plan = _call(plan_mixer, mixer, run)
     for line in plan.summary().splitlines():
         logger.info(line)
-    outcome = run_slices(plan, run)
-    staging = new_staging_dir(mixer.output.path)
+    documents = _documents_path(plan)
+    scratch = None
+    if run.disable_cache:  # slices still go through files, in a scratch directory removed below
+        scratch = Path(plan.context.work_dir) / "scratch" / uuid.uuid4().hex
+        plan.context = plan.context.model_copy(update={"work_dir": str(scratch)})
+    staging = None
     try:
-        result = _call(assemble_output, plan, outcome.manifests, staging, _documents_path(plan))
+        outcome = run_slices(plan, run)
+        staging = new_staging_dir(mixer.output.path)
+        result = _call(assemble_output, plan, outcome.manifests, staging, documents)
         digests, validation = _call(validate_output, staging, run.reference)
         dropped: dict[str, int] = {}
         for t in result.tallies:
@@ -202,7 +209,9 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
             Path(mixer.output.path) / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8")
         )
     finally:
-        remove_tree(staging)
+        for leftover in (staging, scratch):
+            if leftover is not None:
+                remove_tree(leftover)
     publish_artifacts(report, result.statistics)
     for line in report.render().splitlines():
         logger.info(line)

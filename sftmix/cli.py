@@ -66,6 +66,10 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     _flag(parser, "slice_rows", type=int, help="most source rows per slice")
     _flag(parser, "runner", choices=["auto", "process", "thread"], help="task runner")
     _flag(parser, "reference", help="directory or digests JSON to validate against; a mismatch fails the run")
+    _flag(parser, "force_recache", action="store_true", default=None, help="recompute every slice")
+    _flag(
+        parser, "disable_cache", action="store_true", default=None, help="neither read nor write checkpoints"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,7 +151,7 @@ def mixer_from_convert_args(args: argparse.Namespace) -> MixerConfig:
 
 def run_options(args: argparse.Namespace, base: RunOptions | None = None) -> RunOptions:
     data = (base or RunOptions()).model_dump()
-    for key in ("work_dir", "workers", "slice_rows", "runner", "reference"):
+    for key in ("work_dir", "workers", "slice_rows", "runner", "reference", "force_recache", "disable_cache"):
         if getattr(args, key, None) is not None:
             data[key] = getattr(args, key)
     return RunOptions.model_validate(data)

@@ -124,6 +124,13 @@ class RunOptions(BaseModel):
         default=None,
         description="A directory or digests JSON to validate the output against; a mismatch fails the run.",
     )
+    force_recache: bool = Field(
+        default=False, description="Recompute every slice, ignoring finished checkpoints, and overwrite them."
+    )
+    disable_cache: bool = Field(
+        default=False,
+        description="Neither read nor write checkpoints: slices go to a scratch directory removed after the run.",
+    )
 
 
 def default_work_dir() -> Path:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import Task, task
+from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import TaskRun
 from prefect.context import TaskRunContext
 from prefect.states import State
@@ -47,8 +48,11 @@ def tokenize_slice_task(spec: SliceSpec, ctx: TokenizeContext) -> dict:
     return tokenize_slice(spec, ctx).model_dump()
 
 
-def slice_task_for(work_dir: str, refresh: bool = False) -> Task:
-    """The slice task with its result records stored in the run's work directory."""
+def slice_task_for(work_dir: str, refresh: bool = False, cache: bool = True) -> Task:
+    """The slice task with its result records stored in the run's work directory (``cache=False``:
+    no record is read or written)."""
+    if not cache:
+        return tokenize_slice_task.with_options(cache_policy=NO_CACHE, persist_result=False)
     return tokenize_slice_task.with_options(
         result_storage=Path(work_dir) / "prefect-results", refresh_cache=refresh
     )

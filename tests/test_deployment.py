@@ -158,3 +158,26 @@ def test_fail_then_fix_recomputes_only_the_failed_slice(server, tmp_path):
     assert report["slices_reused"] == report["slices_total"] - 1
     _, states = run_states(server, flow_run_name(fixed.stdout))
     assert states == {"Cached": report["slices_total"] - 1, "Completed": 1}
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (documented check)")
+def test_ui_pages_render_in_a_real_browser(server, tmp_path):
+    """What a user sees: the run page and its artifacts, rendered by headless Chromium."""
+    proc = deployment_run(server, "demo", demo_params(tmp_path))
+    assert proc.returncode == 0
+    shots = subprocess.run(
+        [sys.executable, str(ROOT / "infra" / "ui_screenshots.py"), str(tmp_path / "ui")],
+        env=server,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert shots.returncode == 0, shots.stderr
+    names = {p.name for p in (tmp_path / "ui").iterdir()}
+    assert {
+        "run.png",
+        "tokenize-mixer-progress.png",
+        "tokenize-mixer-datasets.png",
+        "tokenize-mixer-report.png",
+    } <= names
+    assert all((tmp_path / "ui" / n).stat().st_size > 20_000 for n in names)  # rendered pages, not blank

@@ -74,3 +74,33 @@ def test_editing_one_row_recomputes_only_its_slice(prefect_api, tmp_path):
     )
     assert (second["slices_computed"], second["slices_reused"]) == (1, 5)
     assert not compare(tmp_path / "o1", tmp_path / "o2").matches
+
+
+def test_force_recache_and_disable_cache(prefect_api, tmp_path):
+    run = RunOptions(work_dir=str(tmp_path / "work"), slice_rows=40, runner="thread")
+    first = tokenize_mixer(mixer=demo_mixer(EXAMPLES / "data", tmp_path / "o1"), run=run)
+    forced = tokenize_mixer(
+        mixer=demo_mixer(EXAMPLES / "data", tmp_path / "o2"),
+        run=run.model_copy(update={"force_recache": True}),
+    )
+    assert forced["slices_computed"] == forced["slices_total"] == first["slices_total"]
+    assert forced["digests"] == first["digests"]
+
+    cold = RunOptions(work_dir=str(tmp_path / "cold"), slice_rows=40, runner="thread", disable_cache=True)
+    once = tokenize_mixer(mixer=demo_mixer(EXAMPLES / "data", tmp_path / "o3"), run=cold)
+    twice = tokenize_mixer(mixer=demo_mixer(EXAMPLES / "data", tmp_path / "o4"), run=cold)
+    assert once["slices_computed"] == twice["slices_computed"] == once["slices_total"]
+    assert twice["digests"] == first["digests"]
+    assert not list((tmp_path / "cold").glob("slices/*/*/manifest.json"))
+    assert not list((tmp_path / "cold" / "scratch").iterdir())
+    assert not (tmp_path / "cold" / "prefect-results").exists()
+
+
+def test_retry_only_transient_failures():
+    from prefect.states import Failed
+
+    from sftmix.errors import BadRowError
+    from tasks.tokenize import retry_transient
+
+    assert retry_transient(None, None, Failed(data=OSError("connection reset"))) is True
+    assert retry_transient(None, None, Failed(data=BadRowError("d", 1, "bad"))) is False
