@@ -108,3 +108,48 @@ def test_convert_accepts_hyphenated_flags_and_reports_errors_without_traceback(t
     )
     assert proc.returncode == 2
     assert "error: dataset 'missing.jsonl': file not found" in proc.stderr
+
+
+@pytest.mark.slow
+def test_two_runs_at_once_share_a_work_dir_without_corrupting_it(tmp_path):
+    """Idempotent atomic slice writes: two runs that compute the same slices at the same time."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    work = tmp_path / "work"
+    procs = [
+        subprocess.Popen(
+            [
+                *CLI,
+                "run",
+                "examples/mixer.yaml",
+                "--output_dir",
+                str(tmp_path / f"out{i}"),
+                "--work_dir",
+                str(work),
+                "--slice_rows",
+                "16",
+                "--runner",
+                "thread",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    for i in range(2):
+        assert cli("compare", str(tmp_path / f"out{i}"), "examples/demo.digests.json").returncode == 0
+    third = cli(
+        "run",
+        "examples/mixer.yaml",
+        "--output_dir",
+        str(tmp_path / "out2"),
+        "--work_dir",
+        str(work),
+        "--slice_rows",
+        "16",
+    )
+    assert "0 computed" in third.stdout
