@@ -64,6 +64,44 @@ class _Pending:
     indices: list[int]
     headers: list[str | None]
     throughs: list[str]
+    boundary_ends: np.ndarray | None = None  # char ends of segment-boundary tokens in the full render
+    boundary_counts: np.ndarray | None = None  # tokens up to and including each of them
+
+
+def common_prefix_length(a: str, b: str) -> int:
+    """Length of the longest common prefix (binary search over C-speed slice comparisons)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@dataclass(frozen=True)
+class SegmentBoundaries:
+    """Added tokens that split the text before pre-tokenization: tokens never cross them, so the token
+    count of a string that agrees with the full render up to such a token is the full render's count
+    there plus the count of the string's own tail. This keeps multi-turn masking linear."""
+
+    ids: frozenset[int]
+    longest: int  # characters of the longest added token (how far a match can look ahead)
+
+    def cut(self, text: str, full: str, ends: np.ndarray, counts: np.ndarray) -> tuple[int, str]:
+        """(tokens before the cut, tail to tokenize) for ``text``, exact for this tokenizer."""
+        agree = len(text) if full.startswith(text) else common_prefix_length(text, full)
+        j = int(np.searchsorted(ends, agree, side="right")) - 1
+        while j >= 0:
+            c = int(ends[j])
+            if c == len(text) or c + self.longest - 1 <= agree:
+                return int(counts[j]), text[c:]
+            j -= 1
+        return 0, text
 
 
 def assistant_indices(messages: Sequence[dict]) -> list[int]:
@@ -79,11 +117,13 @@ class LabelMasker:
         encode_batch: Callable[[list[str]], list],
         decode: Callable[[list[int]], str],
         max_seq_length: int | None,
+        boundaries: SegmentBoundaries | None = None,
     ) -> None:
         self.renderer = renderer
         self.encode_batch = encode_batch
         self.decode = decode
         self.max_len = max_seq_length
+        self.boundaries = boundaries
 
     def _cap(self, n: int) -> int:
         return n if self.max_len is None else min(n, self.max_len)
@@ -99,8 +139,9 @@ class LabelMasker:
         results: list[TokenizedRow] = []
         pending: list[_Pending] = []
         for i, (conv, text, enc) in enumerate(zip(conversations, rendered, encodings, strict=True)):
-            ids = np.asarray(enc.ids, dtype=np.int64)
-            offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+            full_ids = np.asarray(enc.ids, dtype=np.int64)
+            full_offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+            ids, offsets = full_ids, full_offsets
             if self.max_len is not None:
                 ids, offsets = ids[: self.max_len], offsets[: self.max_len]
             row = TokenizedRow(ids=ids, mask=np.zeros(ids.shape[0], dtype=np.uint8), status=RowStatus.KEPT)
@@ -112,6 +153,10 @@ class LabelMasker:
                 continue
             if spans is not None:
                 row.mask = _overlap_mask(offsets, spans)
+            elif self.boundaries is not None:
+                at = np.flatnonzero(np.isin(full_ids, list(self.boundaries.ids)))
+                pending[-1].boundary_ends = full_offsets[at, 1]
+                pending[-1].boundary_counts = at + 1
         if pending:
             self._token_count_spans(conversations, rendered, results, pending)
         for row in results:
@@ -161,13 +206,21 @@ class LabelMasker:
         results: list[TokenizedRow],
         pending: list[_Pending],
     ) -> None:
+        bases: list[int] = []
         texts: list[str] = []
         for p in pending:
             for header, through in zip(p.headers, p.throughs, strict=True):
-                if header is not None:
-                    texts.append(header)
-                texts.append(through)
-        counts = iter([len(e.ids) for e in self.encode_batch(texts)])
+                for prefix in (header, through):
+                    if prefix is None:
+                        continue
+                    base, tail = 0, prefix
+                    if self.boundaries is not None and p.boundary_ends is not None:
+                        base, tail = self.boundaries.cut(
+                            prefix, rendered[p.row], p.boundary_ends, p.boundary_counts
+                        )
+                    bases.append(base)
+                    texts.append(tail)
+        counts = iter([b + len(e.ids) for b, e in zip(bases, self.encode_batch(texts), strict=True)])
         for p in pending:
             row = results[p.row]
             n = row.ids.shape[0]

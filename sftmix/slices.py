@@ -23,7 +23,14 @@ from .labels import DROP_REASONS, LabelMasker, RenderError, RowStatus
 from .sources import read_rows
 from .storage import atomic_write_bytes, atomic_write_with, sha256_file
 from .templates import ChatRenderer
-from .tokenizer import TokenizerKey, check_ids_fit, load_hf_tokenizer, rust_tokenizer, special_tokens
+from .tokenizer import (
+    TokenizerKey,
+    check_ids_fit,
+    load_hf_tokenizer,
+    rust_tokenizer,
+    segment_boundaries,
+    special_tokens,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -154,6 +161,7 @@ def _masker(ctx: TokenizeContext) -> LabelMasker:
         encode_batch=lambda texts: rust.encode_batch(texts, add_special_tokens=False),
         decode=lambda ids: hf.decode(ids, clean_up_tokenization_spaces=False),
         max_seq_length=ctx.max_seq_length,
+        boundaries=segment_boundaries(key),
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ConfigError, TokenDtypeError
+from .labels import SegmentBoundaries
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +95,32 @@ def rust_tokenizer(key: TokenizerKey) -> Any:
     rust.no_truncation()
     rust.no_padding()
     return rust
+
+
+def _adds_prefix_space(node: Any) -> bool:
+    """Whether a pre-tokenizer treats the start of a segment specially (then tails are not independent)."""
+    if isinstance(node, dict):
+        if node.get("add_prefix_space") is True or node.get("type") == "Metaspace":
+            return True
+        return any(_adds_prefix_space(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_adds_prefix_space(v) for v in node)
+    return False
+
+
+@lru_cache(maxsize=4)
+def segment_boundaries(key: TokenizerKey) -> SegmentBoundaries | None:
+    """Added tokens after which tokenization restarts, or ``None`` when this tokenizer's segments are not
+    independent (a normalizer, or a pre-tokenizer that adds a prefix space)."""
+    rust = rust_tokenizer(key)
+    config = json.loads(rust.to_str())
+    if config.get("normalizer") is not None or _adds_prefix_space(config.get("pre_tokenizer")):
+        return None
+    added = rust.get_added_tokens_decoder()
+    ids = frozenset(i for i, t in added.items() if not (t.lstrip or t.rstrip or t.single_word))
+    if not ids:
+        return None
+    return SegmentBoundaries(ids=ids, longest=max(len(t.content) for t in added.values()))
 
 
 def tokenizer_fingerprint(key: TokenizerKey) -> str:
