@@ -40,6 +40,7 @@ class SliceOutcome:
     reused: int
     rechecked: int
     seconds: float
+    steady_tokens_per_second: float
 
 
 #: Below this many rows to tokenize, worker start-up (imports, tokenizer load) costs more than it saves.
@@ -115,12 +116,15 @@ def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
                 manifests[spec.index] = SliceManifest.model_validate(fut.result())
                 cached[spec.index] = False
     reused = sum(cached)
+    fresh = [m for m, c in zip(manifests, cached, strict=True) if m is not None and not c]
+    span = max((m.finished_at for m in fresh), default=0.0) - min((m.started_at for m in fresh), default=0.0)
     return SliceOutcome(
         manifests=[m for m in manifests if m is not None],
         computed=len(plan.slices) - reused,
         reused=reused,
         rechecked=len(stale),
         seconds=time.perf_counter() - started,
+        steady_tokens_per_second=round(sum(m.tokens for m in fresh) / span, 1) if span > 0 else 0.0,
     )
 
 
@@ -195,6 +199,7 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
             wall_seconds=0.0,
             tokenize_seconds=round(outcome.seconds, 3),
             tokens_per_second=0.0,
+            steady_tokens_per_second=outcome.steady_tokens_per_second,
             digests=digests,
             validation=validation,
             documents_file=result.documents_path,

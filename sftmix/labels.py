@@ -10,9 +10,11 @@ reference. No I/O here: the caller supplies the renderer and tokenizers.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from functools import lru_cache
 
 import numpy as np
 
@@ -64,8 +66,9 @@ class _Pending:
     indices: list[int]
     headers: list[str | None]
     throughs: list[str]
-    boundary_ends: np.ndarray | None = None  # char ends of segment-boundary tokens in the full render
-    boundary_counts: np.ndarray | None = None  # tokens up to and including each of them
+    boundary_starts: np.ndarray | None = None  # char offsets of segment-boundary tokens in the full render
+    boundary_ends: np.ndarray | None = None
+    boundary_index: np.ndarray | None = None  # their positions among the full render's tokens
 
 
 def common_prefix_length(a: str, b: str) -> int:
@@ -85,23 +88,49 @@ def common_prefix_length(a: str, b: str) -> int:
 
 @dataclass(frozen=True)
 class SegmentBoundaries:
-    """Added tokens that split the text before pre-tokenization: tokens never cross them, so the token
+    """Added tokens split the text before pre-tokenization, and tokens never cross them. So the token
     count of a string that agrees with the full render up to such a token is the full render's count
-    there plus the count of the string's own tail. This keeps multi-turn masking linear."""
+    there plus the count of the string's own (short) tail. This keeps multi-turn masking linear."""
 
     ids: frozenset[int]
+    contents: tuple[str, ...]  # texts of these added tokens
     longest: int  # characters of the longest added token (how far a match can look ahead)
 
-    def cut(self, text: str, full: str, ends: np.ndarray, counts: np.ndarray) -> tuple[int, str]:
-        """(tokens before the cut, tail to tokenize) for ``text``, exact for this tokenizer."""
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        return _added_pattern(self.contents)
+
+    def cut(
+        self, text: str, full: str, starts: np.ndarray, ends: np.ndarray, index: np.ndarray
+    ) -> tuple[int, str]:
+        """(tokens before the cut, tail to tokenize) for ``text``, exact for this tokenizer.
+
+        ``starts``/``ends`` are the character offsets of the boundary tokens in ``full`` and ``index``
+        their positions among its tokens. A cut at the end of such a token, or at its start when
+        ``text`` itself continues with an added token there, is a segment boundary in both strings.
+        """
         agree = len(text) if full.startswith(text) else common_prefix_length(text, full)
-        j = int(np.searchsorted(ends, agree, side="right")) - 1
+        reach = self.longest - 1
+        # latest boundary token starting at or before `agree` (its start is a candidate cut)
+        j = int(np.searchsorted(starts, agree, side="right")) - 1
         while j >= 0:
-            c = int(ends[j])
-            if c == len(text) or c + self.longest - 1 <= agree:
-                return int(counts[j]), text[c:]
+            start, end = int(starts[j]), int(ends[j])
+            if end <= agree and (end == len(text) or end + reach <= agree):
+                return int(index[j]) + 1, text[end:]
+            if self.pattern.match(text, start) and self._clean_before(text, start):
+                return int(index[j]), text[start:]
             j -= 1
         return 0, text
+
+    def _clean_before(self, text: str, c: int) -> bool:
+        """No added-token match in ``text`` straddles position ``c``."""
+        lo = max(0, c - self.longest + 1)
+        return all(not (m.start() < c < m.end()) for m in self.pattern.finditer(text, lo, c + self.longest))
+
+
+@lru_cache(maxsize=8)
+def _added_pattern(contents: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile("|".join(re.escape(c) for c in sorted(contents, key=len, reverse=True)))
 
 
 def assistant_indices(messages: Sequence[dict]) -> list[int]:
@@ -155,8 +184,9 @@ class LabelMasker:
                 row.mask = _overlap_mask(offsets, spans)
             elif self.boundaries is not None:
                 at = np.flatnonzero(np.isin(full_ids, list(self.boundaries.ids)))
+                pending[-1].boundary_starts = full_offsets[at, 0]
                 pending[-1].boundary_ends = full_offsets[at, 1]
-                pending[-1].boundary_counts = at + 1
+                pending[-1].boundary_index = at
         if pending:
             self._token_count_spans(conversations, rendered, results, pending)
         for row in results:
@@ -214,9 +244,9 @@ class LabelMasker:
                     if prefix is None:
                         continue
                     base, tail = 0, prefix
-                    if self.boundaries is not None and p.boundary_ends is not None:
+                    if self.boundaries is not None and p.boundary_index is not None:
                         base, tail = self.boundaries.cut(
-                            prefix, rendered[p.row], p.boundary_ends, p.boundary_counts
+                            prefix, rendered[p.row], p.boundary_starts, p.boundary_ends, p.boundary_index
                         )
                     bases.append(base)
                     texts.append(tail)

@@ -86,6 +86,15 @@ def _digest(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()
 
 
+MAX_AUTO_SLICE_ROWS = 20_000
+
+
+def rows_per_slice(nbytes: int, n_rows: int, slice_bytes: int) -> int:
+    """Rows that make about ``slice_bytes`` of this dataset's data."""
+    per_row = max(1.0, nbytes / max(n_rows, 1))
+    return max(1, min(MAX_AUTO_SLICE_ROWS, int(slice_bytes // per_row)))
+
+
 def _row_groups(
     n_rows: int, selected: np.ndarray | None, slice_rows: int
 ) -> list[tuple[int, int, list[int] | None]]:
@@ -173,9 +182,10 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
             warnings.append(w)
             logger.warning(w)
         selected = selected_source_rows(info.n_rows, target)
+        per_slice = run.slice_rows or rows_per_slice(info.nbytes, info.n_rows, run.slice_bytes)
         ids = []
         memo = FingerprintMemo(work_dir, info.fingerprint, entry.split)
-        for start, end, subset in _row_groups(info.n_rows, selected, run.slice_rows):
+        for start, end, subset in _row_groups(info.n_rows, selected, per_slice):
             rows_key = {"rows": [start, end], "subset": None if subset is None else _digest(subset)}
             data = memo.known.get(memo.key(rows_key))
             if data is None:

@@ -40,6 +40,9 @@ class RunReport(BaseModel):
     wall_seconds: float
     tokenize_seconds: float
     tokens_per_second: float
+    steady_tokens_per_second: float = Field(
+        0.0, description="Tokens of the slices computed in this run / (last slice end - first slice start)."
+    )
     digests: dict[str, str]
     validation: Validation | None = None
     documents_file: str

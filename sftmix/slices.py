@@ -98,6 +98,10 @@ class SliceManifest(BaseModel):
     token_dtype: str
     files: dict[str, FileDigest]
     seconds: float
+    started_at: float = Field(
+        0.0, description="Wall-clock start (epoch seconds), for steady-state throughput."
+    )
+    finished_at: float = 0.0
     format_version: str = SLICE_FORMAT_VERSION
 
 
@@ -159,7 +163,9 @@ def _masker(ctx: TokenizeContext) -> LabelMasker:
     return LabelMasker(
         renderer=renderer,
         encode_batch=lambda texts: rust.encode_batch(texts, add_special_tokens=False),
-        decode=lambda ids: hf.decode(ids, clean_up_tokenization_spaces=False),
+        decode=lambda ids: rust.decode(
+            ids, skip_special_tokens=False
+        ),  # what hf.decode does for fast tokenizers
         max_seq_length=ctx.max_seq_length,
         boundaries=segment_boundaries(key),
     )
@@ -177,7 +183,7 @@ def _conversations(spec: SliceSpec, rows: list[int], records: list[dict]) -> lis
 
 def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
     """Tokenize one slice and write its checkpoint; returns the manifest (written last)."""
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), time.time()
     rows = spec.row_list()
     dtype = np.dtype(ctx.token_dtype)
     masker = _masker(ctx)
@@ -246,6 +252,8 @@ def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
         token_dtype=dtype.name,
         files=files,
         seconds=round(time.perf_counter() - started, 3),
+        started_at=started_at,
+        finished_at=time.time(),
     )
     atomic_write_bytes(root / MANIFEST, json.dumps(manifest.model_dump(), indent=1).encode("utf-8"))
     return manifest

@@ -41,6 +41,7 @@ class SourceInfo:
     n_rows: int
     fingerprint: str
     columns: tuple[str, ...]
+    nbytes: int
 
 
 def file_sha256(path: str) -> str:
@@ -92,7 +93,9 @@ def describe(path: str, split: str, revision: str | None, cache_dir: str) -> Sou
         fingerprint = "sha256:" + file_sha256(path)
     else:
         fingerprint = f"hf:{revision or 'main'}:{ds._fingerprint}"
-    return SourceInfo(n_rows=len(ds), fingerprint=fingerprint, columns=tuple(ds.column_names))
+    return SourceInfo(
+        n_rows=len(ds), fingerprint=fingerprint, columns=tuple(ds.column_names), nbytes=ds.data.nbytes
+    )
 
 
 def rows_fingerprint(

@@ -152,10 +152,11 @@ def _strftime_now(fmt: str) -> str:
 
 
 @lru_cache(maxsize=16)
-def compile_template(text: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-    )
+def compile_template(text: str, trusted: bool = False) -> jinja2.Template:
+    """Compile with transformers' settings; ``trusted`` (templates we carry) skips the sandbox's
+    per-attribute checks, which cost more than the rendering itself and change no output."""
+    options: dict = {"trim_blocks": True, "lstrip_blocks": True, "extensions": [jinja2.ext.loopcontrols]}
+    env = jinja2.Environment(**options) if trusted else ImmutableSandboxedEnvironment(**options)
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -169,7 +170,8 @@ class ChatRenderer:
     """Renders conversations with one compiled template and the tokenizer's special tokens."""
 
     def __init__(self, template_text: str, special_tokens: dict[str, str]) -> None:
-        self._template = compile_template(template_text)
+        carried = template_text in {named_template(n) for n in NAMED_TEMPLATES}
+        self._template = compile_template(template_text, trusted=carried)
         self._special_tokens = dict(special_tokens)
 
     def render(self, messages: list[dict[str, Any]], tools: list | None, add_generation_prompt: bool) -> str:

@@ -117,10 +117,14 @@ def segment_boundaries(key: TokenizerKey) -> SegmentBoundaries | None:
     if config.get("normalizer") is not None or _adds_prefix_space(config.get("pre_tokenizer")):
         return None
     added = rust.get_added_tokens_decoder()
-    ids = frozenset(i for i, t in added.items() if not (t.lstrip or t.rstrip or t.single_word))
-    if not ids:
+    safe = {i: t for i, t in added.items() if not (t.lstrip or t.rstrip or t.single_word)}
+    if not safe:
         return None
-    return SegmentBoundaries(ids=ids, longest=max(len(t.content) for t in added.values()))
+    return SegmentBoundaries(
+        ids=frozenset(safe),
+        contents=tuple(sorted({t.content for t in safe.values()})),
+        longest=max(len(t.content) for t in added.values()),
+    )
 
 
 def tokenizer_fingerprint(key: TokenizerKey) -> str:

