@@ -234,7 +234,7 @@ def main() -> None:
     warm = run_ours(data, tokenizer, args.template, args.max_seq_length, scratch / "work", scratch / "out")
     rows = len(chats)
     ours_rows_s = rows / cold["wall"]
-    startup = cold["wall"] - cold["tokens"] / cold["steady_tokens_per_second"]
+    startup = cold["wall"] - cold["steady_seconds"]
 
     line = "{:<34} {:>10} {:>12} {:>9} {:>10}"
     print(line.format("", "rows/s", "tokens/s", "wall s", "peak MiB"))

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
+
+
+def _warm_imports() -> None:
+    import datasets  # noqa: F401
+    import transformers  # noqa: F401
 
 
 @contextlib.contextmanager
@@ -25,7 +31,12 @@ def prefect_api() -> Iterator[str]:
     from prefect.server.api.server import SubprocessASGIServer
 
     server = SubprocessASGIServer()
-    server.start()
+    starting = threading.Thread(target=server.start, daemon=True)
+    starting.start()
+    _warm_imports()  # the heavy imports of the run overlap the server's start-up
+    starting.join()
+    if not server.running:
+        raise RuntimeError("the temporary Prefect API server did not start")
     os.environ["PREFECT_API_URL"] = server.api_url
     try:
         with temporary_settings({PREFECT_API_URL: server.api_url}):

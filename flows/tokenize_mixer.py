@@ -40,6 +40,7 @@ class SliceOutcome:
     reused: int
     rechecked: int
     seconds: float
+    steady_seconds: float
     steady_tokens_per_second: float
 
 
@@ -124,6 +125,7 @@ def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
         reused=reused,
         rechecked=len(stale),
         seconds=time.perf_counter() - started,
+        steady_seconds=round(max(span, 0.0), 3),
         steady_tokens_per_second=round(sum(m.tokens for m in fresh) / span, 1) if span > 0 else 0.0,
     )
 
@@ -199,6 +201,7 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
             wall_seconds=0.0,
             tokenize_seconds=round(outcome.seconds, 3),
             tokens_per_second=0.0,
+            steady_seconds=outcome.steady_seconds,
             steady_tokens_per_second=outcome.steady_tokens_per_second,
             digests=digests,
             validation=validation,

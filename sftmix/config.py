@@ -109,8 +109,17 @@ class RunOptions(BaseModel):
         description="Slice checkpoints and Prefect results. Default: $TOKENIZE_MIXER_WORK_DIR or the user cache "
         "directory. Deleting it means starting cold.",
     )
-    slice_rows: int = Field(
-        default=2000, gt=0, description="Most source rows per slice (one task per slice)."
+    slice_rows: int | None = Field(
+        default=None,
+        gt=0,
+        description="Source rows per slice (one task per slice); default: about slice_bytes of data per slice.",
+    )
+    slice_bytes: int = Field(
+        default=4 * 2**20,
+        gt=0,
+        description="Target source bytes per slice when slice_rows is not set: small enough to balance the "
+        "workers, large enough that orchestration costs little. Independent of the worker count, so "
+        "checkpoints are reused whatever the parallelism.",
     )
     workers: int | None = Field(
         default=None, gt=0, description="Worker processes; default: the CPUs this process may use."

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import lru_cache
+from itertools import chain
 
 import numpy as np
 
@@ -169,7 +170,10 @@ class LabelMasker:
         pending: list[_Pending] = []
         for i, (conv, text, enc) in enumerate(zip(conversations, rendered, encodings, strict=True)):
             full_ids = np.asarray(enc.ids, dtype=np.int64)
-            full_offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+            full_offsets = np.fromiter(
+                chain.from_iterable(enc.offsets), dtype=np.int64, count=2 * len(full_ids)
+            )
+            full_offsets = full_offsets.reshape(-1, 2)
             ids, offsets = full_ids, full_offsets
             if self.max_len is not None:
                 ids, offsets = ids[: self.max_len], offsets[: self.max_len]

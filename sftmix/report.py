@@ -40,8 +40,11 @@ class RunReport(BaseModel):
     wall_seconds: float
     tokenize_seconds: float
     tokens_per_second: float
+    steady_seconds: float = Field(
+        0.0, description="First slice start to last slice end, over the slices computed in this run."
+    )
     steady_tokens_per_second: float = Field(
-        0.0, description="Tokens of the slices computed in this run / (last slice end - first slice start)."
+        0.0, description="Tokens of the slices computed / steady_seconds."
     )
     digests: dict[str, str]
     validation: Validation | None = None
