@@ -24,7 +24,7 @@ from sftmix.parallel import available_cpus
 from sftmix.plan import Plan
 from sftmix.publish import check_output_free, new_staging_dir
 from sftmix.report import DatasetReport, RunReport
-from sftmix.slices import SliceManifest, SliceSpec, verify_slice
+from sftmix.slices import SliceManifest, SliceSpec, read_manifest, verify_slice
 from sftmix.storage import atomic_write_bytes, remove_tree
 from tasks.assemble import assemble_output
 from tasks.plan import plan_mixer
@@ -49,8 +49,13 @@ SMALL_JOB_ROWS = 2000
 
 
 def _runner(plan: Plan, run: RunOptions):
-    workers = min(run.workers or available_cpus(), max(1, len(plan.slices)))
-    rows = sum(s.row_end - s.row_start if s.rows is None else len(s.rows) for s in plan.slices)
+    """Worker processes only when there is enough work to pay for their start-up: slices with a
+    checkpoint on disk are cache hits, answered in-process in milliseconds."""
+    todo = plan.slices
+    if not (run.force_recache or run.disable_cache):
+        todo = [s for s in plan.slices if read_manifest(plan.context.work_dir, s.key) is None]
+    workers = min(run.workers or available_cpus(), max(1, len(todo)))
+    rows = sum(s.row_end - s.row_start if s.rows is None else len(s.rows) for s in todo)
     if run.runner == "process" or (run.runner == "auto" and workers > 1 and rows >= SMALL_JOB_ROWS):
         return ProcessPoolTaskRunner(max_workers=workers, initializer=init_worker), workers
     return ThreadPoolTaskRunner(max_workers=1), 1
