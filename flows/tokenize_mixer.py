@@ -165,7 +165,7 @@ def _call(task: Any, *args: Any) -> Any:
 def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
     logger = get_run_logger()
     started = time.perf_counter()
-    check_output_free(mixer.output.path, mixer.output.overwrite)
+    check_output_free(mixer.output.path)
     plan = _call(plan_mixer, mixer, run)
     for line in plan.summary().splitlines():
         logger.info(line)

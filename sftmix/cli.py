@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import sys
 from collections.abc import Iterator, Sequence
@@ -256,16 +255,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(result.render() + "\n")
             return 0 if result.matches else 1
         if args.command == "digest":
-            from .digest import DIGESTS_FORMAT, output_digests
+            from .digest import digests_json
 
-            text = json.dumps(
-                {"format": DIGESTS_FORMAT, "files": output_digests(args.output)}, indent=2, sort_keys=True
-            )
+            text = digests_json(args.output)
             if args.out:
                 with open(args.out, "w", encoding="utf-8") as fh:
-                    fh.write(text + "\n")
+                    fh.write(text)
             else:
-                sys.stdout.write(text + "\n")
+                sys.stdout.write(text)
             return 0
     except MixerError as exc:
         sys.stderr.write(f"error: {exc}\n")

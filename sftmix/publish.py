@@ -23,8 +23,8 @@ def new_staging_dir(output: str | Path) -> Path:
     return staging
 
 
-def check_output_free(output: str | Path, overwrite: bool) -> None:
-    """Fail early (before any work) when the output holds something we would refuse to replace."""
+def check_output_free(output: str | Path) -> None:
+    """Fail early (before any work) when the output path cannot become a directory."""
     out = Path(output)
     if out.exists() and not out.is_dir():
         raise OutputConflictError(f"output {out} exists and is not a directory")
