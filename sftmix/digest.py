@@ -61,12 +61,10 @@ def output_digests(directory: str | Path) -> dict[str, str]:
     }
 
 
-def write_digests(directory: str | Path, target: str | Path) -> dict[str, str]:
-    digests = output_digests(directory)
-    Path(target).write_text(
-        json.dumps({"format": DIGESTS_FORMAT, "files": digests}, indent=2, sort_keys=True)
-    )
-    return digests
+def digests_json(directory: str | Path) -> str:
+    """The digests of an output as the JSON that ``compare`` and ``--reference`` accept."""
+    files = output_digests(directory)
+    return json.dumps({"format": DIGESTS_FORMAT, "files": files}, indent=2, sort_keys=True) + "\n"
 
 
 def load_digests(source: str | Path) -> tuple[dict[str, str], Path | None]:
