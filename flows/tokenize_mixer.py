@@ -56,9 +56,26 @@ def _runner(plan: Plan, run: RunOptions):
         todo = [s for s in plan.slices if read_manifest(plan.context.work_dir, s.key) is None]
     workers = min(run.workers or available_cpus(), max(1, len(todo)))
     rows = sum(s.row_end - s.row_start if s.rows is None else len(s.rows) for s in todo)
+    if run.runner == "dask":
+        return _dask_runner(run, workers), workers
     if run.runner == "process" or (run.runner == "auto" and workers > 1 and rows >= SMALL_JOB_ROWS):
         return ProcessPoolTaskRunner(max_workers=workers, initializer=init_worker), workers
     return ThreadPoolTaskRunner(max_workers=1), 1
+
+
+def _dask_runner(run: RunOptions, workers: int):
+    from prefect_dask import DaskTaskRunner
+
+    if run.dask_address:
+        return DaskTaskRunner(address=run.dask_address)
+    return DaskTaskRunner(
+        cluster_kwargs={
+            "n_workers": workers,
+            "threads_per_worker": 1,
+            "processes": True,
+            "env": {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"},
+        }
+    )
 
 
 def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:

@@ -63,7 +63,8 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     )
     _flag(parser, "workers", type=int, help="worker processes (default: the CPUs this process may use)")
     _flag(parser, "slice_rows", type=int, help="most source rows per slice")
-    _flag(parser, "runner", choices=["auto", "process", "thread"], help="task runner")
+    _flag(parser, "runner", choices=["auto", "process", "thread", "dask"], help="task runner")
+    _flag(parser, "dask_address", help="scheduler address of an existing Dask cluster (runner dask)")
     _flag(parser, "reference", help="directory or digests JSON to validate against; a mismatch fails the run")
     _flag(parser, "force_recache", action="store_true", default=None, help="recompute every slice")
     _flag(
@@ -150,7 +151,16 @@ def mixer_from_convert_args(args: argparse.Namespace) -> MixerConfig:
 
 def run_options(args: argparse.Namespace, base: RunOptions | None = None) -> RunOptions:
     data = (base or RunOptions()).model_dump()
-    for key in ("work_dir", "workers", "slice_rows", "runner", "reference", "force_recache", "disable_cache"):
+    for key in (
+        "work_dir",
+        "workers",
+        "slice_rows",
+        "runner",
+        "dask_address",
+        "reference",
+        "force_recache",
+        "disable_cache",
+    ):
         if getattr(args, key, None) is not None:
             data[key] = getattr(args, key)
     return RunOptions.model_validate(data)

@@ -124,10 +124,16 @@ class RunOptions(BaseModel):
     workers: int | None = Field(
         default=None, gt=0, description="Worker processes; default: the CPUs this process may use."
     )
-    runner: Literal["auto", "process", "thread"] = Field(
+    runner: Literal["auto", "process", "thread", "dask"] = Field(
         default="auto",
-        description="'process' (a spawn process pool), 'thread' (in-process, for debugging), or 'auto': "
-        "process when there are several workers and slices.",
+        description="'process' (a spawn process pool on this machine), 'dask' (a Dask cluster: dask_address, "
+        "or a local cluster of `workers` processes), 'thread' (in-process, for debugging), or 'auto': "
+        "process when there is enough work for several workers, else in-process.",
+    )
+    dask_address: str | None = Field(
+        default=None,
+        description="Scheduler address of an existing Dask cluster (tcp://host:8786) for runner 'dask'; "
+        "its workers need this package installed and the work directory reachable.",
     )
     reference: str | None = Field(
         default=None,

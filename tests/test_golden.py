@@ -59,3 +59,15 @@ def test_rerun_reuses_every_slice(golden_dir, prefect_api, tmp_path, monkeypatch
     assert second["slices_reused"] == second["slices_total"] and second["slices_computed"] == 0
     assert first["digests"] == second["digests"]
     assert compare(tmp_path / "b", golden_dir / "expected" / "tulu_amounts").matches
+
+
+@pytest.mark.slow
+def test_matches_reference_on_a_dask_local_cluster(golden_dir, prefect_api, tmp_path, monkeypatch):
+    """runner=dask on a real distributed LocalCluster of 2 worker processes: the same bytes."""
+    monkeypatch.chdir(golden_dir)
+    report = run_case(
+        "tulu_amounts", tmp_path / "out", tmp_path / "work", slice_rows=4, runner="dask", workers=2
+    )
+    assert report["slices_computed"] == report["slices_total"] > 2
+    result = compare(tmp_path / "out", golden_dir / "expected" / "tulu_amounts")
+    assert result.matches, result.render()
