@@ -104,3 +104,26 @@ def test_retry_only_transient_failures():
 
     assert retry_transient(None, None, Failed(data=OSError("connection reset"))) is True
     assert retry_transient(None, None, Failed(data=BadRowError("d", 1, "bad"))) is False
+
+
+def test_upsampled_rows_are_tokenized_once(prefect_api, tmp_path):
+    run = RunOptions(work_dir=str(tmp_path / "work"), slice_rows=40, runner="thread")
+    once = demo_mixer(EXAMPLES / "data", tmp_path / "o1")
+    thrice = once.model_copy(
+        update={
+            "datasets": [DatasetEntry(path=str(EXAMPLES / "data" / "general.jsonl"), amount=6.0)],
+            "output": OutputSpec(path=str(tmp_path / "o2")),
+        }
+    )
+    first = tokenize_mixer(mixer=once, run=run)
+    second = tokenize_mixer(mixer=thrice, run=run)  # 22 rows x 6: the same one slice of 22 tokenized rows
+    assert second["slices_total"] == 1 and second["slices_reused"] == 1
+    assert second["documents"] == 6 * 22 and first["documents"] == 2 * 22 + 120
+
+
+def test_default_workers_are_the_cpus_this_process_may_use():
+    import os
+
+    from sftmix.parallel import available_cpus
+
+    assert 1 <= available_cpus() <= len(os.sched_getaffinity(0)) <= (os.cpu_count() or 1)
