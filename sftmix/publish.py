@@ -15,12 +15,34 @@ logger = logging.getLogger(__name__)
 
 
 def new_staging_dir(output: str | Path) -> Path:
-    """A fresh directory beside the output (same file system, so publishing is a rename)."""
+    """A fresh directory beside the output (same file system, so publishing is a rename), named with
+    this process's id so that leftovers of killed runs can be told from live ones."""
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.parent / f".{out.name}{TMP_MARK}{uuid.uuid4().hex[:12]}"
+    remove_stale_staging(out)
+    staging = out.parent / f".{out.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:12]}"
     staging.mkdir()
     return staging
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_staging(output: Path) -> None:
+    """Delete staging and swap directories of this output left by runs that were killed."""
+    for prefix in (f".{output.name}{TMP_MARK}", f".{output.name}.old-"):
+        for leftover in output.parent.glob(f"{prefix}*"):
+            pid_text = leftover.name[len(prefix) :].split("-", 1)[0]
+            if not pid_text.isdigit() or not _alive(int(pid_text)):
+                logger.info("removing %s, left by an interrupted run", leftover)
+                remove_tree(leftover)
 
 
 def check_output_free(output: str | Path) -> None:
@@ -49,7 +71,7 @@ def publish_local(staging: Path, output: str | Path, overwrite: bool) -> str:
         status = "replaced" if same else "overwritten"
     else:
         status = "created"
-    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
+    old = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     os.rename(out, old)
     os.rename(staging, out)
     fsync_dir(out.parent)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from flows.tokenize_mixer import tokenize_mixer
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.digest import compare
@@ -43,18 +45,27 @@ def test_edits_recompute_only_what_they_touch(prefect_api, tmp_path):
     assert third["slices_computed"] == third["slices_total"]
 
 
-def test_damaged_checkpoint_is_recomputed_not_trusted(prefect_api, tmp_path):
+@pytest.mark.parametrize("damage", ["flip_byte", "truncate", "delete_manifest", "delete_result_record"])
+def test_damaged_checkpoint_is_recomputed_not_trusted(prefect_api, tmp_path, damage):
     run = RunOptions(work_dir=str(tmp_path / "work"), slice_rows=40, runner="thread")
     tokenize_mixer(mixer=demo_mixer(EXAMPLES / "data", tmp_path / "o1"), run=run)
-    victim = next((Path(run.work_dir) / "slices").glob("*/*/tokens.npy"))
-    raw = bytearray(victim.read_bytes())
-    raw[-1] ^= 0xFF
-    victim.write_bytes(bytes(raw))
+    victim = sorted((Path(run.work_dir) / "slices").glob("*/*/tokens.npy"))[1]
+    key = victim.parent.name
+    if damage == "flip_byte":
+        raw = bytearray(victim.read_bytes())
+        raw[-1] ^= 0xFF
+        victim.write_bytes(bytes(raw))
+    elif damage == "truncate":
+        victim.write_bytes(victim.read_bytes()[:-7])
+    elif damage == "delete_manifest":
+        (victim.parent / "manifest.json").unlink()
+    else:
+        (Path(run.work_dir) / "prefect-results" / f"tokenize-mixer-slice-{key}").unlink()
     second = tokenize_mixer(mixer=demo_mixer(EXAMPLES / "data", tmp_path / "o2"), run=run)
-    assert second["slices_rechecked"] == 1
-    assert second["slices_reused"] == second["slices_total"] - 1
+    assert second["slices_computed"] == 1 and second["slices_reused"] == second["slices_total"] - 1
+    assert second["slices_rechecked"] == (0 if damage == "delete_result_record" else 1)
     assert compare(tmp_path / "o1", tmp_path / "o2").matches
-    assert slice_dir(run.work_dir, victim.parent.name).exists()
+    assert (slice_dir(run.work_dir, key) / "manifest.json").exists()
 
 
 def test_editing_one_row_recomputes_only_its_slice(prefect_api, tmp_path):
