@@ -228,6 +228,9 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
             digests=digests,
             validation=validation,
             documents_file=result.documents_path,
+            drop_examples=[
+                {"dataset": m.dataset, **example} for m in outcome.manifests for example in m.drop_examples
+            ][:20],
             warnings=plan.warnings,
         )
         report.wall_seconds = round(time.perf_counter() - started, 3)

@@ -93,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(conv, "shuffle_seed", type=int, default=42)
     _flag(conv, "output_dir", required=True)
     _flag(conv, "overwrite", action="store_true", help="replace an output directory holding different shards")
+    _flag(
+        conv,
+        "on_bad_row",
+        choices=["error", "skip"],
+        default="error",
+        help="fail on a malformed row, or skip it",
+    )
     for name in IGNORED_REFERENCE_FLAGS:
         _flag(conv, name, nargs="*", help=argparse.SUPPRESS)
     _run_flags(conv)
@@ -145,6 +152,7 @@ def mixer_from_convert_args(args: argparse.Namespace) -> MixerConfig:
         max_seq_length=args.max_seq_length,
         shuffle_seed=args.shuffle_seed,
         num_examples=args.num_examples,
+        on_bad_row=args.on_bad_row,
         output=OutputSpec(path=args.output_dir, overwrite=args.overwrite),
     )
 

@@ -96,6 +96,11 @@ class MixerConfig(BaseModel):
     num_examples: int = Field(
         default=0, ge=0, description="Keep only the first N rows after the shuffle (0 = all)."
     )
+    on_bad_row: Literal["error", "skip"] = Field(
+        default="error",
+        description="A malformed row (bad messages, a template error) fails the run naming dataset and row "
+        "('error'), or is skipped and counted with its reason in the run report ('skip').",
+    )
     output: OutputSpec
 
 

@@ -158,6 +158,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         token_dtype=dtype.name,
         work_dir=str(work_dir),
         datasets_cache=str(datasets_cache),
+        on_bad_row=mixer.on_bad_row,
     )
     shared_key = {
         "format": SLICE_FORMAT_VERSION,
@@ -165,6 +166,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         "template": template.sha256,
         "max_seq_length": mixer.max_seq_length,
         "dtype": dtype.name,
+        "on_bad_row": mixer.on_bad_row,
     }
     warnings: list[str] = []
     datasets: list[DatasetPlan] = []

@@ -47,6 +47,9 @@ class RunReport(BaseModel):
         0.0, description="Tokens of the slices computed / steady_seconds."
     )
     digests: dict[str, str]
+    drop_examples: list[dict] = Field(
+        default_factory=list, description="Up to 20 dropped or skipped rows: dataset, row, reason, detail."
+    )
     validation: Validation | None = None
     documents_file: str
     warnings: list[str] = Field(default_factory=list)

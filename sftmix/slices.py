@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from .errors import BadRowError, ChecksumError, DatasetError, MixerError
 from .formats import Conversation, RowFormatError, conversation_from_row
-from .labels import DROP_REASONS, LabelMasker, RenderError, RowStatus
+from .labels import DROP_REASONS, LabelMasker, RenderError, RowStatus, TokenizedRow
 from .sources import read_rows
 from .storage import atomic_write_bytes, atomic_write_with, sha256_file
 from .templates import ChatRenderer
@@ -54,6 +54,7 @@ class TokenizeContext(BaseModel):
     token_dtype: str
     work_dir: str
     datasets_cache: str
+    on_bad_row: str = "error"
     batch_size: int = 256
 
 
@@ -171,14 +172,37 @@ def _masker(ctx: TokenizeContext) -> LabelMasker:
     )
 
 
-def _conversations(spec: SliceSpec, rows: list[int], records: list[dict]) -> list[Conversation]:
-    out = []
-    for row, record in zip(rows, records, strict=True):
+def _tokenize_batch(
+    masker: LabelMasker, spec: SliceSpec, rows: list[int], records: list[dict], skip_bad: bool
+) -> list[TokenizedRow]:
+    """Tokenize a batch; a malformed row (format or template error) raises, or with ``skip_bad``
+    becomes a counted ``bad_row`` with its reason while the rest of the batch goes on."""
+    results: list[TokenizedRow | None] = [None] * len(rows)
+    convs: dict[int, Conversation] = {}
+    for j, (row, record) in enumerate(zip(rows, records, strict=True)):
         try:
-            out.append(conversation_from_row(record))
+            convs[j] = conversation_from_row(record)
         except RowFormatError as exc:
-            raise BadRowError(spec.dataset, row, str(exc)) from None
-    return out
+            if not skip_bad:
+                raise BadRowError(spec.dataset, row, str(exc)) from None
+            results[j] = TokenizedRow(
+                np.zeros(0, np.int64), np.zeros(0, np.uint8), RowStatus.BAD_ROW, str(exc)
+            )
+    while convs:
+        order = list(convs)
+        try:
+            for j, res in zip(order, masker.tokenize([convs[j] for j in order]), strict=True):
+                results[j] = res
+            break
+        except RenderError as exc:
+            j = order[exc.index]
+            if not skip_bad:
+                raise BadRowError(spec.dataset, rows[j], str(exc)) from None
+            results[j] = TokenizedRow(
+                np.zeros(0, np.int64), np.zeros(0, np.uint8), RowStatus.BAD_ROW, str(exc)
+            )
+            del convs[j]
+    return [r for r in results if r is not None]
 
 
 def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
@@ -204,11 +228,7 @@ def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
             raise DatasetError(
                 spec.dataset, f"cannot read rows {batch_rows[0]}-{batch_rows[-1]}: {exc}"
             ) from None
-        convs = _conversations(spec, batch_rows, raw)
-        try:
-            results = masker.tokenize(convs)
-        except RenderError as exc:
-            raise BadRowError(spec.dataset, batch_rows[exc.index], str(exc)) from None
+        results = _tokenize_batch(masker, spec, batch_rows, raw, ctx.on_bad_row == "skip")
         for j, res in enumerate(results):
             rec = records[b + j]
             rec["length"] = res.ids.shape[0]
@@ -226,6 +246,8 @@ def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
                 dropped[reason] += 1
                 if len(examples) < 5:
                     examples.append({"row": batch_rows[j], "reason": reason, "detail": res.detail})
+                if res.status == RowStatus.BAD_ROW:
+                    logger.warning("dataset %r, row %d skipped: %s", spec.dataset, batch_rows[j], res.detail)
                 logger.debug(
                     "dataset %s row %d dropped: %s (%s)", spec.dataset, batch_rows[j], reason, res.detail
                 )

@@ -154,3 +154,29 @@ def test_output_with_different_shards_is_not_clobbered(tmp_path):
     assert (out / "token_ids_part_0000.npy").read_bytes() == b"\x01\x00"
     assert publish_local(staging, out, overwrite=True) == "overwritten"
     assert (out / "token_ids_part_0000.npy").read_bytes() == b"\x02\x00"
+
+
+def test_on_bad_row_skip_counts_each_skip_with_its_reason(tmp_path):
+    rows = [
+        GOOD,
+        {"messages": [{"role": None, "content": "x"}]},
+        {"messages": [{"role": "user", "content": "x"}], "tools": "{not json"},
+        {
+            "messages": [{"role": "user", "content": None}, {"role": "assistant", "content": "y"}]
+        },  # template error
+        GOOD,
+    ]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    m = mixer(tmp_path, (data, 1.0)).model_copy(update={"on_bad_row": "skip"})
+    plan = build_plan(m, RunOptions(work_dir=str(tmp_path / "work")))
+    manifest = tokenize_slice(plan.slices[0], plan.context)
+    assert manifest.kept == 2 and manifest.dropped == {"bad_row": 3}
+    assert [(e["row"], e["reason"]) for e in manifest.drop_examples] == [
+        (1, "bad_row"),
+        (2, "bad_row"),
+        (3, "bad_row"),
+    ]
+    assert "no 'role' string" in manifest.drop_examples[0]["detail"]
+    assert "chat template failed" in manifest.drop_examples[2]["detail"]
+    strict = build_plan(mixer(tmp_path, (data, 1.0)), RunOptions(work_dir=str(tmp_path / "work")))
+    assert strict.slices[0].key != plan.slices[0].key  # a skipped row never leaks into an 'error' run's cache
