@@ -7,6 +7,7 @@ work directory, so every worker process memory-maps the same files instead of re
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import logging
 import os
@@ -44,11 +45,30 @@ class SourceInfo:
     nbytes: int
 
 
-def file_sha256(path: str) -> str:
+def file_sha256(path: str, check_utf8: bool = False) -> str:
+    """sha256 of a file; with ``check_utf8``, invalid UTF-8 is an error naming its line (the JSON
+    loader would silently replace those bytes, and the reference with it)."""
     h = hashlib.sha256()
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    offset = newlines = 0
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 22), b""):
             h.update(block)
+            if check_utf8:
+                try:
+                    decoder.decode(block)
+                except UnicodeDecodeError as exc:
+                    line = newlines + block.count(b"\n", 0, exc.start) + 1
+                    raise DatasetError(
+                        path, f"line {line} is not valid UTF-8 (byte {offset + exc.start} of the file)"
+                    ) from None
+                newlines += block.count(b"\n")
+            offset += len(block)
+    if check_utf8:
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            raise DatasetError(path, "the file ends inside a UTF-8 character") from None
     return h.hexdigest()
 
 
@@ -90,7 +110,7 @@ def describe(path: str, split: str, revision: str | None, cache_dir: str) -> Sou
     """Row count and a content fingerprint (file sha256 for local files, the Arrow fingerprint otherwise)."""
     ds = open_dataset(path, split, revision, cache_dir)
     if local_builder(path) is not None:
-        fingerprint = "sha256:" + file_sha256(path)
+        fingerprint = "sha256:" + file_sha256(path, check_utf8=local_builder(path) == "json")
     else:
         fingerprint = f"hf:{revision or 'main'}:{ds._fingerprint}"
     return SourceInfo(

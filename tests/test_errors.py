@@ -180,3 +180,55 @@ def test_on_bad_row_skip_counts_each_skip_with_its_reason(tmp_path):
     assert "chat template failed" in manifest.drop_examples[2]["detail"]
     strict = build_plan(mixer(tmp_path, (data, 1.0)), RunOptions(work_dir=str(tmp_path / "work")))
     assert strict.slices[0].key != plan.slices[0].key  # a skipped row never leaks into an 'error' run's cache
+
+
+def test_more_bad_inputs_get_a_clear_answer(tmp_path):
+    bad_utf8 = tmp_path / "latin1.jsonl"
+    bad_utf8.write_bytes(
+        json.dumps(GOOD).encode()
+        + b"\n"
+        + '{"messages": [{"role": "user", "content": "caf\xe9"}]}'.encode("latin-1")
+        + b"\n"
+    )
+    with pytest.raises(DatasetError, match="latin1.jsonl': line 2 is not valid UTF-8"):
+        build_plan(mixer(tmp_path, (str(bad_utf8), 1.0)), RunOptions(work_dir=str(tmp_path / "w1")))
+
+    data = write_jsonl(tmp_path / "d.jsonl", [GOOD])
+    m = mixer(tmp_path, (data, 1.0))
+    m.datasets[0].split = "test"
+    with pytest.raises(DatasetError, match="only the 'train' split"):
+        build_plan(m, RunOptions(work_dir=str(tmp_path / "w2")))
+
+    lists = write_jsonl(tmp_path / "lists.jsonl", [{"messages": [{"role": "user", "content": ["a", "b"]}]}])
+    plan = build_plan(mixer(tmp_path, (lists, 1.0)), RunOptions(work_dir=str(tmp_path / "w3")))
+    with pytest.raises(BadRowError, match="row 0: message 0 \\(user\\) has content of type list"):
+        tokenize_slice(plan.slices[0], plan.context)
+
+
+def test_a_10_mb_row_is_truncated_not_dropped(tmp_path):
+    huge = {
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "word " * 2_000_000}]
+    }
+    data = write_jsonl(tmp_path / "huge.jsonl", [GOOD, huge])
+    plan = build_plan(mixer(tmp_path, (data, 1.0)), RunOptions(work_dir=str(tmp_path / "w")))
+    manifests = [tokenize_slice(s, plan.context) for s in plan.slices]
+    assert sum(m.kept for m in manifests) == 2 and max(m.tokens for m in manifests) == 128
+
+
+@pytest.mark.parametrize(
+    "tools",
+    [None, "", json.dumps([{"name": "f"}]), {"name": "f"}, [{"name": "f"}, {"name": "g"}]],
+)
+def test_tools_of_each_accepted_type_reach_the_template(tmp_path, tools):
+    template = tmp_path / "tools.jinja"
+    template.write_text(
+        "{% if tools %}{{ tools | tojson }}\n{% endif %}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+        "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    row = dict(GOOD, tools=tools) if tools is not None else GOOD
+    data = write_jsonl(tmp_path / "t.jsonl", [row])
+    plan = build_plan(
+        mixer(tmp_path, (data, 1.0), template=str(template)), RunOptions(work_dir=str(tmp_path / "w"))
+    )
+    manifest = tokenize_slice(plan.slices[0], plan.context)
+    assert manifest.kept == 1
