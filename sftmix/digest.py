@@ -14,28 +14,16 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from .errors import ConfigError
 from .olmo_format import BOUNDS_PART, STATS_JSON, STATS_TXT
-from .storage import is_temp
+from .storage import is_temp, sha256_stream
 
 DIGESTS_FORMAT = "tokenize-mixer-digests/1"
 RUN_REPORT = "run_report.json"
 SKIPPED = {STATS_TXT, RUN_REPORT, "tokenizer"}
-
-
-def _sha256_stream(chunks: Any) -> str:
-    h = hashlib.sha256()
-    for c in chunks:
-        h.update(c)
-    return h.hexdigest()
-
-
-def _read_blocks(fh: Any) -> Any:
-    return iter(lambda: fh.read(1 << 22), b"")
 
 
 def artifact_digest(path: Path) -> str:
@@ -47,7 +35,7 @@ def artifact_digest(path: Path) -> str:
         return hashlib.sha256(json.dumps(stats, sort_keys=True).encode("utf-8")).hexdigest()
     opener = gzip.open if name.endswith(".gz") else open
     with opener(path, "rb") as fh:
-        return _sha256_stream(_read_blocks(fh))
+        return sha256_stream(fh)
 
 
 def output_digests(directory: str | Path) -> dict[str, str]:

@@ -16,6 +16,7 @@ from functools import lru_cache
 from typing import Any
 
 from .errors import DatasetError
+from .storage import sha256_stream
 
 logger = logging.getLogger(__name__)
 
@@ -45,31 +46,41 @@ class SourceInfo:
     nbytes: int
 
 
-def file_sha256(path: str, check_utf8: bool = False) -> str:
-    """sha256 of a file; with ``check_utf8``, invalid UTF-8 is an error naming its line (the JSON
-    loader would silently replace those bytes, and the reference with it)."""
-    h = hashlib.sha256()
-    decoder = codecs.getincrementaldecoder("utf-8")("strict")
-    offset = newlines = 0
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-            if check_utf8:
-                try:
-                    decoder.decode(block)
-                except UnicodeDecodeError as exc:
-                    line = newlines + block.count(b"\n", 0, exc.start) + 1
-                    raise DatasetError(
-                        path, f"line {line} is not valid UTF-8 (byte {offset + exc.start} of the file)"
-                    ) from None
-                newlines += block.count(b"\n")
-            offset += len(block)
-    if check_utf8:
+class _Utf8Check:
+    """Fed block by block: invalid UTF-8 is an error naming its line (the JSON loader would silently
+    replace those bytes, and the reference with it)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.decoder = codecs.getincrementaldecoder("utf-8")("strict")
+        self.offset = self.newlines = 0
+
+    def __call__(self, block: bytes) -> None:
         try:
-            decoder.decode(b"", final=True)
+            self.decoder.decode(block)
+        except UnicodeDecodeError as exc:
+            line = self.newlines + block.count(b"\n", 0, exc.start) + 1
+            raise DatasetError(
+                self.path, f"line {line} is not valid UTF-8 (byte {self.offset + exc.start} of the file)"
+            ) from None
+        self.newlines += block.count(b"\n")
+        self.offset += len(block)
+
+    def finish(self) -> None:
+        try:
+            self.decoder.decode(b"", final=True)
         except UnicodeDecodeError:
-            raise DatasetError(path, "the file ends inside a UTF-8 character") from None
-    return h.hexdigest()
+            raise DatasetError(self.path, "the file ends inside a UTF-8 character") from None
+
+
+def file_sha256(path: str, check_utf8: bool = False) -> str:
+    """sha256 of a file, checking on the same read that it is valid UTF-8 when asked."""
+    check = _Utf8Check(path) if check_utf8 else None
+    with open(path, "rb") as fh:
+        digest = sha256_stream(fh, check)
+    if check is not None:
+        check.finish()
+    return digest
 
 
 def open_dataset(path: str, split: str, revision: str | None, cache_dir: str) -> Any:

@@ -49,12 +49,19 @@ def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], 
         write(fh)
 
 
-def sha256_file(path: str | os.PathLike[str]) -> str:
+def sha256_stream(fh: BinaryIO, visit: Callable[[bytes], None] | None = None) -> str:
+    """sha256 of a binary stream read in 4 MiB blocks; ``visit`` sees each block too."""
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
+    for block in iter(lambda: fh.read(1 << 22), b""):
+        h.update(block)
+        if visit is not None:
+            visit(block)
     return h.hexdigest()
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    with open(path, "rb") as fh:
+        return sha256_stream(fh)
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
