@@ -31,7 +31,9 @@ def prefect_api() -> Iterator[str]:
     from prefect.server.api.server import SubprocessASGIServer
 
     server = SubprocessASGIServer()
-    starting = threading.Thread(target=server.start, daemon=True)
+    # Prefect's default 20 s is too short on a busy machine; a slow start is not a reason to fail.
+    timeout = int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
+    starting = threading.Thread(target=server.start, kwargs={"timeout": timeout}, daemon=True)
     starting.start()
     _warm_imports()  # the heavy imports of the run overlap the server's start-up
     starting.join()

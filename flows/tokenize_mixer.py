@@ -53,7 +53,8 @@ def _runner(plan: Plan, run: RunOptions):
     checkpoint on disk are cache hits, answered in-process in milliseconds."""
     todo = plan.slices
     if not (run.force_recache or run.disable_cache):
-        todo = [s for s in plan.slices if read_manifest(plan.context.work_dir, s.key) is None]
+        ctx = plan.context
+        todo = [s for s in plan.slices if read_manifest(ctx.work_dir, s.key, ctx.remote_work_dir) is None]
     workers = min(run.workers or available_cpus(), max(1, len(todo)))
     rows = sum(s.row_end - s.row_start if s.rows is None else len(s.rows) for s in todo)
     if run.runner == "dask":
@@ -90,7 +91,7 @@ def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
     errors: list[tuple[SliceSpec, BaseException]] = []
     progress = SliceProgress(len(plan.slices))
     with runner:
-        task = slice_task_for(ctx.work_dir, refresh=run.force_recache, cache=not run.disable_cache)
+        task = slice_task_for(ctx, refresh=run.force_recache, cache=not run.disable_cache)
         futures = {runner.submit(task, parameters={"spec": s, "ctx": ctx}): s for s in plan.slices}
         done = 0
         for fut in as_completed(list(futures)):
@@ -128,13 +129,18 @@ def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
             ) from first
         stale = []
         for spec, m in zip(plan.slices, manifests, strict=True):
-            if cached[spec.index] and (problem := verify_slice(ctx.work_dir, m)) is not None:
+            # Cached slices are distrusted until their files verify; with a remote work directory, a
+            # slice computed on another machine is fetched here (its digests checked on the way).
+            if not cached[spec.index] and ctx.remote_work_dir is None:
+                continue
+            problem = verify_slice(ctx.work_dir, m, ctx.remote_work_dir, hash_files=cached[spec.index])
+            if problem is not None:
                 logger.warning(
                     "cached slice %s is not trustworthy (%s): recomputing", spec.describe(), problem
                 )
                 stale.append(spec)
         if stale:
-            refresh = slice_task_for(ctx.work_dir, refresh=True)
+            refresh = slice_task_for(ctx, refresh=True)
             for spec, fut in [(s, runner.submit(refresh, parameters={"spec": s, "ctx": ctx})) for s in stale]:
                 manifests[spec.index] = SliceManifest.model_validate(fut.result())
                 cached[spec.index] = False
@@ -190,11 +196,11 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
     scratch = None
     if run.disable_cache:  # slices still go through files, in a scratch directory removed below
         scratch = Path(plan.context.work_dir) / "scratch" / uuid.uuid4().hex
-        plan.context = plan.context.model_copy(update={"work_dir": str(scratch)})
+        plan.context = plan.context.model_copy(update={"work_dir": str(scratch), "remote_work_dir": None})
     staging = None
     try:
         outcome = run_slices(plan, run)
-        staging = new_staging_dir(mixer.output.path)
+        staging = new_staging_dir(mixer.output.path, plan.context.work_dir)
         result = _call(assemble_output, plan, outcome.manifests, staging, documents)
         digests, validation = _call(validate_output, staging, run.reference)
         dropped: dict[str, int] = {}
@@ -235,12 +241,9 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
         )
         report.wall_seconds = round(time.perf_counter() - started, 3)
         report.tokens_per_second = round(result.tokens / max(report.wall_seconds, 1e-9), 1)
-        report.publish = "pending"
+        report.publish = "pending"  # publish stamps its outcome into the staged copy before it shows
         atomic_write_bytes(staging / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8"))
         report.publish = _call(publish_output, staging, mixer.output.path, mixer.output.overwrite)
-        atomic_write_bytes(
-            Path(mixer.output.path) / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8")
-        )
     finally:
         for leftover in (staging, scratch):
             if leftover is not None:

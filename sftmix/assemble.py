@@ -23,6 +23,7 @@ from .olmo_format import PartSet, dataset_statistics, part_tokens, write_boundar
 from .plan import Plan
 from .selection import selection_indices
 from .slices import ROW_DTYPE, SliceManifest, load_slice_arrays
+from .storage import storage_errors
 from .tokenizer import TokenizerKey, load_hf_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -124,6 +125,13 @@ def assemble(
     plan: Plan, manifests: list[SliceManifest], staging: Path, documents_path: Path
 ) -> AssembleResult:
     """Write parts, boundaries and statistics for ``plan`` into ``staging``."""
+    with storage_errors(f"cannot write the output (staged in {staging.parent})"):
+        return _assemble(plan, manifests, staging, documents_path)
+
+
+def _assemble(
+    plan: Plan, manifests: list[SliceManifest], staging: Path, documents_path: Path
+) -> AssembleResult:
     order, table, tallies = global_order(plan, manifests)
     docs = table[order["record"]]
     lengths = docs["length"]

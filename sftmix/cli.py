@@ -234,7 +234,7 @@ def _configure_logging(verbose: bool) -> None:
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    for noisy in ("httpx", "httpcore", "datasets", "filelock", "urllib3"):
+    for noisy in ("httpx", "httpcore", "datasets", "filelock", "urllib3", "fsspec", "gcsfs", "google"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -6,6 +6,7 @@ as the flow's parameter form, so every field carries a description and its const
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -71,7 +72,10 @@ class OutputSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    path: str = Field(description="Output directory (local path; recorded in dataset_statistics.json).")
+    path: str = Field(
+        description="Output directory: a local path, or a gs:// prefix (published with a manifest object "
+        "written last). Recorded in dataset_statistics.json."
+    )
     token_dtype_rule: Literal["vocab_size", "largest_id"] = Field(
         default="vocab_size",
         description="'vocab_size' picks the dtype from tokenizer.vocab_size like the reference (an id that does not "
@@ -111,8 +115,9 @@ class RunOptions(BaseModel):
 
     work_dir: str | None = Field(
         default=None,
-        description="Slice checkpoints and Prefect results. Default: $TOKENIZE_MIXER_WORK_DIR or the user cache "
-        "directory. Deleting it means starting cold.",
+        description="Slice checkpoints and Prefect results: a local directory or a gs:// prefix shared by "
+        "every worker (then a local mirror under the default work directory holds what this machine reads). "
+        "Default: $TOKENIZE_MIXER_WORK_DIR or the user cache directory. Deleting it means starting cold.",
     )
     slice_rows: int | None = Field(
         default=None,
@@ -160,6 +165,13 @@ def default_work_dir() -> Path:
         return Path(env).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "tokenize-mixer"
+
+
+def local_mirror(remote_work_dir: str) -> Path:
+    """Where this machine keeps its copies of a remote work directory's files (slices it reads, the
+    datasets cache, staging)."""
+    tag = hashlib.sha256(remote_work_dir.rstrip("/").encode("utf-8")).hexdigest()[:16]
+    return default_work_dir() / "mirrors" / tag
 
 
 class RunFile(BaseModel):

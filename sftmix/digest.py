@@ -12,30 +12,44 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 from .errors import ConfigError
 from .olmo_format import BOUNDS_PART, STATS_JSON, STATS_TXT
-from .storage import is_temp, sha256_stream
+from .storage import is_remote, is_temp, join_url, remote_fs, sha256_stream
 
 DIGESTS_FORMAT = "tokenize-mixer-digests/1"
 RUN_REPORT = "run_report.json"
-SKIPPED = {STATS_TXT, RUN_REPORT, "tokenizer"}
+#: Written last when publishing to an object store: the output is complete exactly when it exists.
+OUTPUT_MANIFEST = "tokenize_mixer_manifest.json"
+SKIPPED = {STATS_TXT, RUN_REPORT, OUTPUT_MANIFEST, "tokenizer"}
 
 
 def artifact_digest(path: Path) -> str:
-    name = path.name
-    if name == STATS_JSON:
-        stats = json.loads(path.read_text(encoding="utf-8"))
-        stats.pop("timestamp", None)
-        stats.pop("output_directory", None)
-        return hashlib.sha256(json.dumps(stats, sort_keys=True).encode("utf-8")).hexdigest()
-    opener = gzip.open if name.endswith(".gz") else open
-    with opener(path, "rb") as fh:
-        return sha256_stream(fh)
+    return stream_digest(path.name, lambda: open(path, "rb"))
+
+
+def stream_digest(name: str, open_binary: Callable[[], BinaryIO]) -> str:
+    """The SPEC digest of one artifact, read once from whatever ``open_binary`` opens."""
+    with open_binary() as raw:
+        if name == STATS_JSON:
+            stats = json.loads(raw.read().decode("utf-8"))
+            stats.pop("timestamp", None)
+            stats.pop("output_directory", None)
+            return hashlib.sha256(json.dumps(stats, sort_keys=True).encode("utf-8")).hexdigest()
+        if name.endswith(".gz"):
+            with gzip.open(raw, "rb") as fh:
+                return sha256_stream(fh)
+        return sha256_stream(raw)
+
+
+def counts_in_digests(name: str) -> bool:
+    return name not in SKIPPED and not is_temp(name) and not name.startswith(".")
 
 
 def output_digests(directory: str | Path) -> dict[str, str]:
@@ -45,18 +59,43 @@ def output_digests(directory: str | Path) -> dict[str, str]:
     return {
         p.name: artifact_digest(p)
         for p in sorted(root.iterdir())
-        if p.name not in SKIPPED and not is_temp(p.name) and not p.name.startswith(".") and p.is_file()
+        if counts_in_digests(p.name) and p.is_file()
     }
+
+
+def remote_output_digests(url: str) -> dict[str, str]:
+    """Digests of a published remote output, read from its objects; only a complete output (its
+    manifest object present, every listed object there) is digested."""
+    from .publish import read_output_manifest
+
+    manifest = read_output_manifest(url)
+    if manifest is None:
+        raise ConfigError(
+            f"{url} holds no complete output: no {OUTPUT_MANIFEST} (nothing published there, or a publish "
+            "is under way or was interrupted)"
+        )
+    fs = remote_fs(url)
+    digests = {}
+    for name in sorted(manifest["files"]):
+        if not counts_in_digests(name) or "/" in name:
+            continue
+        try:
+            digests[name] = stream_digest(name, lambda n=name: fs.open(join_url(url, n), "rb"))
+        except FileNotFoundError:
+            raise ConfigError(f"{url}: {name} is listed in {OUTPUT_MANIFEST} but missing") from None
+    return digests
 
 
 def digests_json(directory: str | Path) -> str:
     """The digests of an output as the JSON that ``compare`` and ``--reference`` accept."""
-    files = output_digests(directory)
+    files = remote_output_digests(str(directory)) if is_remote(directory) else output_digests(directory)
     return json.dumps({"format": DIGESTS_FORMAT, "files": files}, indent=2, sort_keys=True) + "\n"
 
 
 def load_digests(source: str | Path) -> tuple[dict[str, str], Path | None]:
     """Digests of a directory, or of a digests JSON; also the directory when there is one."""
+    if is_remote(source):
+        return remote_output_digests(str(source)), None
     p = Path(source)
     if p.is_dir():
         return output_digests(p), p

@@ -54,3 +54,7 @@ class ChecksumError(MixerError):
 
 class SliceFailuresError(MixerError):
     """Some slices failed after their retries; the others are checkpointed."""
+
+
+class StorageError(MixerError):
+    """A disk is full or a location is not writable: what was being written, where, and why."""

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from .storage import reserve_file
+
 PART_BYTES = 1024**3
 TOKENS_PART = "token_ids_part_{:04d}.npy"
 MASK_PART = "labels_mask_part_{:04d}.npy"
@@ -32,11 +34,13 @@ class PartSet:
         self.masks: list[np.memmap] = []
         for k, start in enumerate(range(0, total_tokens, per_part)):
             n = min(per_part, total_tokens - start)
+            reserve_file(directory / TOKENS_PART.format(k), n * np.dtype(dtype).itemsize)
+            reserve_file(directory / MASK_PART.format(k), n)
             self.tokens.append(
-                np.memmap(directory / TOKENS_PART.format(k), mode="w+", dtype=dtype, shape=(n,))
+                np.memmap(directory / TOKENS_PART.format(k), mode="r+", dtype=dtype, shape=(n,))
             )
             self.masks.append(
-                np.memmap(directory / MASK_PART.format(k), mode="w+", dtype=np.bool_, shape=(n,))
+                np.memmap(directory / MASK_PART.format(k), mode="r+", dtype=np.bool_, shape=(n,))
             )
 
     def write(self, offset: int, tokens: np.ndarray, mask: np.ndarray) -> None:

@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel
 
-from .config import MixerConfig, RunOptions, default_work_dir
+from .config import MixerConfig, RunOptions, default_work_dir, local_mirror
 from .errors import DatasetError
 from .formats import MESSAGES_KEY
 from .selection import selected_source_rows, small_count_warning, target_rows
 from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext
 from .sources import describe, rows_fingerprint
-from .storage import atomic_write_bytes
+from .storage import atomic_write_bytes, is_remote, storage_errors
 from .templates import resolve_template
 from .tokenizer import (
     TokenizerKey,
@@ -67,7 +67,7 @@ class Plan(BaseModel):
             f"(sha256 {self.template_sha256[:12]})",
             f"max length  {m.max_seq_length}; token dtype {self.context.token_dtype}; shuffle seed {m.shuffle_seed}"
             + (f"; first {m.num_examples} rows" if m.num_examples else ""),
-            f"work dir    {self.context.work_dir}",
+            f"work dir    {self.context.remote_work_dir or self.context.work_dir}",
             f"output      {m.output.path}",
             "",
             f"{'#':>3}  {'dataset':<40} {'split':<8} {'amount':>8} {'rows':>9} {'selected':>9} {'slices':>6}",
@@ -135,8 +135,13 @@ class FingerprintMemo:
 
 
 def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
-    work_dir = Path(run.work_dir).expanduser() if run.work_dir else default_work_dir()
-    work_dir.mkdir(parents=True, exist_ok=True)
+    remote = run.work_dir if is_remote(run.work_dir) else None
+    if remote is not None:
+        work_dir = local_mirror(remote)
+    else:
+        work_dir = Path(run.work_dir).expanduser() if run.work_dir else default_work_dir()
+    with storage_errors(f"work directory {work_dir} is not usable"):
+        work_dir.mkdir(parents=True, exist_ok=True)
     datasets_cache = work_dir / "datasets-cache"
     tk = TokenizerKey.of(mixer.tokenizer.name_or_path, mixer.tokenizer.revision)
     hf = load_hf_tokenizer(tk)
@@ -157,6 +162,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         max_seq_length=mixer.max_seq_length,
         token_dtype=dtype.name,
         work_dir=str(work_dir),
+        remote_work_dir=remote,
         datasets_cache=str(datasets_cache),
         on_bad_row=mixer.on_bad_row,
     )

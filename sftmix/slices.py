@@ -4,6 +4,10 @@ A slice is a range of source rows of one dataset (only the rows the mixer select
 named by the slice's content key, holds ``tokens.npy`` (kept rows back to back), ``mask.npy`` and
 ``rows.npy`` (one record per tokenized row); ``manifest.json`` lands last with the files' digests, so a
 slice counts as done only when its manifest exists and every digest matches.
+
+With a remote work directory (``gs://``) the files are written locally first (the machine's mirror),
+then uploaded with the manifest object last; a machine that needs a slice it did not compute fetches
+it and checks the digests before trusting it.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import logging
 import time
 from collections import Counter
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -21,7 +26,17 @@ from .errors import BadRowError, ChecksumError, DatasetError, MixerError
 from .formats import Conversation, RowFormatError, conversation_from_row
 from .labels import DROP_REASONS, LabelMasker, RenderError, RowStatus, TokenizedRow
 from .sources import read_rows
-from .storage import atomic_write_bytes, atomic_write_with, sha256_file
+from .storage import (
+    atomic_write_bytes,
+    atomic_write_with,
+    download_file,
+    join_url,
+    read_remote_bytes,
+    sha256_file,
+    storage_errors,
+    upload_file,
+    write_remote_bytes,
+)
 from .templates import ChatRenderer
 from .tokenizer import (
     TokenizerKey,
@@ -53,6 +68,7 @@ class TokenizeContext(BaseModel):
     max_seq_length: int | None
     token_dtype: str
     work_dir: str
+    remote_work_dir: str | None = None
     datasets_cache: str
     on_bad_row: str = "error"
     batch_size: int = 256
@@ -110,16 +126,23 @@ def slice_dir(work_dir: str | Path, key: str) -> Path:
     return Path(work_dir) / "slices" / key[:2] / key
 
 
-def read_manifest(work_dir: str | Path, key: str) -> SliceManifest | None:
-    path = slice_dir(work_dir, key) / MANIFEST
+def remote_slice_url(remote_work_dir: str, key: str) -> str:
+    return join_url(remote_work_dir, "slices", key[:2], key)
+
+
+def read_manifest(work_dir: str | Path, key: str, remote: str | None = None) -> SliceManifest | None:
+    """The slice's manifest (the remote one when the work directory is remote), or ``None``."""
     try:
+        if remote is not None:
+            data = read_remote_bytes(join_url(remote_slice_url(remote, key), MANIFEST))
+            return None if data is None else SliceManifest.model_validate_json(data)
+        path = slice_dir(work_dir, key) / MANIFEST
         return SliceManifest.model_validate_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 
 
-def verify_slice(work_dir: str | Path, manifest: SliceManifest) -> str | None:
-    """``None`` when every file is present with the recorded size and sha256; else what is wrong."""
+def _local_problem(work_dir: str | Path, manifest: SliceManifest, hash_files: bool = True) -> str | None:
     root = slice_dir(work_dir, manifest.key)
     on_disk = read_manifest(work_dir, manifest.key)
     if on_disk is None:
@@ -132,9 +155,42 @@ def verify_slice(work_dir: str | Path, manifest: SliceManifest) -> str | None:
             return f"{name} missing"
         if path.stat().st_size != digest.bytes:
             return f"{name} has {path.stat().st_size} bytes, expected {digest.bytes}"
-        if sha256_file(path) != digest.sha256:
+        if hash_files and sha256_file(path) != digest.sha256:
             return f"{name} fails its sha256"
     return None
+
+
+def verify_slice(
+    work_dir: str | Path, manifest: SliceManifest, remote: str | None = None, hash_files: bool = True
+) -> str | None:
+    """``None`` when every file is here with the recorded size and sha256; else what is wrong. With a
+    remote work directory a missing or bad local copy is fetched again first."""
+    problem = _local_problem(work_dir, manifest, hash_files)
+    if problem is None or remote is None:
+        return problem
+    remote_manifest = read_manifest(work_dir, manifest.key, remote)
+    if remote_manifest is None:
+        return f"{problem}; remote manifest missing or unreadable"
+    if remote_manifest.files != manifest.files:
+        return f"{problem}; remote manifest differs from the recorded result"
+    root, url = slice_dir(work_dir, manifest.key), remote_slice_url(remote, manifest.key)
+    try:
+        for name in [*manifest.files, MANIFEST]:
+            download_file(join_url(url, name), root / name)
+    except Exception as exc:  # a missing or unreadable object: the slice is recomputed
+        return f"{problem}; cannot fetch it: {type(exc).__name__}: {exc}"
+    problem = _local_problem(work_dir, manifest)
+    return None if problem is None else f"remote copy: {problem}"
+
+
+def push_slice(ctx: TokenizeContext, manifest: SliceManifest) -> None:
+    """Upload a finished slice to the remote work directory, manifest object last."""
+    if ctx.remote_work_dir is None:
+        return
+    root, url = slice_dir(ctx.work_dir, manifest.key), remote_slice_url(ctx.remote_work_dir, manifest.key)
+    for name in manifest.files:
+        upload_file(root / name, join_url(url, name))
+    write_remote_bytes(join_url(url, MANIFEST), (root / MANIFEST).read_bytes())
 
 
 def load_slice_arrays(
@@ -151,8 +207,16 @@ def load_slice_arrays(
     return tokens, mask, rows
 
 
+class _Writer:
+    """Hides the real file from ``np.save``: its ``tofile`` shortcut reports a full disk as a short
+    write without an errno; plain ``write`` calls raise ENOSPC like everything else."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.write = fh.write
+
+
 def _save_npy(path: Path, array: np.ndarray) -> FileDigest:
-    atomic_write_with(path, lambda fh: np.save(fh, array, allow_pickle=False))
+    atomic_write_with(path, lambda fh: np.save(_Writer(fh), array, allow_pickle=False))
     return FileDigest(bytes=path.stat().st_size, sha256=sha256_file(path))
 
 
@@ -254,11 +318,13 @@ def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
     tokens = np.concatenate(token_chunks) if token_chunks else np.zeros(0, dtype=dtype)
     mask = np.concatenate(mask_chunks) if mask_chunks else np.zeros(0, dtype=np.uint8)
     root = slice_dir(ctx.work_dir, spec.key)
-    files = {
-        "tokens.npy": _save_npy(root / "tokens.npy", tokens),
-        "mask.npy": _save_npy(root / "mask.npy", mask),
-        "rows.npy": _save_npy(root / "rows.npy", records),
-    }
+    where = f"cannot write the checkpoint of {spec.describe()} (work directory {ctx.work_dir})"
+    with storage_errors(where):
+        files = {
+            "tokens.npy": _save_npy(root / "tokens.npy", tokens),
+            "mask.npy": _save_npy(root / "mask.npy", mask),
+            "rows.npy": _save_npy(root / "rows.npy", records),
+        }
     kept = records["status"] == RowStatus.KEPT
     manifest = SliceManifest(
         key=spec.key,
@@ -277,5 +343,7 @@ def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
         started_at=started_at,
         finished_at=time.time(),
     )
-    atomic_write_bytes(root / MANIFEST, json.dumps(manifest.model_dump(), indent=1).encode("utf-8"))
+    with storage_errors(where):
+        atomic_write_bytes(root / MANIFEST, json.dumps(manifest.model_dump(), indent=1).encode("utf-8"))
+    push_slice(ctx, manifest)
     return manifest

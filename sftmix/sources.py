@@ -1,8 +1,10 @@
-"""Open a dataset (hub name, local .jsonl/.parquet) and read rows from it.
+"""Open a dataset (hub name, local .jsonl/.parquet, or such a file on gs://) and read rows from it.
 
 Local files go through ``datasets.load_dataset`` exactly as the reference loads them, so rows reach the
 template with the same fields (Arrow unifies the message keys across rows). The Arrow cache lives in the
-work directory, so every worker process memory-maps the same files instead of re-parsing.
+work directory, so every worker process memory-maps the same files instead of re-parsing. A file on an
+object store is fetched once per machine into that cache, named by the object's generation, and is then
+a local file like any other.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from .errors import DatasetError
-from .storage import sha256_stream
+from .storage import download_file, is_remote, remote_fs, sha256_stream
 
 logger = logging.getLogger(__name__)
 
@@ -83,17 +85,47 @@ def file_sha256(path: str, check_utf8: bool = False) -> str:
     return digest
 
 
+def localize(path: str, cache_dir: str) -> str:
+    """A local copy of a remote data file (fetched once, keyed by the object's generation); local
+    paths and hub names come back unchanged."""
+    if not is_remote(path):
+        return path
+    if local_builder(path) is None:
+        raise DatasetError(path, "a remote dataset must be a .jsonl, .json or .parquet file")
+    try:
+        info = remote_fs(path).info(path)
+    except FileNotFoundError:
+        raise DatasetError(path, "object not found") from None
+    except Exception as exc:
+        raise DatasetError(path, f"cannot reach the object: {type(exc).__name__}: {exc}") from None
+    if info.get("type") == "directory":
+        raise DatasetError(path, "is a prefix, not an object; name the file")
+    version = info.get("generation") or info.get("etag") or info.get("md5Hash") or info.get("mtime")
+    tag = hashlib.sha256(f"{path}|{info.get('size')}|{version}".encode()).hexdigest()[:24]
+    local = os.path.join(cache_dir, "remote-files", tag, path.rsplit("/", 1)[-1])
+    if not os.path.isfile(local):
+        logger.info("fetching %s (%s bytes)", path, info.get("size"))
+        try:
+            download_file(path, local)
+        except Exception as exc:
+            raise DatasetError(path, f"cannot download: {type(exc).__name__}: {exc}") from None
+    return local
+
+
 def open_dataset(path: str, split: str, revision: str | None, cache_dir: str) -> Any:
     """The ``datasets.Dataset`` behind a mixer entry (memory-mapped Arrow), reopened when the file changes."""
+    local = localize(path, cache_dir)
     stamp = None
-    if local_builder(path) is not None and os.path.isfile(path):
-        st = os.stat(path)
+    if local_builder(local) is not None and os.path.isfile(local):
+        st = os.stat(local)
         stamp = (st.st_size, st.st_mtime_ns)
-    return _open_dataset(path, split, revision, cache_dir, stamp)
+    return _open_dataset(path, local, split, revision, cache_dir, stamp)
 
 
 @lru_cache(maxsize=32)
-def _open_dataset(path: str, split: str, revision: str | None, cache_dir: str, stamp: tuple | None) -> Any:
+def _open_dataset(
+    name: str, path: str, split: str, revision: str | None, cache_dir: str, stamp: tuple | None
+) -> Any:
     _quiet_datasets()
     import datasets
 
@@ -101,9 +133,9 @@ def _open_dataset(path: str, split: str, revision: str | None, cache_dir: str, s
     try:
         if builder is not None:
             if not os.path.isfile(path):
-                raise DatasetError(path, "file not found")
+                raise DatasetError(name, "file not found")
             if split != "train":
-                raise DatasetError(path, f"a local file has only the 'train' split (asked for {split!r})")
+                raise DatasetError(name, f"a local file has only the 'train' split (asked for {split!r})")
             ds = datasets.load_dataset(builder, data_files=path, split=split, cache_dir=cache_dir)
         else:
             ds = datasets.load_dataset(path, split=split, revision=revision, cache_dir=cache_dir)
@@ -111,7 +143,7 @@ def _open_dataset(path: str, split: str, revision: str | None, cache_dir: str, s
         raise
     except (datasets.exceptions.DatasetGenerationError, ValueError, OSError, FileNotFoundError) as exc:
         cause = exc.__cause__ or exc
-        raise DatasetError(path, f"cannot load split {split!r}: {type(cause).__name__}: {cause}") from None
+        raise DatasetError(name, f"cannot load split {split!r}: {type(cause).__name__}: {cause}") from None
     if not isinstance(ds, datasets.Dataset):
         raise DatasetError(path, f"split {split!r} did not load as a single dataset")
     return ds
@@ -121,7 +153,11 @@ def describe(path: str, split: str, revision: str | None, cache_dir: str) -> Sou
     """Row count and a content fingerprint (file sha256 for local files, the Arrow fingerprint otherwise)."""
     ds = open_dataset(path, split, revision, cache_dir)
     if local_builder(path) is not None:
-        fingerprint = "sha256:" + file_sha256(path, check_utf8=local_builder(path) == "json")
+        local = localize(path, cache_dir)
+        try:
+            fingerprint = "sha256:" + file_sha256(local, check_utf8=local_builder(path) == "json")
+        except DatasetError as exc:
+            raise DatasetError(path, exc.reason) from None
     else:
         fingerprint = f"hf:{revision or 'main'}:{ds._fingerprint}"
     return SourceInfo(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import shutil
@@ -11,7 +12,40 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from .errors import StorageError
+
 TMP_MARK = ".tmp-"
+
+#: OS errors a user fixes (free space, permissions), reported as one line instead of a traceback.
+RESOURCE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
+
+
+@contextlib.contextmanager
+def storage_errors(what: str) -> Iterator[None]:
+    """Turn a full disk or an unwritable location into a :class:`StorageError` naming ``what``."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in RESOURCE_ERRNOS:
+            raise
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise StorageError(f"{what}: {exc.strerror}{where}") from None
+
+
+def reserve_file(path: str | os.PathLike[str], nbytes: int) -> None:
+    """Create ``path`` with ``nbytes`` allocated up front, so a full disk is an error here and not a
+    SIGBUS later while writing through a memory map."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        if nbytes:
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise OSError(exc.errno, exc.strerror, str(path)) from None
+                os.ftruncate(fd, nbytes)  # a file system without fallocate
+    finally:
+        os.close(fd)
 
 
 def temp_name(path: Path) -> Path:
@@ -75,3 +109,55 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 def remove_tree(path: str | os.PathLike[str]) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+# ---- object stores (gs:// and any other fsspec URL) -------------------------------------------------
+#
+# Objects land whole or not at all, so a single object needs no temp name; a group of objects (a
+# slice, an output) is made visible by writing its manifest object last.
+
+
+def is_remote(path: str | os.PathLike[str] | None) -> bool:
+    return path is not None and "://" in str(path) and not str(path).startswith("file://")
+
+
+def remote_fs(url: str):  # -> fsspec.AbstractFileSystem
+    """The fsspec file system of ``url``; credentials and options come from fsspec's own settings
+    (e.g. ``FSSPEC_GS_TOKEN=anon``, ``STORAGE_EMULATOR_HOST``) or the environment's default login."""
+    import fsspec
+
+    fs, _ = fsspec.core.url_to_fs(url)
+    return fs
+
+
+def join_url(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def upload_file(local: str | os.PathLike[str], url: str) -> None:
+    remote_fs(url).put_file(str(local), url)
+
+
+def download_file(url: str, local: str | os.PathLike[str]) -> None:
+    """Fetch an object to a local path atomically (temp name, then rename)."""
+    final = Path(local)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(final)
+    try:
+        remote_fs(url).get_file(url, str(tmp))
+        os.replace(tmp, final)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def read_remote_bytes(url: str) -> bytes | None:
+    """An object's bytes, or ``None`` when it does not exist."""
+    try:
+        return remote_fs(url).cat_file(url)
+    except FileNotFoundError:
+        return None
+
+
+def write_remote_bytes(url: str, data: bytes) -> None:
+    remote_fs(url).pipe_file(url, data)

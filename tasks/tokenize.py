@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -10,10 +11,12 @@ from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import TaskRun
 from prefect.context import TaskRunContext
+from prefect.filesystems import RemoteFileSystem
 from prefect.states import State
 
 from sftmix.errors import MixerError
 from sftmix.slices import SliceSpec, TokenizeContext, tokenize_slice
+from sftmix.storage import join_url
 from tasks import fail_cleanly
 
 
@@ -48,14 +51,23 @@ def tokenize_slice_task(spec: SliceSpec, ctx: TokenizeContext) -> dict:
     return tokenize_slice(spec, ctx).model_dump()
 
 
-def slice_task_for(work_dir: str, refresh: bool = False, cache: bool = True) -> Task:
-    """The slice task with its result records stored in the run's work directory (``cache=False``:
-    no record is read or written)."""
+def slice_task_for(ctx: TokenizeContext, refresh: bool = False, cache: bool = True) -> Task:
+    """The slice task with its result records stored in the run's work directory, local or remote
+    (``cache=False``: no record is read or written)."""
     if not cache:
         return tokenize_slice_task.with_options(cache_policy=NO_CACHE, persist_result=False)
-    return tokenize_slice_task.with_options(
-        result_storage=Path(work_dir) / "prefect-results", refresh_cache=refresh
-    )
+    storage: Path | RemoteFileSystem = Path(ctx.work_dir) / "prefect-results"
+    if ctx.remote_work_dir is not None:
+        storage = remote_result_storage(join_url(ctx.remote_work_dir, "prefect-results"))
+    return tokenize_slice_task.with_options(result_storage=storage, refresh_cache=refresh)
+
+
+def remote_result_storage(url: str) -> RemoteFileSystem:
+    """A saved file-system block for ``url`` (Prefect wants task result storage persisted
+    server-side); one block per location, saved again each run so it always matches."""
+    block = RemoteFileSystem(basepath=url)
+    block.save(f"tokenize-mixer-results-{hashlib.sha256(url.encode()).hexdigest()[:16]}", overwrite=True)
+    return block
 
 
 def init_worker() -> None:

@@ -147,7 +147,7 @@ def test_output_with_different_shards_is_not_clobbered(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "token_ids_part_0000.npy").write_bytes(b"\x01\x00")
-    staging = new_staging_dir(out)
+    staging = new_staging_dir(out, out.parent)
     (staging / "token_ids_part_0000.npy").write_bytes(b"\x02\x00")
     with pytest.raises(OutputConflictError, match="already holds different shards"):
         publish_local(staging, out, overwrite=False)

@@ -1,0 +1,255 @@
+"""gs:// for real: sources, the work directory, Prefect result storage and the published output, all on
+the GCS JSON API served by gcp-storage-emulator on 127.0.0.1, through gcsfs."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from flows.tokenize_mixer import tokenize_mixer
+from sftmix.config import MixerConfig, RunOptions
+from sftmix.digest import OUTPUT_MANIFEST, output_digests, remote_output_digests
+from sftmix.errors import ConfigError, DatasetError, OutputConflictError
+from sftmix.plan import build_plan
+from sftmix.publish import publish_remote
+
+ROOT = Path(__file__).parent.parent
+EXAMPLES = ROOT / "examples"
+DEMO_DIGESTS = json.loads((EXAMPLES / "demo.digests.json").read_text())["files"]
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    """A GCS emulator for this module, with gcsfs pointed at it (here and in spawned workers)."""
+    port = _free_port()
+    exe = Path(sys.executable).parent / "gcp-storage-emulator"
+    proc = subprocess.Popen(
+        [str(exe), "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    env = {
+        "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}",
+        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",  # the emulator has no gRPC control plane
+        "FSSPEC_GS_TOKEN": "anon",
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    saved_conf = fsspec.config.conf.get("gs")
+    fsspec.config.conf["gs"] = {"token": "anon"}  # what FSSPEC_GS_TOKEN does at import time
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.2)
+        fs = fsspec.filesystem("gs", skip_instance_cache=True)
+        for bucket in ("src", "work", "out"):
+            fs.mkdir(bucket)
+        yield fs
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if saved_conf is None:
+            fsspec.config.conf.pop("gs", None)
+        else:
+            fsspec.config.conf["gs"] = saved_conf
+
+
+def demo_mixer(general: str, output: str, max_len: int = 256) -> MixerConfig:
+    return MixerConfig.model_validate(
+        {
+            "datasets": [
+                {"path": general, "amount": 3.0},
+                {"path": str(EXAMPLES / "data" / "arithmetic.jsonl"), "amount": 0.5},
+                {"path": str(EXAMPLES / "data" / "conversions.jsonl"), "amount": 100},
+            ],
+            "tokenizer": {"name_or_path": str(EXAMPLES / "tokenizer"), "chat_template": "olmo"},
+            "max_seq_length": max_len,
+            "shuffle_seed": 42,
+            "output": {"path": output},
+        }
+    )
+
+
+def parts(digests: dict[str, str]) -> dict[str, str]:
+    """Everything but the statistics (they name the datasets, and a gs:// path is another name)."""
+    return {k: v for k, v in digests.items() if k != "dataset_statistics.json"}
+
+
+def test_sources_work_dir_results_and_output_on_gcs(gcs, prefect_api, tmp_path, monkeypatch):
+    run_id = uuid.uuid4().hex[:8]
+    general = f"gs://src/{run_id}/general.jsonl"
+    gcs.put_file(str(EXAMPLES / "data" / "general.jsonl"), general)
+    work, out = f"gs://work/{run_id}", f"gs://out/{run_id}/demo"
+    run = RunOptions(work_dir=work, slice_rows=64)
+
+    monkeypatch.setenv("TOKENIZE_MIXER_WORK_DIR", str(tmp_path / "machine-a"))
+    first = tokenize_mixer(mixer=demo_mixer(general, out), run=run)
+    n = first["slices_total"]
+    assert (first["slices_computed"], first["publish"]) == (n, "created")
+    assert parts(remote_output_digests(out)) == parts(DEMO_DIGESTS)  # the bytes of the local demo
+    manifest = json.loads(gcs.cat_file(f"{out}/{OUTPUT_MANIFEST}"))
+    assert set(manifest["files"]) >= {
+        "token_ids_part_0000.npy",
+        "run_report.json",
+        "tokenizer/tokenizer.json",
+    }
+    assert len(gcs.glob(f"{work}/slices/*/*/manifest.json")) == n
+    assert len(gcs.ls(f"{work}/prefect-results")) == n  # Prefect's result records live on GCS too
+
+    # Another machine (an empty local mirror) finds every slice on GCS and fetches it, digests checked.
+    monkeypatch.setenv("TOKENIZE_MIXER_WORK_DIR", str(tmp_path / "machine-b"))
+    second = tokenize_mixer(mixer=demo_mixer(general, out), run=run)
+    assert (second["slices_reused"], second["slices_computed"], second["publish"]) == (n, 0, "replaced")
+
+    # A slice damaged on GCS is caught by its digest on the way in and recomputed; only that one.
+    victim = sorted(gcs.glob(f"{work}/slices/*/*/tokens.npy"))[0]
+    data = bytearray(gcs.cat_file(victim))
+    data[-1] ^= 0xFF
+    gcs.pipe_file(victim, bytes(data))
+    monkeypatch.setenv("TOKENIZE_MIXER_WORK_DIR", str(tmp_path / "machine-c"))
+    third = tokenize_mixer(mixer=demo_mixer(general, out), run=run)
+    assert (third["slices_rechecked"], third["slices_computed"], third["slices_reused"]) == (1, 1, n - 1)
+    assert parts(remote_output_digests(out)) == parts(DEMO_DIGESTS)
+    assert gcs.cat_file(victim) != bytes(data)  # re-uploaded whole
+
+
+def test_remote_errors_name_the_object(gcs, tmp_path):
+    mixer = demo_mixer("gs://src/nowhere/general.jsonl", str(tmp_path / "o"))
+    with pytest.raises(DatasetError, match=r"gs://src/nowhere/general.jsonl.*object not found"):
+        build_plan(mixer, RunOptions(work_dir=str(tmp_path / "w")))
+    from sftmix.publish import check_output_free
+
+    with pytest.raises(ConfigError, match="bucket 'no-such-bucket' does not exist"):
+        check_output_free("gs://no-such-bucket/out")
+    with pytest.raises(ConfigError, match="no complete output"):
+        remote_output_digests("gs://out/never-published")
+
+
+@pytest.fixture(scope="module")
+def two_outputs(prefect_api, tmp_path_factory):
+    """Two different finished local outputs (max length 256 and 128) to publish."""
+    root = tmp_path_factory.mktemp("outputs")
+    for name, max_len in (("a", 256), ("b", 128)):
+        mixer = demo_mixer(str(EXAMPLES / "data" / "general.jsonl"), str(root / name), max_len)
+        tokenize_mixer(mixer=mixer, run=RunOptions(work_dir=str(root / "work")))
+    return root / "a", root / "b"
+
+
+PUBLISH = (
+    "import sys, time; from pathlib import Path; from sftmix.publish import publish_remote; "
+    "print('go', flush=True); t = time.perf_counter(); "
+    "publish_remote(Path(sys.argv[1]), sys.argv[2], overwrite=True); print(time.perf_counter() - t)"
+)
+
+
+def test_publish_to_gcs_is_all_or_nothing_even_when_killed(gcs, two_outputs, tmp_path):
+    a, b = two_outputs
+    digests_a, digests_b = output_digests(a), output_digests(b)
+    assert digests_a != digests_b
+    url = f"gs://out/{uuid.uuid4().hex[:8]}/shards"
+
+    def staged(src: Path) -> Path:
+        dst = tmp_path / f"staging-{uuid.uuid4().hex[:6]}"
+        shutil.copytree(src, dst)
+        return dst
+
+    def publish_in_subprocess(src: Path, kill_after: float | None) -> float:
+        """Publish in a process of its own; killed ``kill_after`` seconds into the publish itself."""
+        proc = subprocess.Popen(
+            [sys.executable, "-c", PUBLISH, str(staged(src)), url], cwd=ROOT, start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert proc.stdout.readline().strip() == "go", proc.stderr.read()[-2000:]
+        if kill_after is None:
+            assert proc.wait(timeout=120) == 0, proc.stderr.read()[-2000:]
+            return float(proc.stdout.read().split()[-1])
+        time.sleep(kill_after)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return kill_after
+
+    def seen() -> dict[str, str] | None:
+        """What a reader sees: a complete output's digests, or None (nothing complete)."""
+        try:
+            return remote_output_digests(url)
+        except ConfigError:
+            return None
+
+    whole = publish_in_subprocess(a, None)
+    assert seen() == digests_a
+
+    # Overwrite A with B, killed at random moments: a reader sees A, B or nothing, never a mix.
+    rng = random.Random(20261126)
+    outcomes = set()
+    current = a
+    for _ in range(8):
+        current = b if current is a else a  # always a real overwrite
+        publish_in_subprocess(current, kill_after=rng.uniform(0.0, 1.0) * whole)
+        now = seen()
+        assert now in (None, digests_a, digests_b), "a reader saw a mix of two outputs"
+        outcomes.add("none" if now is None else "a" if now == digests_a else "b")
+
+    # The worst moment on purpose: the old manifest is gone and the new shards are going up.
+    publish_in_subprocess(a, None)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PUBLISH, str(staged(b)), url], cwd=ROOT, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    manifest_url = f"{url}/{OUTPUT_MANIFEST}"
+    while gcs.exists(manifest_url) and proc.poll() is None:
+        gcs.invalidate_cache()
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    if proc.returncode == -signal.SIGKILL:
+        assert seen() is None
+        outcomes.add("none")
+
+    publish_in_subprocess(b, None)
+    assert seen() == digests_b
+    listed = json.loads(gcs.cat_file(f"{url}/{OUTPUT_MANIFEST}"))["files"]
+    on_gcs = {p.split("/shards/", 1)[1] for p in gcs.find(url)} - {OUTPUT_MANIFEST}
+    assert on_gcs == set(listed)  # nothing of A or of an interrupted publish is left behind
+    print(f"publish {whole:.2f}s; reader outcomes after kills:", sorted(outcomes))
+
+
+def test_publish_to_gcs_refuses_to_clobber_different_shards(gcs, two_outputs, tmp_path):
+    a, b = two_outputs
+    url = f"gs://out/{uuid.uuid4().hex[:8]}/shards"
+    assert publish_remote(Path(shutil.copytree(a, tmp_path / "sa")), url, overwrite=False) == "created"
+    assert publish_remote(Path(shutil.copytree(a, tmp_path / "sa2")), url, overwrite=False) == "replaced"
+    with pytest.raises(OutputConflictError, match="already holds different shards"):
+        publish_remote(Path(shutil.copytree(b, tmp_path / "sb")), url, overwrite=False)
+    assert remote_output_digests(url) == output_digests(a)  # untouched
+    report = json.loads(gcs.cat_file(f"{url}/run_report.json"))
+    assert report["publish"] == "replaced"
