@@ -122,6 +122,9 @@ def test_tokenizer_without_chat_template(tmp_path):
         ({"messages": []}, "'messages' is empty"),
         ({"messages": [{"role": None, "content": "x"}]}, "message 0 has no 'role' string"),
         ({"messages": [{"role": "user", "content": "x"}], "tools": "{not json"}, "'tools' is not valid JSON"),
+        ({"messages": {"role": "user", "content": "x"}}, "'messages' must be a list of messages, got dict"),
+        ({"messages": ["hello"]}, "message 0 must be an object with 'role' and 'content', got str"),
+        ({"messages": [{"role": "user", "content": 7}]}, r"message 0 \(user\) has content of type int"),
     ],
 )
 def test_malformed_rows_name_dataset_and_row(tmp_path, bad, reason):
@@ -232,3 +235,13 @@ def test_tools_of_each_accepted_type_reach_the_template(tmp_path, tools):
     )
     manifest = tokenize_slice(plan.slices[0], plan.context)
     assert manifest.kept == 1
+
+
+def test_rows_without_trainable_text_are_counted_drops(tmp_path):
+    """A chat with no assistant turn has nothing to learn: dropped as the reference drops it, and counted."""
+    no_assistant = {"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "again"}]}
+    data = write_jsonl(tmp_path / "d.jsonl", [GOOD, no_assistant, GOOD])
+    plan = build_plan(mixer(tmp_path, (data, 1.0)), RunOptions(work_dir=str(tmp_path / "work")))
+    manifest = tokenize_slice(plan.slices[0], plan.context)
+    assert (manifest.kept, manifest.dropped) == (2, {"no_trainable_tokens": 1})
+    assert [e["row"] for e in manifest.drop_examples] == [1]
