@@ -35,6 +35,16 @@ class DatasetEntry(BaseModel):
     )
     split: str = Field(default="train", description="Dataset split to read.")
     revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit) to pin.")
+    format: Literal["auto", "messages", "alpaca", "sharegpt"] = Field(
+        default="auto",
+        description="Row layout: 'messages' (role/content list), 'alpaca' (instruction, input, output, "
+        "system), 'sharegpt' (conversations of from/value), or 'auto' (detected from the columns).",
+    )
+    messages_key: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Column holding the messages when it is not called 'messages' (implies format messages).",
+    )
 
     @field_validator("amount", mode="before")
     @classmethod

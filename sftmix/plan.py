@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from .config import MixerConfig, RunOptions, default_work_dir, local_mirror
 from .errors import DatasetError
-from .formats import MESSAGES_KEY
+from .formats import MESSAGES_KEY, detect_format
 from .selection import selected_source_rows, small_count_warning, target_rows
 from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext
 from .sources import describe, rows_fingerprint
@@ -181,8 +181,10 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         info = describe(entry.path, entry.split, entry.revision, str(datasets_cache))
         if info.n_rows == 0:
             raise DatasetError(entry.path, f"split {entry.split!r} has no rows")
-        if MESSAGES_KEY not in info.columns:
-            raise DatasetError(entry.path, f"no '{MESSAGES_KEY}' column (columns: {', '.join(info.columns)})")
+        try:
+            row_format, messages_key = detect_format(info.columns, entry.messages_key, entry.format)
+        except ValueError as exc:
+            raise DatasetError(entry.path, str(exc)) from None
         target = target_rows(entry.amount, info.n_rows)
         if target == 0:
             raise DatasetError(entry.path, f"amount {entry.amount} of {info.n_rows} rows selects no rows")
@@ -201,7 +203,12 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
                     entry.path, entry.split, entry.revision, str(datasets_cache), start, end, subset
                 )
                 memo.remember(rows_key, data)
-            key = _digest({**shared_key, **rows_key, "data": data})
+            layout = (
+                {}
+                if (row_format, messages_key) == ("messages", MESSAGES_KEY)
+                else {"row_format": [row_format, messages_key]}
+            )
+            key = _digest({**shared_key, **rows_key, **layout, "data": data})
             ids.append(len(slices))
             slices.append(
                 SliceSpec(
@@ -211,6 +218,8 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
                     dataset=entry.path,
                     split=entry.split,
                     revision=entry.revision,
+                    row_format=row_format,
+                    messages_key=messages_key,
                     row_start=start,
                     row_end=end,
                     rows=subset,

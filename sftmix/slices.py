@@ -83,6 +83,8 @@ class SliceSpec(BaseModel):
     dataset: str
     split: str
     revision: str | None = None
+    row_format: str = "messages"
+    messages_key: str = "messages"
     row_start: int
     row_end: int
     rows: list[int] | None = Field(default=None, description="Selected rows; None = every row in the range.")
@@ -245,7 +247,7 @@ def _tokenize_batch(
     convs: dict[int, Conversation] = {}
     for j, (row, record) in enumerate(zip(rows, records, strict=True)):
         try:
-            convs[j] = conversation_from_row(record)
+            convs[j] = conversation_from_row(record, spec.row_format, spec.messages_key)  # type: ignore[arg-type]
         except RowFormatError as exc:
             if not skip_bad:
                 raise BadRowError(spec.dataset, row, str(exc)) from None

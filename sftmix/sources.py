@@ -134,8 +134,10 @@ def _open_dataset(
         if builder is not None:
             if not os.path.isfile(path):
                 raise DatasetError(name, "file not found")
-            if split != "train":
-                raise DatasetError(name, f"a local file has only the 'train' split (asked for {split!r})")
+            if split.split("[", 1)[0].strip() != "train":
+                raise DatasetError(
+                    name, f"a local file has only the 'train' split, sliced or not (asked for {split!r})"
+                )
             ds = datasets.load_dataset(builder, data_files=path, split=split, cache_dir=cache_dir)
         else:
             ds = datasets.load_dataset(path, split=split, revision=revision, cache_dir=cache_dir)

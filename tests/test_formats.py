@@ -1,0 +1,125 @@
+"""Input layouts (messages, messages_key, Alpaca, ShareGPT), sliced splits and a hub-layout directory,
+read through the real ``datasets`` loaders: the same chat gives the same tokens whatever its layout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.errors import BadRowError, DatasetError
+from sftmix.plan import build_plan
+from sftmix.slices import load_slice_arrays, tokenize_slice
+
+TINY = Path(__file__).parent / "golden" / "tokenizers" / "tiny"
+
+CHATS = [
+    ("Name a colour.", "", "Blue.", None),
+    ("Add the numbers.", "2 and 3", "5", "You are terse."),
+    ("Translate to French.", "cat", "chat", None),
+    ("Say hi.", "", "Hi!", "Be kind."),
+]
+
+
+def as_messages(instruction: str, extra: str, output: str, system: str | None) -> list[dict]:
+    user = f"{instruction}\n\n{extra}" if extra else instruction
+    msgs = [{"role": "system", "content": system}] if system else []
+    return [*msgs, {"role": "user", "content": user}, {"role": "assistant", "content": output}]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+def tokenize(tmp_path: Path, entry: DatasetEntry) -> tuple[np.ndarray, np.ndarray, int]:
+    mixer = MixerConfig(
+        datasets=[entry],
+        tokenizer=TokenizerSpec(name_or_path=str(TINY), chat_template="tulu"),
+        max_seq_length=128,
+        output=OutputSpec(path=str(tmp_path / "out")),
+    )
+    plan = build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work")))
+    manifests = [tokenize_slice(s, plan.context) for s in plan.slices]
+    arrays = [load_slice_arrays(plan.context.work_dir, m) for m in manifests]
+    tokens = np.concatenate([np.asarray(a[0]) for a in arrays])
+    mask = np.concatenate([np.asarray(a[1]) for a in arrays])
+    return tokens, mask, sum(m.rows for m in manifests)
+
+
+@pytest.fixture
+def expected(tmp_path):
+    rows = [{"messages": as_messages(*c)} for c in CHATS]
+    return tokenize(tmp_path / "m", DatasetEntry(path=write_jsonl(tmp_path / "messages.jsonl", rows)))
+
+
+def same(a, b) -> bool:
+    return a[2] == b[2] and np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+
+def test_alpaca_rows_give_the_tokens_of_the_same_messages(tmp_path, expected):
+    rows = [
+        {"instruction": i, "input": x, "output": o, **({"system": s} if s else {"system": None})}
+        for i, x, o, s in CHATS
+    ]
+    path = write_jsonl(tmp_path / "alpaca.jsonl", rows)
+    assert same(tokenize(tmp_path / "a", DatasetEntry(path=path)), expected)  # detected
+    assert same(tokenize(tmp_path / "b", DatasetEntry(path=path, format="alpaca")), expected)
+
+
+def test_sharegpt_rows_give_the_tokens_of_the_same_messages(tmp_path, expected):
+    speakers = {"system": "system", "user": "human", "assistant": "gpt"}
+    rows = [
+        {"conversations": [{"from": speakers[m["role"]], "value": m["content"]} for m in as_messages(*c)]}
+        for c in CHATS
+    ]
+    path = write_jsonl(tmp_path / "sharegpt.jsonl", rows)
+    assert same(tokenize(tmp_path / "s", DatasetEntry(path=path)), expected)
+
+    rows[2]["conversations"][0]["from"] = "narrator"
+    bad = write_jsonl(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(BadRowError, match=r"bad\.jsonl', row 2: turn 0 has an unknown speaker 'narrator'"):
+        tokenize(tmp_path / "bad", DatasetEntry(path=bad))
+
+
+def test_messages_under_another_column_name(tmp_path, expected):
+    rows = [{"chat": as_messages(*c), "id": n} for n, c in enumerate(CHATS)]
+    path = write_jsonl(tmp_path / "chat.jsonl", rows)
+    assert same(tokenize(tmp_path / "k", DatasetEntry(path=path, messages_key="chat")), expected)
+    with pytest.raises(DatasetError, match=r"no 'messages' column \(columns: chat, id\).*messages_key"):
+        tokenize(tmp_path / "k2", DatasetEntry(path=path))
+    with pytest.raises(DatasetError, match="format alpaca needs 'instruction' and 'output'"):
+        tokenize(tmp_path / "k3", DatasetEntry(path=path, format="alpaca"))
+
+
+def test_sliced_splits_as_datasets_writes_them(tmp_path):
+    rows = [{"messages": as_messages(f"question {n}", "", f"answer {n}", None)} for n in range(20)]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    assert tokenize(tmp_path / "a", DatasetEntry(path=path, split="train[:5]"))[2] == 5
+    assert tokenize(tmp_path / "b", DatasetEntry(path=path, split="train[25%:75%]"))[2] == 10
+    whole = tokenize(tmp_path / "c", DatasetEntry(path=path))
+    tail = tokenize(tmp_path / "d", DatasetEntry(path=path, split="train[10:]"))
+    head = tokenize(tmp_path / "e", DatasetEntry(path=path, split="train[:10]"))
+    assert np.array_equal(np.concatenate([head[0], tail[0]]), whole[0])
+    with pytest.raises(DatasetError, match="only the 'train' split"):
+        tokenize(tmp_path / "f", DatasetEntry(path=path, split="test[:5]"))
+
+
+def test_a_directory_laid_out_as_on_the_hub(tmp_path, expected):
+    """A hub dataset goes through ``datasets.load_dataset(name, split=..., revision=...)``; here the
+    same call on a local directory with the hub's layout (no network)."""
+    repo = tmp_path / "org--sft-mixture"
+    (repo / "data").mkdir(parents=True)
+    table = pa.Table.from_pylist([{"messages": as_messages(*c)} for c in CHATS])
+    pq.write_table(table.slice(0, 2), repo / "data" / "train-00000-of-00002.parquet")
+    pq.write_table(table.slice(2), repo / "data" / "train-00001-of-00002.parquet")
+    (repo / "README.md").write_text("---\nlicense: odc-by\n---\n# a mixture\n")
+    got = tokenize(tmp_path / "h", DatasetEntry(path=str(repo), split="train"))
+    assert same(got, expected)
+    with pytest.raises(DatasetError, match="cannot load split 'validation'"):
+        tokenize(tmp_path / "h2", DatasetEntry(path=str(repo), split="validation"))
