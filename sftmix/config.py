@@ -110,6 +110,11 @@ class MixerConfig(BaseModel):
     num_examples: int = Field(
         default=0, ge=0, description="Keep only the first N rows after the shuffle (0 = all)."
     )
+    mask: Literal["assistant", "last_turn", "all"] = Field(
+        default="assistant",
+        description="Which tokens are trainable: 'assistant' (every assistant turn, as the reference), "
+        "'last_turn' (only the final assistant turn), 'all' (every token).",
+    )
     on_bad_row: Literal["error", "skip"] = Field(
         default="error",
         description="A malformed row (bad messages, a template error) fails the run naming dataset and row "

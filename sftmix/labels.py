@@ -148,17 +148,21 @@ class LabelMasker:
         decode: Callable[[list[int]], str],
         max_seq_length: int | None,
         boundaries: SegmentBoundaries | None = None,
+        mode: str = "assistant",
     ) -> None:
         self.renderer = renderer
         self.encode_batch = encode_batch
         self.decode = decode
         self.max_len = max_seq_length
         self.boundaries = boundaries
+        self.mode = mode
 
     def _cap(self, n: int) -> int:
         return n if self.max_len is None else min(n, self.max_len)
 
     def tokenize(self, conversations: Sequence[Conversation]) -> list[TokenizedRow]:
+        if self.mode == "all":
+            return self._tokenize_all(conversations)
         rendered: list[str] = []
         for i, conv in enumerate(conversations):
             try:
@@ -185,7 +189,7 @@ class LabelMasker:
                 row.status, row.detail = RowStatus.SPAN_UNVERIFIED, str(exc)
                 continue
             if spans is not None:
-                row.mask = _overlap_mask(offsets, spans)
+                row.mask = _overlap_mask(offsets, spans[-1:] if self.mode == "last_turn" else spans)
             elif self.boundaries is not None:
                 at = np.flatnonzero(np.isin(full_ids, list(self.boundaries.ids)))
                 pending[-1].boundary_starts = full_offsets[at, 0]
@@ -199,6 +203,21 @@ class LabelMasker:
                     RowStatus.NO_TRAINABLE,
                     "no assistant token survives (none, or truncated)",
                 )
+        return results
+
+    def _tokenize_all(self, conversations: Sequence[Conversation]) -> list[TokenizedRow]:
+        """Mask mode 'all': every token is trainable; no spans to find."""
+        rendered: list[str] = []
+        for i, conv in enumerate(conversations):
+            try:
+                rendered.append(self.renderer.render(conv.messages, conv.tools, False))
+            except Exception as exc:
+                raise RenderError(i, exc) from exc
+        results = []
+        for enc in self.encode_batch(rendered):
+            ids = np.asarray(enc.ids, dtype=np.int64)[: self.max_len]
+            status = RowStatus.KEPT if ids.shape[0] else RowStatus.NO_TRAINABLE
+            results.append(TokenizedRow(ids=ids, mask=np.ones(ids.shape[0], dtype=np.uint8), status=status))
         return results
 
     def _char_spans(
@@ -263,6 +282,7 @@ class LabelMasker:
                 start = 0 if header is None else self._cap(next(counts))
                 end = self._cap(next(counts))
                 spans.append((idx, start, end))
+            for _, start, end in spans[-1:] if self.mode == "last_turn" else spans:
                 s, e = max(0, start), min(end, n)
                 if s < e:
                     row.mask[s:e] = 1

@@ -165,6 +165,8 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         remote_work_dir=remote,
         datasets_cache=str(datasets_cache),
         on_bad_row=mixer.on_bad_row,
+        mask=mixer.mask,
+        template_source=template.source,
     )
     shared_key = {
         "format": SLICE_FORMAT_VERSION,
@@ -173,6 +175,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         "max_seq_length": mixer.max_seq_length,
         "dtype": dtype.name,
         "on_bad_row": mixer.on_bad_row,
+        **({} if mixer.mask == "assistant" else {"mask": mixer.mask}),
     }
     warnings: list[str] = []
     datasets: list[DatasetPlan] = []

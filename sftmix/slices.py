@@ -22,7 +22,7 @@ from typing import BinaryIO
 import numpy as np
 from pydantic import BaseModel, Field
 
-from .errors import BadRowError, ChecksumError, DatasetError, MixerError
+from .errors import BadRowError, ChecksumError, DatasetError, MixerError, TemplateError
 from .formats import Conversation, RowFormatError, conversation_from_row
 from .labels import DROP_REASONS, LabelMasker, RenderError, RowStatus, TokenizedRow
 from .sources import read_rows
@@ -58,6 +58,9 @@ ROW_DTYPE = np.dtype(
 ARTIFACTS = ("tokens.npy", "mask.npy", "rows.npy")
 MANIFEST = "manifest.json"
 
+#: A slice at least this large whose every row has an all-zero mask points at a broken template.
+ALL_ZERO_SLICE_ROWS = 32
+
 
 class TokenizeContext(BaseModel):
     """What every slice of a run shares: tokenizer, template, truncation, dtype, where to write."""
@@ -71,6 +74,8 @@ class TokenizeContext(BaseModel):
     remote_work_dir: str | None = None
     datasets_cache: str
     on_bad_row: str = "error"
+    mask: str = "assistant"
+    template_source: str = ""
     batch_size: int = 256
 
 
@@ -235,6 +240,7 @@ def _masker(ctx: TokenizeContext) -> LabelMasker:
         ),  # what hf.decode does for fast tokenizers
         max_seq_length=ctx.max_seq_length,
         boundaries=segment_boundaries(key),
+        mode=ctx.mask,
     )
 
 
@@ -317,6 +323,12 @@ def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
                 logger.debug(
                     "dataset %s row %d dropped: %s (%s)", spec.dataset, batch_rows[j], reason, res.detail
                 )
+    if len(rows) >= ALL_ZERO_SLICE_ROWS and dropped.get(DROP_REASONS[RowStatus.NO_TRAINABLE]) == len(rows):
+        raise TemplateError(
+            f"{spec.describe()}: all {len(rows)} rows have an all-zero label mask with template "
+            f"{ctx.template_source or 'in use'} (mask {ctx.mask}): the template's assistant turns are not "
+            "found in its output, or these rows have none; check the template and the rows' roles"
+        )
     tokens = np.concatenate(token_chunks) if token_chunks else np.zeros(0, dtype=dtype)
     mask = np.concatenate(mask_chunks) if mask_chunks else np.zeros(0, dtype=np.uint8)
     root = slice_dir(ctx.work_dir, spec.key)

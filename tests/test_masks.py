@@ -1,0 +1,84 @@
+"""Mask modes: assistant (the reference's), last_turn, all; and a template that masks nothing is refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.errors import TemplateError
+from sftmix.plan import build_plan
+from sftmix.slices import load_slice_arrays, tokenize_slice
+
+TINY = Path(__file__).parent / "golden" / "tokenizers" / "tiny"
+
+
+def chat(n: int, turns: int) -> dict:
+    msgs = []
+    for t in range(turns):
+        msgs.append({"role": "user", "content": f"question {n}.{t}"})
+        msgs.append({"role": "assistant", "content": f"answer {n}.{t}"})
+    return {"messages": msgs}
+
+
+def rows_of(
+    tmp_path: Path, rows: list[dict], mask: str, template: str
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    data = tmp_path / f"d-{mask}-{Path(template).stem}.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    mixer = MixerConfig(
+        datasets=[DatasetEntry(path=str(data))],
+        tokenizer=TokenizerSpec(name_or_path=str(TINY), chat_template=template),
+        max_seq_length=None,
+        mask=mask,
+        output=OutputSpec(path=str(tmp_path / "out")),
+    )
+    plan = build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work")))
+    out = []
+    for spec in plan.slices:
+        m = tokenize_slice(spec, plan.context)
+        tokens, masks, recs = load_slice_arrays(plan.context.work_dir, m)
+        for r in recs:
+            if r["offset"] >= 0:
+                sl = slice(int(r["offset"]), int(r["offset"] + r["length"]))
+                out.append((np.asarray(tokens[sl]), np.asarray(masks[sl])))
+    return out
+
+
+def decode(ids: np.ndarray) -> str:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(TINY / "tokenizer.json")).decode(ids.tolist(), skip_special_tokens=False)
+
+
+@pytest.mark.parametrize("template", ["tulu", "olmo"])
+def test_mask_modes(tmp_path, template):
+    rows = [chat(n, turns) for n, turns in enumerate([1, 3, 2, 4])]
+    assistant = rows_of(tmp_path, rows, "assistant", template)
+    last = rows_of(tmp_path, rows, "last_turn", template)
+    everything = rows_of(tmp_path, rows, "all", template)
+    assert len(assistant) == len(last) == len(everything) == 4
+    for (ta, ma), (tl, ml), (te, me), row in zip(assistant, last, everything, rows, strict=True):
+        assert np.array_equal(ta, tl) and np.array_equal(ta, te)  # masks differ, tokens never do
+        assert me.all()
+        assert not (ml & ~ma).any()  # last_turn is a part of the assistant mask
+        final = row["messages"][-1]["content"]
+        assert final in decode(ta[ml.astype(bool)])
+        for earlier in row["messages"][1:-1:2]:
+            assert earlier["content"] not in decode(ta[ml.astype(bool)])
+        if len(row["messages"]) == 2:
+            assert np.array_equal(ma, ml)
+
+
+def test_a_template_that_masks_nothing_is_refused(tmp_path):
+    silent = tmp_path / "users_only.jinja"
+    silent.write_text(
+        "{% for m in messages %}{% if m['role'] == 'user' %}{{ 'Q: ' + m['content'] + '\\n' }}{% endif %}{% endfor %}"
+    )
+    with pytest.raises(
+        TemplateError, match=r"all 40 rows have an all-zero label mask with template file:.*users_only"
+    ):
+        rows_of(tmp_path, [chat(n, 1) for n in range(40)], "assistant", str(silent))
