@@ -110,10 +110,11 @@ class MixerConfig(BaseModel):
     num_examples: int = Field(
         default=0, ge=0, description="Keep only the first N rows after the shuffle (0 = all)."
     )
-    mask: Literal["assistant", "last_turn", "all"] = Field(
+    mask: Literal["assistant", "last_turn", "all", "generation_tags"] = Field(
         default="assistant",
         description="Which tokens are trainable: 'assistant' (every assistant turn, as the reference), "
-        "'last_turn' (only the final assistant turn), 'all' (every token).",
+        "'last_turn' (only the final assistant turn), 'all' (every token), 'generation_tags' (the text a "
+        "template marks with {% generation %}, as transformers' return_assistant_tokens_mask).",
     )
     on_bad_row: Literal["error", "skip"] = Field(
         default="error",

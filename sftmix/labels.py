@@ -161,8 +161,8 @@ class LabelMasker:
         return n if self.max_len is None else min(n, self.max_len)
 
     def tokenize(self, conversations: Sequence[Conversation]) -> list[TokenizedRow]:
-        if self.mode == "all":
-            return self._tokenize_all(conversations)
+        if self.mode in ("all", "generation_tags"):
+            return self._tokenize_whole(conversations)
         rendered: list[str] = []
         for i, conv in enumerate(conversations):
             try:
@@ -205,19 +205,31 @@ class LabelMasker:
                 )
         return results
 
-    def _tokenize_all(self, conversations: Sequence[Conversation]) -> list[TokenizedRow]:
-        """Mask mode 'all': every token is trainable; no spans to find."""
+    def _tokenize_whole(self, conversations: Sequence[Conversation]) -> list[TokenizedRow]:
+        """Modes with no prefix renders: 'all' (every token) and 'generation_tags' (tokens overlapping
+        the template's ``{% generation %}`` blocks, found in the one full render)."""
         rendered: list[str] = []
+        spans: list[list[tuple[int, int]]] = []
         for i, conv in enumerate(conversations):
             try:
-                rendered.append(self.renderer.render(conv.messages, conv.tools, False))
+                if self.mode == "generation_tags":
+                    text, marked = self.renderer.render_with_generation_spans(conv.messages, conv.tools)
+                    rendered.append(text)
+                    spans.append(marked)
+                else:
+                    rendered.append(self.renderer.render(conv.messages, conv.tools, False))
             except Exception as exc:
                 raise RenderError(i, exc) from exc
         results = []
-        for enc in self.encode_batch(rendered):
+        for i, enc in enumerate(self.encode_batch(rendered)):
             ids = np.asarray(enc.ids, dtype=np.int64)[: self.max_len]
-            status = RowStatus.KEPT if ids.shape[0] else RowStatus.NO_TRAINABLE
-            results.append(TokenizedRow(ids=ids, mask=np.ones(ids.shape[0], dtype=np.uint8), status=status))
+            if self.mode == "generation_tags":
+                offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)[: self.max_len]
+                mask = _overlap_mask(offsets, spans[i])
+            else:
+                mask = np.ones(ids.shape[0], dtype=np.uint8)
+            status = RowStatus.KEPT if mask.any() else RowStatus.NO_TRAINABLE
+            results.append(TokenizedRow(ids=ids, mask=mask, status=status))
         return results
 
     def _char_spans(

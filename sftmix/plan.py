@@ -16,13 +16,13 @@ import numpy as np
 from pydantic import BaseModel
 
 from .config import MixerConfig, RunOptions, default_work_dir, local_mirror
-from .errors import DatasetError
+from .errors import DatasetError, TemplateError
 from .formats import MESSAGES_KEY, detect_format
 from .selection import selected_source_rows, small_count_warning, target_rows
 from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext
 from .sources import describe, rows_fingerprint
 from .storage import atomic_write_bytes, is_remote, storage_errors
-from .templates import resolve_template
+from .templates import has_generation_tags, resolve_template
 from .tokenizer import (
     TokenizerKey,
     choose_token_dtype,
@@ -153,6 +153,11 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         add_bos=mixer.tokenizer.add_bos,
         bos_token=hf.bos_token,
     )
+    if mixer.mask == "generation_tags" and not has_generation_tags(template.text):
+        raise TemplateError(
+            f"mask generation_tags needs a template that marks assistant text with {{% generation %}} ... "
+            f"{{% endgeneration %}}; template {template.source} has no such block"
+        )
     dtype = choose_token_dtype(hf, mixer.output.token_dtype_rule)
     tok_fp = tokenizer_fingerprint(tk)
     ctx = TokenizeContext(

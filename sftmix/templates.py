@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
+import threading
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -151,11 +153,48 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+#: ``{% generation %}`` ... ``{% endgeneration %}``: the text a template marks as the model's own.
+GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def has_generation_tags(text: str) -> bool:
+    return GENERATION_TAG.search(text) is not None
+
+
+class _GenerationTracker(jinja2.ext.Extension):
+    """The ``generation`` block of transformers' chat templates: renders its body unchanged and, while
+    a span-recording render is under way, records the body's character span in the output."""
+
+    tags = {"generation"}
+
+    def __init__(self, environment: jinja2.Environment) -> None:
+        super().__init__(environment)
+        environment.extend(generation_state=threading.local())
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render_generation"), [], [], body).set_lineno(lineno)
+
+    def _render_generation(self, caller: Any) -> str:
+        text = caller()
+        state = self.environment.generation_state  # type: ignore[attr-defined]
+        chunks = getattr(state, "chunks", None)
+        if chunks is not None:  # every chunk before this block has been yielded and collected
+            start = sum(len(c) for c in chunks)
+            state.spans.append((start, start + len(text)))
+        return text
+
+
 @lru_cache(maxsize=16)
 def compile_template(text: str, trusted: bool = False) -> jinja2.Template:
     """Compile with transformers' settings; ``trusted`` (templates we carry) skips the sandbox's
     per-attribute checks, which cost more than the rendering itself and change no output."""
-    options: dict = {"trim_blocks": True, "lstrip_blocks": True, "extensions": [jinja2.ext.loopcontrols]}
+    options: dict = {
+        "trim_blocks": True,
+        "lstrip_blocks": True,
+        "extensions": [jinja2.ext.loopcontrols, _GenerationTracker],
+    }
     env = jinja2.Environment(**options) if trusted else ImmutableSandboxedEnvironment(**options)
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
@@ -182,3 +221,22 @@ class ChatRenderer:
             add_generation_prompt=add_generation_prompt,
             **self._special_tokens,
         )
+
+    def render_with_generation_spans(
+        self, messages: list[dict[str, Any]], tools: list | None
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """The full render and the character spans of its ``{% generation %}`` blocks."""
+        state = self._template.environment.generation_state  # type: ignore[attr-defined]
+        state.chunks, state.spans = [], []
+        try:
+            for chunk in self._template.generate(
+                messages=messages,
+                tools=tools,
+                documents=None,
+                add_generation_prompt=False,
+                **self._special_tokens,
+            ):
+                state.chunks.append(chunk)
+            return "".join(state.chunks), list(state.spans)
+        finally:
+            state.chunks = state.spans = None

@@ -82,3 +82,28 @@ def test_a_template_that_masks_nothing_is_refused(tmp_path):
         TemplateError, match=r"all 40 rows have an all-zero label mask with template file:.*users_only"
     ):
         rows_of(tmp_path, [chat(n, 1) for n in range(40)], "assistant", str(silent))
+
+
+TULU_WITH_GENERATION = (
+    "{% for message in messages %}{% if message['role'] == 'system' %}{{ '<|system|>\\n' + message['content'] + '\\n' }}"
+    "{% elif message['role'] == 'user' %}{{ '<|user|>\\n' + message['content'] + '\\n' }}"
+    "{% elif message['role'] == 'assistant' %}{{ '<|assistant|>\\n' }}"
+    "{% generation %}{{ message['content'] + eos_token }}{% endgeneration %}"
+    "{% if not loop.last %}{{ '\\n' }}{% endif %}{% endif %}"
+    "{% if loop.last and add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}{% endfor %}"
+)
+
+
+def test_generation_tags_mark_what_the_template_says(tmp_path):
+    """The tulu template with its assistant text inside {% generation %}: the same bytes, and the
+    generation mask equals the reference's assistant mask."""
+    marked = tmp_path / "tulu_generation.jinja"
+    marked.write_text(TULU_WITH_GENERATION)
+    rows = [chat(n, turns) for n, turns in enumerate([1, 3, 2])]
+    reference = rows_of(tmp_path, rows, "assistant", "tulu")
+    tagged = rows_of(tmp_path, rows, "generation_tags", str(marked))
+    for (ta, ma), (tg, mg) in zip(reference, tagged, strict=True):
+        assert np.array_equal(ta, tg)
+        assert np.array_equal(ma, mg)
+    with pytest.raises(TemplateError, match="mask generation_tags needs a template .* tokenize-mixer:tulu"):
+        rows_of(tmp_path, rows, "generation_tags", "tulu")
