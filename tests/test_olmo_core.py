@@ -1,0 +1,113 @@
+"""The consumer reads it: OLMo-core's own dataset configs over our shards yield our tokens, our label
+masks and our documents. OLMo-core (ai2-olmo-core with CPU torch 2.13.0) lives in a virtual environment
+of its own, made once with pip and cached, so the project's environment stays free of torch."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import venv
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flows.tokenize_mixer import tokenize_mixer
+from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from tests.tokenizer_fixtures import cache_dir
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+READER = Path(__file__).parent / "consumers" / "olmo_core_reader.py"
+REQUIREMENTS = ["torch==2.13.0", "ai2-olmo-core==3.0.0"]
+SEQUENCE_LENGTH = 512
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="session")
+def olmo_core_python() -> Path:
+    home = cache_dir() / "olmo-core-venv"
+    python = home / "bin" / "python"
+    marker = home / ("installed-" + "-".join(REQUIREMENTS).replace("=", "") + ".txt")
+    if not marker.exists():
+        venv.EnvBuilder(with_pip=True, clear=True).create(home)
+        done = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", *REQUIREMENTS], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"cannot install {REQUIREMENTS}: {done.stderr[-3000:]}")
+        marker.write_text("ok\n")
+    return python
+
+
+def documents(out: Path, dtype: np.dtype) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    tokens = np.fromfile(out / "token_ids_part_0000.npy", dtype=dtype)
+    mask = np.fromfile(out / "labels_mask_part_0000.npy", dtype=np.bool_).astype(int)
+    with gzip.open(out / "token_ids_part_0000.csv.gz", "rt") as fh:
+        bounds = [tuple(int(x) for x in line.split(",")) for line in fh]
+    return [(tuple(tokens[s:e].tolist()), tuple(mask[s:e].tolist())) for s, e in bounds]
+
+
+def test_olmo_core_reads_our_tokens_masks_and_documents(olmo_core_python, prefect_api, tmp_path):
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "out"
+    mixer = MixerConfig(
+        datasets=[
+            DatasetEntry(path=str(EXAMPLES / "data" / "general.jsonl"), amount=2.0),
+            DatasetEntry(path=str(EXAMPLES / "data" / "arithmetic.jsonl"), amount=0.5),
+        ],
+        tokenizer=TokenizerSpec(name_or_path=str(EXAMPLES / "tokenizer"), chat_template="olmo"),
+        max_seq_length=256,
+        output=OutputSpec(path=str(out)),
+    )
+    report = tokenize_mixer(mixer=mixer, run=RunOptions(work_dir=str(tmp_path / "work")))
+    dtype = np.dtype(report["token_dtype"])
+    tok = AutoTokenizer.from_pretrained(EXAMPLES / "tokenizer")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    done = subprocess.run(
+        [
+            str(olmo_core_python), str(READER), str(out), str(tmp_path / "olmo-work"), str(SEQUENCE_LENGTH),
+            str(len(tok)), str(tok.eos_token_id), str(tok.pad_token_id), dtype.name,
+        ],
+        capture_output=True, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout)
+
+    # Concat-and-chunk: instance i is tokens [i*L, (i+1)*L) of our part, with our mask.
+    tokens = np.fromfile(out / "token_ids_part_0000.npy", dtype=dtype)
+    mask = np.fromfile(out / "labels_mask_part_0000.npy", dtype=np.bool_).astype(int)
+    fsl = seen["fsl"]
+    assert len(fsl) == tokens.shape[0] // SEQUENCE_LENGTH > 0
+    n = len(fsl) * SEQUENCE_LENGTH
+    assert sum((i["input_ids"] for i in fsl), []) == tokens[:n].tolist()
+    assert sum((i["label_mask"] for i in fsl), []) == mask[:n].tolist()
+
+    # Packed (best-fit decreasing, boundaries read from our .csv.gz): every document of ours, whole,
+    # exactly once, with its mask; the rest of each instance is padding with no loss.
+    packed_docs: Counter = Counter()
+    for inst in seen["packed"]:
+        assert len(inst["input_ids"]) == SEQUENCE_LENGTH
+        start = 0
+        for length in inst["doc_lens"]:
+            ids = tuple(inst["input_ids"][start : start + length])
+            labels = tuple(inst["label_mask"][start : start + length])
+            start += length
+            if set(ids) == {tok.pad_token_id} and not any(labels):
+                continue
+            packed_docs[(ids, labels)] += 1
+    ours = documents(out, dtype)
+    assert packed_docs == Counter(ours)
+    assert report["documents"] == len(ours)
+    print(
+        f"OLMo-core: {len(fsl)} FSL instances, {len(seen['packed'])} packed instances, {len(ours)} documents"
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q", "-s"]))
