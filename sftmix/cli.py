@@ -11,6 +11,7 @@ import contextlib
 import logging
 import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from .config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec, load_run_file
@@ -123,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
     dig = sub.add_parser("digest", help="write the digests of an output directory as JSON")
     dig.add_argument("output")
     dig.add_argument("-o", "--out", help="file to write (default: stdout)")
+
+    ins = sub.add_parser("inspect", help="decode a written document with its trainable tokens highlighted")
+    ins.add_argument("output")
+    ins.add_argument("--doc", type=int, help="document index in output order (default: the first)")
+    ins.add_argument("--dataset", help="the first document of this dataset (its path, or file name)")
+    ins.add_argument("--row", type=int, help="with or without --dataset: the document of this source row")
+    ins.add_argument("--plain", action="store_true", help="no colours: trainable text between ⟦ and ⟧")
     return parser
 
 
@@ -238,6 +246,43 @@ def _configure_logging(verbose: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.text import Text
+    from tokenizers import Tokenizer
+
+    from .inspect_output import find_document, load_document, segments
+
+    index = args.doc
+    if index is None:
+        index = (
+            find_document(args.output, args.dataset, args.row) if args.dataset or args.row is not None else 0
+        )
+    doc = load_document(args.output, index)
+    tokenizer_file = Path(args.output) / "tokenizer" / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise ConfigError(f"{tokenizer_file} is missing: cannot decode")
+    tok = Tokenizer.from_file(str(tokenizer_file))
+    parts = segments(doc, lambda ids: tok.decode(ids, skip_special_tokens=False))
+    source = f"dataset {doc.dataset!r}, row {doc.row}" if doc.dataset is not None else "source unknown"
+    header = (
+        f"document {doc.index} (part {doc.part}, tokens {doc.start}-{doc.start + doc.tokens.shape[0]}): "
+        f"{source}; {doc.tokens.shape[0]} tokens, {int(doc.mask.sum())} trainable"
+    )
+    if args.plain:
+        body = "".join(f"⟦{t}⟧" if trainable else t for t, trainable in parts)
+        sys.stdout.write(f"{header}\n{body}\n")
+        return 0
+    console = Console(highlight=False)
+    console.print(header, style="bold")
+    text = Text()
+    for t, trainable in parts:
+        text.append(t, style="bold green" if trainable else "dim")
+    console.print(text)
+    console.print("[bold green]trainable[/] [dim]not trained on[/]")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _configure_logging(args.verbose)
@@ -272,6 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = compare(args.a, args.b)
             sys.stdout.write(result.render() + "\n")
             return 0 if result.matches else 1
+        if args.command == "inspect":
+            return _inspect(args)
         if args.command == "digest":
             from .digest import digests_json
 

@@ -1,0 +1,61 @@
+"""``tokenize-mixer inspect``: a written document decoded, its trainable text marked, found by index,
+dataset or source row."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from flows.tokenize_mixer import tokenize_mixer
+from sftmix.cli import main
+from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+GENERAL = EXAMPLES / "data" / "general.jsonl"
+
+
+@pytest.fixture(scope="module")
+def output(prefect_api, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("inspect")
+    mixer = MixerConfig(
+        datasets=[
+            DatasetEntry(path=str(GENERAL), amount=1.0),
+            DatasetEntry(path=str(EXAMPLES / "data" / "arithmetic.jsonl"), amount=20),
+        ],
+        tokenizer=TokenizerSpec(name_or_path=str(EXAMPLES / "tokenizer"), chat_template="tulu"),
+        max_seq_length=None,
+        output=OutputSpec(path=str(root / "out")),
+    )
+    tokenize_mixer(mixer=mixer, run=RunOptions(work_dir=str(root / "work")))
+    return root / "out"
+
+
+def inspect(capsys, *args: str) -> str:
+    assert main(["inspect", *args, "--plain"]) == 0
+    return capsys.readouterr().out
+
+
+def test_a_source_row_decoded_with_its_assistant_text_marked(output, capsys):
+    rows = [json.loads(line) for line in GENERAL.read_text().splitlines()]
+    shown = inspect(capsys, str(output), "--dataset", "general.jsonl", "--row", "5")
+    header, body = shown.split("\n", 1)
+    assert re.match(r"document \d+ \(part 0, tokens \d+-\d+\): dataset '.*general.jsonl', row 5; ", header)
+    marked = "".join(re.findall(r"⟦(.*?)⟧", body, flags=re.S))
+    for message in rows[5]["messages"]:
+        if message["role"] == "assistant":
+            assert message["content"] in marked
+        else:
+            assert message["content"] in body and message["content"] not in marked
+
+
+def test_by_index_and_clear_errors(output, capsys):
+    first = inspect(capsys, str(output))
+    assert first.startswith("document 0 ")
+    assert inspect(capsys, str(output), "--doc", "3").startswith("document 3 ")
+    assert main(["inspect", str(output), "--doc", "100000"]) == 2
+    assert "there is no document 100000" in capsys.readouterr().err
+    assert main(["inspect", str(output), "--dataset", "nope.jsonl"]) == 2
+    assert "no dataset 'nope.jsonl'" in capsys.readouterr().err
