@@ -26,14 +26,42 @@ mkdir -p "$OUT"
 main() {
     echo "== $(date -u +%FT%TZ) $(uname -srm), $(nproc) CPUs (nproc), repo $PWD"
     echo "== python: $(command -v "$PY") -> $("$PY" -c 'import sys; print(sys.version.split()[0], sys.prefix)')"
-    "$PY" -m pip --version
+    "$PY" -m pip --version || echo "(no pip in $PY)"
     free -g | head -2 || true
     df -h /tmp | tail -1 || true
     echo "== .whl: $(ls .whl/*.whl | wc -l) wheels, $(du -sh .whl | cut -f1); .devdata: $(du -sh .devdata | cut -f1)"
 
     local t0=$SECONDS
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+    if "$PY" -m pip --version >/dev/null 2>&1; then
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+            .whl/*.whl
+    else # no pip here: a wheel is a zip; purelib/platlib go to the top, scripts/headers are skipped
+        echo "== no pip: unpacking the wheels into $SITE with zipfile"
+        "$PY" - "$SITE" .whl/*.whl <<'UNPACK'
+import sys, zipfile
+from pathlib import Path
+site = Path(sys.argv[1])
+for wheel in sys.argv[2:]:
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            parts = info.filename.split("/")
+            if parts[0].endswith(".data"):
+                if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
+                    continue
+                parts = parts[2:]
+            if not info.is_dir():
+                target = site.joinpath(*parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(zf.read(info))
+UNPACK
+    fi
     echo "== installed into $SITE in $((SECONDS - t0)) s"
+    # --no-compile left no bytecode; with PYTHONDONTWRITEBYTECODE set (as it may be), every process of every
+    # run (CLI, temporary API, each worker) would compile prefect & co. from source: ~8 s each, not what a
+    # normal install costs. compileall writes the .pyc files whatever that variable says.
+    t0=$SECONDS
+    "$PY" -m compileall -qq -j 0 "$SITE" sftmix flows tasks bench >/dev/null 2>&1 || true
+    echo "== byte-compiled $SITE and the repo's packages in $((SECONDS - t0)) s (PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-unset})"
     export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
     export PYTHONUNBUFFERED=1
 
@@ -56,11 +84,13 @@ for name in mods:
 EOF
     "$PY" -c 'import prefect, datasets, pydantic, sftmix, flows, tasks, transformers, tokenizers, psutil'
     echo "== requirements of the carried packages, as this sys.path sees them (informational)"
+    echo "   (apprise is left out of .whl on purpose: prefect imports it only to send notifications)"
     "$PY" bench/check_deps.py prefect datasets pydantic huggingface-hub transformers || true
     "$PY" -m sftmix.cli --help >/dev/null && echo "== python -m sftmix.cli: ok"
 
     echo "== $(date -u +%T) scaling: workers $WORKERS"
-    "$PY" bench/scaling.py --data "$DATA" --tokenizer "$TOKENIZER" --workers "$WORKERS" --out "$OUT" "$@"
+    "$PY" bench/scaling.py --data "$DATA" --tokenizer "$TOKENIZER" --workers "$WORKERS" --out "$OUT" \
+        --timeout 300 "$@"
     echo "== $(date -u +%T) done in $SECONDS s"
 }
 

@@ -6,9 +6,13 @@
 For each worker count: one config (template olmo, max length 4096, amount 1.0, runner process, a fresh
 work directory and output directory), run as ``python -m sftmix.cli run CONFIG`` in a subprocess, with
 the wall time and the peak summed RSS of the whole process tree (CLI, temporary Prefect API, workers)
-measured from outside. Every run must produce the same digests. Prints a table and writes it, with the
-raw run reports, to ``OUT/scaling.json``. Needs only the project's own dependencies plus psutil; works
-offline (no Prefect server: the CLI starts a temporary local API; PREFECT_HOME is a temporary folder).
+measured from outside, plus the CPU seconds of that tree. ``--workers 16:1048576`` runs 16 workers with
+``slice_bytes`` 1 MiB (more, smaller slices). An untimed warm-up run on a few rows goes first (bytecode,
+the temporary API's database migration, page cache). Every run must produce the same digests (exit 1
+otherwise). Prints a table and writes it, with the raw run reports, to ``OUT/scaling.json`` (rewritten
+after every run, so a cut-off keeps what finished). Needs only the project's own dependencies plus
+psutil; works offline (no Prefect server: the CLI starts a temporary local API; PREFECT_HOME is a
+temporary folder; Hugging Face offline).
 """
 
 from __future__ import annotations
@@ -201,6 +205,7 @@ def run_once(
 ) -> dict:
     cmd = [sys.executable, "-m", "sftmix.cli", "run", str(config)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load_before = os.getloadavg()  # other load on the machine skews the timings: recorded
     with open(log_path, "w", encoding="utf-8") as log:
         t = time.perf_counter()
         proc = subprocess.Popen(
@@ -218,7 +223,15 @@ def run_once(
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # every reaped descendant: CLI, API, workers
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     text = log_path.read_text(encoding="utf-8", errors="replace")
-    result: dict = {"label": label, "returncode": rc, "wall": wall, "peak_rss": peak, "cpu_seconds": cpu}
+    result: dict = {
+        "label": label,
+        "returncode": rc,
+        "wall": wall,
+        "peak_rss": peak,
+        "cpu_seconds": cpu,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+    }
     match = RUNNER_LINE.search(text)
     if match:
         result["slices"], result["effective_workers"] = int(match[1]), int(match[2])
