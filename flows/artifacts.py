@@ -5,6 +5,8 @@ from __future__ import annotations
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from sftmix.report import RunReport
+from sftmix.report_page import collect, markdown
+from sftmix.storage import is_remote
 
 
 def dataset_table(report: RunReport, statistics: dict) -> list[dict]:
@@ -65,3 +67,9 @@ def publish_artifacts(report: RunReport, statistics: dict) -> None:
     create_markdown_artifact(
         markdown=report_markdown(report), key="tokenize-mixer-report", description="Run report"
     )
+    if not is_remote(report.output_dir):  # the same numbers as `tokenize-mixer report`, from the shards
+        create_markdown_artifact(
+            markdown=markdown(collect(report.output_dir), image=None),
+            key="tokenize-mixer-data-report",
+            description="Lengths, trainable fraction and dataset shares (tokenize-mixer report OUTPUT draws them)",
+        )

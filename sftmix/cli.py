@@ -131,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--dataset", help="the first document of this dataset (its path, or file name)")
     ins.add_argument("--row", type=int, help="with or without --dataset: the document of this source row")
     ins.add_argument("--plain", action="store_true", help="no colours: trainable text between ⟦ and ⟧")
+
+    rep = sub.add_parser(
+        "report", help="write report.png and report.md: lengths, trainable %%, dataset shares"
+    )
+    rep.add_argument("output")
+    rep.add_argument("-o", "--out", help="directory for the report (default: the output directory)")
     return parser
 
 
@@ -319,6 +325,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0 if result.matches else 1
         if args.command == "inspect":
             return _inspect(args)
+        if args.command == "report":
+            from .report_page import write_report
+
+            png, md = write_report(args.output, args.out)
+            sys.stdout.write(f"wrote {png} and {md}\n")
+            return 0
         if args.command == "digest":
             from .digest import digests_json
 

@@ -27,7 +27,7 @@ DIGESTS_FORMAT = "tokenize-mixer-digests/1"
 RUN_REPORT = "run_report.json"
 #: Written last when publishing to an object store: the output is complete exactly when it exists.
 OUTPUT_MANIFEST = "tokenize_mixer_manifest.json"
-SKIPPED = {STATS_TXT, RUN_REPORT, OUTPUT_MANIFEST, "tokenizer"}
+SKIPPED = {STATS_TXT, RUN_REPORT, OUTPUT_MANIFEST, "tokenizer", "report.png", "report.md"}
 
 
 def artifact_digest(path: Path) -> str:

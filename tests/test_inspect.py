@@ -59,3 +59,17 @@ def test_by_index_and_clear_errors(output, capsys):
     assert "there is no document 100000" in capsys.readouterr().err
     assert main(["inspect", str(output), "--dataset", "nope.jsonl"]) == 2
     assert "no dataset 'nope.jsonl'" in capsys.readouterr().err
+
+
+def test_report_draws_lengths_trainable_fraction_and_shares(output, tmp_path, capsys):
+    from PIL import Image
+
+    assert main(["report", str(output), "-o", str(tmp_path)]) == 0
+    png, md = tmp_path / "report.png", tmp_path / "report.md"
+    with Image.open(png) as image:
+        assert image.size[0] > 1000 and image.size[1] > 400
+    text = md.read_text()
+    assert "![token lengths" in text
+    for name in ("general.jsonl", "arithmetic.jsonl"):
+        assert re.search(rf"\| [^|]*{name} \| \d+ \| [\d,]+ \| [\d.]+ \| [\d.]+ \| ", text), text
+    assert main(["report", str(tmp_path / "nothing")]) == 2

@@ -1,0 +1,144 @@
+"""A picture of an output: token-length histograms per dataset, trainable fraction, each dataset's share.
+
+Everything comes from the written output (``dataset_statistics.json``, parts, ``.csv.gz`` boundaries)
+plus, to split document lengths by dataset, the run's document map (``run_report.json`` points to it).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .digest import RUN_REPORT
+from .errors import ConfigError
+from .olmo_format import BOUNDS_PART, MASK_PART, STATS_JSON
+
+REPORT_PNG = "report.png"
+REPORT_MD = "report.md"
+
+
+@dataclass
+class DatasetView:
+    name: str
+    documents: int
+    tokens: int
+    trainable: int
+    upsampling: float
+    share: float  # of all tokens, percent
+    lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+
+def _documents(out: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Every document's length and trainable-token count, in output order."""
+    lengths, trainable = [], []
+    part = 0
+    while (out / BOUNDS_PART.format(part)).exists():
+        with gzip.open(out / BOUNDS_PART.format(part), "rt") as fh:
+            bounds = np.array([[int(x) for x in line.split(",")] for line in fh], dtype=np.int64).reshape(
+                -1, 2
+            )
+        mask = np.memmap(out / MASK_PART.format(part), dtype=np.bool_, mode="r")
+        if bounds.shape[0]:
+            lengths.append(bounds[:, 1] - bounds[:, 0])
+            trainable.append(np.add.reduceat(np.asarray(mask, dtype=np.int64), bounds[:, 0]))
+        part += 1
+    if not lengths:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(lengths), np.concatenate(trainable)
+
+
+def collect(output: str | Path) -> list[DatasetView]:
+    out = Path(output)
+    try:
+        stats = json.loads((out / STATS_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{out} has no readable {STATS_JSON}: {exc}") from None
+    per = stats.get("per_dataset_statistics", [])
+    views = [
+        DatasetView(
+            name=d["dataset_name"],
+            documents=int(d["final_instances_in_output"]),
+            tokens=int(d["final_tokens_in_output"]),
+            trainable=int(d["final_trainable_tokens_in_output"]),
+            upsampling=float(d.get("upsampling_factor") or 1.0),
+            share=float(d.get("percentage_of_total_tokens") or 0.0),
+        )
+        for d in per
+    ]
+    lengths, _ = _documents(out)
+    try:
+        report = json.loads((out / RUN_REPORT).read_text(encoding="utf-8"))
+        docmap = np.load(report["documents_file"], mmap_mode="r")
+        names = list(report["datasets"])
+        if docmap.shape[0] != lengths.shape[0]:
+            raise ValueError("document map does not match")
+        by_name = {v.name: v for v in views}
+        for k, name in enumerate(names):
+            if name in by_name:
+                by_name[name].lengths = lengths[np.asarray(docmap["dataset"]) == k]
+    except (OSError, KeyError, ValueError, TypeError):
+        if len(views) == 1:
+            views[0].lengths = lengths
+    return views
+
+
+def write_png(views: list[DatasetView], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), dpi=110)
+    hist, frac, share = axes
+    top = max((int(v.lengths.max()) for v in views if v.lengths.size), default=1)
+    bins = np.linspace(0, top, 41)
+    for v in views:
+        if v.lengths.size:
+            hist.hist(v.lengths, bins=bins, histtype="step", linewidth=1.6, label=Path(v.name).name)
+    hist.set(title="Document length (tokens)", xlabel="tokens", ylabel="documents")
+    hist.legend(fontsize=8)
+    labels = [Path(v.name).name for v in views]
+    frac.barh(labels, [100 * v.trainable / max(v.tokens, 1) for v in views], color="#2a9d8f")
+    frac.set(title="Trainable tokens (%)", xlim=(0, 100))
+    share.barh(labels, [v.share for v in views], color="#e76f51")
+    for y, v in enumerate(views):
+        share.text(v.share, y, f" {v.share:.1f}% (x{v.upsampling:.3g})", va="center", fontsize=8)
+    share.set(title="Share of all tokens (%), upsampling", xlim=(0, 115))
+    for ax in (frac, share):
+        ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def markdown(views: list[DatasetView], image: str | None = REPORT_PNG) -> str:
+    lines = ["# tokenize-mixer output report", ""]
+    if image:
+        lines += [f"![token lengths, trainable fraction, dataset shares]({image})", ""]
+    lines += [
+        "| dataset | documents | tokens | trainable % | share of tokens % | upsampling | median length | p95 length |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for v in views:
+        med = f"{np.median(v.lengths):,.0f}" if v.lengths.size else "-"
+        p95 = f"{np.percentile(v.lengths, 95):,.0f}" if v.lengths.size else "-"
+        lines.append(
+            f"| {v.name} | {v.documents:,} | {v.tokens:,} | {100 * v.trainable / max(v.tokens, 1):.1f} | "
+            f"{v.share:.1f} | {v.upsampling:.3g} | {med} | {p95} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_report(output: str | Path, target: str | Path | None = None) -> tuple[Path, Path]:
+    """Write ``report.png`` and ``report.md`` into ``target`` (default: the output directory)."""
+    views = collect(output)
+    where = Path(target or output)
+    where.mkdir(parents=True, exist_ok=True)
+    png, md = where / REPORT_PNG, where / REPORT_MD
+    write_png(views, png)
+    md.write_text(markdown(views), encoding="utf-8")
+    return png, md
