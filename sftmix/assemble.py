@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ChecksumError, DatasetError
+from .hf_output import remove_olmo_parts, write_hf_parquet
 from .labels import DROP_REASONS, RowStatus
 from .olmo_format import PartSet, dataset_statistics, part_tokens, write_boundaries, write_statistics
 from .plan import Plan
@@ -157,6 +158,11 @@ def _assemble(
     write_boundaries(staging, starts, ends, per_part, n_parts)
 
     stats = _statistics(plan, order, docs, tallies, total)
+    output = plan.mixer.output
+    if output.format == "hf_parquet":
+        pack_to = plan.mixer.max_seq_length if output.packing != "none" else None
+        stats["hf_output"] = write_hf_parquet(staging, starts, lengths, dtype, per_part, pack_to)
+        remove_olmo_parts(staging)
     write_statistics(staging, stats)
     _save_tokenizer(plan, staging / "tokenizer")
 

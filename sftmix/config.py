@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 from .selection import Amount, parse_amount
@@ -94,6 +94,22 @@ class OutputSpec(BaseModel):
     overwrite: bool = Field(
         default=False, description="Replace an output directory that already holds different shards."
     )
+    format: Literal["olmo", "hf_parquet"] = Field(
+        default="olmo",
+        description="'olmo': OLMo-core token/label parts (the reference's layout); 'hf_parquet': data/*.parquet "
+        "with input_ids, labels (-100 = no loss) and attention_mask, for TRL and transformers' Trainer.",
+    )
+    packing: Literal["none", "best_fit_decreasing"] = Field(
+        default="none",
+        description="hf_parquet only: pack documents into max_seq_length sequences (best-fit decreasing), "
+        "with position_ids restarting at each document. OLMo-core packs by itself (NumpyPackedFSLDatasetConfig).",
+    )
+
+    @model_validator(mode="after")
+    def _packing_needs_hf(self) -> OutputSpec:
+        if self.packing != "none" and self.format != "hf_parquet":
+            raise ValueError("packing applies to format hf_parquet; OLMo-core packs the olmo format itself")
+        return self
 
 
 class MixerConfig(BaseModel):
@@ -122,6 +138,12 @@ class MixerConfig(BaseModel):
         "('error'), or is skipped and counted with its reason in the run report ('skip').",
     )
     output: OutputSpec
+
+    @model_validator(mode="after")
+    def _packing_needs_a_length(self) -> MixerConfig:
+        if self.output.packing != "none" and self.max_seq_length is None:
+            raise ValueError("output.packing needs max_seq_length (the length of the packed sequences)")
+        return self
 
 
 class RunOptions(BaseModel):

@@ -56,11 +56,11 @@ def output_digests(directory: str | Path) -> dict[str, str]:
     root = Path(directory)
     if not root.is_dir():
         raise ConfigError(f"{root} is not a directory")
-    return {
-        p.name: artifact_digest(p)
-        for p in sorted(root.iterdir())
-        if counts_in_digests(p.name) and p.is_file()
-    }
+    files = [p for p in sorted(root.iterdir()) if counts_in_digests(p.name) and p.is_file()]
+    data = root / "data"  # the hf_parquet layout keeps its shards one level down
+    if data.is_dir():
+        files += [p for p in sorted(data.iterdir()) if counts_in_digests(p.name) and p.is_file()]
+    return {p.relative_to(root).as_posix(): artifact_digest(p) for p in files}
 
 
 def remote_output_digests(url: str) -> dict[str, str]:
@@ -77,7 +77,7 @@ def remote_output_digests(url: str) -> dict[str, str]:
     fs = remote_fs(url)
     digests = {}
     for name in sorted(manifest["files"]):
-        if not counts_in_digests(name) or "/" in name:
+        if not counts_in_digests(name.rsplit("/", 1)[-1]) or ("/" in name and not name.startswith("data/")):
             continue
         try:
             digests[name] = stream_digest(name, lambda n=name: fs.open(join_url(url, n), "rb"))
