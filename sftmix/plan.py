@@ -20,7 +20,7 @@ from .errors import DatasetError, TemplateError
 from .formats import MESSAGES_KEY, detect_format
 from .selection import selected_source_rows, small_count_warning, target_rows
 from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext
-from .sources import describe, rows_fingerprint
+from .sources import arrow_cache_files, describe, rows_fingerprint
 from .storage import atomic_write_bytes, is_remote, storage_errors
 from .templates import has_generation_tags, resolve_template
 from .tokenizer import (
@@ -28,6 +28,7 @@ from .tokenizer import (
     choose_token_dtype,
     load_hf_tokenizer,
     own_chat_template,
+    save_worker_tokenizer,
     tokenizer_fingerprint,
 )
 
@@ -163,6 +164,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
     ctx = TokenizeContext(
         tokenizer=tk.name_or_path,
         tokenizer_revision=tk.revision,
+        tokenizer_file=save_worker_tokenizer(tk, work_dir / "tokenizers", tok_fp),
         template_text=template.text,
         max_seq_length=mixer.max_seq_length,
         token_dtype=dtype.name,
@@ -193,6 +195,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
             row_format, messages_key = detect_format(info.columns, entry.messages_key, entry.format)
         except ValueError as exc:
             raise DatasetError(entry.path, str(exc)) from None
+        arrow_files = arrow_cache_files(entry.path, entry.split, entry.revision, str(datasets_cache))
         target = target_rows(entry.amount, info.n_rows)
         if target == 0:
             raise DatasetError(entry.path, f"amount {entry.amount} of {info.n_rows} rows selects no rows")
@@ -228,6 +231,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
                     revision=entry.revision,
                     row_format=row_format,
                     messages_key=messages_key,
+                    arrow_files=arrow_files,
                     row_start=start,
                     row_end=end,
                     rows=subset,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -42,6 +43,7 @@ from .tokenizer import (
     TokenizerKey,
     check_ids_fit,
     load_hf_tokenizer,
+    load_worker_tokenizer,
     rust_tokenizer,
     segment_boundaries,
     special_tokens,
@@ -67,6 +69,7 @@ class TokenizeContext(BaseModel):
 
     tokenizer: str
     tokenizer_revision: str | None = None
+    tokenizer_file: str | None = None
     template_text: str
     max_seq_length: int | None
     token_dtype: str
@@ -90,6 +93,9 @@ class SliceSpec(BaseModel):
     revision: str | None = None
     row_format: str = "messages"
     messages_key: str = "messages"
+    arrow_files: list[str] | None = Field(
+        default=None, description="The dataset's Arrow cache files, when they hold exactly its rows."
+    )
     row_start: int
     row_end: int
     rows: list[int] | None = Field(default=None, description="Selected rows; None = every row in the range.")
@@ -228,10 +234,14 @@ def _save_npy(path: Path, array: np.ndarray) -> FileDigest:
 
 
 def _masker(ctx: TokenizeContext) -> LabelMasker:
-    key = TokenizerKey.of(ctx.tokenizer, ctx.tokenizer_revision)
-    hf = load_hf_tokenizer(key)
-    rust = rust_tokenizer(key)
-    renderer = ChatRenderer(ctx.template_text, special_tokens(hf))
+    if ctx.tokenizer_file and os.path.isfile(ctx.tokenizer_file):
+        loaded = load_worker_tokenizer(ctx.tokenizer_file)
+        rust, specials, boundaries = loaded.rust, loaded.special_tokens, loaded.boundaries
+    else:  # e.g. another machine of a remote work directory: load it as the plan did
+        key = TokenizerKey.of(ctx.tokenizer, ctx.tokenizer_revision)
+        rust, boundaries = rust_tokenizer(key), segment_boundaries(key)
+        specials = special_tokens(load_hf_tokenizer(key))
+    renderer = ChatRenderer(ctx.template_text, specials)
     return LabelMasker(
         renderer=renderer,
         encode_batch=lambda texts: rust.encode_batch(texts, add_special_tokens=False),
@@ -239,7 +249,7 @@ def _masker(ctx: TokenizeContext) -> LabelMasker:
             ids, skip_special_tokens=False
         ),  # what hf.decode does for fast tokenizers
         max_seq_length=ctx.max_seq_length,
-        boundaries=segment_boundaries(key),
+        boundaries=boundaries,
         mode=ctx.mask,
     )
 
@@ -293,7 +303,9 @@ def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
     for b in range(0, len(rows), ctx.batch_size):
         batch_rows = rows[b : b + ctx.batch_size]
         try:
-            raw = read_rows(spec.dataset, spec.split, spec.revision, ctx.datasets_cache, batch_rows)
+            raw = read_rows(
+                spec.dataset, spec.split, spec.revision, ctx.datasets_cache, batch_rows, spec.arrow_files
+            )
         except MixerError:
             raise
         except Exception as exc:  # Arrow/datasets failures while reading, named with the rows

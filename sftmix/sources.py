@@ -189,10 +189,51 @@ def rows_fingerprint(
     return hashlib.sha256(sink.getvalue()).hexdigest()
 
 
+def arrow_cache_files(path: str, split: str, revision: str | None, cache_dir: str) -> list[str] | None:
+    """The Arrow files that hold exactly this split's rows in order, for workers to memory-map without
+    importing ``datasets``; ``None`` when the rows are a view (a sliced split, an index mapping)."""
+    import pyarrow as pa
+
+    from datasets.features.features import require_decoding
+
+    ds = open_dataset(path, split, revision, cache_dir)
+    if "[" in split or ds._indices is not None or not ds.cache_files:
+        return None
+    if any(require_decoding(f) for f in ds.features.values()):  # e.g. a Json column of mixed types
+        return None
+    files = [f["filename"] for f in ds.cache_files]
+    try:
+        n = sum(pa.ipc.open_stream(pa.memory_map(f)).read_all().num_rows for f in files)
+    except (OSError, pa.ArrowInvalid):
+        return None
+    return files if n == len(ds) and ds.data.num_rows == n else None
+
+
+@lru_cache(maxsize=8)
+def _arrow_table(files: tuple[str, ...]) -> Any:
+    import pyarrow as pa
+
+    tables = [pa.ipc.open_stream(pa.memory_map(f)).read_all() for f in files]
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+
 def read_rows(
-    path: str, split: str, revision: str | None, cache_dir: str, rows: list[int]
+    path: str,
+    split: str,
+    revision: str | None,
+    cache_dir: str,
+    rows: list[int],
+    arrow_files: list[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows by index, in the order given (contiguous ranges read as one slice of the Arrow table)."""
+    """Rows by index, in the order given (contiguous ranges read as one slice of the Arrow table).
+
+    With ``arrow_files`` (from :func:`arrow_cache_files`) the rows come straight from the memory-mapped
+    cache, as the same Python objects ``datasets`` builds from it (its python format is ``to_pylist``)."""
+    if arrow_files and all(os.path.isfile(f) for f in arrow_files):
+        table = _arrow_table(tuple(arrow_files))
+        if rows and rows[-1] - rows[0] + 1 == len(rows):
+            return table.slice(rows[0], len(rows)).to_pylist()
+        return table.take(rows).to_pylist()
     ds = open_dataset(path, split, revision, cache_dir)
     if rows and rows[-1] - rows[0] + 1 == len(rows):
         sub = ds.select(range(rows[0], rows[-1] + 1))

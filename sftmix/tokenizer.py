@@ -110,9 +110,12 @@ def _adds_prefix_space(node: Any) -> bool:
 
 @lru_cache(maxsize=4)
 def segment_boundaries(key: TokenizerKey) -> SegmentBoundaries | None:
+    return boundaries_of(rust_tokenizer(key))
+
+
+def boundaries_of(rust: Any) -> SegmentBoundaries | None:
     """Added tokens after which tokenization restarts, or ``None`` when this tokenizer's segments are not
     independent (a normalizer, or a pre-tokenizer that adds a prefix space)."""
-    rust = rust_tokenizer(key)
     config = json.loads(rust.to_str())
     if config.get("normalizer") is not None or _adds_prefix_space(config.get("pre_tokenizer")):
         return None
@@ -125,6 +128,40 @@ def segment_boundaries(key: TokenizerKey) -> SegmentBoundaries | None:
         contents=tuple(sorted({t.content for t in safe.values()})),
         longest=max(len(t.content) for t in added.values()),
     )
+
+
+@dataclass(frozen=True)
+class WorkerTokenizer:
+    """All a slice worker needs from the tokenizer, without importing transformers (seconds of start-up
+    and hundreds of MB per worker): the exact Rust tokenizer the plan loaded and the special tokens."""
+
+    rust: Any
+    special_tokens: dict[str, str]
+    boundaries: SegmentBoundaries | None
+
+
+def save_worker_tokenizer(key: TokenizerKey, directory: str | os.PathLike[str], fingerprint: str) -> str:
+    """Write (once) what :func:`load_worker_tokenizer` reads; returns its path."""
+    from .storage import atomic_write_bytes
+
+    path = os.path.join(directory, f"{fingerprint}.json")
+    if not os.path.isfile(path):
+        tok = load_hf_tokenizer(key)
+        data = {"backend": rust_tokenizer(key).to_str(), "special_tokens": special_tokens(tok)}
+        atomic_write_bytes(path, json.dumps(data).encode("utf-8"))
+    return path
+
+
+@lru_cache(maxsize=4)
+def load_worker_tokenizer(path: str) -> WorkerTokenizer:
+    from tokenizers import Tokenizer
+
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    rust = Tokenizer.from_str(data["backend"])
+    rust.no_truncation()
+    rust.no_padding()
+    return WorkerTokenizer(rust, dict(data["special_tokens"]), boundaries_of(rust))
 
 
 def tokenizer_fingerprint(key: TokenizerKey) -> str:

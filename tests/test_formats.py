@@ -123,3 +123,38 @@ def test_a_directory_laid_out_as_on_the_hub(tmp_path, expected):
     assert same(got, expected)
     with pytest.raises(DatasetError, match="cannot load split 'validation'"):
         tokenize(tmp_path / "h2", DatasetEntry(path=str(repo), split="validation"))
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(
+        str(p)
+        for p in (Path(__file__).parent / "golden" / "data").iterdir()
+        if p.suffix in {".jsonl", ".parquet"}
+    )
+    + sorted(str(p) for p in (Path(__file__).parent.parent / "examples" / "data").glob("*.jsonl")),
+)
+def test_workers_read_the_rows_datasets_would_give(tmp_path, path):
+    """Workers read rows straight from the memory-mapped Arrow cache (no ``datasets`` import): the same
+    Python objects as ``datasets`` gives, in any order asked."""
+    from sftmix.sources import arrow_cache_files, open_dataset, read_rows
+
+    cache = str(tmp_path / "cache")
+    files = arrow_cache_files(path, "train", None, cache)
+    assert files, "plain JSON/parquet data should take the fast path"
+    n = len(open_dataset(path, "train", None, cache))
+    every = list(range(n))
+    picked = every[::3][::-1]
+    assert read_rows(path, "train", None, cache, every, files) == read_rows(path, "train", None, cache, every)
+    assert read_rows(path, "train", None, cache, picked, files) == read_rows(
+        path, "train", None, cache, picked
+    )
+
+
+def test_columns_datasets_decodes_keep_the_datasets_path(tmp_path):
+    from sftmix.sources import arrow_cache_files
+
+    path = write_jsonl(
+        tmp_path / "mixed.jsonl", [{"messages": [{"role": "user", "content": "x"}]}, {"messages": {"a": 1}}]
+    )
+    assert arrow_cache_files(path, "train", None, str(tmp_path / "cache")) is None
