@@ -14,7 +14,6 @@ plus the multi-turn linearity check (40-turn vs 2-turn chats of the same size) a
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -22,47 +21,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
-
-import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.data import dolma2_dir, llama3_dir, sharegpt_chats, write_jsonl  # noqa: E402
+from bench.memory import PeakMemory  # noqa: E402
 from sftmix.parallel import available_cpus  # noqa: E402
-
-
-class PeakMemory:
-    """Peak of the summed RSS of a process and all its descendants, sampled every 50 ms."""
-
-    def __init__(self, pid: int) -> None:
-        self.root = psutil.Process(pid)
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                procs = [self.root, *self.root.children(recursive=True)]
-                total = 0
-                for p in procs:
-                    with contextlib.suppress(psutil.Error):
-                        total += p.memory_info().rss
-                self.peak = max(self.peak, total)
-            except psutil.Error:
-                pass
-            time.sleep(0.05)
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return self.peak
-
 
 # ---- worker functions (module level: spawn-picklable) ----------------------------------------------
 

@@ -32,7 +32,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -41,6 +40,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.memory import PeakMemory  # noqa: E402
 from sftmix.parallel import available_cpus  # noqa: E402
 
 PACKAGES = (
@@ -59,36 +59,6 @@ PACKAGES = (
     "psutil",
 )
 RUNNER_LINE = re.compile(r"(\d+) slices on (\d+) worker\(s\) \((\w+)\)")
-
-
-class PeakMemory:
-    """Peak of the summed RSS of a process and all its descendants, sampled every 50 ms
-    (as in bench/run.py, copied: importing bench.run pulls in bench.data and the test fixtures)."""
-
-    def __init__(self, pid: int) -> None:
-        self.root = psutil.Process(pid)
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                procs = [self.root, *self.root.children(recursive=True)]
-                total = 0
-                for p in procs:
-                    with contextlib.suppress(psutil.Error):
-                        total += p.memory_info().rss
-                self.peak = max(self.peak, total)
-            except psutil.Error:
-                pass
-            time.sleep(0.05)
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return self.peak
 
 
 def versions() -> dict[str, str | None]:
