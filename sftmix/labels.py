@@ -224,8 +224,7 @@ class LabelMasker:
         for i, enc in enumerate(self.encode_batch(rendered)):
             ids = np.asarray(enc.ids, dtype=np.int64)[: self.max_len]
             if self.mode == "generation_tags":
-                offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)[: self.max_len]
-                mask = _overlap_mask(offsets, spans[i])
+                mask = _generation_mask(enc, spans[i])[: ids.shape[0]]
             else:
                 mask = np.ones(ids.shape[0], dtype=np.uint8)
             status = RowStatus.KEPT if mask.any() else RowStatus.NO_TRAINABLE
@@ -330,6 +329,17 @@ class LabelMasker:
                 if later_content and later_content in tail:
                     return f"span of message {idx} runs into message {later}"
         return None
+
+
+def _generation_mask(enc, spans: list[tuple[int, int]]) -> np.ndarray:
+    """transformers' ``return_assistant_tokens_mask`` rule (5.x): every token whose offsets overlap a
+    ``{% generation %}`` block, zero-width tokens inside a block included (unlike the reference's
+    assistant rule, which leaves those out)."""
+    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+    mask = np.zeros(offsets.shape[0], dtype=bool)
+    for start, end in spans:
+        mask |= (offsets[:, 0] < end) & (offsets[:, 1] > start)
+    return mask.astype(np.uint8)
 
 
 def _overlap_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:

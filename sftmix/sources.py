@@ -193,7 +193,6 @@ def arrow_cache_files(path: str, split: str, revision: str | None, cache_dir: st
     """The Arrow files that hold exactly this split's rows in order, for workers to memory-map without
     importing ``datasets``; ``None`` when the rows are a view (a sliced split, an index mapping)."""
     import pyarrow as pa
-
     from datasets.features.features import require_decoding
 
     ds = open_dataset(path, split, revision, cache_dir)

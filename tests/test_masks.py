@@ -107,3 +107,27 @@ def test_generation_tags_mark_what_the_template_says(tmp_path):
         assert np.array_equal(ma, mg)
     with pytest.raises(TemplateError, match="mask generation_tags needs a template .* tokenize-mixer:tulu"):
         rows_of(tmp_path, rows, "generation_tags", "tulu")
+
+
+def test_generation_mask_is_transformers_return_assistant_tokens_mask(tmp_path):
+    """The same mask transformers computes for a {% generation %} template, row by row."""
+    from transformers import AutoTokenizer
+
+    rows = [chat(n, turns) for n, turns in enumerate([1, 3, 2, 4])]
+    rows.append(
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "  spaced  out  "}]}
+    )
+    marked = tmp_path / "tulu_generation.jinja"
+    marked.write_text(TULU_WITH_GENERATION)
+    ours = rows_of(tmp_path, rows, "generation_tags", str(marked))
+    tok = AutoTokenizer.from_pretrained(TINY)
+    theirs = []
+    for row in rows:
+        out = tok.apply_chat_template(
+            row["messages"], chat_template=TULU_WITH_GENERATION, tokenize=True, return_dict=True,
+            return_assistant_tokens_mask=True,
+        )  # fmt: skip
+        if any(out["assistant_masks"]):  # a row with nothing to learn is dropped (and counted) by us
+            theirs.append((list(out["input_ids"]), list(out["assistant_masks"])))
+    assert [(ids.tolist(), mask.tolist()) for ids, mask in ours] == theirs
+    assert len(theirs) >= len(rows) - 1
