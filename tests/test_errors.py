@@ -10,7 +10,14 @@ import pytest
 
 from sftmix.cli import main
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec, load_run_file
-from sftmix.errors import BadRowError, ConfigError, DatasetError, OutputConflictError, TemplateError
+from sftmix.errors import (
+    BadRowError,
+    ConfigError,
+    DatasetError,
+    OutputConflictError,
+    TemplateError,
+    TokenDtypeError,
+)
 from sftmix.plan import build_plan
 from sftmix.publish import new_staging_dir, publish_local
 from sftmix.slices import tokenize_slice
@@ -245,3 +252,37 @@ def test_rows_without_trainable_text_are_counted_drops(tmp_path):
     manifest = tokenize_slice(plan.slices[0], plan.context)
     assert (manifest.kept, manifest.dropped) == (2, {"no_trainable_tokens": 1})
     assert [e["row"] for e in manifest.drop_examples] == [1]
+
+
+def test_token_ids_that_do_not_fit_the_dtype_fail_loudly(tmp_path):
+    """The reference picks the dtype from vocab_size and would wrap an id that does not fit; we name the
+    dataset and row, and token_dtype_rule: largest_id fixes it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["[UNK]", "[EOS]", "user", "assistant", ":", "hi", "hello", "far"]
+    vocab = {w: i for i, w in enumerate(words)}
+    vocab["far"] = 70_000  # 8 entries (vocab_size 8 -> uint8), one id far beyond any small dtype
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    tok.save(str(tok_dir / "tokenizer.json"))
+    (tok_dir / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "[EOS]", "unk_token": "[UNK]"})
+    )
+    template = tmp_path / "plain.jinja"
+    template.write_text(
+        "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + ' [EOS] ' }}{% endfor %}"
+    )
+    far = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello far"}]}
+    data = write_jsonl(tmp_path / "d.jsonl", [GOOD, far])
+    m = mixer(tmp_path, (data, 1.0), template=str(template), tokenizer=tok_dir)
+    plan = build_plan(m, RunOptions(work_dir=str(tmp_path / "w1")))
+    with pytest.raises(
+        TokenDtypeError, match=r"d\.jsonl', row 1: token id 70000 does not fit uint8.*largest_id"
+    ):
+        tokenize_slice(plan.slices[0], plan.context)
+    fixed = m.model_copy(update={"output": m.output.model_copy(update={"token_dtype_rule": "largest_id"})})
+    plan = build_plan(fixed, RunOptions(work_dir=str(tmp_path / "w2")))
+    assert plan.context.token_dtype == "uint32"
+    assert tokenize_slice(plan.slices[0], plan.context).kept == 2
