@@ -52,6 +52,11 @@ def counts_in_digests(name: str) -> bool:
     return name not in SKIPPED and not is_temp(name) and not name.startswith(".")
 
 
+def is_shard(name: str) -> bool:
+    """Whether an output-relative path is part of the digests (reports and the tokenizer copy are not)."""
+    return counts_in_digests(name.rsplit("/", 1)[-1]) and ("/" not in name or name.startswith("data/"))
+
+
 def output_digests(directory: str | Path) -> dict[str, str]:
     root = Path(directory)
     if not root.is_dir():
@@ -77,7 +82,7 @@ def remote_output_digests(url: str) -> dict[str, str]:
     fs = remote_fs(url)
     digests = {}
     for name in sorted(manifest["files"]):
-        if not counts_in_digests(name.rsplit("/", 1)[-1]) or ("/" in name and not name.startswith("data/")):
+        if not is_shard(name):
             continue
         try:
             digests[name] = stream_digest(name, lambda n=name: fs.open(join_url(url, n), "rb"))

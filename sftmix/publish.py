@@ -11,7 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .digest import OUTPUT_MANIFEST, RUN_REPORT, output_digests
+from .digest import OUTPUT_MANIFEST, RUN_REPORT, is_shard, output_digests
 from .errors import ConfigError, OutputConflictError
 from .storage import (
     TMP_MARK,
@@ -198,8 +198,6 @@ def publish_remote(staging: Path, url: str, overwrite: bool) -> str:
     existing = {}
     if fs.exists(url):
         existing = {_relative(url, p): info for p, info in fs.find(url, detail=True).items()}
-    if status == "overwritten" or OUTPUT_MANIFEST in existing:
-        fs.rm_file(join_url(url, OUTPUT_MANIFEST))  # from here on readers see no complete output
     entries = {}
     todo_local, todo_remote = [], []
     for name, path in files.items():
@@ -209,9 +207,13 @@ def publish_remote(staging: Path, url: str, overwrite: bool) -> str:
         if have is None or have.get("md5Hash") != md5 or int(have.get("size", -1)) != path.stat().st_size:
             todo_local.append(str(path))
             todo_remote.append(join_url(url, name))
+    stale = sorted(set(existing) - set(files) - {OUTPUT_MANIFEST})
+    changes_shards = any(is_shard(n) for n in stale) or any(is_shard(_relative(url, r)) for r in todo_remote)
+    if OUTPUT_MANIFEST in existing and (status == "overwritten" or changes_shards):
+        fs.rm_file(join_url(url, OUTPUT_MANIFEST))  # from here on readers see no complete output
     if todo_local:
         fs.put(todo_local, todo_remote)
-    for name in sorted(set(existing) - set(files) - {OUTPUT_MANIFEST}):
+    for name in stale:
         fs.rm_file(join_url(url, name))
     manifest = {
         "format": OUTPUT_MANIFEST_FORMAT,
