@@ -51,6 +51,20 @@ def _documents(out: Path) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(lengths), np.concatenate(trainable)
 
 
+def _hf_lengths(out: Path, stats: dict) -> np.ndarray:
+    """Document lengths of an unpacked hf_parquet output (packed rows hold several documents)."""
+    if stats.get("hf_output", {}).get("packing"):
+        return np.zeros(0, np.int64)
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    sizes = [
+        pc.list_value_length(pq.read_table(p, columns=["input_ids"])["input_ids"]).to_numpy()
+        for p in sorted((out / "data").glob("*.parquet"))
+    ]
+    return np.concatenate(sizes).astype(np.int64) if sizes else np.zeros(0, np.int64)
+
+
 def collect(output: str | Path) -> list[DatasetView]:
     out = Path(output)
     try:
@@ -70,6 +84,8 @@ def collect(output: str | Path) -> list[DatasetView]:
         for d in per
     ]
     lengths, _ = _documents(out)
+    if lengths.size == 0 and (out / "data").is_dir():  # hf_parquet: one row per document unless packed
+        lengths = _hf_lengths(out, stats)
     try:
         report = json.loads((out / RUN_REPORT).read_text(encoding="utf-8"))
         docmap = np.load(report["documents_file"], mmap_mode="r")

@@ -253,3 +253,18 @@ def test_publish_to_gcs_refuses_to_clobber_different_shards(gcs, two_outputs, tm
     assert remote_output_digests(url) == output_digests(a)  # untouched
     report = json.loads(gcs.cat_file(f"{url}/run_report.json"))
     assert report["publish"] == "replaced"
+
+
+def test_hf_parquet_output_publishes_to_gcs(gcs, prefect_api, tmp_path):
+    """The hf_parquet layout keeps its shards under data/: they go up, are listed, and are digested."""
+    local = tmp_path / "hf"
+    mixer = demo_mixer(str(EXAMPLES / "data" / "general.jsonl"), str(local))
+    mixer = mixer.model_copy(update={"output": mixer.output.model_copy(update={"format": "hf_parquet"})})
+    tokenize_mixer(mixer=mixer, run=RunOptions(work_dir=str(tmp_path / "work")))
+    url = f"gs://out/{uuid.uuid4().hex[:8]}/hf"
+    assert (
+        publish_remote(Path(shutil.copytree(local, tmp_path / "staged")), url, overwrite=False) == "created"
+    )
+    remote = remote_output_digests(url)
+    assert remote == output_digests(local)
+    assert any(name.startswith("data/") and name.endswith(".parquet") for name in remote)

@@ -134,3 +134,12 @@ def naive_bfd(lengths: list[int], capacity: int) -> list[list[int]]:
 @given(st.lists(st.integers(1, 64), max_size=80), st.integers(64, 100))
 def test_best_fit_decreasing_matches_the_textbook_rule(lengths, capacity):
     assert best_fit_decreasing(np.array(lengths, dtype=np.int64), capacity) == naive_bfd(lengths, capacity)
+
+
+def test_report_reads_hf_outputs(outputs, tmp_path):
+    from sftmix.report_page import collect
+
+    views = {Path(v.name).name: v for v in collect(outputs["hf"])}
+    olmo = {Path(v.name).name: v for v in collect(outputs["olmo"])}
+    for name, view in views.items():
+        assert np.array_equal(np.sort(view.lengths), np.sort(olmo[name].lengths))
