@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .olmo_format import BOUNDS_PART, STATS_JSON, STATS_TXT
-from .storage import is_remote, is_temp, join_url, remote_fs, sha256_stream
+from .storage import is_remote, is_temp, join_url, read_remote_bytes, remote_fs, sha256_stream
 
 DIGESTS_FORMAT = "tokenize-mixer-digests/1"
 RUN_REPORT = "run_report.json"
@@ -68,11 +68,21 @@ def output_digests(directory: str | Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): artifact_digest(p) for p in files}
 
 
+def read_output_manifest(url: str) -> dict | None:
+    """The manifest object of a published remote output, or ``None`` (absent or unreadable)."""
+    data = read_remote_bytes(join_url(url, OUTPUT_MANIFEST))
+    if data is None:
+        return None
+    try:
+        manifest = json.loads(data)
+    except ValueError:
+        return None
+    return manifest if isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) else None
+
+
 def remote_output_digests(url: str) -> dict[str, str]:
     """Digests of a published remote output, read from its objects; only a complete output (its
     manifest object present, every listed object there) is digested."""
-    from .publish import read_output_manifest
-
     manifest = read_output_manifest(url)
     if manifest is None:
         raise ConfigError(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .olmo_format import BOUNDS_PART, MASK_PART, TOKENS_PART
+from .olmo_format import BOUNDS_PART, MASK_PART, TOKENS_PART, part_spans
 
 DATA_DIR = "data"
 ROWS_PER_SHARD = 100_000
@@ -69,13 +69,9 @@ class _Parts:
 
     def read(self, start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         ids, mask = [], []
-        pos, end = start, start + length
-        while pos < end:
-            k, local = divmod(pos, self.per_part)
-            take = min(end - pos, self.per_part - local)
+        for k, local, _, take in part_spans(start, length, self.per_part):
             ids.append(self.tokens[k][local : local + take])
             mask.append(self.masks[k][local : local + take])
-            pos += take
         if not ids:
             return np.zeros(0, np.int64), np.zeros(0, bool)
         return np.concatenate(ids).astype(np.int64), np.concatenate(mask)

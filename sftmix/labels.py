@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from functools import lru_cache
 from itertools import chain
+from typing import Any
 
 import numpy as np
 
@@ -163,12 +164,7 @@ class LabelMasker:
     def tokenize(self, conversations: Sequence[Conversation]) -> list[TokenizedRow]:
         if self.mode in ("all", "generation_tags"):
             return self._tokenize_whole(conversations)
-        rendered: list[str] = []
-        for i, conv in enumerate(conversations):
-            try:
-                rendered.append(self.renderer.render(conv.messages, conv.tools, False))
-            except Exception as exc:  # the template's own error, reported with the row
-                raise RenderError(i, exc) from exc
+        rendered = _render_each(conversations, lambda c: self.renderer.render(c.messages, c.tools, False))
         encodings = self.encode_batch(rendered)
         results: list[TokenizedRow] = []
         pending: list[_Pending] = []
@@ -208,18 +204,14 @@ class LabelMasker:
     def _tokenize_whole(self, conversations: Sequence[Conversation]) -> list[TokenizedRow]:
         """Modes with no prefix renders: 'all' (every token) and 'generation_tags' (tokens overlapping
         the template's ``{% generation %}`` blocks, found in the one full render)."""
-        rendered: list[str] = []
         spans: list[list[tuple[int, int]]] = []
-        for i, conv in enumerate(conversations):
-            try:
-                if self.mode == "generation_tags":
-                    text, marked = self.renderer.render_with_generation_spans(conv.messages, conv.tools)
-                    rendered.append(text)
-                    spans.append(marked)
-                else:
-                    rendered.append(self.renderer.render(conv.messages, conv.tools, False))
-            except Exception as exc:
-                raise RenderError(i, exc) from exc
+        if self.mode == "generation_tags":
+            pairs = _render_each(
+                conversations, lambda c: self.renderer.render_with_generation_spans(c.messages, c.tools)
+            )
+            rendered, spans = [text for text, _ in pairs], [marked for _, marked in pairs]
+        else:
+            rendered = _render_each(conversations, lambda c: self.renderer.render(c.messages, c.tools, False))
         results = []
         for i, enc in enumerate(self.encode_batch(rendered)):
             ids = np.asarray(enc.ids, dtype=np.int64)[: self.max_len]
@@ -329,6 +321,17 @@ class LabelMasker:
                 if later_content and later_content in tail:
                     return f"span of message {idx} runs into message {later}"
         return None
+
+
+def _render_each(conversations: Sequence[Conversation], render: Callable[[Conversation], Any]) -> list:
+    """``render`` over a batch; the template's own error is reported with its row of the batch."""
+    out = []
+    for i, conv in enumerate(conversations):
+        try:
+            out.append(render(conv))
+        except Exception as exc:
+            raise RenderError(i, exc) from exc
+    return out
 
 
 def _generation_mask(enc, spans: list[tuple[int, int]]) -> np.ndarray:

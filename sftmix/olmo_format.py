@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,17 @@ def part_tokens(dtype: np.dtype) -> int:
     return PART_BYTES // np.dtype(dtype).itemsize
 
 
+def part_spans(offset: int, n: int, per_part: int) -> Iterator[tuple[int, int, int, int]]:
+    """The pieces of global tokens ``[offset, offset + n)``: (part, offset in part, offset in the range,
+    length), cut where a part ends."""
+    done = 0
+    while done < n:
+        k, local = divmod(offset + done, per_part)
+        take = min(n - done, per_part - local)
+        yield k, local, done, take
+        done += take
+
+
 class PartSet:
     """Memory-mapped token and mask parts written at precomputed global offsets."""
 
@@ -44,14 +56,9 @@ class PartSet:
             )
 
     def write(self, offset: int, tokens: np.ndarray, mask: np.ndarray) -> None:
-        done = 0
-        n = tokens.shape[0]
-        while done < n:
-            k, local = divmod(offset + done, self.per_part)
-            take = min(n - done, self.tokens[k].shape[0] - local)
+        for k, local, done, take in part_spans(offset, tokens.shape[0], self.per_part):
             self.tokens[k][local : local + take] = tokens[done : done + take]
             self.masks[k][local : local + take] = mask[done : done + take]
-            done += take
 
     def close(self) -> None:
         for m in (*self.tokens, *self.masks):

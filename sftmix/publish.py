@@ -11,7 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .digest import OUTPUT_MANIFEST, RUN_REPORT, is_shard, output_digests
+from .digest import OUTPUT_MANIFEST, RUN_REPORT, is_shard, output_digests, read_output_manifest
 from .errors import ConfigError, OutputConflictError
 from .storage import (
     TMP_MARK,
@@ -20,7 +20,6 @@ from .storage import (
     is_remote,
     is_temp,
     join_url,
-    read_remote_bytes,
     remote_fs,
     remove_tree,
     storage_errors,
@@ -131,17 +130,6 @@ def publish_local(staging: Path, output: str | Path, overwrite: bool) -> str:
 # replace different shards the old manifest is deleted before the first object changes.
 
 
-def read_output_manifest(url: str) -> dict | None:
-    data = read_remote_bytes(join_url(url, OUTPUT_MANIFEST))
-    if data is None:
-        return None
-    try:
-        manifest = json.loads(data)
-    except ValueError:
-        return None
-    return manifest if isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) else None
-
-
 def _local_files(staging: Path) -> dict[str, Path]:
     return {
         p.relative_to(staging).as_posix(): p
@@ -151,11 +139,10 @@ def _local_files(staging: Path) -> dict[str, Path]:
 
 
 def _md5_b64(path: Path) -> str:
-    h = hashlib.md5(usedforsecurity=False)
+    """An object store's md5 (base64), to tell which objects are already up."""
     with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return base64.b64encode(h.digest()).decode("ascii")
+        digest = hashlib.file_digest(fh, lambda: hashlib.md5(usedforsecurity=False)).digest()
+    return base64.b64encode(digest).decode("ascii")
 
 
 def remote_publish_status(staging: Path, url: str, overwrite: bool) -> str:

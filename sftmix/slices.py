@@ -254,6 +254,10 @@ def _masker(ctx: TokenizeContext) -> LabelMasker:
     )
 
 
+def _skipped(reason: str) -> TokenizedRow:
+    return TokenizedRow(np.zeros(0, np.int64), np.zeros(0, np.uint8), RowStatus.BAD_ROW, reason)
+
+
 def _tokenize_batch(
     masker: LabelMasker, spec: SliceSpec, rows: list[int], records: list[dict], skip_bad: bool
 ) -> list[TokenizedRow]:
@@ -267,9 +271,7 @@ def _tokenize_batch(
         except RowFormatError as exc:
             if not skip_bad:
                 raise BadRowError(spec.dataset, row, str(exc)) from None
-            results[j] = TokenizedRow(
-                np.zeros(0, np.int64), np.zeros(0, np.uint8), RowStatus.BAD_ROW, str(exc)
-            )
+            results[j] = _skipped(str(exc))
     while convs:
         order = list(convs)
         try:
@@ -280,9 +282,7 @@ def _tokenize_batch(
             j = order[exc.index]
             if not skip_bad:
                 raise BadRowError(spec.dataset, rows[j], str(exc)) from None
-            results[j] = TokenizedRow(
-                np.zeros(0, np.int64), np.zeros(0, np.uint8), RowStatus.BAD_ROW, str(exc)
-            )
+            results[j] = _skipped(str(exc))
             del convs[j]
     return [r for r in results if r is not None]
 

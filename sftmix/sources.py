@@ -114,7 +114,10 @@ def localize(path: str, cache_dir: str) -> str:
 
 def open_dataset(path: str, split: str, revision: str | None, cache_dir: str) -> Any:
     """The ``datasets.Dataset`` behind a mixer entry (memory-mapped Arrow), reopened when the file changes."""
-    local = localize(path, cache_dir)
+    return _open_localized(path, localize(path, cache_dir), split, revision, cache_dir)
+
+
+def _open_localized(path: str, local: str, split: str, revision: str | None, cache_dir: str) -> Any:
     stamp = None
     if local_builder(local) is not None and os.path.isfile(local):
         st = os.stat(local)
@@ -147,15 +150,15 @@ def _open_dataset(
         cause = exc.__cause__ or exc
         raise DatasetError(name, f"cannot load split {split!r}: {type(cause).__name__}: {cause}") from None
     if not isinstance(ds, datasets.Dataset):
-        raise DatasetError(path, f"split {split!r} did not load as a single dataset")
+        raise DatasetError(name, f"split {split!r} did not load as a single dataset")
     return ds
 
 
 def describe(path: str, split: str, revision: str | None, cache_dir: str) -> SourceInfo:
     """Row count and a content fingerprint (file sha256 for local files, the Arrow fingerprint otherwise)."""
-    ds = open_dataset(path, split, revision, cache_dir)
+    local = localize(path, cache_dir)  # once: for a gs:// object each call asks the store
+    ds = _open_localized(path, local, split, revision, cache_dir)
     if local_builder(path) is not None:
-        local = localize(path, cache_dir)
         try:
             fingerprint = "sha256:" + file_sha256(local, check_utf8=local_builder(path) == "json")
         except DatasetError as exc:
