@@ -24,6 +24,7 @@ from sftmix.digest import OUTPUT_MANIFEST, output_digests, remote_output_digests
 from sftmix.errors import ConfigError, DatasetError, OutputConflictError
 from sftmix.plan import build_plan
 from sftmix.publish import publish_remote
+from tests.ports import free_port
 
 ROOT = Path(__file__).parent.parent
 EXAMPLES = ROOT / "examples"
@@ -32,16 +33,10 @@ DEMO_DIGESTS = json.loads((EXAMPLES / "demo.digests.json").read_text())["files"]
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def gcs():
     """A GCS emulator for this module, with gcsfs pointed at it (here and in spawned workers)."""
-    port = _free_port()
+    port = free_port()
     exe = Path(sys.executable).parent / "gcp-storage-emulator"
     proc = subprocess.Popen(
         [str(exe), "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"],
