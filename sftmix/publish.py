@@ -145,12 +145,12 @@ def _md5_b64(path: Path) -> str:
     return base64.b64encode(digest).decode("ascii")
 
 
-def remote_publish_status(staging: Path, url: str, overwrite: bool) -> str:
+def remote_publish_status(staging: Path, url: str, overwrite: bool, digests: dict[str, str]) -> str:
     """What publishing ``staging`` to ``url`` will do ('created', 'replaced', 'overwritten'), or an
     error when the prefix holds something else and ``overwrite`` is off."""
     manifest = read_output_manifest(url)
     if manifest is not None:
-        if manifest.get("digests") == output_digests(staging):
+        if manifest.get("digests") == digests:
             return "replaced"
         if not overwrite:
             raise OutputConflictError(
@@ -178,7 +178,8 @@ def _relative(url: str, found: str) -> str:
 def publish_remote(staging: Path, url: str, overwrite: bool) -> str:
     """Upload ``staging`` to ``url``, manifest object last; objects already there with the same md5
     are kept (an interrupted publish resumes where it stopped)."""
-    status = remote_publish_status(staging, url, overwrite)
+    digests = output_digests(staging)  # read once: the status check and the manifest both need them
+    status = remote_publish_status(staging, url, overwrite, digests)
     stamp_report(staging, status)
     fs = remote_fs(url)
     files = _local_files(staging)
@@ -206,7 +207,7 @@ def publish_remote(staging: Path, url: str, overwrite: bool) -> str:
         "format": OUTPUT_MANIFEST_FORMAT,
         "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "files": entries,
-        "digests": output_digests(staging),
+        "digests": digests,
     }
     write_remote_bytes(
         join_url(url, OUTPUT_MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode()
