@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .formats import Conversation
+from .prefix_renders import PrefixRenders
 from .templates import ChatRenderer
 
 
@@ -157,6 +158,7 @@ class LabelMasker:
         self.max_len = max_seq_length
         self.boundaries = boundaries
         self.mode = mode
+        self.prefixes = PrefixRenders(renderer.render)
 
     def _cap(self, n: int) -> int:
         return n if self.max_len is None else min(n, self.max_len)
@@ -232,10 +234,14 @@ class LabelMasker:
         throughs: list[str] = []
         spans: list[tuple[int, int]] = []
         stable = True
-        for idx in indices:
+        pasted = self.prefixes.paste(conv, text, indices)
+        for n, idx in enumerate(indices):
             try:
-                header = None if idx == 0 else self.renderer.render(conv.messages[:idx], conv.tools, True)
-                through = self.renderer.render(conv.messages[: idx + 1], conv.tools, False)
+                if pasted is not None:
+                    header, through = pasted[n]
+                else:
+                    header = None if idx == 0 else self.renderer.render(conv.messages[:idx], conv.tools, True)
+                    through = self.renderer.render(conv.messages[: idx + 1], conv.tools, False)
             except Exception as exc:
                 if stable:
                     roles = [m.get("role") for m in conv.messages[: idx + 1]]

@@ -1,0 +1,248 @@
+"""Prefix renders by pasting: the template runs once per conversation *shape*, not per row and turn.
+
+The masking rule needs ``render(m[:i], gen=True)`` and ``render(m[:i+1])`` for every assistant turn
+``i``: two Jinja renders per turn, each as long as the chat so far, so a 40-turn chat costs the
+square of what a 2-turn chat of the same text costs. Most templates never look inside a message's
+text; they only paste it between their own literals. For those, every render is a function of the
+conversation's shape (roles, which fields are set, which are empty) with the texts pasted in, so we
+render each shape once with placeholders and build every row's prefixes by pasting its texts.
+
+Why pasting gives Jinja's exact bytes, checked rather than assumed:
+
+- a placeholder is a ``str`` that records every way a template can look inside it (comparison,
+  hashing, length, membership, indexing, iteration, any ``str`` method); a shape whose renders do any
+  of that is rendered with Jinja, row by row, as before;
+- each shape is rendered with two unlike placeholder sets (different letters, lengths, padding, with
+  quotes and backslashes inside): a transformation the recording cannot see (``~`` then ``trim``,
+  JSON escaping) changes them differently, and a shape whose two renders disagree is refused;
+- every row's pasted full render must equal its real full render (which the caller makes anyway),
+  otherwise that row is rendered with Jinja.
+
+The decision uses only the shape and the row itself, so the output never depends on which rows a
+process saw before (slicing, worker count).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .formats import Conversation
+
+#: Private-use characters that open and close placeholders; a text containing one is never pasted.
+_MARKS = ("\ue000", "\ue001", "\ue002", "\ue003")
+_MARK_RE = re.compile("[" + "".join(_MARKS) + "]")
+
+
+@dataclass(frozen=True)
+class _PlaceholderSet:
+    head: str
+    tail: str
+
+    def text(self, n: int) -> str:
+        return f"{self.head}{n}{self.tail}"
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        return re.compile(re.escape(self.head) + r"(\d+)" + re.escape(self.tail))
+
+
+_SETS = (
+    _PlaceholderSet(head=' \n\ue000a"\\', tail="\ue001\n "),
+    _PlaceholderSet(head='\t \r\n\ue002QzB\\"', tail="x\ue003\r\n\t "),
+)
+
+
+class _Probe:
+    """What a template did to the placeholders during one shape's renders."""
+
+    def __init__(self) -> None:
+        self.looked: set[str] = set()
+
+
+class _Placeholder(str):
+    """A message text standing in for any text: pasting it is fine, looking inside it is recorded."""
+
+    _probe: _Probe
+
+    @classmethod
+    def make(cls, text: str, probe: _Probe) -> _Placeholder:
+        obj = cls(text)
+        obj._probe = probe
+        return obj
+
+    def __str__(self) -> str:
+        return self
+
+    def __bool__(self) -> bool:
+        return True  # placeholders stand only for non-empty texts (empty ones are kept as "")
+
+    def __add__(self, other: Any) -> Any:
+        result = str.__add__(self, other)
+        return result if result is NotImplemented else _Placeholder.make(result, self._probe)
+
+    def __radd__(self, other: Any) -> Any:
+        if not isinstance(other, str):
+            return NotImplemented
+        return _Placeholder.make(str.__add__(other, self), self._probe)
+
+
+def _recording(name: str) -> Callable[..., Any]:
+    original = getattr(str, name)
+
+    def method(self: _Placeholder, *args: Any, **kwargs: Any) -> Any:
+        self._probe.looked.add(name)
+        return original(self, *args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+_LOOKING = (
+    "__eq__",
+    "__ne__",
+    "__lt__",
+    "__le__",
+    "__gt__",
+    "__ge__",
+    "__hash__",
+    "__len__",
+    "__contains__",
+    "__getitem__",
+    "__iter__",
+    "__mod__",
+    "__mul__",
+    "__rmul__",
+    "__format__",
+)
+for _name in (*_LOOKING, *(n for n in dir(str) if not n.startswith("_") and n != "maketrans")):
+    setattr(_Placeholder, _name, _recording(_name))
+
+
+@dataclass(frozen=True)
+class _Prefix:
+    """One prefix render: its first ``shared`` pieces are the full render's, then ``tail`` pieces."""
+
+    shared: int
+    tail: tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class _Skeleton:
+    fields: tuple[tuple[int, str], ...]  # placeholder n stands for messages[i][key]
+    full: tuple[str | int, ...]
+    turns: tuple[tuple[_Prefix | None, _Prefix], ...]  # (header, through) per assistant turn
+
+
+def _pieces(rendered: str, placeholders: _PlaceholderSet) -> tuple[str | int, ...] | None:
+    parts = placeholders.pattern.split(rendered)
+    pieces: list[str | int] = []
+    for k, part in enumerate(parts):
+        if k % 2:
+            pieces.append(int(part))
+        elif _MARK_RE.search(part):
+            return None  # a placeholder came out altered: the template transformed a text
+        elif part:
+            pieces.append(part)
+    return tuple(pieces)
+
+
+def _shape(conv: Conversation) -> tuple | None:
+    """What a render may depend on besides the texts; ``None`` when the row cannot be pasted."""
+    if conv.tools is not None:
+        return None
+    shape = []
+    for m in conv.messages:
+        fields = []
+        for key, value in m.items():
+            if key == "role" or value is None or value == "":
+                if not isinstance(value, str | None):
+                    return None
+                fields.append((key, value))
+            elif isinstance(value, str) and not _MARK_RE.search(value):
+                fields.append((key, 1))
+            else:
+                return None
+        shape.append(tuple(fields))
+    return tuple(shape)
+
+
+class PrefixRenders:
+    """The (header, through) prefix renders of each assistant turn, pasted when the shape allows."""
+
+    def __init__(
+        self, render: Callable[[list[dict], list | None, bool], str], max_shapes: int = 4096
+    ) -> None:
+        self._render = render
+        self._skeletons: dict[tuple, _Skeleton | None] = {}
+        self._max_shapes = max_shapes
+
+    def paste(
+        self, conv: Conversation, full: str, indices: Sequence[int]
+    ) -> list[tuple[str | None, str]] | None:
+        """Prefixes for the assistant turns ``indices`` of a row whose real full render is ``full``;
+        ``None`` when they must come from Jinja."""
+        shape = _shape(conv)
+        if shape is None:
+            return None
+        if shape not in self._skeletons:
+            if len(self._skeletons) >= self._max_shapes:
+                self._skeletons.clear()
+            self._skeletons[shape] = self._build(conv.messages, indices)
+        skeleton = self._skeletons[shape]
+        if skeleton is None:
+            return None
+        values = [conv.messages[i][key] for i, key in skeleton.fields]
+        pasted = [p if isinstance(p, str) else values[p] for p in skeleton.full]
+        if "".join(pasted) != full:
+            return None
+        offsets = list(itertools.accumulate(map(len, pasted), initial=0))
+
+        def build(prefix: _Prefix) -> str:
+            tail = "".join([p if isinstance(p, str) else values[p] for p in prefix.tail])
+            return full[: offsets[prefix.shared]] + tail
+
+        return [(None if h is None else build(h), build(t)) for h, t in skeleton.turns]
+
+    def _build(self, messages: Sequence[dict], indices: Sequence[int]) -> _Skeleton | None:
+        fields = [(i, k) for i, m in enumerate(messages) for k, v in m.items() if k != "role" and v]
+        skeletons = []
+        for placeholders in _SETS:
+            probe = _Probe()
+            by_field = {f: _Placeholder.make(placeholders.text(n), probe) for n, f in enumerate(fields)}
+            stand_in = [{k: by_field.get((i, k), v) for k, v in m.items()} for i, m in enumerate(messages)]
+            try:
+                renders = [self._render(stand_in, None, False)]
+                for idx in indices:
+                    renders.append(self._render(stand_in[:idx], None, True) if idx else "")
+                    renders.append(self._render(stand_in[: idx + 1], None, False))
+            except Exception:
+                return None  # the row's own renders will raise it, with the row named
+            if probe.looked:
+                return None
+            pieces = [_pieces(r, placeholders) for r in renders]
+            if any(p is None for p in pieces):
+                return None
+            skeletons.append(pieces)
+        if skeletons[0] != skeletons[1]:
+            return None
+        full, *prefixes = skeletons[0]
+        assert full is not None
+        turns = []
+        for k, idx in enumerate(indices):
+            header, through = prefixes[2 * k], prefixes[2 * k + 1]
+            turns.append((None if idx == 0 else _split(header, full), _split(through, full)))
+        return _Skeleton(fields=tuple(fields), full=full, turns=tuple(turns))
+
+
+def _split(prefix: tuple[str | int, ...] | None, full: tuple[str | int, ...]) -> _Prefix:
+    assert prefix is not None
+    shared = 0
+    for a, b in zip(prefix, full, strict=False):
+        if a != b:
+            break
+        shared += 1
+    return _Prefix(shared=shared, tail=prefix[shared:])

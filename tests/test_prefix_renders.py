@@ -1,0 +1,139 @@
+"""Pasted prefix renders are Jinja's bytes, or are not used: for our templates, for the tokenizer
+templates users bring, and for templates written to look inside message texts."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sftmix.formats import Conversation
+from sftmix.labels import assistant_indices
+from sftmix.prefix_renders import PrefixRenders
+from sftmix.templates import ChatRenderer, named_template
+
+SPECIALS = {"eos_token": "<|endoftext|>", "bos_token": "<|bos|>"}
+
+#: Templates that look inside texts in ways only some conversations reveal.
+TRIM_LAST = (
+    "{% for m in messages %}<{{ m['role'] }}>{% if loop.last %}{{ m['content'] | trim }}"
+    "{% else %}{{ m['content'] }}{% endif %}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+TILDE_THEN_TRIM = (
+    "{% for m in messages %}{% if loop.last %}{{ ('<' ~ m['role'] ~ '>' ~ m['content']) | trim }}"
+    "{% else %}<{{ m['role'] }}>{{ m['content'] }}{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+THINK_BRANCH = (
+    "{% for m in messages %}<{{ m['role'] }}>{% if '</think>' in m['content'] %}"
+    "{{ m['content'].split('</think>')[-1] }}{% else %}{{ m['content'] }}{% endif %}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+JSON_LAST = (
+    "{% for m in messages %}{% if loop.last %}{{ m | tojson }}{% else %}<{{ m['role'] }}>"
+    "{{ m['content'] }}</s>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+LLAMA3_LIKE = (
+    "{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' "
+    "+ m['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+LENGTH_BRANCH = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% if m['content'] | length > 5 %}"
+    "[long]{% endif %}</s>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+TEMPLATES = {
+    "olmo": named_template("olmo"),
+    "tulu": named_template("tulu"),
+    "trim_last": TRIM_LAST,
+    "tilde_then_trim": TILDE_THEN_TRIM,
+    "think_branch": THINK_BRANCH,
+    "json_last": JSON_LAST,
+    "llama3_like": LLAMA3_LIKE,
+    "length_branch": LENGTH_BRANCH,
+}
+TEXTS = ["hi", " padded ", "a\nb", 'quote " and \\ slash', "</think>answer", "x" * 7, "", "\ue000odd", "  "]
+
+
+def real_prefixes(renderer: ChatRenderer, conv: Conversation) -> list[tuple[str | None, str]]:
+    out = []
+    for idx in assistant_indices(conv.messages):
+        header = None if idx == 0 else renderer.render(conv.messages[:idx], None, True)
+        out.append((header, renderer.render(conv.messages[: idx + 1], None, False)))
+    return out
+
+
+def check(template: str, conv: Conversation, prefixes: PrefixRenders | None = None) -> bool:
+    """Pasted prefixes equal Jinja's whenever pasting is used; True when it was used."""
+    renderer = ChatRenderer(template, SPECIALS)
+    prefixes = prefixes or PrefixRenders(renderer.render)
+    try:
+        full = renderer.render(conv.messages, None, False)
+        expected = real_prefixes(renderer, conv)
+    except Exception:
+        return False
+    pasted = prefixes.paste(conv, full, assistant_indices(conv.messages))
+    if pasted is not None:
+        assert pasted == expected
+    return pasted is not None
+
+
+def chat(*pairs: tuple[str, str | None]) -> Conversation:
+    return Conversation([{"role": r, "content": c} for r, c in pairs], None)
+
+
+def test_our_templates_are_pasted_and_exact():
+    for name in ("olmo", "tulu"):
+        conv = chat(("user", "a"), ("assistant", " b "), ("user", "c\n"), ("assistant", "d"))
+        assert check(TEMPLATES[name], conv), name
+        # a later system message changes olmo's opening: the prefixes differ from the start
+        late_system = chat(
+            ("user", "a"), ("assistant", "b"), ("system", "s"), ("user", "c"), ("assistant", "d")
+        )
+        assert check(TEMPLATES[name], late_system), name
+
+
+@pytest.mark.parametrize("name", ["trim_last", "think_branch", "llama3_like", "length_branch"])
+def test_templates_that_look_inside_texts_are_rendered(name):
+    conv = chat(("user", " a "), ("assistant", "b</think>c "), ("user", "c"), ("assistant", " d "))
+    assert not check(TEMPLATES[name], conv)
+
+
+@pytest.mark.parametrize("name", ["tilde_then_trim", "json_last"])
+def test_transformations_the_recording_cannot_see_are_caught(name):
+    conv = chat(("user", " a "), ("assistant", ' "b" '), ("user", "c"), ("assistant", " d "))
+    assert not check(TEMPLATES[name], conv)
+
+
+def test_rows_with_tools_or_structured_fields_are_rendered():
+    conv = Conversation([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], [{"x": 1}])
+    assert not check(TEMPLATES["olmo"], conv)
+    structured = Conversation(
+        [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "tool_calls": [{"f": 1}]}],
+        None,
+    )
+    assert not check(TEMPLATES["olmo"], structured)
+
+
+messages = st.lists(
+    st.tuples(
+        st.sampled_from(["user", "assistant", "system", "environment", "wizard"]),
+        st.one_of(st.none(), st.sampled_from(TEXTS), st.text(max_size=12)),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+@settings(max_examples=150, deadline=None)
+@given(convs=st.lists(messages, min_size=1, max_size=4))
+def test_pasted_prefixes_are_jinjas_bytes(name, convs):
+    """Any conversations, any order: one shared cache, and every pasted prefix equals Jinja's."""
+    renderer = ChatRenderer(TEMPLATES[name], SPECIALS)
+    shared = PrefixRenders(renderer.render)
+    for pairs in convs:
+        check(TEMPLATES[name], chat(*pairs), shared)
