@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from collections import Counter
+from functools import lru_cache
 from pathlib import Path
 from typing import BinaryIO
 
@@ -234,23 +235,44 @@ def _save_npy(path: Path, array: np.ndarray) -> FileDigest:
 
 
 def _masker(ctx: TokenizeContext) -> LabelMasker:
-    if ctx.tokenizer_file and os.path.isfile(ctx.tokenizer_file):
-        loaded = load_worker_tokenizer(ctx.tokenizer_file)
+    """One masker per worker process and run settings: its template and pasted-prefix shapes are
+    reused by every slice the process tokenizes."""
+    return _cached_masker(
+        ctx.tokenizer,
+        ctx.tokenizer_revision,
+        ctx.tokenizer_file,
+        ctx.template_text,
+        ctx.max_seq_length,
+        ctx.mask,
+    )
+
+
+@lru_cache(maxsize=4)
+def _cached_masker(
+    tokenizer: str,
+    revision: str | None,
+    tokenizer_file: str | None,
+    template_text: str,
+    max_seq_length: int | None,
+    mask: str,
+) -> LabelMasker:
+    if tokenizer_file and os.path.isfile(tokenizer_file):
+        loaded = load_worker_tokenizer(tokenizer_file)
         rust, specials, boundaries = loaded.rust, loaded.special_tokens, loaded.boundaries
     else:  # e.g. another machine of a remote work directory: load it as the plan did
-        key = TokenizerKey.of(ctx.tokenizer, ctx.tokenizer_revision)
+        key = TokenizerKey.of(tokenizer, revision)
         rust, boundaries = rust_tokenizer(key), segment_boundaries(key)
         specials = special_tokens(load_hf_tokenizer(key))
-    renderer = ChatRenderer(ctx.template_text, specials)
+    renderer = ChatRenderer(template_text, specials)
     return LabelMasker(
         renderer=renderer,
         encode_batch=lambda texts: rust.encode_batch(texts, add_special_tokens=False),
         decode=lambda ids: rust.decode(
             ids, skip_special_tokens=False
         ),  # what hf.decode does for fast tokenizers
-        max_seq_length=ctx.max_seq_length,
+        max_seq_length=max_seq_length,
         boundaries=boundaries,
-        mode=ctx.mask,
+        mode=mask,
     )
 
 
