@@ -6,7 +6,8 @@
 The flow's steady state (bench/scaling.py) includes each worker's start-up (imports of Prefect,
 transformers and datasets, ~10-15 CPU-seconds each); this separates the two: worker start-up is timed
 on its own (pool creation until every worker has loaded the tokenizer), then the slices are timed on
-warm workers. Each worker count writes into a fresh work directory; digests of every slice must agree.
+warm workers, and then the limit on the same slices (render + Rust encode, no masking, no writes) on
+the same workers, so the speed-up of the work itself is printed beside ours. Each worker count writes into a fresh work directory; digests of every slice must agree.
 """
 
 from __future__ import annotations
@@ -41,6 +42,31 @@ def _warm(args: tuple) -> float:
 
     _masker(ctx)  # loads (and caches) the tokenizer in this worker
     return time.time()
+
+
+def _limit(args: tuple) -> int:
+    """The physical limit on the same rows: render each with the template, Rust ``encode_batch``."""
+    from sftmix.formats import conversation_from_row
+    from sftmix.slices import _masker
+    from sftmix.sources import read_rows
+
+    spec, ctx = args
+    masker = _masker(ctx)
+    rows = spec.row_list()
+    tokens = 0
+    for b in range(0, len(rows), ctx.batch_size):
+        raw = read_rows(
+            spec.dataset,
+            spec.split,
+            spec.revision,
+            ctx.datasets_cache,
+            rows[b : b + ctx.batch_size],
+            spec.arrow_files,
+        )
+        convs = [conversation_from_row(r, spec.row_format, spec.messages_key) for r in raw]
+        texts = [masker.renderer.render(c.messages, c.tools, False) for c in convs]
+        tokens += sum(len(e.ids) for e in masker.encode_batch(texts))
+    return tokens
 
 
 def _run(args: tuple) -> dict:
@@ -78,7 +104,7 @@ def main() -> None:
     print(f"plan: {len(plan.slices)} slices in {time.perf_counter() - t:.1f} s; {os.cpu_count()} CPUs")
     results = []
     reference = None
-    base = None
+    base = limit_base = None
     for n in [int(x) for x in args.workers.split(",")]:
         ctx = plan.context.model_copy(update={"work_dir": str(scratch / f"w{n}")})
         t0 = time.perf_counter()
@@ -88,6 +114,9 @@ def main() -> None:
             t1 = time.perf_counter()
             done = pool.map(_run, [(s, ctx) for s in plan.slices], chunksize=1)
             wall = time.perf_counter() - t1
+            t2 = time.perf_counter()
+            limit_tokens = sum(pool.map(_limit, [(s, ctx) for s in plan.slices], chunksize=1))
+            limit_wall = time.perf_counter() - t2
         digests = [d["sha"] for d in done]
         if reference is None:
             reference = digests
@@ -95,6 +124,8 @@ def main() -> None:
         tokens = sum(d["tokens"] for d in done)
         rate = tokens / wall
         base = base or rate
+        limit_rate = limit_tokens / limit_wall
+        limit_base = limit_base or limit_rate
         row = {
             "workers": n,
             "startup_s": round(startup, 1),
@@ -103,10 +134,15 @@ def main() -> None:
         }
         row["speedup"] = round(rate / base, 2)
         row["efficiency"] = round(rate / base / n, 2)
+        row["limit_wall_s"] = round(limit_wall, 2)
+        row["limit_tok_per_s"] = round(limit_rate)  # before truncation (ours counts after)
+        row["limit_speedup"] = round(limit_rate / limit_base, 2)
+        row["ours_over_limit"] = round(limit_wall / wall, 2)
         results.append(row)
         print(
             f"{n:>3} workers: start-up {startup:5.1f} s, slices {wall:6.2f} s, {rate:>10,.0f} tok/s, "
-            f"speedup {row['speedup']:5.2f}, efficiency {row['efficiency']:.2f}",
+            f"speedup {row['speedup']:5.2f}, efficiency {row['efficiency']:.2f}; limit {limit_wall:6.2f} s, "
+            f"speedup {row['limit_speedup']:5.2f}; ours/limit {row['ours_over_limit']:.2f}",
             flush=True,
         )
     print("slice digests identical for every worker count")
