@@ -92,7 +92,9 @@ def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
     progress = SliceProgress(len(plan.slices))
     with runner:
         task = slice_task_for(ctx, refresh=run.force_recache, cache=not run.disable_cache)
-        futures = {runner.submit(task, parameters={"spec": s, "ctx": ctx}): s for s in plan.slices}
+        # biggest first, so the last slices to start are the small remainders and none straggles
+        order = sorted(plan.slices, key=lambda s: (-s.est_bytes, s.index))
+        futures = {runner.submit(task, parameters={"spec": s, "ctx": ctx}): s for s in order}
         done = 0
         for fut in as_completed(list(futures)):
             spec = futures[fut]

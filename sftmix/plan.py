@@ -235,6 +235,9 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
                     row_start=start,
                     row_end=end,
                     rows=subset,
+                    est_bytes=round(
+                        (end - start if subset is None else len(subset)) * info.nbytes / info.n_rows
+                    ),
                 )
             )
         memo.save()

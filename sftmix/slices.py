@@ -100,6 +100,9 @@ class SliceSpec(BaseModel):
     row_start: int
     row_end: int
     rows: list[int] | None = Field(default=None, description="Selected rows; None = every row in the range.")
+    est_bytes: int = Field(
+        default=0, description="Source bytes it holds, estimated: bigger slices start first."
+    )
 
     def row_list(self) -> list[int]:
         return list(range(self.row_start, self.row_end)) if self.rows is None else list(self.rows)
