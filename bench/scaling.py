@@ -215,6 +215,28 @@ def run_once(
     return result
 
 
+def timeline(work_dir: Path, launched: float, workers: int) -> dict:
+    """Where the steady window goes, from the slices' own start/finish stamps: how long after launch
+    the first slice started, how far apart the first ``workers`` slices started (workers coming up
+    one by one), and how busy the workers were in the window (the rest is orchestration and idling)."""
+    stamps = []
+    for path in work_dir.glob("slices/*/*/manifest.json"):
+        m = json.loads(path.read_text())
+        stamps.append((m["started_at"], m["finished_at"]))
+    if not stamps:
+        return {}
+    stamps.sort()
+    first, last = stamps[0][0], max(end for _, end in stamps)
+    busy = sum(end - start for start, end in stamps)
+    nth = stamps[min(workers, len(stamps)) - 1][0]
+    return {
+        "first_slice_after_launch_s": round(first - launched, 2),
+        "worker_starts_spread_s": round(nth - first, 2),
+        "busy_share": round(busy / max(workers * (last - first), 1e-9), 3),
+        "mean_slice_s": round(busy / len(stamps), 3),
+    }
+
+
 def table(results: list[dict]) -> tuple[list[dict], str]:
     ok = [r for r in results if "report" in r]
     if not ok:
@@ -397,8 +419,10 @@ def main() -> None:
             scratch / "configs" / f"{label}.json", data, args, n, slice_bytes, work_dir, out_dir
         )
         print(f"{label}: {n} workers, slice_bytes {slice_bytes or 'default'} ...", flush=True)
+        launched = time.time()
         r = run_once(label, cfg, out_dir, env, logs / f"{label}.log", args.timeout)
         r.update(workers=n, slice_bytes=slice_bytes)
+        r["timeline"] = timeline(work_dir, launched, r.get("effective_workers", n))
         results.append(r)
         if "report" in r:
             rep = r["report"]
@@ -406,7 +430,7 @@ def main() -> None:
                 f"  {label} ({r.get('effective_workers', '?')} workers used, {r.get('slices', '?')} slices): "
                 f"wall {r['wall']:.1f} s, steady {rep['steady_seconds']:.1f} s, "
                 f"{rep['steady_tokens_per_second']:,.0f} steady tok/s, {rep['tokens']:,} tokens, "
-                f"peak {r['peak_rss'] / 2**20:,.0f} MiB, CPU {r['cpu_seconds']:.0f} s",
+                f"peak {r['peak_rss'] / 2**20:,.0f} MiB, CPU {r['cpu_seconds']:.0f} s; {r['timeline']}",
                 flush=True,
             )
         if not args.keep:  # disk: the report and digests are read, the shards are not needed
