@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 def _warm_imports() -> None:
@@ -19,8 +19,10 @@ def _warm_imports() -> None:
 
 
 @contextlib.contextmanager
-def prefect_api() -> Iterator[str]:
-    """Yield the API URL in use: the configured server, or a temporary one for this command."""
+def prefect_api(prepare: Callable[[], None] | None = None) -> Iterator[str]:
+    """Yield the API URL in use: the configured server, or a temporary one for this command.
+
+    ``prepare`` runs while the temporary server starts (work that fills caches the run uses next)."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -36,6 +38,8 @@ def prefect_api() -> Iterator[str]:
     starting = threading.Thread(target=server.start, kwargs={"timeout": timeout}, daemon=True)
     starting.start()
     _warm_imports()  # the heavy imports of the run overlap the server's start-up
+    if prepare is not None:
+        prepare()
     starting.join()
     if not server.running:
         raise RuntimeError("the temporary Prefect API server did not start")

@@ -230,9 +230,10 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
     from flows.runtime import prefect_api
     from flows.tokenize_mixer import tokenize_mixer
 
+    from .plan import prepare_plan
     from .report import RunReport
 
-    with prefect_api(), _progress_bar():
+    with prefect_api(prepare=lambda: prepare_plan(mixer, run)), _progress_bar():
         state = tokenize_mixer(mixer=mixer, run=run, return_state=True)
     result = state.result(raise_on_failure=False)
     if isinstance(result, BaseException):
