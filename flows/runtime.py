@@ -31,6 +31,8 @@ def _warm_imports() -> None:
     import datasets  # noqa: F401
     import transformers  # noqa: F401
 
+    import flows.tokenize_mixer  # noqa: F401
+
 
 def _free_port() -> int:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
