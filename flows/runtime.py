@@ -123,7 +123,7 @@ class TemporaryServer:
 
 def _set_api_url(url: str | None) -> None:
     """Point this process (every thread, not only the current context) and future workers at ``url``."""
-    from prefect.context import refresh_global_settings_context
+    import prefect.context
 
     if url is None:
         os.environ.pop("PREFECT_API_URL", None)
@@ -131,7 +131,11 @@ def _set_api_url(url: str | None) -> None:
         os.environ["PREFECT_API_URL"] = url
     # Threads Prefect starts later (event and log workers) read the process-global settings; without
     # this they would find no API URL and start an ephemeral server of their own.
-    refresh_global_settings_context()
+    refresh = getattr(prefect.context, "refresh_global_settings_context", None)
+    if refresh is not None:
+        refresh()
+    else:  # older Prefect (the function came with PrefectHQ/prefect#20393): what it does
+        prefect.context.GLOBAL_SETTINGS_CONTEXT = prefect.context.root_settings_context()
 
 
 @contextlib.contextmanager
