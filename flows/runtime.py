@@ -3,24 +3,146 @@
 With no ``PREFECT_API_URL``, Prefect would start a temporary API server in this process *and in every
 spawned worker*. We start one temporary server up front and point this process and the workers at it
 (workers inherit the environment), so a run pays the start-up once.
+
+The server is Prefect's own ephemeral one, launched with the command Prefect's
+``SubprocessASGIServer`` runs, but without importing ``prefect.server`` here first: that import takes
+seconds, and the server process needs seconds more to import the same modules, so launching it right
+away lets its start-up overlap everything this process does before the flow starts.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-import threading
-from collections.abc import Iterator
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+logger = logging.getLogger(__name__)
+
+#: uvicorn's exit status when it cannot start serving (e.g. the port was taken meanwhile).
+_UVICORN_STARTUP_FAILURE = 3
 
 
 def _warm_imports() -> None:
     import datasets  # noqa: F401
     import transformers  # noqa: F401
 
+    import flows.tokenize_mixer  # noqa: F401
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class TemporaryServer:
+    """Prefect's ephemeral API server in a subprocess (what ``SubprocessASGIServer`` starts)."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def launch(self) -> None:
+        import prefect
+        from prefect.settings import get_current_settings
+
+        self.port = _free_port()
+        logger.info("starting a temporary Prefect API server on http://127.0.0.1:%d", self.port)
+        env = {
+            **os.environ,
+            "PREFECT_UI_ENABLED": "0",
+            "PREFECT__SERVER_EPHEMERAL": "1",
+            "PREFECT__SERVER_FINAL": "1",
+            **get_current_settings().to_environment_variables(exclude_unset=True),
+        }
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "--app-dir",
+                str(prefect.__module_path__.parent),
+                "--factory",
+                "prefect.server.api.server:create_app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "error",
+                "--lifespan",
+                "on",
+            ],
+            env=env,
+        )
+
+    def wait_ready(self, timeout: float) -> None:
+        """Return once the API answers its health check; relaunch on another port if this one was
+        taken meanwhile."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        with httpx.Client() as client:
+            while time.monotonic() < deadline:
+                assert self.process is not None
+                code = self.process.poll()
+                if code == _UVICORN_STARTUP_FAILURE:
+                    self.launch()
+                    continue
+                if code is not None:
+                    raise RuntimeError(f"the temporary Prefect API server exited with status {code}")
+                try:
+                    if client.get(f"{self.api_url}/health").status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+        raise RuntimeError(f"the temporary Prefect API server did not answer within {timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        logger.info("stopping the temporary Prefect API server")
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+
+def _set_api_url(url: str | None) -> None:
+    """Point this process (every thread, not only the current context) and future workers at ``url``."""
+    import prefect.context
+
+    if url is None:
+        os.environ.pop("PREFECT_API_URL", None)
+    else:
+        os.environ["PREFECT_API_URL"] = url
+    # Threads Prefect starts later (event and log workers) read the process-global settings; without
+    # this they would find no API URL and start an ephemeral server of their own.
+    refresh = getattr(prefect.context, "refresh_global_settings_context", None)
+    if refresh is not None:
+        refresh()
+    else:  # older Prefect (the function came with PrefectHQ/prefect#20393): what it does
+        prefect.context.GLOBAL_SETTINGS_CONTEXT = prefect.context.root_settings_context()
+
 
 @contextlib.contextmanager
-def prefect_api() -> Iterator[str]:
-    """Yield the API URL in use: the configured server, or a temporary one for this command."""
+def prefect_api(prepare: Callable[[], None] | None = None) -> Iterator[str]:
+    """Yield the API URL in use: the configured server, or a temporary one for this command.
+
+    ``prepare`` runs while the temporary server starts (work that fills caches the run uses next)."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -28,24 +150,23 @@ def prefect_api() -> Iterator[str]:
     if configured:
         yield configured
         return
-    from prefect.server.api.server import SubprocessASGIServer
-
-    server = SubprocessASGIServer()
     # Prefect's default 20 s is too short on a busy machine; a slow start is not a reason to fail.
     timeout = int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
-    starting = threading.Thread(target=server.start, kwargs={"timeout": timeout}, daemon=True)
-    starting.start()
-    _warm_imports()  # the heavy imports of the run overlap the server's start-up
-    starting.join()
-    if not server.running:
-        raise RuntimeError("the temporary Prefect API server did not start")
-    os.environ["PREFECT_API_URL"] = server.api_url
+    server = TemporaryServer()
     try:
-        with temporary_settings({PREFECT_API_URL: server.api_url}):
-            yield server.api_url
-    finally:
-        from prefect.logging.handlers import APILogWorker
+        server.launch()
+        _warm_imports()  # the heavy imports of the run overlap the server's start-up
+        if prepare is not None:
+            prepare()
+        server.wait_ready(timeout)
+        _set_api_url(server.api_url)
+        try:
+            with temporary_settings({PREFECT_API_URL: server.api_url}):
+                yield server.api_url
+        finally:
+            from prefect.logging.handlers import APILogWorker
 
-        APILogWorker.drain_all(timeout=10)  # send the last log lines while the server still listens
-        os.environ.pop("PREFECT_API_URL", None)
+            APILogWorker.drain_all(timeout=10)  # send the last log lines while the server still listens
+            _set_api_url(None)
+    finally:
         server.stop()

@@ -228,11 +228,18 @@ def _progress_bar() -> Iterator[None]:
 
 def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
     from flows.runtime import prefect_api
-    from flows.tokenize_mixer import tokenize_mixer
 
     from .report import RunReport
 
-    with prefect_api(), _progress_bar():
+    def prepare() -> None:
+        from .plan import prepare_plan
+
+        prepare_plan(mixer, run)
+
+    with prefect_api(prepare=prepare), _progress_bar():
+        # Imported here, not above: with a temporary API server, the import overlaps its start-up.
+        from flows.tokenize_mixer import tokenize_mixer
+
         state = tokenize_mixer(mixer=mixer, run=run, return_state=True)
     result = state.result(raise_on_failure=False)
     if isinstance(result, BaseException):

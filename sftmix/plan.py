@@ -135,7 +135,8 @@ class FingerprintMemo:
             atomic_write_bytes(self.path, json.dumps(self.known, sort_keys=True).encode("utf-8"))
 
 
-def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
+def _work_dir(run: RunOptions) -> tuple[Path, str | None]:
+    """The local work directory (created) and the remote one it mirrors, if any."""
     remote = run.work_dir if is_remote(run.work_dir) else None
     if remote is not None:
         work_dir = local_mirror(remote)
@@ -143,6 +144,29 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         work_dir = Path(run.work_dir).expanduser() if run.work_dir else default_work_dir()
     with storage_errors(f"work directory {work_dir} is not usable"):
         work_dir.mkdir(parents=True, exist_ok=True)
+    return work_dir, remote
+
+
+def prepare_plan(mixer: MixerConfig, run: RunOptions) -> None:
+    """Do the slow, cached part of :func:`build_plan` ahead of it (while the Prefect API starts): load
+    the tokenizer and write the workers' copy, open every dataset (its Arrow conversion) and hash its
+    file. Everything lands in this process's caches or in files the plan writes anyway, so the plan
+    that follows produces the same result, only sooner. Errors are left for the plan to report."""
+    try:
+        work_dir, _ = _work_dir(run)
+        datasets_cache = str(work_dir / "datasets-cache")
+        tk = TokenizerKey.of(mixer.tokenizer.name_or_path, mixer.tokenizer.revision)
+        load_hf_tokenizer(tk)
+        save_worker_tokenizer(tk, work_dir / "tokenizers", tokenizer_fingerprint(tk))
+        for entry in mixer.datasets:
+            describe(entry.path, entry.split, entry.revision, datasets_cache)
+            arrow_cache_files(entry.path, entry.split, entry.revision, datasets_cache)
+    except Exception as exc:  # the plan meets the same error and reports it properly
+        logger.debug("preparing the plan stopped early: %s: %s", type(exc).__name__, exc)
+
+
+def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
+    work_dir, remote = _work_dir(run)
     datasets_cache = work_dir / "datasets-cache"
     tk = TokenizerKey.of(mixer.tokenizer.name_or_path, mixer.tokenizer.revision)
     hf = load_hf_tokenizer(tk)

@@ -76,7 +76,14 @@ class _Utf8Check:
 
 
 def file_sha256(path: str, check_utf8: bool = False) -> str:
-    """sha256 of a file, checking on the same read that it is valid UTF-8 when asked."""
+    """sha256 of a file, checking on the same read that it is valid UTF-8 when asked (hashed once per
+    process while the file's size and modification time stay the same)."""
+    st = os.stat(path)
+    return _file_sha256(path, check_utf8, (st.st_size, st.st_mtime_ns))
+
+
+@lru_cache(maxsize=32)
+def _file_sha256(path: str, check_utf8: bool, stamp: tuple[int, int]) -> str:
     check = _Utf8Check(path) if check_utf8 else None
     with open(path, "rb") as fh:
         digest = sha256_stream(fh, check)
