@@ -153,16 +153,27 @@ def prefect_api(prepare: Callable[[], None] | None = None) -> Iterator[str]:
     # Prefect's default 20 s is too short on a busy machine; a slow start is not a reason to fail.
     timeout = int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
     server = TemporaryServer()
+    fallback = None
     try:
         server.launch()
         _warm_imports()  # the heavy imports of the run overlap the server's start-up
         if prepare is not None:
             prepare()
-        server.wait_ready(timeout)
-        _set_api_url(server.api_url)
         try:
-            with temporary_settings({PREFECT_API_URL: server.api_url}):
-                yield server.api_url
+            server.wait_ready(timeout)
+            api_url = server.api_url
+        except RuntimeError as exc:  # e.g. a Prefect whose server is launched differently: its own way
+            logger.warning("%s; starting it the way Prefect does", exc)
+            server.stop()
+            from prefect.server.api.server import SubprocessASGIServer
+
+            fallback = SubprocessASGIServer()
+            fallback.start(timeout=timeout)
+            api_url = fallback.api_url
+        _set_api_url(api_url)
+        try:
+            with temporary_settings({PREFECT_API_URL: api_url}):
+                yield api_url
         finally:
             from prefect.logging.handlers import APILogWorker
 
@@ -170,3 +181,5 @@ def prefect_api(prepare: Callable[[], None] | None = None) -> Iterator[str]:
             _set_api_url(None)
     finally:
         server.stop()
+        if fallback is not None:
+            fallback.stop()

@@ -1,0 +1,62 @@
+"""The temporary Prefect API of a command run with no server: ours, or Prefect's own when ours fails."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys, httpx
+    import flows.runtime as runtime
+
+    if sys.argv[1] == "broken":  # a Prefect whose server no longer starts the way we launch it
+        real_launch = runtime.TemporaryServer.launch
+
+        def launch(self):
+            real_launch(self)
+            self.process.kill()
+            self.process.wait()
+
+        runtime.TemporaryServer.launch = launch
+
+    prepared = []
+    with runtime.prefect_api(prepare=lambda: prepared.append(1)) as url:
+        assert httpx.get(url + "/health").status_code == 200
+        from prefect import flow
+
+        @flow
+        def hello() -> int:
+            return 7
+
+        assert hello() == 7
+    assert prepared == [1]
+    print("OK", url)
+    """
+)
+
+
+def run(mode: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT, mode], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_temporary_api_serves_a_flow():
+    proc = run("ok")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "OK http://127.0.0.1:" in proc.stdout
+
+
+def test_a_server_that_does_not_start_falls_back_to_prefects_own():
+    proc = run("broken")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "starting it the way Prefect does" in proc.stderr
