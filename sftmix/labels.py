@@ -103,6 +103,10 @@ class SegmentBoundaries:
     def pattern(self) -> re.Pattern[str]:
         return _added_pattern(self.contents)
 
+    @property
+    def id_array(self) -> np.ndarray:
+        return _id_array(self.ids)
+
     def cut(
         self, text: str, full: str, starts: np.ndarray, ends: np.ndarray, index: np.ndarray
     ) -> tuple[int, str]:
@@ -129,6 +133,11 @@ class SegmentBoundaries:
         """No added-token match in ``text`` straddles position ``c``."""
         lo = max(0, c - self.longest + 1)
         return all(not (m.start() < c < m.end()) for m in self.pattern.finditer(text, lo, c + self.longest))
+
+
+@lru_cache(maxsize=8)
+def _id_array(ids: frozenset[int]) -> np.ndarray:
+    return np.array(sorted(ids), dtype=np.int64)
 
 
 @lru_cache(maxsize=8)
@@ -172,13 +181,7 @@ class LabelMasker:
         pending: list[_Pending] = []
         for i, (conv, text, enc) in enumerate(zip(conversations, rendered, encodings, strict=True)):
             full_ids = np.asarray(enc.ids, dtype=np.int64)
-            full_offsets = np.fromiter(
-                chain.from_iterable(enc.offsets), dtype=np.int64, count=2 * len(full_ids)
-            )
-            full_offsets = full_offsets.reshape(-1, 2)
-            ids, offsets = full_ids, full_offsets
-            if self.max_len is not None:
-                ids, offsets = ids[: self.max_len], offsets[: self.max_len]
+            ids = full_ids if self.max_len is None else full_ids[: self.max_len]
             row = TokenizedRow(ids=ids, mask=np.zeros(ids.shape[0], dtype=np.uint8), status=RowStatus.KEPT)
             results.append(row)
             try:
@@ -186,12 +189,17 @@ class LabelMasker:
             except _SpanFailure as exc:
                 row.status, row.detail = RowStatus.SPAN_UNVERIFIED, str(exc)
                 continue
-            if spans is not None:
+            if spans is not None:  # every token's offsets, for the overlap rule
+                offsets = np.fromiter(
+                    chain.from_iterable(enc.offsets), dtype=np.int64, count=2 * len(full_ids)
+                )
+                offsets = offsets.reshape(-1, 2)[: ids.shape[0]]
                 row.mask = _overlap_mask(offsets, spans[-1:] if self.mode == "last_turn" else spans)
-            elif self.boundaries is not None:
-                at = np.flatnonzero(np.isin(full_ids, list(self.boundaries.ids)))
-                pending[-1].boundary_starts = full_offsets[at, 0]
-                pending[-1].boundary_ends = full_offsets[at, 1]
+            elif self.boundaries is not None:  # only the boundary tokens' offsets (converting all costs more)
+                at = np.flatnonzero(np.isin(full_ids, self.boundaries.id_array))
+                chars = np.array([enc.token_to_chars(j) for j in at.tolist()], dtype=np.int64).reshape(-1, 2)
+                pending[-1].boundary_starts = chars[:, 0]
+                pending[-1].boundary_ends = chars[:, 1]
                 pending[-1].boundary_index = at
         if pending:
             self._token_count_spans(conversations, rendered, results, pending)
@@ -305,6 +313,12 @@ class LabelMasker:
     ) -> str | None:
         """The reference's check that each token-count span starts at, and covers, its content."""
         n = ids.shape[0]
+        # shortest content after each message: a decoded tail shorter than that cannot contain one
+        shortest_after = [0] * (len(messages) + 1)
+        shortest_after[-1] = 1 << 62
+        for k in range(len(messages) - 1, -1, -1):
+            c = messages[k].get("content")
+            shortest_after[k] = min(shortest_after[k + 1], len(c)) if c else shortest_after[k + 1]
         for idx, start, end in spans:
             content = messages[idx].get("content")
             if not content or content not in rendered:
@@ -322,6 +336,8 @@ class LabelMasker:
             if not stripped.startswith(content):
                 return f"span of message {idx} starts inside the assistant header"
             tail = decoded[decoded.index(content) + len(content) :]
+            if len(tail) < shortest_after[idx + 1]:
+                continue
             for later in range(idx + 1, len(messages)):
                 later_content = messages[later].get("content")
                 if later_content and later_content in tail:
