@@ -20,7 +20,7 @@ from .errors import DatasetError, TemplateError
 from .formats import MESSAGES_KEY, detect_format
 from .selection import selected_source_rows, small_count_warning, target_rows
 from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext
-from .sources import arrow_cache_files, describe, rows_fingerprint
+from .sources import arrow_cache_files, describe, release_mapped_data, rows_fingerprint
 from .storage import atomic_write_bytes, is_remote, storage_errors
 from .templates import has_generation_tags, resolve_template
 from .tokenizer import (
@@ -277,6 +277,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
                 slices=ids,
             )
         )
+    release_mapped_data(datasets_too=True)  # every row was read to fingerprint it; workers map their own
     return Plan(
         mixer=mixer,
         context=ctx,

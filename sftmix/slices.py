@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 from .errors import BadRowError, ChecksumError, DatasetError, MixerError, TemplateError
 from .formats import Conversation, RowFormatError, conversation_from_row
 from .labels import DROP_REASONS, LabelMasker, RenderError, RowStatus, TokenizedRow
-from .sources import read_rows
+from .sources import read_rows, release_mapped_data
 from .storage import (
     atomic_write_bytes,
     atomic_write_with,
@@ -314,6 +314,13 @@ def _tokenize_batch(
 
 def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
     """Tokenize one slice and write its checkpoint; returns the manifest (written last)."""
+    try:
+        return _tokenize_slice(spec, ctx)
+    finally:
+        release_mapped_data()  # the next slice maps what it reads; resident memory stays per slice
+
+
+def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
     started, started_at = time.perf_counter(), time.time()
     rows = spec.row_list()
     dtype = np.dtype(ctx.token_dtype)

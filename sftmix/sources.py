@@ -226,6 +226,15 @@ def _arrow_table(files: tuple[str, ...]) -> Any:
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
 
+def release_mapped_data(datasets_too: bool = False) -> None:
+    """Close the memory maps this process holds (Arrow tables; with ``datasets_too`` the opened
+    datasets as well): pages read through a map stay in the process's resident memory while it is
+    open, so a worker that kept it open would grow with every slice it read."""
+    _arrow_table.cache_clear()
+    if datasets_too:
+        _open_dataset.cache_clear()
+
+
 def read_rows(
     path: str,
     split: str,
