@@ -10,8 +10,9 @@ render each shape once with placeholders and build every row's prefixes by pasti
 Why pasting gives Jinja's exact bytes, checked rather than assumed:
 
 - a placeholder is a ``str`` that records every way a template can look inside it (comparison,
-  hashing, length, membership, indexing, iteration, any ``str`` method); a shape whose renders do any
-  of that is rendered with Jinja, row by row, as before;
+  hashing, length, membership, indexing, iteration, truth of a derived text, any ``str`` method but
+  ``strip``/``lstrip``/``rstrip`` of a whole text, which yield a new placeholder for the stripped text);
+  a shape whose renders do any of that is rendered with Jinja, row by row, as before;
 - each shape is rendered with two unlike placeholder sets (different letters, lengths, padding, with
   quotes and backslashes inside): a transformation the recording cannot see (``~`` then ``trim``,
   JSON escaping) changes them differently, and a shape whose two renders disagree is refused;
@@ -56,29 +57,51 @@ _SETS = (
 )
 
 
-class _Probe:
-    """What a template did to the placeholders during one shape's renders."""
+#: ``str`` methods a placeholder answers with another placeholder: the pasted value is the same method
+#: applied to the real text (e.g. the ``trim`` filter of Llama-3's template).
+_DERIVABLE = frozenset({"strip", "lstrip", "rstrip"})
 
-    def __init__(self) -> None:
+
+class _Probe:
+    """What a template did to the placeholders during one shape's renders: the ways it looked inside
+    them, and the texts it derived from them (numbered after the fields, in order of first use)."""
+
+    def __init__(self, placeholders: _PlaceholderSet, n_fields: int) -> None:
         self.looked: set[str] = set()
+        self.placeholders = placeholders
+        self.n_fields = n_fields
+        self.derived: list[tuple[int, str]] = []
+        self._ids: dict[tuple[int, str], int] = {}
+
+    def derive(self, base: int, method: str) -> _Placeholder:
+        n = self._ids.get((base, method))
+        if n is None:
+            n = self._ids[base, method] = self.n_fields + len(self.derived)
+            self.derived.append((base, method))
+        return _Placeholder.make(self.placeholders.text(n), self, n)
 
 
 class _Placeholder(str):
     """A message text standing in for any text: pasting it is fine, looking inside it is recorded."""
 
     _probe: _Probe
+    _id: int | None  # the text it stands for; None for a concatenation that contains placeholders
 
     @classmethod
-    def make(cls, text: str, probe: _Probe) -> _Placeholder:
+    def make(cls, text: str, probe: _Probe, n: int | None = None) -> _Placeholder:
         obj = cls(text)
         obj._probe = probe
+        obj._id = n
         return obj
 
     def __str__(self) -> str:
         return self
 
     def __bool__(self) -> bool:
-        return True  # placeholders stand only for non-empty texts (empty ones are kept as "")
+        if self._id is not None and self._id < self._probe.n_fields:
+            return True  # a field's placeholder stands only for a non-empty text (empty ones stay "")
+        self._probe.looked.add("__bool__")  # a derived text or a concatenation may be empty
+        return True
 
     def __add__(self, other: Any) -> Any:
         result = str.__add__(self, other)
@@ -92,8 +115,11 @@ class _Placeholder(str):
 
 def _recording(name: str) -> Callable[..., Any]:
     original = getattr(str, name)
+    derivable = name in _DERIVABLE
 
     def method(self: _Placeholder, *args: Any, **kwargs: Any) -> Any:
+        if derivable and self._id is not None and not kwargs and args in ((), (None,)):
+            return self._probe.derive(self._id, name)
         self._probe.looked.add(name)
         return original(self, *args, **kwargs)
 
@@ -133,6 +159,7 @@ class _Prefix:
 @dataclass(frozen=True)
 class _Skeleton:
     fields: tuple[tuple[int, str], ...]  # placeholder n stands for messages[i][key]
+    derived: tuple[tuple[int, str], ...]  # then placeholder len(fields) + k is str.<method>(placeholder base)
     full: tuple[str | int, ...]
     turns: tuple[tuple[_Prefix | None, _Prefix], ...]  # (header, through) per assistant turn
 
@@ -196,6 +223,8 @@ class PrefixRenders:
         if skeleton is None:
             return None
         values = [conv.messages[i][key] for i, key in skeleton.fields]
+        for base, method in skeleton.derived:
+            values.append(getattr(str, method)(values[base]))
         pasted = [p if isinstance(p, str) else values[p] for p in skeleton.full]
         if "".join(pasted) != full:
             return None
@@ -210,9 +239,10 @@ class PrefixRenders:
     def _build(self, messages: Sequence[dict], indices: Sequence[int]) -> _Skeleton | None:
         fields = [(i, k) for i, m in enumerate(messages) for k, v in m.items() if k != "role" and v]
         skeletons = []
+        derived: list[list[tuple[int, str]]] = []
         for placeholders in _SETS:
-            probe = _Probe()
-            by_field = {f: _Placeholder.make(placeholders.text(n), probe) for n, f in enumerate(fields)}
+            probe = _Probe(placeholders, len(fields))
+            by_field = {f: _Placeholder.make(placeholders.text(n), probe, n) for n, f in enumerate(fields)}
             stand_in = [{k: by_field.get((i, k), v) for k, v in m.items()} for i, m in enumerate(messages)]
             try:
                 renders = [self._render(stand_in, None, False)]
@@ -227,7 +257,8 @@ class PrefixRenders:
             if any(p is None for p in pieces):
                 return None
             skeletons.append(pieces)
-        if skeletons[0] != skeletons[1]:
+            derived.append(probe.derived)
+        if skeletons[0] != skeletons[1] or derived[0] != derived[1]:
             return None
         full, *prefixes = skeletons[0]
         assert full is not None
@@ -235,7 +266,7 @@ class PrefixRenders:
         for k, idx in enumerate(indices):
             header, through = prefixes[2 * k], prefixes[2 * k + 1]
             turns.append((None if idx == 0 else _split(header, full), _split(through, full)))
-        return _Skeleton(fields=tuple(fields), full=full, turns=tuple(turns))
+        return _Skeleton(fields=tuple(fields), derived=tuple(derived[0]), full=full, turns=tuple(turns))
 
 
 def _split(prefix: tuple[str | int, ...] | None, full: tuple[str | int, ...]) -> _Prefix:

@@ -40,6 +40,22 @@ LLAMA3_LIKE = (
     "+ m['content'] | trim + '<|eot_id|>' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
 )
+LLAMA31_LIKE = (  # the shape of Llama-3.1's own template, tools and dates left out
+    "{{- bos_token }}{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content']|trim %}"
+    "{%- set messages = messages[1:] %}{%- else %}{%- set system_message = '' %}{%- endif %}"
+    "{{- '<|start_header_id|>system<|end_header_id|>\n\n' }}{{- system_message }}{{- '<|eot_id|>' }}"
+    "{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + "
+    "message['content'] | trim + '<|eot_id|>' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"
+)
+TRIM_TRUTH = (
+    "{% for m in messages %}<{{ m['role'] }}>{% if m['content'] | trim %}{{ m['content'] }}{% else %}(empty)"
+    "{% endif %}</s>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+STRIP_CHARS = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'].strip('ab') }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 LENGTH_BRANCH = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% if m['content'] | length > 5 %}"
     "[long]{% endif %}</s>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
@@ -53,7 +69,10 @@ TEMPLATES = {
     "think_branch": THINK_BRANCH,
     "json_last": JSON_LAST,
     "llama3_like": LLAMA3_LIKE,
+    "llama31_like": LLAMA31_LIKE,
     "length_branch": LENGTH_BRANCH,
+    "trim_truth": TRIM_TRUTH,
+    "strip_chars": STRIP_CHARS,
 }
 TEXTS = ["hi", " padded ", "a\nb", 'quote " and \\ slash', "</think>answer", "x" * 7, "", "\ue000odd", "  "]
 
@@ -96,7 +115,15 @@ def test_our_templates_are_pasted_and_exact():
         assert check(TEMPLATES[name], late_system), name
 
 
-@pytest.mark.parametrize("name", ["trim_last", "think_branch", "llama3_like", "length_branch"])
+@pytest.mark.parametrize("name", ["trim_last", "llama3_like", "llama31_like"])
+def test_trimmed_texts_are_pasted_trimmed(name):
+    conv = chat(
+        ("system", " s "), ("user", " a "), ("assistant", "\n b \t"), ("user", "c"), ("assistant", " d ")
+    )
+    assert check(TEMPLATES[name], conv)
+
+
+@pytest.mark.parametrize("name", ["think_branch", "length_branch", "trim_truth", "strip_chars"])
 def test_templates_that_look_inside_texts_are_rendered(name):
     conv = chat(("user", " a "), ("assistant", "b</think>c "), ("user", "c"), ("assistant", " d "))
     assert not check(TEMPLATES[name], conv)
