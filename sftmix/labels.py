@@ -190,10 +190,7 @@ class LabelMasker:
                 row.status, row.detail = RowStatus.SPAN_UNVERIFIED, str(exc)
                 continue
             if spans is not None:  # every token's offsets, for the overlap rule
-                offsets = np.fromiter(
-                    chain.from_iterable(enc.offsets), dtype=np.int64, count=2 * len(full_ids)
-                )
-                offsets = offsets.reshape(-1, 2)[: ids.shape[0]]
+                offsets = _offsets(enc)[: ids.shape[0]]
                 row.mask = _overlap_mask(offsets, spans[-1:] if self.mode == "last_turn" else spans)
             elif self.boundaries is not None:  # only the boundary tokens' offsets (converting all costs more)
                 at = np.flatnonzero(np.isin(full_ids, self.boundaries.id_array))
@@ -356,11 +353,18 @@ def _render_each(conversations: Sequence[Conversation], render: Callable[[Conver
     return out
 
 
+def _offsets(enc: Any) -> np.ndarray:
+    """(start, end) character offsets of every token of an encoding, as an (n, 2) array."""
+    return np.fromiter(chain.from_iterable(enc.offsets), dtype=np.int64, count=2 * len(enc.ids)).reshape(
+        -1, 2
+    )
+
+
 def _generation_mask(enc, spans: list[tuple[int, int]]) -> np.ndarray:
     """transformers' ``return_assistant_tokens_mask`` rule (5.x): every token whose offsets overlap a
     ``{% generation %}`` block, zero-width tokens inside a block included (unlike the reference's
     assistant rule, which leaves those out)."""
-    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+    offsets = _offsets(enc)
     mask = np.zeros(offsets.shape[0], dtype=bool)
     for start, end in spans:
         mask |= (offsets[:, 0] < end) & (offsets[:, 1] > start)

@@ -212,7 +212,7 @@ def arrow_cache_files(path: str, split: str, revision: str | None, cache_dir: st
         return None
     files = [f["filename"] for f in ds.cache_files]
     try:
-        n = sum(pa.ipc.open_stream(pa.memory_map(f)).read_all().num_rows for f in files)
+        n = _arrow_table(tuple(files)).num_rows  # the table workers will read, opened the same way
     except (OSError, pa.ArrowInvalid):
         return None
     return files if n == len(ds) and ds.data.num_rows == n else None

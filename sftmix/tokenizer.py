@@ -164,6 +164,7 @@ def load_worker_tokenizer(path: str) -> WorkerTokenizer:
     return WorkerTokenizer(rust, dict(data["special_tokens"]), boundaries_of(rust))
 
 
+@lru_cache(maxsize=4)  # like the tokenizer it hashes: prepare_plan and build_plan both ask
 def tokenizer_fingerprint(key: TokenizerKey) -> str:
     """Hash of everything in the tokenizer that changes token ids or template variables."""
     tok = load_hf_tokenizer(key)
