@@ -27,17 +27,26 @@ class DatasetError(MixerError):
         return (type(self), (self.dataset, self.reason))
 
 
+def row_label(row: int, line: int | None = None) -> str:
+    """A row as users should read it: rows count from 0 (as ``inspect --row`` and the run report count
+    them), file lines from 1, so a JSON Lines row says both."""
+    if line is None:
+        return f"row {row} (0-based)"
+    return f"row {row} (0-based; line {line} of the file)"
+
+
 class BadRowError(MixerError):
     """One row of a dataset is malformed."""
 
-    def __init__(self, dataset: str, row: int, reason: str) -> None:
+    def __init__(self, dataset: str, row: int, reason: str, line: int | None = None) -> None:
         self.dataset = dataset
         self.row = row
         self.reason = reason
-        super().__init__(f"dataset {dataset!r}, row {row}: {reason}")
+        self.line = line
+        super().__init__(f"dataset {dataset!r}, {row_label(row, line)}: {reason}")
 
     def __reduce__(self) -> tuple:
-        return (type(self), (self.dataset, self.row, self.reason))
+        return (type(self), (self.dataset, self.row, self.reason, self.line))
 
 
 class TokenDtypeError(MixerError):

@@ -1,7 +1,9 @@
-"""How many CPUs this process may really use (affinity and cgroup quota, not the host's core count)."""
+"""How many CPUs (affinity and cgroup quota, not the host's core count) and how much memory (physical
+memory, or a cgroup limit below it) this process may really use."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from pathlib import Path
@@ -33,3 +35,21 @@ def available_cpus() -> int:
     if quota is not None:
         cpus = min(cpus, max(1, math.floor(quota)))
     return max(1, cpus)
+
+
+def memory_limit() -> int | None:
+    """Bytes of memory this process may use: the machine's physical memory, or the cgroup's limit when
+    lower; ``None`` when neither can be read."""
+    limits = []
+    with contextlib.suppress(AttributeError, ValueError, OSError):  # not on every platform
+        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limits.append(int(text))
+        break
+    limits = [n for n in limits if n > 0]
+    return min(limits) if limits else None

@@ -18,7 +18,8 @@ from pydantic import BaseModel
 from .config import MixerConfig, RunOptions, default_work_dir, local_mirror
 from .errors import DatasetError, TemplateError
 from .formats import MESSAGES_KEY, detect_format
-from .selection import selected_source_rows, small_count_warning, target_rows
+from .parallel import memory_limit
+from .selection import selected_source_rows, selection_problem, small_count_warning, target_rows
 from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext
 from .sources import arrow_cache_files, describe, release_mapped_data, rows_fingerprint
 from .storage import atomic_write_bytes, is_remote, storage_errors
@@ -211,10 +212,13 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
     warnings: list[str] = []
     datasets: list[DatasetPlan] = []
     slices: list[SliceSpec] = []
+    selected_total, memory = 0, memory_limit()
     for index, entry in enumerate(mixer.datasets):
         info = describe(entry.path, entry.split, entry.revision, str(datasets_cache))
         if info.n_rows == 0:
-            raise DatasetError(entry.path, f"split {entry.split!r} has no rows")
+            raise DatasetError(
+                entry.path, f"split {entry.split!r} has no rows; remove it from the mixer or give it rows"
+            )
         try:
             row_format, messages_key = detect_format(info.columns, entry.messages_key, entry.format)
         except ValueError as exc:
@@ -223,6 +227,11 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         target = target_rows(entry.amount, info.n_rows)
         if target == 0:
             raise DatasetError(entry.path, f"amount {entry.amount} of {info.n_rows} rows selects no rows")
+        selected_total += target
+        if (
+            problem := selection_problem(entry.amount, info.n_rows, target, selected_total, memory)
+        ) is not None:
+            raise DatasetError(entry.path, problem)
         if (w := small_count_warning(entry.path, entry.amount, info.n_rows)) is not None:
             warnings.append(w)
             logger.warning(w)

@@ -49,6 +49,47 @@ def target_rows(amount: Amount, n_rows: int) -> int:
     return int(amount)
 
 
+#: The most rows a mixer may select, all datasets together: a signed 32-bit count. No SFT mixture comes
+#: near it (tulu-3's has under a million rows), so an amount beyond it is a typo, refused by the plan
+#: before anything is allocated for it (the selection and the output order are arrays of that length).
+MAX_SELECTED_ROWS = 2**31 - 1
+
+#: Memory the assembly keeps per selected row (row records, selection, global order, document table
+#: and boundaries): measured 180 bytes (olmo output) to 284 bytes (hf_parquet) for short rows; the
+#: plan refuses a selection whose assembly would surely not fit in memory.
+ASSEMBLE_BYTES_PER_ROW = 180
+
+
+def _count(n: int | float) -> str:
+    return f"{n:,.0f}" if n < 1e15 else f"{n:.3g}"
+
+
+def selection_problem(
+    amount: Amount, n_rows: int, target: int, mixer_total: int, memory: int | None
+) -> str | None:
+    """Why a dataset's ``target`` rows (``mixer_total`` with the datasets before it) are too many to
+    select, or ``None``: more than :data:`MAX_SELECTED_ROWS`, or more than ``memory`` bytes can
+    assemble at :data:`ASSEMBLE_BYTES_PER_ROW` each."""
+    what = f"amount {amount} selects {_count(target)} rows from its {_count(n_rows)}"
+    if target > n_rows:
+        what += f" (each row {_count(target / n_rows)} times)"
+    if mixer_total > target:
+        what += f", {_count(mixer_total)} in the whole mixer"
+    fix = "; give a smaller amount (1.0 = every row once, 3.0 = upsample 3x, 1000 = 1000 rows)"
+    if mixer_total > MAX_SELECTED_ROWS:
+        return (
+            f"{what}: a mixer may select at most {_count(MAX_SELECTED_ROWS)} rows (2**31 - 1, a signed 32-bit "
+            f"count; no SFT mixture comes near it){fix}"
+        )
+    need = mixer_total * ASSEMBLE_BYTES_PER_ROW
+    if memory is not None and need > memory:
+        return (
+            f"{what}: assembling the output keeps about {ASSEMBLE_BYTES_PER_ROW} bytes per selected row in "
+            f"memory, {need / 2**30:.1f} GiB here, more than this machine's {memory / 2**30:.1f} GiB{fix}"
+        )
+    return None
+
+
 def small_count_warning(name: str, amount: Amount, n_rows: int) -> str | None:
     """The reference warns on counts like ``1`` that were probably meant as ``1.0``."""
     if isinstance(amount, int) and amount <= 10 and n_rows > 100:

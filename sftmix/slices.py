@@ -24,10 +24,10 @@ from typing import BinaryIO
 import numpy as np
 from pydantic import BaseModel, Field
 
-from .errors import BadRowError, ChecksumError, DatasetError, MixerError, TemplateError
+from .errors import BadRowError, ChecksumError, DatasetError, MixerError, TemplateError, row_label
 from .formats import Conversation, RowFormatError, conversation_from_row
 from .labels import DROP_REASONS, LabelMasker, RenderError, RowStatus, TokenizedRow
-from .sources import read_rows, release_mapped_data
+from .sources import read_rows, release_mapped_data, row_line
 from .storage import (
     atomic_write_bytes,
     atomic_write_with,
@@ -283,6 +283,12 @@ def _skipped(reason: str) -> TokenizedRow:
     return TokenizedRow(np.zeros(0, np.int64), np.zeros(0, np.uint8), RowStatus.BAD_ROW, reason)
 
 
+def _bad_row(spec: SliceSpec, row: int, reason: str) -> BadRowError:
+    """The error for a malformed row, with its line when the dataset is a local JSON Lines file (found
+    by scanning the file: only on this error path)."""
+    return BadRowError(spec.dataset, row, reason, row_line(spec.dataset, spec.split, row))
+
+
 def _tokenize_batch(
     masker: LabelMasker, spec: SliceSpec, rows: list[int], records: list[dict], skip_bad: bool
 ) -> list[TokenizedRow]:
@@ -295,7 +301,7 @@ def _tokenize_batch(
             convs[j] = conversation_from_row(record, spec.row_format, spec.messages_key)  # type: ignore[arg-type]
         except RowFormatError as exc:
             if not skip_bad:
-                raise BadRowError(spec.dataset, row, str(exc)) from None
+                raise _bad_row(spec, row, str(exc)) from None
             results[j] = _skipped(str(exc))
     while convs:
         order = list(convs)
@@ -306,7 +312,7 @@ def _tokenize_batch(
         except RenderError as exc:
             j = order[exc.index]
             if not skip_bad:
-                raise BadRowError(spec.dataset, rows[j], str(exc)) from None
+                raise _bad_row(spec, rows[j], str(exc)) from None
             results[j] = _skipped(str(exc))
             del convs[j]
     return [r for r in results if r is not None]
@@ -342,7 +348,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
             raise
         except Exception as exc:  # Arrow/datasets failures while reading, named with the rows
             raise DatasetError(
-                spec.dataset, f"cannot read rows {batch_rows[0]}-{batch_rows[-1]}: {exc}"
+                spec.dataset, f"cannot read rows {batch_rows[0]}-{batch_rows[-1]} (0-based): {exc}"
             ) from None
         results = _tokenize_batch(masker, spec, batch_rows, raw, ctx.on_bad_row == "skip")
         for j, res in enumerate(results):
@@ -350,7 +356,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
             rec["length"] = res.ids.shape[0]
             rec["status"] = int(res.status)
             if res.status == RowStatus.KEPT:
-                check_ids_fit(res.ids, dtype, f"dataset {spec.dataset!r}, row {batch_rows[j]}")
+                check_ids_fit(res.ids, dtype, f"dataset {spec.dataset!r}, {row_label(batch_rows[j])}")
                 rec["offset"] = offset
                 rec["trainable"] = int(res.mask.sum())
                 token_chunks.append(res.ids.astype(dtype))
@@ -363,7 +369,9 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
                 if len(examples) < 5:
                     examples.append({"row": batch_rows[j], "reason": reason, "detail": res.detail})
                 if res.status == RowStatus.BAD_ROW:
-                    logger.warning("dataset %r, row %d skipped: %s", spec.dataset, batch_rows[j], res.detail)
+                    logger.warning(
+                        "dataset %r, %s skipped: %s", spec.dataset, row_label(batch_rows[j]), res.detail
+                    )
                 logger.debug(
                     "dataset %s row %d dropped: %s (%s)", spec.dataset, batch_rows[j], reason, res.detail
                 )

@@ -1,16 +1,25 @@
-"""Open a dataset (hub name, local .jsonl/.parquet, or such a file on gs://) and read rows from it.
+"""Open a dataset (hub name, local .jsonl/.json/.parquet, or such a file on gs://) and read rows from it.
 
 Local files go through ``datasets.load_dataset`` exactly as the reference loads them, so rows reach the
 template with the same fields (Arrow unifies the message keys across rows). The Arrow cache lives in the
 work directory, so every worker process memory-maps the same files instead of re-parsing. A file on an
 object store is fetched once per machine into that cache, named by the object's generation, and is then
 a local file like any other.
+
+JSON files may be compressed (``.jsonl.gz``, ``.json.bz2``, ``.jsonl.xz``; ``.zst`` and ``.lz4`` when
+their packages are installed): ``datasets`` decompresses them on the fly (fsspec infers the codec from
+the name) into the same Arrow cache, so workers read them as they read any file. A name that can only
+be a local path (a data-file suffix, an explicit ``./`` or absolute path, more than one ``/``) is never
+looked up on the hub: a missing file, a directory, an empty file or a format we do not read is said at
+once, by name.
 """
 
 from __future__ import annotations
 
 import codecs
 import hashlib
+import importlib.util
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -23,6 +32,21 @@ from .storage import download_file, is_remote, remote_fs, sha256_stream
 logger = logging.getLogger(__name__)
 
 LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+#: Compression around a JSON file, by suffix: the package fsspec needs for it (None: the standard library).
+COMPRESSED_SUFFIXES = {
+    ".gz": None,
+    ".bz2": None,
+    ".xz": None,
+    ".lzma": None,
+    ".zst": "zstandard",
+    ".lz4": "lz4",
+}
+#: Data files we do not read: named at once instead of being looked up on the hub.
+OTHER_DATA_SUFFIXES = (
+    ".csv", ".tsv", ".txt", ".ndjson", ".arrow", ".feather", ".orc", ".avro", ".xlsx", ".pkl", ".pickle",
+    ".zip", ".tar", ".tgz", ".7z",
+)  # fmt: skip
+READABLE = ".jsonl, .json or .parquet (JSON may be compressed: .gz, .bz2, .xz, .zst)"
 
 
 def _quiet_datasets() -> None:
@@ -32,11 +56,163 @@ def _quiet_datasets() -> None:
     datasets.disable_progress_bars()
 
 
+def _split_compression(path: str) -> tuple[str, str | None]:
+    """The name without its compression suffix, and that suffix (lower case) or ``None``."""
+    lower = path.lower()
+    for suffix in COMPRESSED_SUFFIXES:
+        if lower.endswith(suffix):
+            return path[: -len(suffix)], suffix
+    return path, None
+
+
 def local_builder(path: str) -> str | None:
     """The ``datasets`` builder for a local file, or ``None`` for a hub name."""
+    base, compression = _split_compression(path)
+    base = base.lower()
     for suffix, builder in LOCAL_SUFFIXES.items():
-        if path.endswith(suffix):
-            return builder
+        if base.endswith(suffix):
+            return None if compression is not None and builder != "json" else builder
+    return None
+
+
+def compression_of(path: str) -> str | None:
+    """The compression suffix of a data file we read (``.gz``, ...), ``None`` for a plain file."""
+    return _split_compression(path)[1] if local_builder(path) is not None else None
+
+
+def looks_local(path: str) -> bool:
+    """A name that can only be a local path: a data-file or compression suffix, an explicit path
+    (absolute, ``./``, ``../``, ``~``, a backslash) or more than one ``/`` (hub ids are ``name`` or
+    ``owner/name``)."""
+    lower = path.lower()
+    suffixes = (*LOCAL_SUFFIXES, *COMPRESSED_SUFFIXES, *OTHER_DATA_SUFFIXES)
+    return (
+        lower.endswith(suffixes)
+        or os.path.isabs(path)
+        or path.startswith(("./", "../", "~", ".\\", "..\\"))
+        or path in (".", "..")
+        or "\\" in path
+        or path.count("/") > 1
+    )
+
+
+def _relative_note(path: str) -> str:
+    where = "" if os.path.isabs(path) else f" (relative to the current directory {os.getcwd()})"
+    tilde = "; a leading '~' is not expanded: write the full path" if path.startswith("~") else ""
+    return where + tilde
+
+
+def _missing(path: str, what: str = "file") -> str:
+    return f"no such local {what} {path!r}{_relative_note(path)}"
+
+
+def local_file_problem(path: str) -> str | None:
+    """Why a local data file cannot be read, found before ``datasets`` tries (which would say "file not
+    found" for a directory, or crash on an empty file): ``None`` when it can be.
+
+    An empty file is an error, not a dataset of no rows: a mixer entry that selects nothing is a
+    mistake the user must see (the plan refuses a split without rows for the same reason)."""
+    if not os.path.lexists(path):
+        return _missing(path)
+    if os.path.isdir(path):
+        return (
+            "is a directory, not a file: name the data file inside it "
+            "(a directory laid out as on the hub is read when its name has no data-file suffix)"
+        )
+    if not os.path.isfile(path):
+        return "is not a regular file (a broken link?)"
+    if os.path.getsize(path) == 0:
+        return "the file is empty (0 bytes); remove it from the mixer or give it rows"
+    compression = compression_of(path)
+    package = COMPRESSED_SUFFIXES.get(compression or "")
+    if package is not None and importlib.util.find_spec(package) is None:
+        return (
+            f"reading {compression} files needs the {package!r} package (pip install {package}), "
+            "or decompress the file first"
+        )
+    return None
+
+
+def _not_readable(path: str) -> str:
+    base, compression = _split_compression(path)
+    if compression is not None and base.lower().endswith(".parquet"):
+        return f"a compressed parquet file is not read: decompress it (parquet compresses inside); we read {READABLE}"
+    if path.lower().endswith((".zip", ".tar", ".tgz", ".7z")):
+        return f"an archive is not read: extract the data file and name it; we read {READABLE}"
+    return f"not a data file we read: we read {READABLE}"
+
+
+def hub_name_problem(path: str) -> str | None:
+    """Why a name without a data-file suffix cannot go to ``datasets.load_dataset``: it is a local file
+    we do not read, or a local path that does not exist. ``None`` for a local directory or a hub name."""
+    if os.path.isdir(path):
+        return None  # a local directory laid out as on the hub
+    if os.path.lexists(path):
+        return _not_readable(path)
+    if looks_local(path):
+        return _missing(path, "file" if path.lower().endswith(OTHER_DATA_SUFFIXES) else "file or directory")
+    return None
+
+
+def _no_rows(path: str) -> str:
+    """What an unreadable JSON file without rows holds, for the message that replaces the loader's
+    StopIteration ("coroutine raised StopIteration" under Prefect) or "corresponds to no data"."""
+    import fsspec
+
+    try:
+        with fsspec.open(path, "rb", compression="infer") as fh:
+            head = fh.read(1 << 20)
+            size = len(head)
+            blank = not head.strip()
+            while blank and (block := fh.read(1 << 22)):
+                size += len(block)
+                blank = not block.strip()
+    except Exception:  # the loader's own complaint stands in for this one
+        return "the file has no rows; remove it from the mixer or give it rows"
+    if size == 0:
+        return "the file decompresses to nothing (0 bytes); remove it from the mixer or give it rows"
+    if blank:
+        return "the file has no rows, only blank lines; remove it from the mixer or give it rows"
+    return "the file has no rows (an empty JSON array, or only empty objects); remove it from the mixer or give it rows"
+
+
+def _parquet_rows(path: str) -> int | None:
+    """Rows of a parquet file from its footer, ``None`` when it cannot be read (``datasets`` says why)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_metadata(path).num_rows
+    except Exception:
+        return None
+
+
+def row_line(path: str, split: str, row: int) -> int | None:
+    """The 1-based line of a local JSON Lines file that holds ``row`` (0-based, blank lines skipped as
+    the loader skips them), for error messages. ``None`` when rows are not lines (parquet, a JSON
+    array or a pretty-printed object), for a sliced split, a remote file, or one that cannot be read.
+    Scans the file up to the row: called only to report an error."""
+    import fsspec
+
+    if (
+        local_builder(path) != "json"
+        or split.strip() != "train"
+        or is_remote(path)
+        or not os.path.isfile(path)
+    ):
+        return None
+    try:
+        seen = -1
+        with fsspec.open(path, "rb", compression="infer") as fh:
+            for number, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                seen += 1
+                if seen in (0, row) and not isinstance(json.loads(line), dict):
+                    return None  # a JSON array, or one object over many lines: rows are not lines
+                if seen == row:
+                    return number
+    except Exception:
+        return None
     return None
 
 
@@ -77,19 +253,36 @@ class _Utf8Check:
 
 def file_sha256(path: str, check_utf8: bool = False) -> str:
     """sha256 of a file, checking on the same read that it is valid UTF-8 when asked (hashed once per
-    process while the file's size and modification time stay the same)."""
+    process while the file's size and modification time stay the same). A compressed file is hashed
+    as stored and checked as decompressed."""
     st = os.stat(path)
     return _file_sha256(path, check_utf8, (st.st_size, st.st_mtime_ns))
 
 
 @lru_cache(maxsize=32)
 def _file_sha256(path: str, check_utf8: bool, stamp: tuple[int, int]) -> str:
+    compressed = compression_of(path) is not None
     check = _Utf8Check(path) if check_utf8 else None
     with open(path, "rb") as fh:
-        digest = sha256_stream(fh, check)
+        digest = sha256_stream(fh, None if compressed else check)
     if check is not None:
+        if compressed:
+            _check_decompressed(path, check)
         check.finish()
     return digest
+
+
+def _check_decompressed(path: str, check: _Utf8Check) -> None:
+    import fsspec
+
+    try:
+        with fsspec.open(path, "rb", compression="infer") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                check(block)
+    except DatasetError:
+        raise
+    except Exception as exc:
+        raise DatasetError(path, f"cannot decompress the file: {type(exc).__name__}: {exc}") from None
 
 
 def localize(path: str, cache_dir: str) -> str:
@@ -98,7 +291,7 @@ def localize(path: str, cache_dir: str) -> str:
     if not is_remote(path):
         return path
     if local_builder(path) is None:
-        raise DatasetError(path, "a remote dataset must be a .jsonl, .json or .parquet file")
+        raise DatasetError(path, f"a remote dataset must be a file: {READABLE}")
     try:
         info = remote_fs(path).info(path)
     except FileNotFoundError:
@@ -142,20 +335,31 @@ def _open_dataset(
     builder = local_builder(path)
     try:
         if builder is not None:
-            if not os.path.isfile(path):
-                raise DatasetError(name, "file not found")
+            if (problem := local_file_problem(path)) is not None:
+                raise DatasetError(name, problem)
             if split.split("[", 1)[0].strip() != "train":
                 raise DatasetError(
                     name, f"a local file has only the 'train' split, sliced or not (asked for {split!r})"
                 )
+            if builder == "parquet" and _parquet_rows(path) == 0:  # datasets fails on it ("BatchSize ... 0")
+                raise DatasetError(name, "the file has no rows; remove it from the mixer or give it rows")
             ds = datasets.load_dataset(builder, data_files=path, split=split, cache_dir=cache_dir)
         else:
+            if (problem := hub_name_problem(path)) is not None:
+                raise DatasetError(name, problem)
             ds = datasets.load_dataset(path, split=split, revision=revision, cache_dir=cache_dir)
     except DatasetError:
         raise
+    except StopIteration:  # the json builder finds no table at all in the file
+        raise DatasetError(name, _no_rows(path) if builder == "json" else "the dataset has no rows") from None
     except (datasets.exceptions.DatasetGenerationError, ValueError, OSError, FileNotFoundError) as exc:
         cause = exc.__cause__ or exc
-        raise DatasetError(name, f"cannot load split {split!r}: {type(cause).__name__}: {cause}") from None
+        if builder == "json" and "corresponds to no data" in str(cause):
+            raise DatasetError(name, _no_rows(path)) from None
+        reason = f"cannot load split {split!r}: {type(cause).__name__}: {cause}"
+        if builder is None and isinstance(cause, ConnectionError | FileNotFoundError):
+            reason += f"; nor is there a local file or directory {path!r}{_relative_note(path)}"
+        raise DatasetError(name, reason) from None
     if not isinstance(ds, datasets.Dataset):
         raise DatasetError(name, f"split {split!r} did not load as a single dataset")
     return ds

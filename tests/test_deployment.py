@@ -141,7 +141,10 @@ def test_fail_then_fix_recomputes_only_the_failed_slice(server, tmp_path):
     assert failed.returncode != 0
     message, states = run_states(server, flow_run_name(failed.stdout))
     assert "1 of 10 slices failed" in message
-    assert "arithmetic.jsonl rows 40-79" in message and "row 60: message 0 has no 'role' string" in message
+    assert (
+        "arithmetic.jsonl rows 40-79" in message
+        and "row 60 (0-based; line 61 of the file): message 0 has no 'role' string" in message
+    )
     assert states == {"Failed": 1, "Completed": 9}
 
     rows[60] = good

@@ -51,7 +51,7 @@ def run_slices(tmp_path: Path, m: MixerConfig) -> None:
 
 
 def test_missing_dataset_file(tmp_path):
-    with pytest.raises(DatasetError, match=r"'.*nope.jsonl': file not found"):
+    with pytest.raises(DatasetError, match=r"'(.*nope.jsonl)': no such local file '\1'$"):
         build_plan(mixer(tmp_path, (str(tmp_path / "nope.jsonl"), 1.0)), RunOptions(work_dir=str(tmp_path)))
 
 
@@ -136,7 +136,7 @@ def test_tokenizer_without_chat_template(tmp_path):
 )
 def test_malformed_rows_name_dataset_and_row(tmp_path, bad, reason):
     data = write_jsonl(tmp_path / "d.jsonl", [GOOD, GOOD, bad, GOOD])
-    with pytest.raises(BadRowError, match=rf"d\.jsonl', row 2: {reason}"):
+    with pytest.raises(BadRowError, match=rf"d\.jsonl', row 2 \(0-based; line 3 of the file\): {reason}"):
         run_slices(tmp_path, mixer(tmp_path, (data, 1.0)))
 
 
@@ -211,7 +211,10 @@ def test_more_bad_inputs_get_a_clear_answer(tmp_path):
 
     lists = write_jsonl(tmp_path / "lists.jsonl", [{"messages": [{"role": "user", "content": ["a", "b"]}]}])
     plan = build_plan(mixer(tmp_path, (lists, 1.0)), RunOptions(work_dir=str(tmp_path / "w3")))
-    with pytest.raises(BadRowError, match="row 0: message 0 \\(user\\) has content of type list"):
+    with pytest.raises(
+        BadRowError,
+        match=r"row 0 \(0-based; line 1 of the file\): message 0 \(user\) has content of type list",
+    ):
         tokenize_slice(plan.slices[0], plan.context)
 
 
@@ -279,7 +282,7 @@ def test_token_ids_that_do_not_fit_the_dtype_fail_loudly(tmp_path):
     m = mixer(tmp_path, (data, 1.0), template=str(template), tokenizer=tok_dir)
     plan = build_plan(m, RunOptions(work_dir=str(tmp_path / "w1")))
     with pytest.raises(
-        TokenDtypeError, match=r"d\.jsonl', row 1: token id 70000 does not fit uint8.*largest_id"
+        TokenDtypeError, match=r"d\.jsonl', row 1 \(0-based\): token id 70000 does not fit uint8.*largest_id"
     ):
         tokenize_slice(plan.slices[0], plan.context)
     fixed = m.model_copy(update={"output": m.output.model_copy(update={"token_dtype_rule": "largest_id"})})

@@ -83,7 +83,10 @@ def test_sharegpt_rows_give_the_tokens_of_the_same_messages(tmp_path, expected):
 
     rows[2]["conversations"][0]["from"] = "narrator"
     bad = write_jsonl(tmp_path / "bad.jsonl", rows)
-    with pytest.raises(BadRowError, match=r"bad\.jsonl', row 2: turn 0 has an unknown speaker 'narrator'"):
+    with pytest.raises(
+        BadRowError,
+        match=r"bad\.jsonl', row 2 \(0-based; line 3 of the file\): turn 0 has an unknown speaker 'narrator'",
+    ):
         tokenize(tmp_path / "bad", DatasetEntry(path=bad))
 
 
