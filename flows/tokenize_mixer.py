@@ -24,6 +24,7 @@ from sftmix.parallel import available_cpus
 from sftmix.plan import Plan
 from sftmix.publish import check_output_free, new_staging_dir
 from sftmix.report import DatasetReport, RunReport
+from sftmix.roots import check_allowed_roots
 from sftmix.slices import SliceManifest, SliceSpec, read_manifest, verify_slice
 from sftmix.storage import atomic_write_bytes, remove_tree
 from tasks.assemble import assemble_output
@@ -190,6 +191,7 @@ def _call(task: Any, *args: Any) -> Any:
 def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
     logger = get_run_logger()
     started = time.perf_counter()
+    check_allowed_roots(mixer, run)  # before anything touches a path (check_output_free creates dirs)
     check_output_free(mixer.output.path)
     plan = _call(plan_mixer, mixer, run)
     for line in plan.summary().splitlines():

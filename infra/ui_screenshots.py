@@ -1,23 +1,33 @@
 """Screenshot what a user sees in the Prefect UI for the latest tokenize-mixer run (a documented check).
 
-    PREFECT_API_URL=http://127.0.0.1:4200/api python infra/ui_screenshots.py out/ui
+    PREFECT_API_URL=http://127.0.0.1:4200/api PREFECT_API_AUTH_STRING="$(cat .prefect/auth-string)" \
+        python infra/ui_screenshots.py out/ui
 
 Needs Debian's chromium (apt-get install chromium). Writes run.png (the run's task graph and logs) and
-one PNG per artifact of that run (progress, per-dataset table, markdown report).
+one PNG per artifact of that run (progress, per-dataset table, markdown report). With an auth string
+(infra/local_up.sh sets one) it logs in as a user does: the UI keeps the password in the browser's local
+storage, so Chromium is driven over the DevTools protocol to put it there before the screenshots.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import itertools
+import json
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter
 from prefect.client.schemas.sorting import FlowRunSort
-from prefect.settings import PREFECT_API_URL
+from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -43,6 +53,85 @@ def screenshot(browser: str, url: str, target: Path) -> None:
         )
 
 
+#: Seconds a page gets to fetch its data and render before the screenshot (DevTools path).
+SETTLE_SECONDS = 10.0
+
+
+class DevTools:
+    """A minimal Chrome DevTools protocol session on one page (commands answered in order)."""
+
+    def __init__(self, ws_url: str) -> None:
+        from websockets.sync.client import connect
+
+        self.ws = connect(ws_url, max_size=None, open_timeout=30)
+        self.ids = itertools.count(1)
+
+    def call(self, method: str, **params: object) -> dict:
+        call_id = next(self.ids)
+        self.ws.send(json.dumps({"id": call_id, "method": method, "params": params}))
+        while True:
+            message = json.loads(self.ws.recv(timeout=120))
+            if message.get("id") == call_id:
+                if "error" in message:
+                    raise RuntimeError(f"{method}: {message['error']}")
+                return message.get("result", {})
+
+    def navigate(self, url: str) -> None:
+        self.call("Page.navigate", url=url)
+        time.sleep(SETTLE_SECONDS)
+
+    def evaluate(self, expression: str) -> object:
+        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
+
+
+@contextlib.contextmanager
+def devtools(browser: str) -> Iterator[DevTools]:
+    flags = [f for f in CHROMIUM_FLAGS if not f.startswith("--virtual-time-budget")]
+    with tempfile.TemporaryDirectory() as profile:
+        proc = subprocess.Popen(
+            [browser, *flags, f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            port_file = Path(profile) / "DevToolsActivePort"
+            deadline = time.monotonic() + 60
+            while not (port_file.exists() and port_file.read_text().strip()):
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("chromium did not open its DevTools port")
+                time.sleep(0.2)
+            port = int(port_file.read_text().split()[0])
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as resp:
+                targets = json.loads(resp.read())
+            session = DevTools(next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page"))
+            try:
+                yield session
+            finally:
+                session.ws.close()
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def screenshots_logged_in(browser: str, ui: str, auth: str, shots: list[tuple[str, Path]]) -> None:
+    """Log in to the UI with the auth string (as its password form does), then screenshot each page."""
+    with devtools(browser) as page:
+        page.navigate(f"{ui}/")
+        # what the UI's login form stores: the password, base64-encoded, sent as HTTP basic auth
+        page.evaluate(f"localStorage.setItem('prefect-password', btoa({json.dumps(auth)}))")
+        for url, path in shots:
+            page.navigate(url)
+            if page.evaluate("document.querySelector('input[type=password]') !== null"):
+                raise SystemExit(
+                    f"the UI still asks for a password at {url}: is PREFECT_API_AUTH_STRING right?"
+                )
+            path.write_bytes(base64.b64decode(page.call("Page.captureScreenshot", format="png")["data"]))
+
+
 def main(out: str) -> list[Path]:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
@@ -59,8 +148,13 @@ def main(out: str) -> list[Path]:
         )
     shots = [(f"{ui}/runs/flow-run/{run.id}", target / "run.png")]
     shots += [(f"{ui}/artifacts/artifact/{a.id}", target / f"{a.key or a.id}.png") for a in artifacts]
-    for url, path in shots:
-        screenshot(browser, url, path)
+    auth = PREFECT_API_AUTH_STRING.value()
+    if auth is not None:
+        secret = auth.get_secret_value() if hasattr(auth, "get_secret_value") else str(auth)
+        screenshots_logged_in(browser, ui, secret, shots)
+    else:
+        for url, path in shots:
+            screenshot(browser, url, path)
     return [p for _, p in shots]
 
 

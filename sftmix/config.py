@@ -194,6 +194,14 @@ class RunOptions(BaseModel):
         default=False,
         description="Neither read nor write checkpoints: slices go to a scratch directory removed after the run.",
     )
+    allowed_roots: list[str] | None = Field(
+        default=None,
+        description="Local directories (absolute) and gs://bucket/prefix URLs that every path this run reads "
+        "or writes must lie in: dataset files, a local tokenizer, a .jinja template, the output (strictly "
+        "below a root), the work directory and the reference; hub names are not paths. None: no "
+        "restriction. When the worker sets TOKENIZE_MIXER_ALLOWED_ROOTS, that bounds every run and these "
+        "may only narrow it.",
+    )
 
 
 def default_work_dir() -> Path:

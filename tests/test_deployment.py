@@ -3,15 +3,21 @@ deployments from deployments/prefect.yaml, and `prefect deployment run` (started
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+from sftmix.roots import ENV as ALLOWED_ROOTS
 from tests.ports import free_port
 
 ROOT = Path(__file__).parent.parent
@@ -23,7 +29,11 @@ pytestmark = pytest.mark.slow
 def server(tmp_path_factory):
     home = tmp_path_factory.mktemp("prefect-home")
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("PREFECT_") and k not in ("TOKENIZE_MIXER_AUTH_STRING", ALLOWED_ROOTS)
+    }
     env.update(
         PATH=f"{BIN}{os.pathsep}{env['PATH']}",
         PREFECT_HOME=str(home),
@@ -36,7 +46,11 @@ def server(tmp_path_factory):
     )
     try:
         assert up.returncode == 0, up.stdout + up.stderr
+        auth_file = home / "auth-string"
+        assert stat.S_IMODE(auth_file.stat().st_mode) == 0o600
+        assert f'export PREFECT_API_AUTH_STRING="$(cat {auth_file})"' in up.stdout
         env["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
+        env["PREFECT_API_AUTH_STRING"] = auth_file.read_text().strip()  # what a user exports
         yield env
     finally:
         subprocess.run(["bash", "infra/local_down.sh"], cwd=ROOT, env=env, timeout=60)
@@ -61,6 +75,73 @@ def deployment_run(env: dict, name: str, params: dict) -> subprocess.CompletedPr
         text=True,
         timeout=600,
     )
+
+
+def test_the_api_refuses_requests_without_the_auth_string(server):
+    api = server["PREFECT_API_URL"]
+    assert httpx.get(f"{api}/health").status_code == 200  # unauthenticated probes stay open (Prefect's rule)
+    assert httpx.get(f"{api}/deployments/name/tokenize-mixer/demo").status_code == 401
+    assert (
+        httpx.get(f"{api}/deployments/name/tokenize-mixer/demo", auth=("admin", "wrong")).status_code == 401
+    )
+    assert httpx.get(f"{api}/csrf-token", params={"client": "x"}).status_code == 401
+    assert httpx.post(f"{api}/flow_runs/filter", json={}).status_code in (401, 403)
+    with authed(server) as client:  # the right auth string, and a CSRF token (what Prefect's client does)
+        assert client.post("/flow_runs/filter", json={}).status_code == 200
+        no_csrf = httpx.post(f"{api}/flow_runs/filter", json={}, headers=auth_header(server))
+        assert no_csrf.status_code == 403 and "CSRF" in no_csrf.text
+
+
+def test_a_web_page_on_another_origin_cannot_start_a_run(server, tmp_path):
+    """What a page on http://evil.example could send from the user's browser: the auth string is not a
+    cookie, so the browser has none to attach; the CSRF token cannot be fetched without it."""
+    api = server["PREFECT_API_URL"]
+    own = api.removesuffix("/api")
+    with authed(server) as client:
+        deployment = client.get("/deployments/name/tokenize-mixer/demo").json()["id"]
+        runs_before = client.post("/flow_runs/count", json={}).json()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep me")
+    params = demo_params(tmp_path)
+    params["mixer"]["output"] = {"path": str(victim), "overwrite": True}
+    url = f"{api}/deployments/{deployment}/create_flow_run"
+    evil = {"Origin": "http://evil.example"}
+    body = json.dumps({"parameters": params})
+    for content_type in ("text/plain", "application/json"):  # a "simple" request needs no preflight
+        r = httpx.post(url, content=body, headers={**evil, "Content-Type": content_type})
+        assert r.status_code in (401, 403), r.text
+        assert r.headers.get("access-control-allow-origin") is None
+    forged = {**evil, "Prefect-Csrf-Token": "guess", "Prefect-Csrf-Client": "guess"}
+    assert httpx.post(url, content=body, headers=forged).status_code in (401, 403)
+    # the browser's preflight for a JSON / authorized request: evil.example is not allowed, the UI is
+    preflight = {
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type,authorization",
+    }
+    r = httpx.options(url, headers={**evil, **preflight})
+    assert r.status_code >= 400 and r.headers.get("access-control-allow-origin") is None
+    r = httpx.options(url, headers={"Origin": own, **preflight})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == own
+    with authed(server) as client:
+        r = client.get(f"/deployments/{deployment}", headers=evil)  # even an authorized answer is not shared
+        assert r.status_code == 200 and r.headers.get("access-control-allow-origin") is None
+        assert client.post("/flow_runs/count", json={}).json() == runs_before
+    assert [p.name for p in victim.iterdir()] == ["precious.txt"]
+
+
+def auth_header(env: dict) -> dict[str, str]:
+    """HTTP basic auth with the auth string, as Prefect's client sends PREFECT_API_AUTH_STRING."""
+    return {"Authorization": "Basic " + base64.b64encode(env["PREFECT_API_AUTH_STRING"].encode()).decode()}
+
+
+@contextlib.contextmanager
+def authed(env: dict) -> Iterator[httpx.Client]:
+    """An httpx client with the auth string and a CSRF token (what Prefect's own client does)."""
+    with httpx.Client(base_url=env["PREFECT_API_URL"], headers=auth_header(env)) as client:
+        csrf = client.get("/csrf-token", params={"client": "tests"}).json()["token"]
+        client.headers.update({"Prefect-Csrf-Token": csrf, "Prefect-Csrf-Client": "tests"})
+        yield client
 
 
 def demo_params(tmp: Path, data: Path = Path("examples/data")) -> dict:
