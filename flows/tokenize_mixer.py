@@ -22,7 +22,7 @@ from sftmix.digest import RUN_REPORT
 from sftmix.errors import MixerError, SliceFailuresError
 from sftmix.parallel import available_cpus
 from sftmix.plan import Plan
-from sftmix.publish import check_output_free, new_staging_dir
+from sftmix.publish import check_output_free, paths_to_protect, staging_dir
 from sftmix.report import DatasetReport, RunReport
 from sftmix.roots import check_allowed_roots
 from sftmix.slices import SliceManifest, SliceSpec, read_manifest, verify_slice
@@ -192,7 +192,7 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
     logger = get_run_logger()
     started = time.perf_counter()
     check_allowed_roots(mixer, run)  # before anything touches a path (check_output_free creates dirs)
-    check_output_free(mixer.output.path)
+    seen_id = check_output_free(mixer.output.path, paths_to_protect(mixer, run))
     plan = _call(plan_mixer, mixer, run)
     for line in plan.summary().splitlines():
         logger.info(line)
@@ -201,58 +201,70 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
     if run.disable_cache:  # slices still go through files, in a scratch directory removed below
         scratch = Path(plan.context.work_dir) / "scratch" / uuid.uuid4().hex
         plan.context = plan.context.model_copy(update={"work_dir": str(scratch), "remote_work_dir": None})
-    staging = None
     try:
         outcome = run_slices(plan, run)
-        staging = new_staging_dir(mixer.output.path, plan.context.work_dir)
-        result = _call(assemble_output, plan, outcome.manifests, staging, documents)
-        digests, validation = _call(validate_output, staging, run.reference)
-        dropped: dict[str, int] = {}
-        for t in result.tallies:
-            for k, v in t.dropped.items():
-                dropped[k] = dropped.get(k, 0) + v
-        report = RunReport(
-            output_dir=mixer.output.path,
-            slices_total=len(plan.slices),
-            slices_computed=outcome.computed,
-            slices_reused=outcome.reused,
-            slices_rechecked=outcome.rechecked,
-            rows_in=sum(t.selected for t in result.tallies),
-            rows_kept=sum(t.kept for t in result.tallies),
-            rows_dropped=dict(sorted(dropped.items())),
-            datasets=[d.name for d in plan.datasets],
-            per_dataset=[
-                DatasetReport(name=t.name, selected=t.selected, kept=t.kept, dropped=dict(t.dropped))
-                for t in result.tallies
-            ],
-            documents=result.documents,
-            tokens=result.tokens,
-            trainable_tokens=result.trainable_tokens,
-            parts=result.parts,
-            token_dtype=plan.context.token_dtype,
-            wall_seconds=0.0,
-            tokenize_seconds=round(outcome.seconds, 3),
-            tokens_per_second=0.0,
-            steady_seconds=outcome.steady_seconds,
-            steady_tokens_per_second=outcome.steady_tokens_per_second,
-            digests=digests,
-            validation=validation,
-            documents_file=result.documents_path,
-            drop_examples=[
-                {"dataset": m.dataset, **example} for m in outcome.manifests for example in m.drop_examples
-            ][:20],
-            warnings=plan.warnings,
-        )
-        report.wall_seconds = round(time.perf_counter() - started, 3)
-        report.tokens_per_second = round(result.tokens / max(report.wall_seconds, 1e-9), 1)
-        report.publish = "pending"  # publish stamps its outcome into the staged copy before it shows
-        atomic_write_bytes(staging / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8"))
-        report.publish = _call(publish_output, staging, mixer.output.path, mixer.output.overwrite)
+        with staging_dir(mixer.output.path, plan.context.work_dir) as staging:
+            report, result = _assemble_and_publish(plan, run, outcome, staging, documents, started, seen_id)
     finally:
-        for leftover in (staging, scratch):
-            if leftover is not None:
-                remove_tree(leftover)
+        if scratch is not None:
+            remove_tree(scratch)
     publish_artifacts(report, result.statistics)
     for line in report.render().splitlines():
         logger.info(line)
     return report.model_dump()
+
+
+def _assemble_and_publish(
+    plan: Plan,
+    run: RunOptions,
+    outcome: SliceOutcome,
+    staging: Path,
+    documents: Path,
+    started: float,
+    seen_id: str | None,
+) -> tuple[RunReport, Any]:
+    mixer = plan.mixer
+    result = _call(assemble_output, plan, outcome.manifests, staging, documents)
+    digests, validation = _call(validate_output, staging, run.reference)
+    dropped: dict[str, int] = {}
+    for t in result.tallies:
+        for k, v in t.dropped.items():
+            dropped[k] = dropped.get(k, 0) + v
+    report = RunReport(
+        output_dir=mixer.output.path,
+        slices_total=len(plan.slices),
+        slices_computed=outcome.computed,
+        slices_reused=outcome.reused,
+        slices_rechecked=outcome.rechecked,
+        rows_in=sum(t.selected for t in result.tallies),
+        rows_kept=sum(t.kept for t in result.tallies),
+        rows_dropped=dict(sorted(dropped.items())),
+        datasets=[d.name for d in plan.datasets],
+        per_dataset=[
+            DatasetReport(name=t.name, selected=t.selected, kept=t.kept, dropped=dict(t.dropped))
+            for t in result.tallies
+        ],
+        documents=result.documents,
+        tokens=result.tokens,
+        trainable_tokens=result.trainable_tokens,
+        parts=result.parts,
+        token_dtype=plan.context.token_dtype,
+        wall_seconds=0.0,
+        tokenize_seconds=round(outcome.seconds, 3),
+        tokens_per_second=0.0,
+        steady_seconds=outcome.steady_seconds,
+        steady_tokens_per_second=outcome.steady_tokens_per_second,
+        digests=digests,
+        validation=validation,
+        documents_file=result.documents_path,
+        drop_examples=[
+            {"dataset": m.dataset, **example} for m in outcome.manifests for example in m.drop_examples
+        ][:20],
+        warnings=plan.warnings,
+    )
+    report.wall_seconds = round(time.perf_counter() - started, 3)
+    report.tokens_per_second = round(result.tokens / max(report.wall_seconds, 1e-9), 1)
+    report.publish = "pending"  # publish stamps its outcome into the staged copy before it shows
+    atomic_write_bytes(staging / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8"))
+    report.publish = _call(publish_output, staging, mixer.output.path, mixer.output.overwrite, seen_id)
+    return report, result

@@ -229,7 +229,13 @@ def _progress_bar() -> Iterator[None]:
 def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
     from flows.runtime import prefect_api
 
+    from .publish import check_output_free, paths_to_protect
     from .report import RunReport
+    from .roots import check_allowed_roots
+
+    # The flow checks these again; here they fail fast, before a Prefect API starts.
+    check_allowed_roots(mixer, run)
+    check_output_free(mixer.output.path, paths_to_protect(mixer, run))
 
     def prepare() -> None:
         from .plan import prepare_plan

@@ -3,16 +3,30 @@
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from .config import MixerConfig, RunOptions, default_work_dir, local_mirror
 from .digest import OUTPUT_MANIFEST, RUN_REPORT, is_shard, output_digests, read_output_manifest
 from .errors import ConfigError, OutputConflictError
+from .ownership import (
+    LEASE_MARKER,
+    check_replaceable,
+    leased,
+    output_id,
+    refuse_dangerous_output,
+    remove_abandoned,
+    write_lease,
+    write_output_marker,
+)
 from .storage import (
     TMP_MARK,
     atomic_write_bytes,
@@ -31,40 +45,52 @@ logger = logging.getLogger(__name__)
 OUTPUT_MANIFEST_FORMAT = "tokenize-mixer-output/1"
 
 
-def new_staging_dir(output: str | Path, local_root: str | Path) -> Path:
-    """A fresh directory beside the output (same file system, so publishing is a rename), named with
-    this process's id so that leftovers of killed runs can be told from live ones. A remote output is
-    staged under ``local_root`` (the work directory)."""
-    out = Path(local_root) / "staging" / "remote-output" if is_remote(output) else Path(output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_staging(out)
-    staging = out.parent / f".{out.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    staging.mkdir()
-    return staging
+def paths_to_protect(mixer: MixerConfig, run: RunOptions) -> list[tuple[str, str | Path]]:
+    """Local paths the output must never be, nor contain: the work directory, the current directory,
+    and every local input (datasets, tokenizer, template file, reference)."""
+    work = local_mirror(run.work_dir) if is_remote(run.work_dir) else (run.work_dir or default_work_dir())
+    paths: list[tuple[str, str | Path]] = [
+        ("the work directory", work),
+        ("the current directory", Path.cwd()),
+    ]
+    candidates = [(f"the input dataset {d.path}", d.path) for d in mixer.datasets]
+    candidates += [
+        ("the tokenizer", mixer.tokenizer.name_or_path),
+        ("the chat template file", mixer.tokenizer.chat_template or ""),
+        ("the reference", run.reference or ""),
+    ]
+    paths += [
+        (what, where) for what, where in candidates if where and not is_remote(where) and _exists(where)
+    ]
+    return paths
 
 
-def _alive(pid: int) -> bool:
+def _exists(path: str) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(path).expanduser().exists()
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
 
 
-def remove_stale_staging(output: Path) -> None:
-    """Delete staging and swap directories of this output left by runs that were killed."""
-    for prefix in (f".{output.name}{TMP_MARK}", f".{output.name}.old-"):
-        for leftover in output.parent.glob(f"{prefix}*"):
-            pid_text = leftover.name[len(prefix) :].split("-", 1)[0]
-            if not pid_text.isdigit() or not _alive(int(pid_text)):
-                logger.info("removing %s, left by an interrupted run", leftover)
-                remove_tree(leftover)
+def _staging_parent(output: str | Path, local_root: str | Path) -> Path:
+    return Path(local_root) / "staging" / "remote-output" if is_remote(output) else Path(output)
 
 
-def check_output_free(output: str | Path) -> None:
-    """Fail early (before any work) when the output path cannot become a directory."""
+@contextlib.contextmanager
+def staging_dir(output: str | Path, local_root: str | Path) -> Iterator[Path]:
+    """A fresh, leased directory beside the output (same file system, so publishing is a rename),
+    removed afterwards. A remote output is staged under ``local_root`` (the work directory). Staging
+    left by runs that died is removed once its lease is provably abandoned."""
+    out = _staging_parent(output, local_root)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned(out.parent, f".{out.name}.")
+    with leased(out.parent / f".{out.name}{TMP_MARK}{uuid.uuid4().hex[:12]}") as staging:
+        yield staging
+
+
+def check_output_free(output: str | Path, protected: Iterable[tuple[str, str | Path]] = ()) -> str | None:
+    """Fail early (before any work) when the output cannot become this run's directory; returns the
+    publish id of the output there now (None when there is none), which publishing checks again."""
     if is_remote(output):
         url = str(output)
         bucket = url.split("://", 1)[1].split("/", 1)[0]
@@ -74,51 +100,89 @@ def check_output_free(output: str | Path) -> None:
             raise ConfigError(f"output {url}: cannot reach the bucket: {type(exc).__name__}: {exc}") from None
         if not reachable:
             raise ConfigError(f"output {url}: bucket {bucket!r} does not exist")
-        return
+        return None
+    refuse_dangerous_output(output, protected)
     out = Path(output)
     if out.exists() and not out.is_dir():
         raise OutputConflictError(f"output {out} exists and is not a directory")
+    if out.is_dir():
+        check_replaceable(out)
     with storage_errors(f"output {out} is not writable"):  # probe now, not after hours of work
         out.parent.mkdir(parents=True, exist_ok=True)
         probe = out.parent / f".{out.name}{TMP_MARK}probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         probe.mkdir()
         probe.rmdir()
+    return output_id(out) if out.is_dir() else None
 
 
-def publish(staging: Path, output: str, overwrite: bool) -> str:
+#: ``seen_id`` value that skips the check for an output published by another run meanwhile.
+UNCHECKED = "unchecked"
+
+
+def publish(staging: Path, output: str, overwrite: bool, seen_id: str | None = UNCHECKED) -> str:
     """Make ``staging`` the output (local rename, or objects + manifest last); returns what happened."""
     if is_remote(output):
         return publish_remote(staging, output, overwrite)
     with storage_errors(f"cannot publish to {output}"):
-        return publish_local(staging, output, overwrite)
+        return publish_local(staging, output, overwrite, seen_id)
 
 
-def publish_local(staging: Path, output: str | Path, overwrite: bool) -> str:
-    """Rename ``staging`` to ``output``: 'created', 'replaced' (identical or overwrite) or an error."""
+@contextlib.contextmanager
+def _publish_lock(out: Path) -> Iterator[None]:
+    """Serialise publishes into one output (across processes, and machines where the file system
+    supports locks). The lock file stays: removing a lock file races with its next user."""
+    with open(out.parent / f".{out.name}.tokenize-mixer-lock", "a+b") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        except OSError as exc:  # a file system without locks: the checks below still run
+            logger.warning("cannot lock %s (%s); publishing without the lock", fh.name, exc.strerror)
+        yield
+
+
+def publish_local(staging: Path, output: str | Path, overwrite: bool, seen_id: str | None = UNCHECKED) -> str:
+    """Rename ``staging`` to ``output``: 'created', 'replaced' (identical) or 'overwritten', or an error.
+
+    ``seen_id`` is the output's publish id when the run started: an output published by another run
+    meanwhile is never replaced by different shards, even with ``overwrite``."""
     out = Path(output)
-    if not out.exists():
-        stamp_report(staging, "created")
-        os.rename(staging, out)
-        fsync_dir(out.parent)
-        return "created"
-    if not out.is_dir():
-        raise OutputConflictError(f"output {out} exists and is not a directory")
-    if any(out.iterdir()):
-        same = output_digests(out) == output_digests(staging)
-        if not same and not overwrite:
-            raise OutputConflictError(
-                f"output directory {out} already holds different shards; choose another directory, "
-                "delete it, or pass --overwrite"
-            )
-        status = "replaced" if same else "overwritten"
-    else:
+    with _publish_lock(out):
+        if out.exists() and not out.is_dir():
+            raise OutputConflictError(f"output {out} exists and is not a directory")
         status = "created"
-    stamp_report(staging, status)
-    old = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    os.rename(out, old)
-    os.rename(staging, out)
-    fsync_dir(out.parent)
-    remove_tree(old)
+        if out.is_dir() and any(out.iterdir()):
+            check_replaceable(out)
+            if output_digests(out) == output_digests(staging):
+                status = "replaced"
+            else:
+                current = output_id(out)
+                if seen_id != UNCHECKED and current != seen_id:
+                    raise OutputConflictError(
+                        f"output directory {out} was published by another run while this one worked, "
+                        "with different shards; this run leaves it as it is (its slices are checkpointed: "
+                        "choose another directory and rerun to publish them)"
+                    )
+                if not overwrite:
+                    raise OutputConflictError(
+                        f"output directory {out} already holds different shards; choose another directory, "
+                        "or set overwrite (--overwrite, or Output > Overwrite in the UI) to replace them"
+                    )
+                status = "overwritten"
+        write_output_marker(staging)
+        stamp_report(staging, status)
+        if not out.exists():
+            os.rename(staging, out)
+        else:
+            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
+            write_lease(out)  # travels with the old output, so a kill mid-swap leaves it removable
+            try:
+                os.rename(out, old)
+            except OSError:
+                (out / LEASE_MARKER).unlink(missing_ok=True)
+                raise
+            os.rename(staging, out)
+            remove_tree(old)
+        (out / LEASE_MARKER).unlink(missing_ok=True)
+        fsync_dir(out.parent)
     return status
 
 

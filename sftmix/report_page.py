@@ -16,6 +16,7 @@ import numpy as np
 from .digest import RUN_REPORT
 from .errors import ConfigError
 from .olmo_format import BOUNDS_PART, MASK_PART, STATS_JSON
+from .ownership import record_output_files
 
 REPORT_PNG = "report.png"
 REPORT_MD = "report.md"
@@ -157,4 +158,6 @@ def write_report(output: str | Path, target: str | Path | None = None) -> tuple[
     png, md = where / REPORT_PNG, where / REPORT_MD
     write_png(views, png)
     md.write_text(markdown(views), encoding="utf-8")
+    if target is None:  # written into the output: listed in its marker, so overwrite may replace them
+        record_output_files(where, [REPORT_PNG, REPORT_MD])
     return png, md

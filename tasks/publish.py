@@ -5,11 +5,11 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from sftmix.publish import publish
+from sftmix.publish import UNCHECKED, publish
 from tasks import fail_cleanly
 
 
 @task(name="publish", cache_policy=NO_CACHE, persist_result=False)
 @fail_cleanly
-def publish_output(staging: Path, output: str, overwrite: bool) -> str:
-    return publish(staging, output, overwrite)
+def publish_output(staging: Path, output: str, overwrite: bool, seen_id: str | None = UNCHECKED) -> str:
+    return publish(staging, output, overwrite, seen_id)

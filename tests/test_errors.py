@@ -19,7 +19,7 @@ from sftmix.errors import (
     TokenDtypeError,
 )
 from sftmix.plan import build_plan
-from sftmix.publish import new_staging_dir, publish_local
+from sftmix.publish import publish_local, staging_dir
 from sftmix.slices import tokenize_slice
 
 TINY = Path(__file__).parent / "golden" / "tokenizers" / "tiny"
@@ -155,15 +155,17 @@ def test_invalid_json_line(tmp_path):
 
 def test_output_with_different_shards_is_not_clobbered(tmp_path):
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "token_ids_part_0000.npy").write_bytes(b"\x01\x00")
-    staging = new_staging_dir(out, out.parent)
-    (staging / "token_ids_part_0000.npy").write_bytes(b"\x02\x00")
-    with pytest.raises(OutputConflictError, match="already holds different shards"):
-        publish_local(staging, out, overwrite=False)
-    assert (out / "token_ids_part_0000.npy").read_bytes() == b"\x01\x00"
-    assert publish_local(staging, out, overwrite=True) == "overwritten"
+    with staging_dir(out, tmp_path) as first:
+        (first / "token_ids_part_0000.npy").write_bytes(b"\x01\x00")
+        assert publish_local(first, out, overwrite=False) == "created"
+    with staging_dir(out, tmp_path) as staging:
+        (staging / "token_ids_part_0000.npy").write_bytes(b"\x02\x00")
+        with pytest.raises(OutputConflictError, match="already holds different shards"):
+            publish_local(staging, out, overwrite=False)
+        assert (out / "token_ids_part_0000.npy").read_bytes() == b"\x01\x00"
+        assert publish_local(staging, out, overwrite=True) == "overwritten"
     assert (out / "token_ids_part_0000.npy").read_bytes() == b"\x02\x00"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.tokenize-mixer-lock", "out"]
 
 
 def test_on_bad_row_skip_counts_each_skip_with_its_reason(tmp_path):
