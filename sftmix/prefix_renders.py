@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .formats import Conversation
@@ -238,35 +238,47 @@ class PrefixRenders:
 
     def _build(self, messages: Sequence[dict], indices: Sequence[int]) -> _Skeleton | None:
         fields = [(i, k) for i, m in enumerate(messages) for k, v in m.items() if k != "role" and v]
-        skeletons = []
-        derived: list[list[tuple[int, str]]] = []
+        built = []
         for placeholders in _SETS:
             probe = _Probe(placeholders, len(fields))
             by_field = {f: _Placeholder.make(placeholders.text(n), probe, n) for n, f in enumerate(fields)}
             stand_in = [{k: by_field.get((i, k), v) for k, v in m.items()} for i, m in enumerate(messages)]
             try:
-                renders = [self._render(stand_in, None, False)]
-                for idx in indices:
-                    renders.append(self._render(stand_in[:idx], None, True) if idx else "")
-                    renders.append(self._render(stand_in[: idx + 1], None, False))
+                skeleton = self._build_one(stand_in, indices, placeholders, fields)
             except Exception:
                 return None  # the row's own renders will raise it, with the row named
-            if probe.looked:
+            if skeleton is None or probe.looked:
                 return None
-            pieces = [_pieces(r, placeholders) for r in renders]
-            if any(p is None for p in pieces):
-                return None
-            skeletons.append(pieces)
-            derived.append(probe.derived)
-        if skeletons[0] != skeletons[1] or derived[0] != derived[1]:
-            return None
-        full, *prefixes = skeletons[0]
-        assert full is not None
+            built.append(replace(skeleton, derived=tuple(probe.derived)))
+        # Equal full renders and equal (shared, tail) splits of them are equal prefix renders.
+        return built[0] if built[0] == built[1] else None
+
+    def _build_one(
+        self,
+        stand_in: list[dict],
+        indices: Sequence[int],
+        placeholders: _PlaceholderSet,
+        fields: list[tuple[int, str]],
+    ) -> _Skeleton | None:
+        """One placeholder set's skeleton. Each prefix render is split against the full render as soon
+        as it is made: a chat of n turns keeps n short tails, not n renders as long as the chat (a
+        5,000-turn chat held gigabytes of them)."""
+        full = _pieces(self._render(stand_in, None, False), placeholders)
+        if full is None:
+            return None  # a placeholder came out altered
         turns = []
-        for k, idx in enumerate(indices):
-            header, through = prefixes[2 * k], prefixes[2 * k + 1]
-            turns.append((None if idx == 0 else _split(header, full), _split(through, full)))
-        return _Skeleton(fields=tuple(fields), derived=tuple(derived[0]), full=full, turns=tuple(turns))
+        for idx in indices:
+            header = None
+            if idx:
+                pieces = _pieces(self._render(stand_in[:idx], None, True), placeholders)
+                if pieces is None:
+                    return None
+                header = _split(pieces, full)
+            pieces = _pieces(self._render(stand_in[: idx + 1], None, False), placeholders)
+            if pieces is None:
+                return None
+            turns.append((header, _split(pieces, full)))
+        return _Skeleton(fields=tuple(fields), derived=(), full=full, turns=tuple(turns))
 
 
 def _split(prefix: tuple[str | int, ...] | None, full: tuple[str | int, ...]) -> _Prefix:
