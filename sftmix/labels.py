@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .formats import Conversation
-from .prefix_renders import PrefixRenders
+from .prefix_renders import PastedPrefix, PrefixRenders
 from .templates import ChatRenderer
 
 
@@ -67,8 +67,8 @@ class _Pending:
 
     row: int
     indices: list[int]
-    headers: list[str | None]
-    throughs: list[str]
+    headers: list[str | PastedPrefix | None]
+    throughs: list[str | PastedPrefix]
     boundary_starts: np.ndarray | None = None  # char offsets of segment-boundary tokens in the full render
     boundary_ends: np.ndarray | None = None
     boundary_index: np.ndarray | None = None  # their positions among the full render's tokens
@@ -235,11 +235,11 @@ class LabelMasker:
     ) -> list[tuple[int, int]] | None:
         """Character spans of the assistant turns, or ``None`` when the row needs token counts."""
         indices = assistant_indices(conv.messages)
-        headers: list[str | None] = []
-        throughs: list[str] = []
+        headers: list[str | PastedPrefix | None] = []
+        throughs: list[str | PastedPrefix] = []
         spans: list[tuple[int, int]] = []
         stable = True
-        pasted = self.prefixes.paste(conv, text, indices)
+        pasted = self.prefixes.paste_lazy(conv, text, indices)
         for n, idx in enumerate(indices):
             try:
                 if pasted is not None:
@@ -257,7 +257,7 @@ class LabelMasker:
             headers.append(header)
             throughs.append(through)
             h = header or ""
-            if stable and len(h) <= len(through) and text.startswith(h) and text.startswith(through):
+            if stable and len(h) <= len(through) and _starts(text, h) and _starts(text, through):
                 spans.append((len(h), len(through)))
             else:
                 stable = False
@@ -277,9 +277,11 @@ class LabelMasker:
         texts: list[str] = []
         for p in pending:
             for header, through in zip(p.headers, p.throughs, strict=True):
-                for prefix in (header, through):
-                    if prefix is None:
+                for pasted_or_text in (header, through):
+                    if pasted_or_text is None:
                         continue
+                    # made one at a time: all the prefixes of a long chat together are quadratic
+                    prefix = str(pasted_or_text)
                     base, tail = 0, prefix
                     if self.boundaries is not None and p.boundary_index is not None:
                         base, tail = self.boundaries.cut(
@@ -340,6 +342,10 @@ class LabelMasker:
                 if later_content and later_content in tail:
                     return f"span of message {idx} runs into message {later}"
         return None
+
+
+def _starts(text: str, prefix: str | PastedPrefix) -> bool:
+    return prefix.prefix_of(text) if isinstance(prefix, PastedPrefix) else text.startswith(prefix)
 
 
 def _render_each(conversations: Sequence[Conversation], render: Callable[[Conversation], Any]) -> list:

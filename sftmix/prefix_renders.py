@@ -197,6 +197,29 @@ def _shape(conv: Conversation) -> tuple | None:
     return tuple(shape)
 
 
+@dataclass(frozen=True, eq=False)
+class PastedPrefix:
+    """A pasted prefix render: the row's full render up to ``end``, then ``tail``. It becomes one string
+    only when asked (``str``): all the prefixes of an n-turn chat together are quadratic in its length,
+    one at a time linear."""
+
+    full: str
+    end: int
+    tail: str
+
+    def __len__(self) -> int:
+        return self.end + len(self.tail)
+
+    def __str__(self) -> str:
+        return self.full[: self.end] + self.tail
+
+    def prefix_of(self, text: str) -> bool:
+        """``text.startswith(str(self))``, without building the string when ``text`` is the full render."""
+        if text is self.full:
+            return text.startswith(self.tail, self.end)
+        return text.startswith(str(self))
+
+
 class PrefixRenders:
     """The (header, through) prefix renders of each assistant turn, pasted when the shape allows."""
 
@@ -212,6 +235,15 @@ class PrefixRenders:
     ) -> list[tuple[str | None, str]] | None:
         """Prefixes for the assistant turns ``indices`` of a row whose real full render is ``full``;
         ``None`` when they must come from Jinja."""
+        pasted = self.paste_lazy(conv, full, indices)
+        if pasted is None:
+            return None
+        return [(None if h is None else str(h), str(t)) for h, t in pasted]
+
+    def paste_lazy(
+        self, conv: Conversation, full: str, indices: Sequence[int]
+    ) -> list[tuple[PastedPrefix | None, PastedPrefix]] | None:
+        """:meth:`paste`, each prefix a :class:`PastedPrefix` (linear memory in the chat's length)."""
         shape = _shape(conv)
         if shape is None:
             return None
@@ -230,9 +262,9 @@ class PrefixRenders:
             return None
         offsets = list(itertools.accumulate(map(len, pasted), initial=0))
 
-        def build(prefix: _Prefix) -> str:
+        def build(prefix: _Prefix) -> PastedPrefix:
             tail = "".join([p if isinstance(p, str) else values[p] for p in prefix.tail])
-            return full[: offsets[prefix.shared]] + tail
+            return PastedPrefix(full, offsets[prefix.shared], tail)
 
         return [(None if h is None else build(h), build(t)) for h, t in skeleton.turns]
 
