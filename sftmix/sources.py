@@ -139,6 +139,8 @@ def _not_readable(path: str) -> str:
         return f"a compressed parquet file is not read: decompress it (parquet compresses inside); we read {READABLE}"
     if path.lower().endswith((".zip", ".tar", ".tgz", ".7z")):
         return f"an archive is not read: extract the data file and name it; we read {READABLE}"
+    if path.lower().endswith(".ndjson"):
+        return "not a data file we read: JSON Lines must end in .jsonl (rename it)"
     return f"not a data file we read: we read {READABLE}"
 
 
@@ -167,7 +169,7 @@ def _no_rows(path: str) -> str:
             while blank and (block := fh.read(1 << 22)):
                 size += len(block)
                 blank = not block.strip()
-    except Exception:  # the loader's own complaint stands in for this one
+    except Exception:  # unreadable as well: say no more than the loader found
         return "the file has no rows; remove it from the mixer or give it rows"
     if size == 0:
         return "the file decompresses to nothing (0 bytes); remove it from the mixer or give it rows"

@@ -263,6 +263,7 @@ def test_zstd_without_its_package_is_refused_by_name(here, capsys, monkeypatch):
         ("d.csv", "not a data file we read: we read .jsonl, .json or .parquet"),
         ("d.parquet.gz", "a compressed parquet file is not read: decompress it"),
         ("d.zip", "an archive is not read: extract the data file and name it"),
+        ("d.ndjson", "not a data file we read: JSON Lines must end in .jsonl (rename it)"),
         ("notes", "not a data file we read"),  # an existing file without a suffix is not a hub name
     ],
 )
