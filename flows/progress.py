@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+from flows.watch import no_retries
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,9 +46,11 @@ class SliceProgress:
         self.done = self.rows = self.tokens = 0
         self.started = self._last = time.perf_counter()
         self.every = every_seconds
-        self.artifact = create_progress_artifact(
-            progress=0.0, key="tokenize-mixer-progress", description=f"Slices tokenized (of {total})"
-        )
+        self.artifact = None
+        with contextlib.suppress(Exception):  # progress in the UI is a view: never a reason to fail
+            self.artifact = create_progress_artifact(
+                progress=0.0, key="tokenize-mixer-progress", description=f"Slices tokenized (of {total})"
+            )
         self._emit("started")
 
     def _emit(self, label: str) -> None:
@@ -61,9 +69,17 @@ class SliceProgress:
         if now - self._last >= self.every or self.done == self.total:
             self._last = now
             elapsed = max(now - self.started, 1e-9)
-            update_progress_artifact(
-                self.artifact,
+            self._update_artifact(
                 progress=100.0 * self.done / max(self.total, 1),
                 description=f"{self.done}/{self.total} slices, {self.rows / elapsed:,.0f} rows/s, "
                 f"{self.tokens / elapsed:,.0f} tokens/s",
             )
+
+    def _update_artifact(self, **fields: object) -> None:
+        if self.artifact is None:
+            return
+        try:
+            with no_retries():  # an API that does not answer at once: skip this update, not wait
+                update_progress_artifact(self.artifact, **fields)  # type: ignore[arg-type]
+        except Exception as exc:  # the API may be gone; the run's own watch decides what that means
+            logger.warning("could not update the progress artifact: %s: %s", type(exc).__name__, exc)

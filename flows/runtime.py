@@ -15,11 +15,24 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import IO
+
+from sftmix.stopping import (
+    EXIT_API_LOST,
+    RunStopped,
+    die_with_parent_preexec,
+    exit_now,
+    first_stop,
+    record_stop,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +59,15 @@ class TemporaryServer:
     def __init__(self) -> None:
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
+        self.auth_string = secrets.token_urlsafe(24)
+        self.log: IO[bytes] | None = None
+
+    def log_tail(self, nbytes: int = 2000) -> str:
+        if self.log is None:
+            return ""
+        self.log.seek(0, os.SEEK_END)
+        self.log.seek(max(0, self.log.tell() - nbytes))
+        return self.log.read().decode("utf-8", "replace").strip()
 
     @property
     def api_url(self) -> str:
@@ -63,7 +85,15 @@ class TemporaryServer:
             "PREFECT__SERVER_EPHEMERAL": "1",
             "PREFECT__SERVER_FINAL": "1",
             **get_current_settings().to_environment_variables(exclude_unset=True),
+            # Only this command and its workers (which inherit PREFECT_API_AUTH_STRING) may use it: a
+            # web page the user visits cannot call a loopback API it does not know the secret of.
+            "PREFECT_SERVER_API_AUTH_STRING": self.auth_string,
         }
+        if self.log is None:
+            self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
+        # Its own session: a terminal's Ctrl-C or a closed pipe is for this command to handle, and
+        # the server must keep answering while the run stops; it dies with this process however
+        # that dies (PDEATHSIG), and writes to a file, not to a pipe someone may close.
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -83,6 +113,11 @@ class TemporaryServer:
                 "on",
             ],
             env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=self.log,
+            start_new_session=True,
+            preexec_fn=die_with_parent_preexec,
         )
 
     def wait_ready(self, timeout: float) -> None:
@@ -99,7 +134,9 @@ class TemporaryServer:
                     self.launch()
                     continue
                 if code is not None:
-                    raise RuntimeError(f"the temporary Prefect API server exited with status {code}")
+                    raise RuntimeError(
+                        f"the temporary Prefect API server exited with status {code}: {self.log_tail()}"
+                    )
                 try:
                     if client.get(f"{self.api_url}/health").status_code == 200:
                         return
@@ -108,27 +145,51 @@ class TemporaryServer:
                 time.sleep(0.1)
         raise RuntimeError(f"the temporary Prefect API server did not answer within {timeout:.0f} s")
 
+    def watch(self) -> None:
+        """End the run at once if this server dies under it: it does not come back, and the run
+        cannot report, so waiting on Prefect's retries would only delay the same end."""
+        process = self.process
+
+        def wait_for_exit() -> None:
+            assert process is not None
+            code = process.wait()
+            if self.process is process:  # not stopped by us
+                exit_now(
+                    record_stop(
+                        RunStopped(
+                            f"stopped: the temporary Prefect API server died (exit status {code})",
+                            EXIT_API_LOST,
+                        )
+                    )
+                )
+
+        threading.Thread(target=wait_for_exit, name="temporary-api-watch", daemon=True).start()
+
     def stop(self) -> None:
         if self.process is None:
             return
         logger.info("stopping the temporary Prefect API server")
-        self.process.terminate()
+        process, self.process = self.process, None  # first: the watch must not take this for a death
+        process.terminate()
         try:
-            self.process.wait(timeout=5)
+            process.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.process = None
+            process.kill()
+            process.wait()
+        if self.log is not None:
+            self.log.close()
+            self.log = None
 
 
-def _set_api_url(url: str | None) -> None:
+def _set_api_url(url: str | None, auth_string: str | None = None) -> None:
     """Point this process (every thread, not only the current context) and future workers at ``url``."""
     import prefect.context
 
-    if url is None:
-        os.environ.pop("PREFECT_API_URL", None)
-    else:
-        os.environ["PREFECT_API_URL"] = url
+    for name, value in (("PREFECT_API_URL", url), ("PREFECT_API_AUTH_STRING", auth_string)):
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     # Threads Prefect starts later (event and log workers) read the process-global settings; without
     # this they would find no API URL and start an ephemeral server of their own.
     refresh = getattr(prefect.context, "refresh_global_settings_context", None)
@@ -144,7 +205,12 @@ def prefect_api(prepare: Callable[[], None] | None = None) -> Iterator[str]:
 
     ``prepare`` runs while the temporary server starts (work that fills caches the run uses next)."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_AUTH_STRING,
+        PREFECT_API_URL,
+        PREFECT_CLIENT_MAX_RETRIES,
+        temporary_settings,
+    )
 
     configured = PREFECT_API_URL.value()
     if configured:
@@ -161,7 +227,8 @@ def prefect_api(prepare: Callable[[], None] | None = None) -> Iterator[str]:
             prepare()
         try:
             server.wait_ready(timeout)
-            api_url = server.api_url
+            api_url, auth_string = server.api_url, server.auth_string
+            server.watch()
         except RuntimeError as exc:  # e.g. a Prefect whose server is launched differently: its own way
             logger.warning("%s; starting it the way Prefect does", exc)
             server.stop()
@@ -169,15 +236,22 @@ def prefect_api(prepare: Callable[[], None] | None = None) -> Iterator[str]:
 
             fallback = SubprocessASGIServer()
             fallback.start(timeout=timeout)
-            api_url = fallback.api_url
-        _set_api_url(api_url)
+            api_url, auth_string = fallback.api_url, None
+        _set_api_url(api_url, auth_string)
         try:
-            with temporary_settings({PREFECT_API_URL: api_url}):
+            # Our own server does not come back once it is gone: one quick retry (not five with
+            # backoff, minutes per request) before a run that lost it stops.
+            updates: dict = {PREFECT_API_URL: api_url, PREFECT_CLIENT_MAX_RETRIES: 1}
+            if auth_string is not None:
+                updates[PREFECT_API_AUTH_STRING] = auth_string
+            with temporary_settings(updates):
                 yield api_url
         finally:
             from prefect.logging.handlers import APILogWorker
 
-            APILogWorker.drain_all(timeout=10)  # send the last log lines while the server still listens
+            # send the last log lines while the server still listens (not for long when the run was
+            # stopped: the stop may be that the API is gone)
+            APILogWorker.drain_all(timeout=2 if first_stop() is not None else 10)
             _set_api_url(None)
     finally:
         server.stop()

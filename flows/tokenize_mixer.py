@@ -4,28 +4,32 @@ from __future__ import annotations
 
 import hashlib
 import json
+import queue
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.futures import as_completed
-from prefect.states import Failed
-from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
+from prefect.states import Cancelled, Failed
+from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.artifacts import publish_artifacts
+from flows.pool import ProcessPool, was_running, worker_died
 from flows.progress import SliceProgress
+from flows.watch import StopWatch
 from sftmix.config import MixerConfig, RunOptions
 from sftmix.digest import RUN_REPORT
-from sftmix.errors import MixerError, SliceFailuresError
+from sftmix.errors import MixerError, SliceFailuresError, WorkerDiedError
 from sftmix.parallel import available_cpus
 from sftmix.plan import Plan
 from sftmix.publish import check_output_free, paths_to_protect, staging_dir
 from sftmix.report import DatasetReport, RunReport
 from sftmix.roots import check_allowed_roots
 from sftmix.slices import SliceManifest, SliceSpec, read_manifest, verify_slice
+from sftmix.stopping import EXIT_CANCELLED, RunStopped
 from sftmix.storage import atomic_write_bytes, remove_tree
 from tasks.assemble import assemble_output
 from tasks.plan import plan_mixer
@@ -49,9 +53,13 @@ class SliceOutcome:
 SMALL_JOB_ROWS = 2000
 
 
-def _runner(plan: Plan, run: RunOptions):
+RunnerFactory = Callable[[int], Any]
+
+
+def _runner(plan: Plan, run: RunOptions) -> tuple[RunnerFactory, int]:
     """Worker processes only when there is enough work to pay for their start-up: slices with a
-    checkpoint on disk are cache hits, answered in-process in milliseconds."""
+    checkpoint on disk are cache hits, answered in-process in milliseconds. Returns a factory (a pool
+    of N workers), so a pool broken by a dead worker can be rebuilt, and the worker count."""
     todo = plan.slices
     if not (run.force_recache or run.disable_cache):
         ctx = plan.context
@@ -59,10 +67,10 @@ def _runner(plan: Plan, run: RunOptions):
     workers = min(run.workers or available_cpus(), max(1, len(todo)))
     rows = sum(s.row_end - s.row_start if s.rows is None else len(s.rows) for s in todo)
     if run.runner == "dask":
-        return _dask_runner(run, workers), workers
+        return (lambda n: _dask_runner(run, n)), workers
     if run.runner == "process" or (run.runner == "auto" and workers > 1 and rows >= SMALL_JOB_ROWS):
-        return ProcessPoolTaskRunner(max_workers=workers, initializer=init_worker), workers
-    return ThreadPoolTaskRunner(max_workers=1), 1
+        return (lambda n: ProcessPool(max_workers=n, initializer=init_worker)), workers
+    return (lambda n: ThreadPoolTaskRunner(max_workers=1)), 1
 
 
 def _dask_runner(run: RunOptions, workers: int):
@@ -80,75 +88,162 @@ def _dask_runner(run: RunOptions, workers: int):
     )
 
 
-def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
-    """Tokenize every slice (reusing finished ones), distrusting cached files until they verify."""
+#: A slice in flight when this many workers died is retried alone, in a pool of one worker: a slice
+#: that kills its worker by itself (one row needing more memory than there is) is then named.
+SUSPECT_AFTER_DEATHS = 2
+
+
+class _Slices:
+    """What is known of each slice while the pool runs: its manifest, whether it was a cache hit, its
+    failure, how many dead workers it was a casualty of."""
+
+    def __init__(self, plan: Plan) -> None:
+        n = len(plan.slices)
+        self.manifests: list[SliceManifest | None] = [None] * n
+        self.cached = [False] * n
+        self.errors: list[tuple[SliceSpec, BaseException]] = []
+        self.deaths = [0] * n
+        self.progress = SliceProgress(n)
+        self.done = 0
+
+
+def _run_batch(
+    specs: list[SliceSpec],
+    task: Any,
+    runner: Any,
+    ctx: Any,
+    state: _Slices,
+    watch: StopWatch,
+) -> list[SliceSpec]:
+    """Run ``specs`` on ``runner``; returns the slices lost to a dead worker (to retry)."""
     logger = get_run_logger()
-    ctx = plan.context
-    runner, workers = _runner(plan, run)
-    logger.info("%d slices on %d worker(s) (%s)", len(plan.slices), workers, type(runner).__name__)
-    started = time.perf_counter()
-    manifests: list[SliceManifest | None] = [None] * len(plan.slices)
-    cached = [False] * len(plan.slices)
-    errors: list[tuple[SliceSpec, BaseException]] = []
-    progress = SliceProgress(len(plan.slices))
+    total = len(state.manifests)
+    lost: list[SliceSpec] = []
     with runner:
-        task = slice_task_for(ctx, refresh=run.force_recache, cache=not run.disable_cache)
-        # biggest first, so the last slices to start are the small remainders and none straggles
-        order = sorted(plan.slices, key=lambda s: (-s.est_bytes, s.index))
-        futures = {runner.submit(task, parameters={"spec": s, "ctx": ctx}): s for s in order}
-        done = 0
-        for fut in as_completed(list(futures)):
-            spec = futures[fut]
-            done += 1
+        pending = {runner.submit(task, parameters={"spec": s, "ctx": ctx}): s for s in specs}
+        finished: queue.SimpleQueue = queue.SimpleQueue()
+        for fut in pending:
+            fut.add_done_callback(finished.put)
+        while pending:
+            # Wake every couple of seconds to look for a cancel (no alarm-based timeout here: an
+            # alarm would fire inside the work done for a finished slice)
+            try:
+                fut = finished.get(timeout=watch.every)
+            except queue.Empty:
+                watch.check()
+                continue
+            spec = pending.pop(fut)
             try:
                 m = SliceManifest.model_validate(fut.result())
             except Exception as exc:  # collected: finished slices stay checkpointed
-                errors.append((spec, exc))
+                if worker_died(exc):
+                    lost.append(spec)
+                    if was_running(fut):  # queued slices were not in the dead worker's hands
+                        state.deaths[spec.index] += 1
+                    continue
+                state.errors.append((spec, exc))
                 logger.error("slice %s failed: %s", spec.describe(), exc)
                 continue
-            manifests[spec.index] = m
-            cached[spec.index] = fut.state.name == "Cached"
-            progress.advance(m.rows, m.tokens, spec.describe())
+            state.done += 1
+            state.manifests[spec.index] = m
+            state.cached[spec.index] = fut.state.name == "Cached"
+            state.progress.advance(m.rows, m.tokens, spec.describe())
             verb = (
                 "reused"
-                if cached[spec.index]
+                if state.cached[spec.index]
                 else f"done in {m.seconds:.1f}s ({m.tokens / max(m.seconds, 1e-9):,.0f} tok/s)"
             )
             logger.info(
                 "[%d/%d] %s: %d rows, %d tokens, %s",
-                done,
-                len(futures),
+                state.done,
+                total,
                 spec.describe(),
                 m.rows,
                 m.tokens,
                 verb,
             )
-        if errors:
-            spec, first = errors[0]
-            raise SliceFailuresError(
-                f"{len(errors)} of {len(futures)} slices failed; the {len(futures) - len(errors)} others are "
-                f"checkpointed and a rerun recomputes only the failed ones. First failure, {spec.describe()}: "
-                + (str(first) if isinstance(first, MixerError) else f"{type(first).__name__}: {first}")
-            ) from first
-        stale = []
-        for spec, m in zip(plan.slices, manifests, strict=True):
-            # Cached slices are distrusted until their files verify; with a remote work directory, a
-            # slice computed on another machine is fetched here (its digests checked on the way).
-            if not cached[spec.index] and ctx.remote_work_dir is None:
-                continue
-            problem = verify_slice(ctx.work_dir, m, ctx.remote_work_dir, hash_files=cached[spec.index])
-            if problem is not None:
+            watch.check()
+    return lost
+
+
+def _run_all(
+    specs: list[SliceSpec], task: Any, make_runner: RunnerFactory, workers: int, plan: Plan, state: _Slices
+) -> None:
+    """Run ``specs``, rebuilding the pool when a worker dies; a slice lost to dead workers twice runs
+    alone, and one that kills its worker alone fails the run, named."""
+    logger = get_run_logger()
+    watch = StopWatch()
+    todo = specs
+    while todo:
+        suspects = [s for s in todo if state.deaths[s.index] >= SUSPECT_AFTER_DEATHS]
+        others = [s for s in todo if state.deaths[s.index] < SUSPECT_AFTER_DEATHS]
+        todo = []
+        for spec in suspects:
+            if _run_batch([spec], task, make_runner(1), plan.context, state, watch):
+                state.errors.append((spec, WorkerDiedError(
+                    f"slice {spec.describe()} killed the worker process tokenizing it "
+                    f"{state.deaths[spec.index]} times, the last time alone (out of memory? a row "
+                    "of it needs more than this machine has; the system log names the killer)"
+                )))  # fmt: skip
+        if others:
+            lost = _run_batch(others, task, make_runner(workers), plan.context, state, watch)
+            if lost:
                 logger.warning(
-                    "cached slice %s is not trustworthy (%s): recomputing", spec.describe(), problem
+                    "a worker process died (killed, or out of memory); rebuilding the pool and retrying "
+                    "the %d unfinished slice(s): %s",
+                    len(lost),
+                    ", ".join(s.describe() for s in lost[:5]) + (" ..." if len(lost) > 5 else ""),
                 )
-                stale.append(spec)
-        if stale:
-            refresh = slice_task_for(ctx, refresh=True)
-            for spec, fut in [(s, runner.submit(refresh, parameters={"spec": s, "ctx": ctx})) for s in stale]:
-                manifests[spec.index] = SliceManifest.model_validate(fut.result())
-                cached[spec.index] = False
-    reused = sum(cached)
-    fresh = [m for m, c in zip(manifests, cached, strict=True) if m is not None and not c]
+                todo = sorted(lost, key=lambda s: (-s.est_bytes, s.index))
+
+
+def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
+    """Tokenize every slice (reusing finished ones), distrusting cached files until they verify."""
+    logger = get_run_logger()
+    ctx = plan.context
+    make_runner, workers = _runner(plan, run)
+    logger.info(
+        "%d slices on %d worker(s) (%s)", len(plan.slices), workers, type(make_runner(workers)).__name__
+    )
+    started = time.perf_counter()
+    state = _Slices(plan)
+    task = slice_task_for(ctx, refresh=run.force_recache, cache=not run.disable_cache)
+    # biggest first, so the last slices to start are the small remainders and none straggles
+    _run_all(
+        sorted(plan.slices, key=lambda s: (-s.est_bytes, s.index)), task, make_runner, workers, plan, state
+    )
+    if state.errors:
+        spec, first = state.errors[0]
+        n = len(plan.slices)
+        raise SliceFailuresError(
+            f"{len(state.errors)} of {n} slices failed; the {n - len(state.errors)} others are "
+            f"checkpointed and a rerun recomputes only the failed ones. First failure, {spec.describe()}: "
+            + (str(first) if isinstance(first, MixerError) else f"{type(first).__name__}: {first}")
+        ) from first
+    manifests = state.manifests
+    stale = []
+    for spec, m in zip(plan.slices, manifests, strict=True):
+        # Cached slices are distrusted until their files verify; with a remote work directory, a
+        # slice computed on another machine is fetched here (its digests checked on the way).
+        if not state.cached[spec.index] and ctx.remote_work_dir is None:
+            continue
+        problem = verify_slice(ctx.work_dir, m, ctx.remote_work_dir, hash_files=state.cached[spec.index])
+        if problem is not None:
+            logger.warning("cached slice %s is not trustworthy (%s): recomputing", spec.describe(), problem)
+            stale.append(spec)
+    if stale:
+        for spec in stale:
+            manifests[spec.index] = None
+        _run_all(stale, slice_task_for(ctx, refresh=True), make_runner, workers, plan, state)
+        if state.errors:
+            spec, first = state.errors[0]
+            raise SliceFailuresError(
+                f"recomputing untrustworthy slice {spec.describe()} failed: {first}"
+            ) from first
+        for spec in stale:
+            state.cached[spec.index] = False
+    reused = sum(state.cached)
+    fresh = [m for m, c in zip(manifests, state.cached, strict=True) if m is not None and not c]
     span = max((m.finished_at for m in fresh), default=0.0) - min((m.started_at for m in fresh), default=0.0)
     return SliceOutcome(
         manifests=[m for m in manifests if m is not None],
@@ -181,6 +276,10 @@ def tokenize_mixer(mixer: MixerConfig, run: RunOptions = RunOptions()) -> dict: 
         return _tokenize_mixer(mixer, run)
     except MixerError as exc:
         return Failed(message=str(exc), data=exc)
+    except RunStopped as exc:
+        if exc.exit_code == EXIT_CANCELLED:  # the run ends Cancelled, not Crashed; nothing was published
+            return Cancelled(message=f"{exc.reason}; finished slices are checkpointed, nothing was published")
+        raise
 
 
 def _call(task: Any, *args: Any) -> Any:
@@ -208,7 +307,10 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
     finally:
         if scratch is not None:
             remove_tree(scratch)
-    publish_artifacts(report, result.statistics)
+    try:  # the output is published: the UI's view of it is no reason to fail the run now
+        publish_artifacts(report, result.statistics)
+    except Exception as exc:
+        logger.warning("could not attach the report artifacts: %s: %s", type(exc).__name__, exc)
     for line in report.render().splitlines():
         logger.info(line)
     return report.model_dump()
@@ -266,5 +368,6 @@ def _assemble_and_publish(
     report.tokens_per_second = round(result.tokens / max(report.wall_seconds, 1e-9), 1)
     report.publish = "pending"  # publish stamps its outcome into the staged copy before it shows
     atomic_write_bytes(staging / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8"))
+    StopWatch().check(force=True)  # a run cancelled while it assembled does not publish
     report.publish = _call(publish_output, staging, mixer.output.path, mixer.output.overwrite, seen_id)
     return report, result

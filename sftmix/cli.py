@@ -9,14 +9,26 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from .config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec, load_run_file
-from .errors import ConfigError, MixerError
+from .errors import ConfigError, MixerError, WorkerDiedError
 from .selection import parse_amount
+from .stopping import (
+    EXIT_API_LOST,
+    EXIT_CANCELLED,
+    EXIT_WORKERS_DIED,
+    RunStopped,
+    exit_now,
+    first_stop,
+    guard_std_streams,
+    install_signal_handlers,
+    record_stop,
+)
 
 logger = logging.getLogger("sftmix")
 
@@ -247,6 +259,8 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
         from flows.tokenize_mixer import tokenize_mixer
 
         state = tokenize_mixer(mixer=mixer, run=run, return_state=True)
+    if state.is_cancelled() or state.is_cancelling():
+        raise record_stop(RunStopped("cancelled through the Prefect API", EXIT_CANCELLED))
     result = state.result(raise_on_failure=False)
     if isinstance(result, BaseException):
         raise result
@@ -302,9 +316,47 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _as_stop(exc: BaseException) -> RunStopped | None:
+    """The reason a run was stopped, whatever form the stop reached us in (ours, a KeyboardInterrupt
+    from Python or a closed pipe, Prefect's TerminationSignal for SIGTERM inside a flow)."""
+    if first_stop() is not None:
+        return first_stop()
+    if isinstance(exc, RunStopped):
+        return exc
+    if isinstance(exc, KeyboardInterrupt):
+        return RunStopped("stopped by SIGINT", 128 + signal.SIGINT)
+    if type(exc).__name__ == "TerminationSignal":  # prefect.exceptions, raised for SIGTERM in a flow
+        signum = getattr(exc, "signal", signal.SIGTERM)
+        return RunStopped(f"stopped by {signal.Signals(signum).name}", 128 + signum)
+    import httpx  # Prefect's client
+
+    cause: BaseException | None = exc
+    while cause is not None:  # the flow engine itself failed to reach the API: it is gone
+        if isinstance(cause, httpx.TransportError):
+            return RunStopped(
+                f"stopped: the Prefect API stopped answering ({type(cause).__name__}: {cause})", EXIT_API_LOST
+            )
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    guard_std_streams()
     args = build_parser().parse_args(argv)
     _configure_logging(args.verbose)
+    if args.command in ("convert", "run"):
+        install_signal_handlers()
+    try:
+        return _main(args)
+    except BaseException as exc:
+        stop = _as_stop(exc)
+        if stop is None:
+            raise
+        exit_now(stop)
+        raise  # not reached: exit_now ends the process
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         if args.command == "convert":
             for name in IGNORED_REFERENCE_FLAGS:
@@ -356,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
     except MixerError as exc:
         sys.stderr.write(f"error: {exc}\n")
-        return 2
+        return EXIT_WORKERS_DIED if isinstance(exc.__cause__, WorkerDiedError) else 2
     return 2
 
 

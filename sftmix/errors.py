@@ -67,3 +67,7 @@ class SliceFailuresError(MixerError):
 
 class StorageError(MixerError):
     """A disk is full or a location is not writable: what was being written, where, and why."""
+
+
+class WorkerDiedError(MixerError):
+    """A slice killed the worker process tokenizing it, again and again (out of memory)."""

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .errors import ConfigError, OutputConflictError
-from .storage import atomic_write_bytes, remove_tree
+from .storage import TMP_MARK, atomic_write_bytes, remove_tree, writer_tag
 
 logger = logging.getLogger(__name__)
 
@@ -237,3 +237,27 @@ def leased(directory: Path) -> Iterator[Path]:
     finally:
         HEARTBEAT.discard(directory)
         remove_tree(directory)
+
+
+def temp_abandoned(path: Path, now: float | None = None) -> bool:
+    """Whether a temp file (named by :func:`sftmix.storage.temp_name`) has no live writer: written on
+    this machine since its last boot by a process that is gone, or untouched for longer than a lease."""
+    tag = path.name.rpartition(TMP_MARK)[2].split("-")
+    if len(tag) != 3 or not tag[1].isdigit():
+        return False  # not one of our temp names
+    try:
+        age = (now or time.time()) - path.stat().st_mtime
+    except OSError:
+        return False
+    here = writer_tag().split("-")[0]
+    return (tag[0] == here and not _pid_alive(int(tag[1]))) or age > lease_seconds()
+
+
+def remove_abandoned_temps(directory: Path) -> None:
+    """Remove our temp files in ``directory`` whose writer is gone (e.g. a worker killed mid-write)."""
+    if not directory.is_dir():
+        return
+    for entry in directory.iterdir():
+        if TMP_MARK in entry.name and entry.is_file() and temp_abandoned(entry):
+            logger.info("removing %s, left by a process that died while writing it", entry)
+            entry.unlink(missing_ok=True)

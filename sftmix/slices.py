@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field
 from .errors import BadRowError, ChecksumError, DatasetError, MixerError, TemplateError, row_label
 from .formats import Conversation, RowFormatError, conversation_from_row
 from .labels import DROP_REASONS, LabelMasker, RenderError, RowStatus, TokenizedRow
+from .ownership import remove_abandoned_temps
 from .sources import read_rows, release_mapped_data, row_line
 from .storage import (
     atomic_write_bytes,
@@ -386,6 +387,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
     root = slice_dir(ctx.work_dir, spec.key)
     where = f"cannot write the checkpoint of {spec.describe()} (work directory {ctx.work_dir})"
     with storage_errors(where):
+        remove_abandoned_temps(root)  # a worker killed while writing this slice left them
         files = {
             "tokens.npy": _save_npy(root / "tokens.npy", tokens),
             "mask.npy": _save_npy(root / "mask.npy", mask),

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import os
 import shutil
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,8 +50,20 @@ def reserve_file(path: str | os.PathLike[str], nbytes: int) -> None:
         os.close(fd)
 
 
+@functools.cache
+def writer_tag() -> str:
+    """This machine (host name and boot, hashed) and process, for temp names: a temp file whose
+    writer is provably gone may be removed (see ownership.temp_abandoned)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    machine = hashlib.sha256(f"{socket.gethostname()}/{boot}".encode()).hexdigest()[:10]
+    return f"{machine}-{os.getpid()}"
+
+
 def temp_name(path: Path) -> Path:
-    return path.with_name(f"{path.name}{TMP_MARK}{uuid.uuid4().hex[:12]}")
+    return path.with_name(f"{path.name}{TMP_MARK}{writer_tag()}-{uuid.uuid4().hex[:12]}")
 
 
 def is_temp(name: str) -> bool:

@@ -16,6 +16,7 @@ from prefect.states import State
 
 from sftmix.errors import MixerError
 from sftmix.slices import SliceSpec, TokenizeContext, tokenize_slice
+from sftmix.stopping import follow_parent, ignore_stop_signals
 from sftmix.storage import join_url
 from tasks import fail_cleanly
 
@@ -74,3 +75,5 @@ def init_worker() -> None:
     """Each worker process tokenizes on one thread; the processes use the cores."""
     os.environ["RAYON_NUM_THREADS"] = "1"
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    ignore_stop_signals()  # the run stops its workers itself
+    follow_parent()  # and none outlives a run killed outright

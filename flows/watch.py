@@ -1,0 +1,78 @@
+"""Noticing, while slices run, that the run should stop: a cancel from the UI or `prefect flow-run
+cancel` (the flow-run state turns CANCELLING), or a Prefect API that stopped answering.
+
+A flow started by our CLI has no runner process that would kill it on a cancel, so the flow looks
+itself, every couple of seconds, between slice completions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+
+from prefect.client.orchestration import get_client
+from prefect.context import FlowRunContext
+
+from sftmix.stopping import EXIT_API_LOST, EXIT_CANCELLED, RunStopped, record_stop
+
+logger = logging.getLogger(__name__)
+
+
+class StopWatch:
+    """Raises :class:`RunStopped` from :meth:`check` once the run is cancelled or the API is lost."""
+
+    def __init__(self, every_seconds: float = 2.0, api_grace_seconds: float = 8.0) -> None:
+        ctx = FlowRunContext.get()
+        self.flow_run_id = ctx.flow_run.id if ctx is not None and ctx.flow_run is not None else None
+        self.every = every_seconds
+        self.grace = api_grace_seconds
+        self._last_check = 0.0
+        self._api_ok_at = time.monotonic()
+
+    def check(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.flow_run_id is None or (not force and now - self._last_check < self.every):
+            return
+        self._last_check = now
+        try:
+            with no_retries(), get_client(sync_client=True) as client:  # a look, not a vigil
+                state = client.read_flow_run(self.flow_run_id).state
+        except Exception as exc:  # the API is down or unreachable: a grace period, then stop
+            if now - self._api_ok_at > self.grace:
+                _no_more_retries()
+                raise record_stop(
+                    RunStopped(
+                        f"stopped: the Prefect API stopped answering ({type(exc).__name__}: {exc})",
+                        EXIT_API_LOST,
+                    )
+                ) from None
+            return
+        self._api_ok_at = now
+        if state is not None and (state.is_cancelling() or state.is_cancelled()):
+            raise record_stop(RunStopped("cancelled through the Prefect API", EXIT_CANCELLED))
+
+
+@contextlib.contextmanager
+def no_retries() -> Iterator[None]:
+    """Prefect's client retries a refused connection five times with backoff (a minute); the settings
+    object is shared with the engine's context (a context variable set here would not reach it), so
+    it is changed in place."""
+    from prefect.settings import get_current_settings
+
+    client_settings = get_current_settings().client
+    before = client_settings.max_retries
+    object.__setattr__(client_settings, "max_retries", 0)
+    try:
+        yield
+    finally:
+        object.__setattr__(client_settings, "max_retries", before)
+
+
+def _no_more_retries() -> None:
+    """From here on Prefect's client gives up at once: reporting the crash to an API that is gone
+    would otherwise retry with backoff for minutes. Left in place on purpose: the run is ending."""
+    from prefect.settings import get_current_settings
+
+    object.__setattr__(get_current_settings().client, "max_retries", 0)

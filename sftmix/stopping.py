@@ -1,0 +1,185 @@
+"""How a run stops: every way it can end (a signal, a closed output pipe, a cancel, a lost API) becomes
+one :class:`RunStopped` with a one-line reason and an exit code of its own; and processes we start
+never outlive the process that started them.
+
+Finished slices are checkpointed by their own manifests, so stopping only has to stop promptly: a
+rerun of the same command reuses every finished slice and gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import io
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+logger = logging.getLogger(__name__)
+
+#: Exit codes of the CLI, one per way a run ends (shells report 128+N for a signal N).
+EXIT_CANCELLED = 4  # cancelled through the Prefect API or UI
+EXIT_API_LOST = 5  # the Prefect API stopped answering
+EXIT_WORKERS_DIED = 6  # a slice kept killing its worker process
+EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE
+
+
+class RunStopped(BaseException):
+    """The run was stopped before it finished; nothing was published, finished slices are kept.
+
+    A ``BaseException`` like ``KeyboardInterrupt``: code in between must not swallow it, and Prefect
+    ends the flow run Crashed (or Cancelled, when the flow returns that state itself)."""
+
+    def __init__(self, reason: str, exit_code: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.exit_code = exit_code
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.reason, self.exit_code))
+
+
+_first_stop: RunStopped | None = None
+
+
+def record_stop(stop: RunStopped) -> RunStopped:
+    """Remember the first reason a run was stopped (later ones are consequences of it)."""
+    global _first_stop
+    if _first_stop is None:
+        _first_stop = stop
+    return _first_stop
+
+
+def first_stop() -> RunStopped | None:
+    return _first_stop
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    name = signal.Signals(signum).name
+    raise record_stop(RunStopped(f"stopped by {name}", 128 + signum))
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def install_signal_handlers() -> None:
+    """SIGINT, SIGTERM and SIGHUP raise :class:`RunStopped` in the main thread."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _on_signal)
+
+
+# ---- a closed stdout or stderr ----------------------------------------------------------------------
+
+
+class _PipeGuard(io.TextIOBase):
+    """A stdout/stderr that turns a closed pipe (``cmd | head``) into a stop of the run, once, and then
+    discards what is written instead of failing every later log line."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._closed_pipe = False
+
+    def _broken(self) -> None:
+        if self._closed_pipe:
+            return
+        self._closed_pipe = True
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())  # workers and children write to the same fd
+            os.close(devnull)
+        self._stream = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
+        record_stop(RunStopped("stopped: the output pipe was closed", EXIT_CLOSED_PIPE))
+        if threading.current_thread() is threading.main_thread():
+            raise first_stop()  # type: ignore[misc]
+        # A real signal wakes the main thread from any wait; its handler raises the recorded stop.
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            if exc.errno != errno.EPIPE:
+                raise
+            self._broken()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            if exc.errno != errno.EPIPE:
+                raise
+            self._broken()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def writable(self) -> bool:
+        return True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def guard_std_streams() -> None:
+    """Install the closed-pipe guard on ``sys.stdout`` and ``sys.stderr`` (before logging is set up)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _PipeGuard):
+            setattr(sys, name, _PipeGuard(stream))
+
+
+# ---- children that die with their parent --------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent_preexec() -> None:
+    """For ``subprocess.Popen(preexec_fn=...)`` from the main thread: the child gets SIGTERM when this
+    process dies, however it dies (Linux; elsewhere nothing)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def follow_parent(poll_seconds: float = 1.0) -> None:
+    """In a worker process: exit at once when the parent is gone (a kill -9 of the run), from a daemon
+    thread, so no worker keeps tokenizing for a run that no longer exists."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_seconds)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="follow-parent", daemon=True).start()
+
+
+def ignore_stop_signals() -> None:
+    """In a worker process: a terminal's Ctrl-C or a group SIGTERM is for the run to handle (it stops
+    the workers itself), not a reason for each worker to die with a traceback."""
+    for sig in STOP_SIGNALS:
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def exit_now(stop: RunStopped) -> None:
+    """Print the stop's one line and end the process at once, skipping at-exit work: workers and
+    servers we started follow us out (``follow_parent``, PDEATHSIG), staging is left with a lease
+    that shows it abandoned, and Prefect's at-exit drains would retry against an API that is gone."""
+    logging.disable(logging.CRITICAL)
+    line = (
+        f"error: {stop.reason}; nothing was published, finished slices are checkpointed: "
+        "rerun the same command to resume\n"
+    )
+    with contextlib.suppress(OSError):
+        os.write(2, line.encode("utf-8", "replace"))
+    os._exit(stop.exit_code)

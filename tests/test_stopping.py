@@ -1,0 +1,242 @@
+"""Every way a run can stop ends it within seconds, with an exit code of its own and one line: real
+signals to real process groups, a real closed pipe, a killed worker, a killed API server, a cancel
+through the Prefect API. Finished slices stay checkpointed and a rerun gives the same bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sftmix.digest import compare
+
+ROOT = Path(__file__).parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+from generate_demo_data import arithmetic  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+#: Seconds a stop may take, from the signal to the exit of the command.
+STOP_WITHIN = 10.0
+
+
+def command(data: Path, work: Path, out: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "sftmix.cli", "convert", "--dataset_mixer_list", str(data), "1.0",
+        "--tokenizer_name_or_path", str(ROOT / "examples" / "tokenizer"), "--chat_template_name", "olmo",
+        "--max_seq_length", "256", "--work_dir", str(work), "--output_dir", str(out), "--slice_rows", "500",
+        "--runner", "process", "--workers", "2",
+    ]  # fmt: skip
+
+
+def env(api_url: str | None = None) -> dict:
+    e = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING")}
+    e["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    if api_url:
+        e["PREFECT_API_URL"] = api_url
+    return e
+
+
+@pytest.fixture(scope="module")
+def chats(tmp_path_factory) -> tuple[Path, Path]:
+    """60,000 short chats (120 slices: long enough to stop mid-run) and their uninterrupted output."""
+    root = tmp_path_factory.mktemp("stop")
+    data = root / "chats.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in arithmetic(random.Random(11), 60_000)))
+    expected = root / "expected"
+    subprocess.run(command(data, root / "work-ref", expected), env=env(), check=True, capture_output=True)
+    return data, expected
+
+
+class Run:
+    """The CLI in a process group of its own (as a shell starts a job), its stderr read as it comes."""
+
+    def __init__(self, cmd: list[str], api_url: str | None = None) -> None:
+        self.proc = subprocess.Popen(
+            cmd,
+            env=env(api_url),
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.progress = threading.Event()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            if "[3/" in line:
+                self.progress.set()
+
+    def wait_for_slices(self) -> None:
+        assert self.progress.wait(240), "".join(self.lines)[-3000:]
+
+    def children(self) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def stopped(self, since: float) -> int:
+        try:
+            code = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise AssertionError("the run did not stop: " + "".join(self.lines)[-3000:]) from None
+        elapsed = time.monotonic() - since
+        assert elapsed < STOP_WITHIN, f"took {elapsed:.1f} s to stop"
+        self.reader.join(10)
+        return code
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.lines)
+
+
+def _gone(pids: list[int], within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not any(Path(f"/proc/{p}").exists() and "zombie" not in _status(p) for p in pids):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _status(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().lower()
+    except OSError:
+        return ""
+
+
+def _rerun_matches(data: Path, work: Path, out: Path, expected: Path) -> None:
+    finished = len(list(work.glob("slices/*/*/manifest.json")))
+    assert not out.exists(), "a stopped run published"
+    final = subprocess.run(command(data, work, out), env=env(), capture_output=True, text=True)
+    assert final.returncode == 0, final.stderr[-3000:]
+    result = compare(out, expected)
+    assert result.matches, result.render()
+    report = json.loads((out / "run_report.json").read_text())
+    assert report["slices_reused"] >= finished - report["slices_rechecked"]  # nothing finished is redone
+    leftovers = [p.name for p in out.parent.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+    assert leftovers == [], leftovers
+
+
+def _one_line_reason(stderr: str, reason: str) -> None:
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and reason in errors[0], stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("how", "code", "reason"),
+    [
+        ("SIGINT to the process group (Ctrl-C)", 130, "stopped by SIGINT"),
+        ("SIGTERM to the process only (a pod eviction)", 143, "stopped by SIGTERM"),
+        ("SIGHUP to the process group (terminal closed)", 129, "stopped by SIGHUP"),
+    ],
+)
+def test_a_signal_stops_the_run_cleanly_and_a_rerun_resumes(chats, tmp_path, how, code, reason):
+    data, expected = chats
+    work, out = tmp_path / "work", tmp_path / "out"
+    run = Run(command(data, work, out))
+    run.wait_for_slices()
+    children = run.children()
+    assert len(children) >= 2  # the temporary API server and the pool's workers
+    sig = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGHUP": signal.SIGHUP}[how.split()[0]]
+    since = time.monotonic()
+    if "process only" in how:
+        os.kill(run.proc.pid, sig)
+    else:
+        os.killpg(run.proc.pid, sig)
+    assert run.stopped(since) == code
+    _one_line_reason(run.stderr, reason)
+    assert _gone(children), "a worker or the API server outlived the run"
+    _rerun_matches(data, work, out, expected)
+
+
+def test_a_closed_output_pipe_stops_the_run(chats, tmp_path):
+    data, expected = chats
+    work, out = tmp_path / "work", tmp_path / "out"
+    code_file = tmp_path / "code"
+    script = f'"$@" 2>&1 | grep -m1 "\\[3/"; echo "${{PIPESTATUS[0]}}" > {code_file}'
+    shell = subprocess.Popen(
+        ["bash", "-c", script, "_", *command(data, work, out)],
+        env=env(),
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert shell.stdout is not None
+    assert "[3/" in shell.stdout.readline()  # grep matched and exits: the run's pipe is closed
+    since = time.monotonic()
+    assert shell.wait(timeout=60) == 0
+    assert time.monotonic() - since < STOP_WITHIN
+    assert code_file.read_text().strip() == str(128 + signal.SIGPIPE)
+    left = subprocess.run(["pgrep", "-f", str(work)], capture_output=True, text=True).stdout
+    assert _gone([int(p) for p in left.split()]), left
+    _rerun_matches(data, work, out, expected)
+
+
+def test_a_killed_worker_is_replaced_and_the_bytes_are_the_same(chats, tmp_path):
+    data, expected = chats
+    work, out = tmp_path / "work", tmp_path / "out"
+    run = Run(command(data, work, out))
+    run.wait_for_slices()
+    workers = [p for p in run.children() if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+    os.kill(workers[0], signal.SIGKILL)  # what the OOM killer does
+    assert run.proc.wait(timeout=300) == 0, run.stderr[-3000:]
+    run.reader.join(10)
+    assert "rebuilding the pool" in run.stderr
+    result = compare(out, expected)
+    assert result.matches, result.render()
+    assert not [p for p in work.glob("slices/*/*/*") if ".tmp-" in p.name]
+
+
+def test_a_dead_api_server_stops_the_run(chats, tmp_path):
+    data, expected = chats
+    work, out = tmp_path / "work", tmp_path / "out"
+    run = Run(command(data, work, out))
+    run.wait_for_slices()
+    server = [p for p in run.children() if "uvicorn" in Path(f"/proc/{p}/cmdline").read_text()]
+    assert len(server) == 1
+    since = time.monotonic()
+    os.kill(server[0], signal.SIGKILL)
+    assert run.stopped(since) == 5
+    _one_line_reason(run.stderr, "the temporary Prefect API server died")
+    _rerun_matches(data, work, out, expected)
+
+
+def test_a_cancel_through_the_api_stops_the_run_without_publishing(chats, tmp_path, prefect_api):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+
+    data, expected = chats
+    work, out = tmp_path / "work", tmp_path / "out"
+    run = Run(command(data, work, out), api_url=prefect_api)
+    run.wait_for_slices()
+    running = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING])))
+    with get_client(sync_client=True) as client:
+        flow_run = next(r for r in client.read_flow_runs(flow_run_filter=running) if r.flow_id)
+    subprocess.run(
+        [sys.executable, "-m", "prefect", "flow-run", "cancel", str(flow_run.id)],
+        env=env(prefect_api),
+        check=True,
+        capture_output=True,
+    )
+    assert run.stopped(time.monotonic()) == 4
+    _one_line_reason(run.stderr, "cancelled through the Prefect API")
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(flow_run.id).state.is_cancelled()
+    _rerun_matches(data, work, out, expected)
