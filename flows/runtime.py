@@ -251,7 +251,7 @@ def prefect_api(prepare: Callable[[], None] | None = None) -> Iterator[str]:
 
             # send the last log lines while the server still listens (not for long when the run was
             # stopped: the stop may be that the API is gone)
-            APILogWorker.drain_all(timeout=2 if first_stop() is not None else 10)
+            APILogWorker.drain_all(timeout=1 if first_stop() is not None else 10)
             _set_api_url(None)
     finally:
         server.stop()

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 class StopWatch:
     """Raises :class:`RunStopped` from :meth:`check` once the run is cancelled or the API is lost."""
 
-    def __init__(self, every_seconds: float = 2.0, api_grace_seconds: float = 8.0) -> None:
+    def __init__(self, every_seconds: float = 2.0, api_grace_seconds: float = 3.0) -> None:
         ctx = FlowRunContext.get()
         self.flow_run_id = ctx.flow_run.id if ctx is not None and ctx.flow_run is not None else None
         self.every = every_seconds

@@ -38,7 +38,9 @@ def command(data: Path, work: Path, out: Path) -> list[str]:
 
 
 def env(api_url: str | None = None) -> dict:
-    e = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING")}
+    e = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    if api_url is None:
+        e.pop("PREFECT_API_AUTH_STRING", None)
     e["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     if api_url:
         e["PREFECT_API_URL"] = api_url
@@ -239,4 +241,30 @@ def test_a_cancel_through_the_api_stops_the_run_without_publishing(chats, tmp_pa
     _one_line_reason(run.stderr, "cancelled through the Prefect API")
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(flow_run.id).state.is_cancelled()
+    _rerun_matches(data, work, out, expected)
+
+
+def test_a_lost_prefect_server_stops_the_run(chats, tmp_path):
+    """Server mode: the run was given a server (PREFECT_API_URL), which dies mid-run."""
+    from flows.runtime import TemporaryServer
+
+    data, expected = chats
+    work, out = tmp_path / "work", tmp_path / "out"
+    server = TemporaryServer()
+    server.launch()
+    try:
+        server.wait_ready(120)
+        os.environ["PREFECT_API_AUTH_STRING"] = server.auth_string
+        try:
+            run = Run(command(data, work, out), api_url=server.api_url)
+        finally:
+            os.environ.pop("PREFECT_API_AUTH_STRING")
+        run.wait_for_slices()
+        since = time.monotonic()
+        assert server.process is not None
+        server.process.kill()
+        assert run.stopped(since) == 5
+    finally:
+        server.stop()
+    _one_line_reason(run.stderr, "the Prefect API stopped answering")
     _rerun_matches(data, work, out, expected)
