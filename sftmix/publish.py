@@ -19,6 +19,7 @@ from .digest import OUTPUT_MANIFEST, RUN_REPORT, is_shard, output_digests, read_
 from .errors import ConfigError, OutputConflictError
 from .ownership import (
     LEASE_MARKER,
+    OUTPUT_MARKER,
     check_replaceable,
     leased,
     output_id,
@@ -34,6 +35,7 @@ from .storage import (
     is_remote,
     is_temp,
     join_url,
+    read_remote_bytes,
     remote_fs,
     remove_tree,
     storage_errors,
@@ -198,7 +200,9 @@ def _local_files(staging: Path) -> dict[str, Path]:
     return {
         p.relative_to(staging).as_posix(): p
         for p in sorted(staging.rglob("*"))
-        if p.is_file() and not is_temp(p.name) and p.name != OUTPUT_MANIFEST
+        if p.is_file()
+        and not is_temp(p.name)
+        and p.name not in (OUTPUT_MANIFEST, LEASE_MARKER, OUTPUT_MARKER)
     }
 
 
@@ -209,28 +213,45 @@ def _md5_b64(path: Path) -> str:
     return base64.b64encode(digest).decode("ascii")
 
 
-def remote_publish_status(staging: Path, url: str, overwrite: bool, digests: dict[str, str]) -> str:
+#: Written first when publishing to an object store: every object the prefix holds that we wrote or are
+#: writing (the old manifest's and the new output's), so an interrupted publish can be resumed and
+#: objects anyone else put there are never deleted or overwritten.
+PUBLISHING_MARKER = ".tokenize-mixer-publishing.json"
+
+
+def _remote_ours(url: str, manifest: dict | None) -> set[str]:
+    ours = {OUTPUT_MANIFEST, PUBLISHING_MARKER} | set((manifest or {}).get("files", {}))
+    pending = read_remote_bytes(join_url(url, PUBLISHING_MARKER))
+    if pending is not None:
+        with contextlib.suppress(ValueError, TypeError):
+            ours |= {str(name) for name in json.loads(pending)["files"]}
+    return ours
+
+
+def remote_publish_status(
+    staging: Path, url: str, overwrite: bool, digests: dict[str, str], existing: set[str]
+) -> str:
     """What publishing ``staging`` to ``url`` will do ('created', 'replaced', 'overwritten'), or an
-    error when the prefix holds something else and ``overwrite`` is off."""
+    error when the prefix holds objects we did not write (overwrite or not) or different shards
+    (without overwrite)."""
     manifest = read_output_manifest(url)
-    if manifest is not None:
-        if manifest.get("digests") == digests:
-            return "replaced"
-        if not overwrite:
-            raise OutputConflictError(
-                f"output {url} already holds different shards; choose another prefix, delete it, or pass "
-                "--overwrite"
-            )
-        return "overwritten"
-    fs = remote_fs(url)
-    existing = [_relative(url, p) for p in fs.find(url)] if fs.exists(url) else []
-    foreign = sorted(set(existing) - set(_local_files(staging)))
-    if foreign and not overwrite:
+    foreign = sorted(existing - _remote_ours(url, manifest))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise OutputConflictError(
-            f"output {url} holds objects but no {OUTPUT_MANIFEST} (e.g. {foreign[0]!r}); choose another "
-            "prefix, delete them, or pass --overwrite"
+            f"output {url} holds objects tokenize-mixer did not write ({shown}); choose another prefix, "
+            "or remove them yourself"
         )
-    return "created"
+    if manifest is None:
+        return "created"
+    if manifest.get("digests") == digests:
+        return "replaced"
+    if not overwrite:
+        raise OutputConflictError(
+            f"output {url} already holds different shards; choose another prefix, or set overwrite "
+            "(--overwrite, or Output > Overwrite in the UI) to replace them"
+        )
+    return "overwritten"
 
 
 def _relative(url: str, found: str) -> str:
@@ -243,13 +264,15 @@ def publish_remote(staging: Path, url: str, overwrite: bool) -> str:
     """Upload ``staging`` to ``url``, manifest object last; objects already there with the same md5
     are kept (an interrupted publish resumes where it stopped)."""
     digests = output_digests(staging)  # read once: the status check and the manifest both need them
-    status = remote_publish_status(staging, url, overwrite, digests)
-    stamp_report(staging, status)
     fs = remote_fs(url)
-    files = _local_files(staging)
     existing = {}
     if fs.exists(url):
         existing = {_relative(url, p): info for p, info in fs.find(url, detail=True).items()}
+    status = remote_publish_status(staging, url, overwrite, digests, set(existing))
+    stamp_report(staging, status)
+    files = _local_files(staging)
+    ours = sorted((set(existing) | set(files)) - {OUTPUT_MANIFEST, PUBLISHING_MARKER})
+    write_remote_bytes(join_url(url, PUBLISHING_MARKER), json.dumps({"files": ours}).encode())
     entries = {}
     todo_local, todo_remote = [], []
     for name, path in files.items():
@@ -259,7 +282,7 @@ def publish_remote(staging: Path, url: str, overwrite: bool) -> str:
         if have is None or have.get("md5Hash") != md5 or int(have.get("size", -1)) != path.stat().st_size:
             todo_local.append(str(path))
             todo_remote.append(join_url(url, name))
-    stale = sorted(set(existing) - set(files) - {OUTPUT_MANIFEST})
+    stale = sorted(set(existing) - set(files) - {OUTPUT_MANIFEST, PUBLISHING_MARKER})  # all ours (above)
     changes_shards = any(is_shard(n) for n in stale) or any(is_shard(_relative(url, r)) for r in todo_remote)
     if OUTPUT_MANIFEST in existing and (status == "overwritten" or changes_shards):
         fs.rm_file(join_url(url, OUTPUT_MANIFEST))  # from here on readers see no complete output
@@ -276,6 +299,7 @@ def publish_remote(staging: Path, url: str, overwrite: bool) -> str:
     write_remote_bytes(
         join_url(url, OUTPUT_MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode()
     )
+    fs.rm_file(join_url(url, PUBLISHING_MARKER))
     logger.info(
         "published %s: %d objects uploaded, %d unchanged", url, len(todo_local), len(files) - len(todo_local)
     )

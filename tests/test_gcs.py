@@ -263,3 +263,20 @@ def test_hf_parquet_output_publishes_to_gcs(gcs, prefect_api, tmp_path):
     remote = remote_output_digests(url)
     assert remote == output_digests(local)
     assert any(name.startswith("data/") and name.endswith(".parquet") for name in remote)
+
+
+def test_publish_to_gcs_never_touches_objects_it_did_not_write(gcs, two_outputs, tmp_path):
+    a, b = two_outputs
+    url = f"gs://out/{uuid.uuid4().hex[:8]}/shards"
+    gcs.pipe_file(f"{url}/notes/thesis.txt", b"four years of work")
+    with pytest.raises(OutputConflictError, match="did not write .*notes/thesis.txt"):
+        publish_remote(Path(shutil.copytree(a, tmp_path / "sa")), url, overwrite=True)
+    gcs.invalidate_cache()
+    assert [p.rsplit("/shards/", 1)[1] for p in gcs.find(url)] == ["notes/thesis.txt"]
+    gcs.rm_file(f"{url}/notes/thesis.txt")
+    assert publish_remote(Path(shutil.copytree(a, tmp_path / "sa2")), url, overwrite=False) == "created"
+    gcs.pipe_file(f"{url}/mine.bin", b"\x00")  # dropped into a published output
+    gcs.invalidate_cache()
+    with pytest.raises(OutputConflictError, match="mine.bin"):
+        publish_remote(Path(shutil.copytree(b, tmp_path / "sb")), url, overwrite=True)
+    assert remote_output_digests(url) == output_digests(a)
