@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .errors import ConfigError, OutputConflictError
-from .storage import TMP_MARK, atomic_write_bytes, remove_tree, writer_tag
+from .storage import TMP_MARK, atomic_write_bytes, boot_id, remove_tree, writer_tag
 
 logger = logging.getLogger(__name__)
 
@@ -142,13 +142,6 @@ def refuse_dangerous_output(output: str | Path, protected: Iterable[tuple[str, s
 # ---- leases on staging and swap directories -------------------------------------------------------
 
 
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -160,7 +153,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def write_lease(directory: Path) -> None:
-    lease = {"host": socket.gethostname(), "boot_id": _boot_id(), "pid": os.getpid(), "since": time.time()}
+    lease = {"host": socket.gethostname(), "boot_id": boot_id(), "pid": os.getpid(), "since": time.time()}
     atomic_write_bytes(directory / LEASE_MARKER, json.dumps(lease).encode("utf-8"))
 
 
@@ -174,7 +167,7 @@ def lease_abandoned(directory: Path, now: float | None = None) -> bool:
         return False
     if not isinstance(lease, dict):
         return False
-    same_boot = lease.get("host") == socket.gethostname() and lease.get("boot_id") == _boot_id() != ""
+    same_boot = lease.get("host") == socket.gethostname() and lease.get("boot_id") == boot_id() != ""
     if same_boot and isinstance(lease.get("pid"), int) and not _pid_alive(lease["pid"]):
         return True
     return ((now or time.time()) - heartbeat) > lease_seconds()

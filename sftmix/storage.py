@@ -51,14 +51,18 @@ def reserve_file(path: str | os.PathLike[str], nbytes: int) -> None:
 
 
 @functools.cache
+def boot_id() -> str:
+    """This boot of this machine (Linux; '' elsewhere): a PID names a process only within one boot."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
 def writer_tag() -> str:
     """This machine (host name and boot, hashed) and process, for temp names: a temp file whose
     writer is provably gone may be removed (see ownership.temp_abandoned)."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = ""
-    machine = hashlib.sha256(f"{socket.gethostname()}/{boot}".encode()).hexdigest()[:10]
+    machine = hashlib.sha256(f"{socket.gethostname()}/{boot_id()}".encode()).hexdigest()[:10]
     return f"{machine}-{os.getpid()}"
 
 
