@@ -105,6 +105,7 @@ class _Slices:
         self.deaths = [0] * n
         self.progress = SliceProgress(n)
         self.done = 0
+        self.started_at = time.time()
 
 
 def _run_batch(
@@ -114,13 +115,15 @@ def _run_batch(
     ctx: Any,
     state: _Slices,
     watch: StopWatch,
+    reuse: bool,
 ) -> list[SliceSpec]:
     """Run ``specs`` on ``runner``; returns the slices lost to a dead worker (to retry)."""
     logger = get_run_logger()
     total = len(state.manifests)
     lost: list[SliceSpec] = []
     with runner:
-        pending = {runner.submit(task, parameters={"spec": s, "ctx": ctx}): s for s in specs}
+        params = {"ctx": ctx, "reuse": reuse}
+        pending = {runner.submit(task, parameters={"spec": s, **params}): s for s in specs}
         finished: queue.SimpleQueue = queue.SimpleQueue()
         for fut in pending:
             fut.add_done_callback(finished.put)
@@ -146,7 +149,8 @@ def _run_batch(
                 continue
             state.done += 1
             state.manifests[spec.index] = m
-            state.cached[spec.index] = fut.state.name == "Cached"
+            # reused: Prefect's cache answered, or the slice's own manifest from an earlier run did
+            state.cached[spec.index] = fut.state.name == "Cached" or m.finished_at < state.started_at
             state.progress.advance(m.rows, m.tokens, spec.describe())
             verb = (
                 "reused"
@@ -167,7 +171,13 @@ def _run_batch(
 
 
 def _run_all(
-    specs: list[SliceSpec], task: Any, make_runner: RunnerFactory, workers: int, plan: Plan, state: _Slices
+    specs: list[SliceSpec],
+    task: Any,
+    make_runner: RunnerFactory,
+    workers: int,
+    plan: Plan,
+    state: _Slices,
+    reuse: bool = True,
 ) -> None:
     """Run ``specs``, rebuilding the pool when a worker dies; a slice lost to dead workers twice runs
     alone, and one that kills its worker alone fails the run, named."""
@@ -179,14 +189,14 @@ def _run_all(
         others = [s for s in todo if state.deaths[s.index] < SUSPECT_AFTER_DEATHS]
         todo = []
         for spec in suspects:
-            if _run_batch([spec], task, make_runner(1), plan.context, state, watch):
+            if _run_batch([spec], task, make_runner(1), plan.context, state, watch, reuse):
                 state.errors.append((spec, WorkerDiedError(
                     f"slice {spec.describe()} killed the worker process tokenizing it "
                     f"{state.deaths[spec.index]} times, the last time alone (out of memory? a row "
                     "of it needs more than this machine has; the system log names the killer)"
                 )))  # fmt: skip
         if others:
-            lost = _run_batch(others, task, make_runner(workers), plan.context, state, watch)
+            lost = _run_batch(others, task, make_runner(workers), plan.context, state, watch, reuse)
             if lost:
                 logger.warning(
                     "a worker process died (killed, or out of memory); rebuilding the pool and retrying "
@@ -210,7 +220,13 @@ def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
     task = slice_task_for(ctx, refresh=run.force_recache, cache=not run.disable_cache)
     # biggest first, so the last slices to start are the small remainders and none straggles
     _run_all(
-        sorted(plan.slices, key=lambda s: (-s.est_bytes, s.index)), task, make_runner, workers, plan, state
+        sorted(plan.slices, key=lambda s: (-s.est_bytes, s.index)),
+        task,
+        make_runner,
+        workers,
+        plan,
+        state,
+        reuse=not run.force_recache,
     )
     if state.errors:
         spec, first = state.errors[0]
@@ -234,7 +250,7 @@ def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
     if stale:
         for spec in stale:
             manifests[spec.index] = None
-        _run_all(stale, slice_task_for(ctx, refresh=True), make_runner, workers, plan, state)
+        _run_all(stale, slice_task_for(ctx, refresh=True), make_runner, workers, plan, state, reuse=False)
         if state.errors:
             spec, first = state.errors[0]
             raise SliceFailuresError(

@@ -319,8 +319,16 @@ def _tokenize_batch(
     return [r for r in results if r is not None]
 
 
-def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
-    """Tokenize one slice and write its checkpoint; returns the manifest (written last)."""
+def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext, reuse: bool = False) -> SliceManifest:
+    """Tokenize one slice and write its checkpoint; returns the manifest (written last).
+
+    ``reuse``: a slice whose manifest is already written, with files that verify, is done; it is
+    returned as it is. That is the case when a run was stopped between the manifest and Prefect's
+    own result record (the orchestrator's cache is not the only proof a slice finished)."""
+    if reuse:
+        done = read_manifest(ctx.work_dir, spec.key, ctx.remote_work_dir)
+        if done is not None and verify_slice(ctx.work_dir, done, ctx.remote_work_dir) is None:
+            return done
     try:
         return _tokenize_slice(spec, ctx)
     finally:

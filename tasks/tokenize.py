@@ -48,8 +48,8 @@ def retry_transient(task: Task, task_run: TaskRun, state: State) -> bool:
     task_run_name="tokenize {spec.dataset} [{spec.row_start}:{spec.row_end}]",
 )
 @fail_cleanly
-def tokenize_slice_task(spec: SliceSpec, ctx: TokenizeContext) -> dict:
-    return tokenize_slice(spec, ctx).model_dump()
+def tokenize_slice_task(spec: SliceSpec, ctx: TokenizeContext, reuse: bool = True) -> dict:
+    return tokenize_slice(spec, ctx, reuse=reuse).model_dump()
 
 
 def slice_task_for(ctx: TokenizeContext, refresh: bool = False, cache: bool = True) -> Task:
