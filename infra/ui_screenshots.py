@@ -44,7 +44,7 @@ CHROMIUM_FLAGS = [
 
 
 def screenshot(browser: str, url: str, target: Path) -> None:
-    with tempfile.TemporaryDirectory() as profile:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         subprocess.run(
             [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={target}", url],
             check=True,
@@ -87,7 +87,9 @@ class DevTools:
 @contextlib.contextmanager
 def devtools(browser: str) -> Iterator[DevTools]:
     flags = [f for f in CHROMIUM_FLAGS if not f.startswith("--virtual-time-budget")]
-    with tempfile.TemporaryDirectory() as profile:
+    # Chromium's helper processes may still write into the profile as it is removed: a leftover
+    # file in a temporary directory is no reason to fail the screenshots.
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         proc = subprocess.Popen(
             [browser, *flags, f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank"],
             stdout=subprocess.DEVNULL,
