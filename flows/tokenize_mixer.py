@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
 import queue
 import time
 import uuid
@@ -19,7 +21,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows.artifacts import publish_artifacts
 from flows.pool import ProcessPool, was_running, worker_died
 from flows.progress import SliceProgress
-from flows.watch import StopWatch
+from flows.watch import StopWatch, report_crashed
 from sftmix.config import MixerConfig, RunOptions
 from sftmix.digest import RUN_REPORT
 from sftmix.errors import MixerError, SliceFailuresError, WorkerDiedError
@@ -29,7 +31,7 @@ from sftmix.publish import check_output_free, paths_to_protect, staging_dir
 from sftmix.report import DatasetReport, RunReport
 from sftmix.roots import check_allowed_roots
 from sftmix.slices import SliceManifest, SliceSpec, read_manifest, verify_slice
-from sftmix.stopping import EXIT_CANCELLED, RunStopped
+from sftmix.stopping import EXIT_CANCELLED, RunStopped, follow_supervisor
 from sftmix.storage import atomic_write_bytes, remove_tree
 from tasks.assemble import assemble_output
 from tasks.plan import plan_mixer
@@ -288,6 +290,12 @@ def tokenize_mixer(mixer: MixerConfig, run: RunOptions = RunOptions()) -> dict: 
     ``mixer`` is what to tokenize and where to write it; ``run`` is how (work directory, slice size,
     workers, an optional reference to validate against).
     """
+    flow_run_id = os.environ.get("PREFECT__FLOW_RUN_ID")
+    if flow_run_id:  # a child process of a Prefect worker (or runner)
+        follow_supervisor(
+            "the Prefect worker that started this flow run",
+            before_exit=functools.partial(report_crashed, flow_run_id),
+        )
     try:
         return _tokenize_mixer(mixer, run)
     except MixerError as exc:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 
-from sftmix.stopping import EXIT_API_LOST, EXIT_CANCELLED, RunStopped, record_stop
+from sftmix.stopping import EXIT_API_LOST, EXIT_CANCELLED, RunStopped, first_stop, record_stop
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,9 @@ class StopWatch:
         self._api_ok_at = time.monotonic()
 
     def check(self, force: bool = False) -> None:
+        stop = first_stop()  # recorded by a thread that noticed it (see sftmix.stopping)
+        if stop is not None:
+            raise stop
         now = time.monotonic()
         if self.flow_run_id is None or (not force and now - self._last_check < self.every):
             return
@@ -76,3 +79,13 @@ def _no_more_retries() -> None:
     from prefect.settings import get_current_settings
 
     object.__setattr__(get_current_settings().client, "max_retries", 0)
+
+
+def report_crashed(flow_run_id: str, stop: RunStopped) -> None:
+    """Mark a flow run Crashed with the stop's reason, for a process about to end without the engine
+    doing it (no retries: the API may be gone too)."""
+    from prefect.states import Crashed
+
+    _no_more_retries()
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(flow_run_id, Crashed(message=stop.reason), force=True)

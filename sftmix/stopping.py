@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 logger = logging.getLogger(__name__)
@@ -26,6 +27,7 @@ logger = logging.getLogger(__name__)
 EXIT_CANCELLED = 4  # cancelled through the Prefect API or UI
 EXIT_API_LOST = 5  # the Prefect API stopped answering
 EXIT_WORKERS_DIED = 6  # a slice kept killing its worker process
+EXIT_SUPERVISOR_LOST = 7  # the process that started this one (a Prefect worker) died
 EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE
 
 
@@ -161,6 +163,70 @@ def follow_parent(poll_seconds: float = 1.0) -> None:
                 os._exit(1)
 
     threading.Thread(target=watch, name="follow-parent", daemon=True).start()
+
+
+_supervisor_watched = False
+
+
+def follow_supervisor(
+    what: str,
+    before_exit: Callable[[RunStopped], None] | None = None,
+    poll_seconds: float = 0.2,
+    grace_seconds: float = 8.0,
+) -> None:
+    """In a process started by a supervisor (a flow run started by ``prefect worker``): stop the run when
+    the supervisor dies. Its output pipes are then dead, nothing could cancel the run any more, and
+    the logging library's broken-pipe handling ends whichever thread logs next (a kill -9 of the
+    worker once left a flow run hung for minutes).
+
+    The stop is recorded (the run's own periodic checks raise it, see ``first_stop``) and the dead
+    pipes are pointed at /dev/null. No signal is sent: an exception raised at an arbitrary point
+    turned into an unrelated error inside a serializer. If the run has not ended after
+    ``grace_seconds`` (busy in a long step), ``before_exit`` reports the stop and the process ends
+    with the stop's exit code."""
+    global _supervisor_watched
+    if _supervisor_watched:
+        return
+    _supervisor_watched = True
+    parent = os.getppid()
+    gone = threading.Event()
+
+    def notice() -> RunStopped | None:
+        """Record the stop and silence the dead pipes, once; ``None`` while the supervisor lives."""
+        if os.getppid() == parent:
+            return None
+        stop = record_stop(
+            RunStopped(
+                f"stopped: {what} (pid {parent}) is gone, so the run could be neither watched nor cancelled",
+                EXIT_SUPERVISOR_LOST,
+            )
+        )
+        if not gone.is_set():
+            gone.set()
+            with contextlib.suppress(OSError):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                for fd in (1, 2):
+                    os.dup2(devnull, fd)
+                os.close(devnull)
+        return stop
+
+    # The kernel's parent-death signal notices at once, before the next log line meets the dead pipe
+    # (the handler runs in the main thread between two bytecodes and only records); polling is the
+    # backstop (the signal follows the parent's thread, not the process, and needs the main thread).
+    with contextlib.suppress(ValueError, OSError):
+        signal.signal(signal.SIGUSR2, lambda signum, frame: notice())
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGUSR2, 0, 0, 0)
+
+    def watch() -> None:
+        while (stop := notice()) is None:
+            time.sleep(poll_seconds)
+        time.sleep(grace_seconds)
+        if before_exit is not None:
+            with contextlib.suppress(Exception):
+                before_exit(stop)
+        exit_now(stop)
+
+    threading.Thread(target=watch, name="follow-supervisor", daemon=True).start()
 
 
 def ignore_stop_signals() -> None:

@@ -260,3 +260,79 @@ def test_ui_pages_render_in_a_real_browser(server, tmp_path):
         "tokenize-mixer-report.png",
     } <= names
     assert all((tmp_path / "ui" / n).stat().st_size > 20_000 for n in names)  # rendered pages, not blank
+
+
+def test_a_killed_worker_ends_the_flow_run_and_a_rerun_resumes(server, tmp_path):
+    """kill -9 of `prefect worker start` mid-run: the flow-run process and its pool end within
+    seconds, the run ends Crashed on the server (`--watch` returns), nothing is published; with a
+    worker back, the same run reuses every finished slice."""
+    import random
+    import signal
+    import time
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from generate_demo_data import arithmetic
+
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in arithmetic(random.Random(3), 60_000)))
+    params = {
+        "mixer": {
+            "datasets": [{"path": str(data), "amount": 1.0}],
+            "tokenizer": {"name_or_path": "examples/tokenizer", "chat_template": "olmo"},
+            "max_seq_length": 256,
+            "output": {"path": str(tmp_path / "out")},
+        },
+        "run": {"work_dir": str(tmp_path / "work"), "slice_rows": 500, "runner": "process", "workers": 2},
+    }
+    args = [
+        str(BIN / "prefect"),
+        "deployment",
+        "run",
+        "tokenize-mixer/demo",
+        "--watch",
+        "--watch-interval",
+        "1",
+    ]
+    watch = subprocess.Popen(
+        [*args, "--params", json.dumps(params)],
+        cwd=ROOT,
+        env=server,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    home = Path(server["PREFECT_HOME"])
+    worker = int((home / "worker.pid").read_text())
+    deadline = time.monotonic() + 240
+    while len(list((tmp_path / "work").glob("slices/*/*/manifest.json"))) < 3:
+        assert time.monotonic() < deadline and watch.poll() is None, "no slice finished"
+        time.sleep(0.2)
+    flow_run_proc = subprocess.run(
+        ["pgrep", "-P", str(worker)], capture_output=True, text=True
+    ).stdout.split()
+    assert flow_run_proc, "the worker runs no flow"
+    pool = subprocess.run(["pgrep", "-P", flow_run_proc[0]], capture_output=True, text=True).stdout.split()
+    os.kill(worker, signal.SIGKILL)
+    killed = time.monotonic()
+    out, _ = watch.communicate(timeout=120)
+    assert time.monotonic() - killed < 30, out[-3000:]
+    assert "Crashed" in out, out[-3000:]
+    gone_by = time.monotonic() + 10
+    while any(Path(f"/proc/{p}").exists() for p in [*flow_run_proc, *pool]) and time.monotonic() < gone_by:
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{p}").exists() for p in [*flow_run_proc, *pool])
+    assert not (tmp_path / "out").exists()
+    finished = len(list((tmp_path / "work").glob("slices/*/*/manifest.json")))
+
+    restarted = subprocess.Popen(
+        ["setsid", str(BIN / "prefect"), "worker", "start", "--pool", server["TOKENIZE_MIXER_POOL"]],
+        cwd=ROOT,
+        env=server,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    (home / "worker.pid").write_text(str(restarted.pid))  # local_down.sh stops it
+    proc = deployment_run(server, "demo", params)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    report = json.loads((tmp_path / "out" / "run_report.json").read_text())
+    assert report["slices_reused"] >= finished - report["slices_rechecked"]

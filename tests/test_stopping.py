@@ -268,3 +268,39 @@ def test_a_lost_prefect_server_stops_the_run(chats, tmp_path):
         server.stop()
     _one_line_reason(run.stderr, "the Prefect API stopped answering")
     _rerun_matches(data, work, out, expected)
+
+
+SUPERVISED = """
+import sys, time
+from sftmix.stopping import follow_supervisor
+def report(stop):
+    open(sys.argv[1], "w").write(stop.reason)
+follow_supervisor("the test's supervisor", before_exit=report, grace_seconds=1.0)
+print("ready", flush=True)
+time.sleep(60)  # busy in a long step: no check ever raises the recorded stop
+"""
+
+
+def test_a_process_whose_supervisor_dies_reports_it_and_ends(tmp_path):
+    """A flow-run process whose worker is killed outright: the stop is reported (the flow run marked
+    Crashed, here a file) and the process ends with its own exit code even when its main thread is
+    busy; its output pipe is not what ends it."""
+    note = tmp_path / "reason.txt"
+    supervisor = subprocess.Popen(
+        [
+            "bash",
+            "-c",
+            f'{sys.executable} -c "$0" {note} & echo $!; wait',
+            SUPERVISED,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    child = int(supervisor.stdout.readline())
+    assert supervisor.stdout.readline() == "ready\n"
+    supervisor.kill()  # SIGKILL: the pipe's reader is gone too
+    supervisor.stdout.close()
+    supervisor.wait()
+    assert _gone([child], within=STOP_WITHIN)
+    assert "the test's supervisor" in note.read_text() and "is gone" in note.read_text()
