@@ -17,6 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import ConfigError
 from .selection import Amount, parse_amount
+from .templates import NAMED_TEMPLATES
+
+#: The reference's template names, as a choice list (the UI form shows a select for it).
+TemplateName = Literal[NAMED_TEMPLATES]  # type: ignore[valid-type]
 
 
 class DatasetEntry(BaseModel):
@@ -62,10 +66,11 @@ class TokenizerSpec(BaseModel):
 
     name_or_path: str = Field(description="Local tokenizer directory or hub name (as for AutoTokenizer).")
     revision: str | None = Field(default=None, description="Hub revision of the tokenizer.")
-    chat_template: str | None = Field(
+    chat_template: TemplateName | str | None = Field(  # a choice list in the UI form, or any text
         default=None,
-        description="'olmo' or 'tulu' (carried by tokenize-mixer), 'tokenizer' (or empty) for the tokenizer's "
-        "own chat_template, or a path to a .jinja file.",
+        description="One of the reference's 21 template names (carried by tokenize-mixer, e.g. 'olmo', "
+        "'tulu', 'zephyr', 'olmo_thinker'), 'tokenizer' (or empty) for the tokenizer's own chat_template, "
+        "or a path to a .jinja file.",
     )
     add_bos: bool = Field(
         default=False, description="Prepend the bos token to the chat template (reference --add_bos)."

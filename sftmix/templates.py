@@ -1,4 +1,4 @@
-"""Chat templates: the named ones we carry (olmo, tulu), the tokenizer's own, and .jinja files.
+"""Chat templates: the reference's 21 named ones (carried), the tokenizer's own, and .jinja files.
 
 Rendering mirrors ``transformers.apply_chat_template(tokenize=False)`` as the reference runs it
 (transformers 5.4): a sandboxed Jinja environment with ``trim_blocks``/``lstrip_blocks``, the
@@ -16,7 +16,7 @@ import re
 import threading
 from dataclasses import dataclass
 from datetime import datetime
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -29,40 +29,44 @@ from .errors import TemplateError
 
 logger = logging.getLogger(__name__)
 
-#: Templates carried byte for byte from the reference (``sftmix/templates/<name>.jinja``).
-NAMED_TEMPLATES = ("olmo", "tulu")
-
-#: Names the reference knows but we do not carry: refusing them beats silently rendering differently.
-REFERENCE_ONLY_TEMPLATES = frozenset(
-    {
-        "simple_concat_with_space",
-        "simple_concat_with_new_line",
-        "simple_chat",
-        "assistant_message_only",
-        "zephyr",
-        "tulu_thinker",
-        "tulu_thinker_r1_style",
-        "olmo_old",
-        "olmo_thinker",
-        "olmo_thinker_no_think_7b",
-        "olmo_thinker_remove_intermediate_thinking",
-        "olmo_thinker_no_think_sft_tokenization",
-        "olmo_thinker_rlzero",
-        "olmo_thinker_code_rlzero",
-        "r1_simple_chat",
-        "r1_simple_chat_postpend_think",
-        "r1_simple_chat_postpend_think_orz_style",
-        "r1_simple_chat_postpend_think_tool_vllm",
-        "qwen_instruct_user_boxed_math",
-    }
+#: Every name of the reference's ``CHAT_TEMPLATES``, carried byte for byte (``sftmix/templates/<name>.jinja``),
+#: in the reference's order. ``olmo_old`` is the same text as ``olmo`` under its own name.
+NAMED_TEMPLATES = (
+    "simple_concat_with_space",
+    "simple_concat_with_new_line",
+    "simple_chat",
+    "assistant_message_only",
+    "zephyr",
+    "olmo",
+    "tulu",
+    "tulu_thinker",
+    "tulu_thinker_r1_style",
+    "olmo_old",
+    "olmo_thinker",
+    "olmo_thinker_no_think_7b",
+    "olmo_thinker_remove_intermediate_thinking",
+    "olmo_thinker_no_think_sft_tokenization",
+    "olmo_thinker_rlzero",
+    "olmo_thinker_code_rlzero",
+    "r1_simple_chat",
+    "r1_simple_chat_postpend_think",
+    "r1_simple_chat_postpend_think_orz_style",
+    "r1_simple_chat_postpend_think_tool_vllm",
+    "qwen_instruct_user_boxed_math",
 )
 
 TOKENIZER_TEMPLATE = "tokenizer"
 
 
+@cache
 def named_template(name: str) -> str:
     """The exact text of a template we carry."""
     return resources.files("sftmix").joinpath("templates", f"{name}.jinja").read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=1)
+def _carried_texts() -> frozenset[str]:
+    return frozenset(named_template(n) for n in NAMED_TEMPLATES)
 
 
 def template_sha256(text: str) -> str:
@@ -112,11 +116,6 @@ def resolve_template(
         except OSError as exc:
             raise TemplateError(f"cannot read chat template file {name!r}: {exc.strerror or exc}") from None
         source = f"file:{name}"
-    elif name in REFERENCE_ONLY_TEMPLATES:
-        raise TemplateError(
-            f"chat template {name!r} is one of the reference's templates that tokenize-mixer does not carry; "
-            f"save its text as a .jinja file and pass that path, or use one of {', '.join(NAMED_TEMPLATES)}"
-        )
     elif unknown == "fallback":
         text = _own_template(own, tokenizer_name)
         source = f"tokenizer:{tokenizer_name}"
@@ -209,8 +208,7 @@ class ChatRenderer:
     """Renders conversations with one compiled template and the tokenizer's special tokens."""
 
     def __init__(self, template_text: str, special_tokens: dict[str, str]) -> None:
-        carried = template_text in {named_template(n) for n in NAMED_TEMPLATES}
-        self._template = compile_template(template_text, trusted=carried)
+        self._template = compile_template(template_text, trusted=template_text in _carried_texts())
         self._special_tokens = dict(special_tokens)
 
     def render(self, messages: list[dict[str, Any]], tools: list | None, add_generation_prompt: bool) -> str:

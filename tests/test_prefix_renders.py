@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from sftmix.formats import Conversation
 from sftmix.labels import assistant_indices
 from sftmix.prefix_renders import PrefixRenders
-from sftmix.templates import ChatRenderer, named_template
+from sftmix.templates import NAMED_TEMPLATES, ChatRenderer, named_template
 
 SPECIALS = {"eos_token": "<|endoftext|>", "bos_token": "<|bos|>"}
 
@@ -62,8 +62,7 @@ LENGTH_BRANCH = (
 )
 
 TEMPLATES = {
-    "olmo": named_template("olmo"),
-    "tulu": named_template("tulu"),
+    **{name: named_template(name) for name in NAMED_TEMPLATES},  # all 21 of the reference's
     "trim_last": TRIM_LAST,
     "tilde_then_trim": TILDE_THEN_TRIM,
     "think_branch": THINK_BRANCH,
@@ -74,7 +73,19 @@ TEMPLATES = {
     "trim_truth": TRIM_TRUTH,
     "strip_chars": STRIP_CHARS,
 }
-TEXTS = ["hi", " padded ", "a\nb", 'quote " and \\ slash', "</think>answer", "x" * 7, "", "\ue000odd", "  "]
+TEXTS = [
+    "hi",
+    " padded ",
+    "a\nb",
+    'quote " and \\ slash',
+    "</think>answer",
+    "<think>why</think>answer",
+    "<think>\nwhy\n</think>\n\nanswer",
+    "x" * 7,
+    "",
+    "\ue000odd",
+    "  ",
+]
 
 
 def real_prefixes(renderer: ChatRenderer, conv: Conversation) -> list[tuple[str | None, str]]:

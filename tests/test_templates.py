@@ -4,12 +4,19 @@ from pathlib import Path
 import pytest
 
 from sftmix.errors import TemplateError
-from sftmix.templates import ChatRenderer, named_template, resolve_template
+from sftmix.templates import NAMED_TEMPLATES, ChatRenderer, named_template, resolve_template
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "templates"
 
 
-@pytest.mark.parametrize("name", ["olmo", "tulu"])
+def test_every_reference_template_name_is_carried():
+    assert len(NAMED_TEMPLATES) == 21
+    if SHARED.exists():
+        assert set(NAMED_TEMPLATES) == {p.stem for p in SHARED.glob("*.jinja")}
+    assert named_template("olmo_old") == named_template("olmo")  # its own name, the same text
+
+
+@pytest.mark.parametrize("name", NAMED_TEMPLATES)
 def test_named_templates_are_carried_byte_for_byte(name):
     text = named_template(name)
     if SHARED.exists():
@@ -28,8 +35,8 @@ def test_resolve_rules(tmp_path):
     with pytest.raises(TemplateError, match="unknown chat template 'olmo123'"):
         resolve_template("olmo123", own, "tok")
     assert resolve_template("olmo123", own, "tok", unknown="fallback").text == own
-    with pytest.raises(TemplateError, match="does not carry"):
-        resolve_template("zephyr", own, "tok", unknown="fallback")
+    zephyr = resolve_template("zephyr", own, "tok", unknown="fallback")
+    assert zephyr.text == named_template("zephyr") and zephyr.label == "zephyr"
     with pytest.raises(TemplateError, match="has no chat_template"):
         resolve_template(None, None, "tok")
     assert resolve_template("tulu", own, "tok", add_bos=True).text == "{{ bos_token }}" + named_template(
