@@ -371,6 +371,7 @@ def _assemble_and_publish(
             for t in result.tallies
         ],
         documents=result.documents,
+        untrainable_documents=result.untrainable_documents,
         tokens=result.tokens,
         trainable_tokens=result.trainable_tokens,
         parts=result.parts,

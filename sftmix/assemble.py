@@ -46,6 +46,7 @@ class AssembleResult:
     documents: int
     tokens: int
     trainable_tokens: int
+    untrainable_documents: int  # written with an all-zero mask (drop_untrainable off)
     parts: int
     statistics: dict[str, Any]
     tallies: list[DatasetTally]
@@ -164,7 +165,11 @@ def _assemble(
         stats["hf_output"] = write_hf_parquet(staging, starts, lengths, dtype, per_part, pack_to)
         remove_olmo_parts(staging)
     write_statistics(staging, stats)
-    _save_tokenizer(plan, staging / "tokenizer")
+    save_tokenizer(
+        TokenizerKey.of(plan.context.tokenizer, plan.context.tokenizer_revision),
+        plan.context.template_text,
+        staging / "tokenizer",
+    )
 
     documents = np.empty(order.shape[0], dtype=DOC_DTYPE)
     documents["dataset"] = order["dataset"]
@@ -177,6 +182,7 @@ def _assemble(
         documents=int(order.shape[0]),
         tokens=total,
         trainable_tokens=int(docs["trainable"].sum()),
+        untrainable_documents=int((docs["trainable"] == 0).sum()),
         parts=n_parts,
         statistics=stats,
         tallies=tallies,
@@ -231,16 +237,14 @@ def _statistics(
     )
 
 
-def _save_tokenizer(plan: Plan, directory: Path) -> None:
+def save_tokenizer(key: TokenizerKey, template_text: str, directory: Path) -> None:
     """The tokenizer with the chat template used, as the reference saves it (not digested)."""
     import json
 
     # A shallow copy is enough: only chat_template differs, and save_pretrained reads the rest (a deep
     # copy of a 100k-entry vocabulary cost about a second at the end of every run).
-    tok = copy.copy(
-        load_hf_tokenizer(TokenizerKey.of(plan.context.tokenizer, plan.context.tokenizer_revision))
-    )
-    tok.chat_template = plan.context.template_text
+    tok = copy.copy(load_hf_tokenizer(key))
+    tok.chat_template = template_text
     directory.mkdir(parents=True, exist_ok=True)
     tok.save_pretrained(str(directory))
     template_file, config_file = directory / "chat_template.jinja", directory / "tokenizer_config.json"

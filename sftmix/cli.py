@@ -17,6 +17,7 @@ from typing import Any
 
 from .config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec, load_run_file
 from .errors import ConfigError, MixerError, WorkerDiedError
+from .reference_flags import NEUTRAL_FLAGS, check_flags, transform_chain
 from .selection import parse_amount
 from .stopping import (
     EXIT_API_LOST,
@@ -32,24 +33,8 @@ from .stopping import (
 
 logger = logging.getLogger("sftmix")
 
-#: Reference flags that do not change the output; accepted so existing scripts run unchanged.
-IGNORED_REFERENCE_FLAGS = (
-    "dataset_name",
-    "dataset_mixer",
-    "dataset_transform_fn",
-    "dataset_target_columns",
-    "dataset_cache_mode",
-    "dataset_local_cache_dir",
-    "dataset_config_hash",
-    "dataset_skip_cache",
-    "visualize",
-    "tokenizer_config_only",
-    "resume",
-    "trust_remote_code",
-    "use_fast",
-    "get_tokenizer_fn",
-    "use_slow_tokenizer",
-)
+#: Reference flags that are not mixer settings: checked by ``reference_flags.check_flags``.
+CHECKED_REFERENCE_FLAGS = (*NEUTRAL_FLAGS, "dataset_target_columns", "get_tokenizer_fn", "use_fast")
 
 
 def _flag(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
@@ -113,7 +98,24 @@ def build_parser() -> argparse.ArgumentParser:
         default="error",
         help="fail on a malformed row, or skip it",
     )
-    for name in IGNORED_REFERENCE_FLAGS:
+    _flag(
+        conv,
+        "dataset_transform_fn",
+        nargs="+",
+        help="the reference's transform chain: sft_tulu_tokenize_and_truncate_v1 sft_tulu_filter_v1 "
+        "(default), sft_tulu_tokenize_and_truncate_v1 alone (keep rows with no trainable token), or "
+        "last_turn_tulu_tokenize_and_truncate_v1 [sft_tulu_filter_v1] (train on the final turn only)",
+    )
+    _flag(
+        conv,
+        "tokenizer_config_only",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        help="write only OUTPUT_DIR/tokenizer/ (the tokenizer with the chat template) and stop",
+    )
+    for name in CHECKED_REFERENCE_FLAGS:
         _flag(conv, name, nargs="*", help=argparse.SUPPRESS)
     _run_flags(conv)
 
@@ -164,10 +166,13 @@ def mixer_from_convert_args(args: argparse.Namespace) -> MixerConfig:
         splits = splits * len(names)
     elif len(splits) != len(names):
         raise ConfigError(f"--dataset_mixer_list_splits has {len(splits)} splits for {len(names)} datasets")
+    chain = transform_chain(args.dataset_transform_fn)
     return MixerConfig(
         datasets=[
             DatasetEntry(path=n, amount=a, split=s) for n, a, s in zip(names, amounts, splits, strict=True)
         ],
+        mask=chain.mask,
+        drop_untrainable=chain.drop_untrainable,
         tokenizer=TokenizerSpec(
             name_or_path=args.tokenizer_name_or_path,
             revision=args.tokenizer_revision,
@@ -236,6 +241,30 @@ def _progress_bar() -> Iterator[None]:
             yield
     finally:
         remove_listener(update)
+
+
+def _write_tokenizer_only(mixer: MixerConfig) -> int:
+    """--tokenizer_config_only: OUTPUT_DIR/tokenizer/ (the tokenizer with the chat template the run would
+    use) and nothing else, as the reference writes it; an existing tokenizer/ is never replaced."""
+    from .assemble import save_tokenizer
+    from .plan import resolve_tokenizer
+    from .storage import is_remote, writer_tag
+
+    if is_remote(mixer.output.path):
+        raise ConfigError("--tokenizer_config_only writes to a local --output_dir only")
+    target = Path(mixer.output.path) / "tokenizer"
+    if target.exists():
+        raise ConfigError(f"{target} already exists; remove it or choose another --output_dir")
+    key, _, template = resolve_tokenizer(mixer.tokenizer)
+    staging = target.with_name(f".tokenizer.tmp-{writer_tag()}")
+    save_tokenizer(key, template.text, staging)
+    staging.rename(target)
+    logger.info(
+        "wrote %s (chat template %s); no data was converted (--tokenizer_config_only)",
+        target,
+        template.source,
+    )
+    return 0
 
 
 def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
@@ -359,10 +388,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(args: argparse.Namespace) -> int:
     try:
         if args.command == "convert":
-            for name in IGNORED_REFERENCE_FLAGS:
-                if getattr(args, name) is not None:
-                    logger.warning("--%s does not change the output here and is ignored", name)
-            return _run_flow(mixer_from_convert_args(args), run_options(args))
+            check_flags({name: getattr(args, name) for name in CHECKED_REFERENCE_FLAGS})
+            mixer = mixer_from_convert_args(args)
+            if args.tokenizer_config_only:
+                return _write_tokenizer_only(mixer)
+            return _run_flow(mixer, run_options(args))
         if args.command == "run":
             rf = load_run_file(args.config)
             mixer = rf.mixer

@@ -137,6 +137,12 @@ class MixerConfig(BaseModel):
         "'last_turn' (only the final assistant turn), 'all' (every token), 'generation_tags' (the text a "
         "template marks with {% generation %}, as transformers' return_assistant_tokens_mask).",
     )
+    drop_untrainable: bool = Field(
+        default=True,
+        description="Drop rows with no trainable token (all assistant text truncated away, or spans the "
+        "reference rule cannot verify), as the reference's default chain with sft_tulu_filter_v1; false "
+        "keeps them with an all-zero mask (the chain sft_tulu_tokenize_and_truncate_v1 alone).",
+    )
     on_bad_row: Literal["error", "skip"] = Field(
         default="error",
         description="A malformed row (bad messages, a template error) fails the run naming dataset and row "

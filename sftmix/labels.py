@@ -40,6 +40,11 @@ DROP_REASONS = {
 }
 
 
+#: Rows that tokenize but train on nothing: the reference keeps them (all-zero mask) when its chain has no
+#: ``sft_tulu_filter_v1`` step.
+UNTRAINABLE = frozenset({RowStatus.NO_TRAINABLE, RowStatus.SPAN_UNVERIFIED})
+
+
 class RenderError(Exception):
     """The template failed on a whole conversation (not a prefix): row ``index`` of the batch."""
 

@@ -11,11 +11,12 @@ import hashlib
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel
 
-from .config import MixerConfig, RunOptions, default_work_dir, local_mirror
+from .config import MixerConfig, RunOptions, TokenizerSpec, default_work_dir, local_mirror
 from .errors import DatasetError, TemplateError
 from .formats import MESSAGES_KEY, detect_format
 from .parallel import memory_limit
@@ -23,7 +24,7 @@ from .selection import selected_source_rows, selection_problem, small_count_warn
 from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext
 from .sources import arrow_cache_files, describe, release_mapped_data, rows_fingerprint
 from .storage import atomic_write_bytes, is_remote, storage_errors
-from .templates import has_generation_tags, resolve_template
+from .templates import ResolvedTemplate, has_generation_tags, resolve_template
 from .tokenizer import (
     TokenizerKey,
     choose_token_dtype,
@@ -166,19 +167,25 @@ def prepare_plan(mixer: MixerConfig, run: RunOptions) -> None:
         logger.debug("preparing the plan stopped early: %s: %s", type(exc).__name__, exc)
 
 
+def resolve_tokenizer(spec: TokenizerSpec) -> tuple[TokenizerKey, Any, ResolvedTemplate]:
+    """The tokenizer (its key and the loaded transformers tokenizer) and the chat template it renders with."""
+    tk = TokenizerKey.of(spec.name_or_path, spec.revision)
+    hf = load_hf_tokenizer(tk)
+    template = resolve_template(
+        spec.chat_template,
+        own_chat_template(tk),
+        spec.name_or_path,
+        unknown=spec.unknown_template,
+        add_bos=spec.add_bos,
+        bos_token=hf.bos_token,
+    )
+    return tk, hf, template
+
+
 def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
     work_dir, remote = _work_dir(run)
     datasets_cache = work_dir / "datasets-cache"
-    tk = TokenizerKey.of(mixer.tokenizer.name_or_path, mixer.tokenizer.revision)
-    hf = load_hf_tokenizer(tk)
-    template = resolve_template(
-        mixer.tokenizer.chat_template,
-        own_chat_template(tk),
-        mixer.tokenizer.name_or_path,
-        unknown=mixer.tokenizer.unknown_template,
-        add_bos=mixer.tokenizer.add_bos,
-        bos_token=hf.bos_token,
-    )
+    tk, hf, template = resolve_tokenizer(mixer.tokenizer)
     if mixer.mask == "generation_tags" and not has_generation_tags(template.text):
         raise TemplateError(
             f"mask generation_tags needs a template that marks assistant text with {{% generation %}} ... "
@@ -198,6 +205,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         datasets_cache=str(datasets_cache),
         on_bad_row=mixer.on_bad_row,
         mask=mixer.mask,
+        drop_untrainable=mixer.drop_untrainable,
         template_source=template.source,
     )
     shared_key = {
@@ -208,6 +216,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         "dtype": dtype.name,
         "on_bad_row": mixer.on_bad_row,
         **({} if mixer.mask == "assistant" else {"mask": mixer.mask}),
+        **({} if mixer.drop_untrainable else {"drop_untrainable": False}),
     }
     warnings: list[str] = []
     datasets: list[DatasetPlan] = []

@@ -33,6 +33,9 @@ class RunReport(BaseModel):
     datasets: list[str]
     per_dataset: list[DatasetReport]
     documents: int
+    untrainable_documents: int = Field(
+        0, description="Documents with no trainable token, kept because drop_untrainable is off."
+    )
     tokens: int
     trainable_tokens: int
     parts: int
@@ -60,7 +63,13 @@ class RunReport(BaseModel):
             f"output      {self.output_dir} ({self.publish})",
             f"slices      {self.slices_total} total: {self.slices_computed} computed, {self.slices_reused} reused"
             + (f", {self.slices_rechecked} recomputed after a failed check" if self.slices_rechecked else ""),
-            f"rows        {self.rows_in} in, {self.rows_kept} kept, dropped: {dropped}",
+            f"rows        {self.rows_in} in, {self.rows_kept} kept"
+            + (
+                f" ({self.untrainable_documents} with no trainable token)"
+                if self.untrainable_documents
+                else ""
+            )
+            + f", dropped: {dropped}",
             f"documents   {self.documents} in {self.parts} part(s), {self.tokens:,} tokens "
             f"({self.trainable_tokens:,} trainable), dtype {self.token_dtype}",
             f"time        {self.wall_seconds:.1f} s wall, {self.tokens_per_second:,.0f} tokens/s",

@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 
 from .errors import BadRowError, ChecksumError, DatasetError, MixerError, TemplateError, row_label
 from .formats import Conversation, RowFormatError, conversation_from_row
-from .labels import DROP_REASONS, LabelMasker, RenderError, RowStatus, TokenizedRow
+from .labels import DROP_REASONS, UNTRAINABLE, LabelMasker, RenderError, RowStatus, TokenizedRow
 from .ownership import remove_abandoned_temps
 from .sources import read_rows, release_mapped_data, row_line
 from .storage import (
@@ -80,6 +80,7 @@ class TokenizeContext(BaseModel):
     datasets_cache: str
     on_bad_row: str = "error"
     mask: str = "assistant"
+    drop_untrainable: bool = True
     template_source: str = ""
     batch_size: int = 256
 
@@ -129,6 +130,9 @@ class SliceManifest(BaseModel):
     tokens: int
     trainable_tokens: int
     dropped: dict[str, int]
+    untrainable_kept: dict[str, int] = Field(
+        default_factory=dict, description="Rows kept with an all-zero mask (drop_untrainable off), by reason."
+    )
     drop_examples: list[dict] = Field(default_factory=list)
     token_dtype: str
     files: dict[str, FileDigest]
@@ -345,6 +349,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
     records = np.zeros(len(rows), dtype=ROW_DTYPE)
     records["row"] = rows
     dropped: Counter[str] = Counter()
+    untrainable: Counter[str] = Counter()  # kept with an all-zero mask (drop_untrainable off)
     examples: list[dict] = []
     offset = 0
     for b in range(0, len(rows), ctx.batch_size):
@@ -363,8 +368,16 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
         for j, res in enumerate(results):
             rec = records[b + j]
             rec["length"] = res.ids.shape[0]
-            rec["status"] = int(res.status)
-            if res.status == RowStatus.KEPT:
+            kept = res.status == RowStatus.KEPT or (not ctx.drop_untrainable and res.status in UNTRAINABLE)
+            if not kept:
+                reason = DROP_REASONS[res.status]
+                dropped[reason] += 1
+                if len(examples) < 5:
+                    examples.append({"row": batch_rows[j], "reason": reason, "detail": res.detail})
+            elif res.status != RowStatus.KEPT:
+                untrainable[DROP_REASONS[res.status]] += 1
+            rec["status"] = int(RowStatus.KEPT if kept else res.status)
+            if kept:
                 check_ids_fit(res.ids, dtype, f"dataset {spec.dataset!r}, {row_label(batch_rows[j])}")
                 rec["offset"] = offset
                 rec["trainable"] = int(res.mask.sum())
@@ -373,10 +386,6 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
                 offset += res.ids.shape[0]
             else:
                 rec["offset"] = -1
-                reason = DROP_REASONS[res.status]
-                dropped[reason] += 1
-                if len(examples) < 5:
-                    examples.append({"row": batch_rows[j], "reason": reason, "detail": res.detail})
                 if res.status == RowStatus.BAD_ROW:
                     logger.warning(
                         "dataset %r, %s skipped: %s", spec.dataset, row_label(batch_rows[j]), res.detail
@@ -384,7 +393,8 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
                 logger.debug(
                     "dataset %s row %d dropped: %s (%s)", spec.dataset, batch_rows[j], reason, res.detail
                 )
-    if len(rows) >= ALL_ZERO_SLICE_ROWS and dropped.get(DROP_REASONS[RowStatus.NO_TRAINABLE]) == len(rows):
+    no_trainable = DROP_REASONS[RowStatus.NO_TRAINABLE]
+    if len(rows) >= ALL_ZERO_SLICE_ROWS and dropped[no_trainable] + untrainable[no_trainable] == len(rows):
         raise TemplateError(
             f"{spec.describe()}: all {len(rows)} rows have an all-zero label mask with template "
             f"{ctx.template_source or 'in use'} (mask {ctx.mask}): the template's assistant turns are not "
@@ -412,6 +422,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
         tokens=int(tokens.shape[0]),
         trainable_tokens=int(records["trainable"][kept].sum()),
         dropped=dict(sorted(dropped.items())),
+        untrainable_kept=dict(sorted(untrainable.items())),
         drop_examples=examples,
         token_dtype=dtype.name,
         files=files,
