@@ -62,7 +62,10 @@ python3 -c "import urllib.request; urllib.request.urlopen('$PREFECT_API_URL/heal
   || "$PREFECT" work-pool create "$TOKENIZE_MIXER_POOL" --type process >/dev/null
 setsid "$PREFECT" worker start --pool "$TOKENIZE_MIXER_POOL" >"$PREFECT_HOME/worker.log" 2>&1 &
 echo $! >"$PREFECT_HOME/worker.pid"
-"$PREFECT" --no-prompt deploy --all --prefect-file deployments/prefect.yaml >"$PREFECT_HOME/deploy.log" 2>&1 \
+# deployments/prefect.yaml names the pool tokenize-mixer-cpu (prefect deploy --all takes no --pool): a copy
+# names this stack's pool
+sed "s/^    name: tokenize-mixer-cpu .*/    name: \"$TOKENIZE_MIXER_POOL\"/" deployments/prefect.yaml >"$PREFECT_HOME/prefect.yaml"
+"$PREFECT" --no-prompt deploy --all --prefect-file "$PREFECT_HOME/prefect.yaml" >"$PREFECT_HOME/deploy.log" 2>&1 \
   || { cat "$PREFECT_HOME/deploy.log" >&2; exit 1; }
 echo "Prefect UI: http://127.0.0.1:${TOKENIZE_MIXER_PORT}  (it asks for a password: paste the whole auth string, $AUTH_WHERE)"
 echo "For the prefect CLI and tokenize-mixer in this shell:"

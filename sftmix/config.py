@@ -10,14 +10,26 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from .errors import ConfigError
-from .selection import Amount, parse_amount
+from .selection import Amount, amount_text, parse_amount
 from .templates import NAMED_TEMPLATES
+
+#: What the UI form accepts as an amount: a whole number, or a number with a '.'.
+AMOUNT_PATTERN = r"^\s*(\d+|\d*\.\d+|\d+\.\d*)\s*$"
 
 #: The reference's template names, as a choice list (the UI form shows a select for it).
 TemplateName = Literal[NAMED_TEMPLATES]  # type: ignore[valid-type]
@@ -32,10 +44,17 @@ class DatasetEntry(BaseModel):
         description="Hugging Face hub name, local .jsonl/.parquet file, or gs:// path. "
         "Written as typed into dataset_statistics.json."
     )
-    amount: float | int = Field(
+    amount: Annotated[
+        float | int,
+        # Text in JSON and in the UI form: a JSON number loses 3.0 vs 3, which is a fraction vs a count.
+        PlainSerializer(amount_text, return_type=str, when_used="json"),
+        WithJsonSchema({"type": "string", "pattern": AMOUNT_PATTERN, "default": "1.0"}),
+    ] = Field(
         default=1.0,
-        description="A number with a '.' is a fraction of the dataset (1.0 = all rows, 3.0 = upsample 3x, "
-        "0.25 = a random quarter); a whole number is a row count.",
+        description="Written as text, by the reference's rule: with a '.' it is a fraction of the dataset "
+        '("1.0" = all rows, "3.0" = upsample 3x, "0.25" = a random quarter); a whole number is a row '
+        'count ("100"). YAML and Python numbers keep their kind (3.0 vs 3).',
+        json_schema_extra={"default": "1.0"},
     )
     split: str = Field(default="train", description="Dataset split to read.")
     revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit) to pin.")

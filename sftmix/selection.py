@@ -40,6 +40,15 @@ def parse_amount(text: str | float | int) -> Amount:
     return value
 
 
+def amount_text(amount: Amount) -> str:
+    """The amount as the reference's CLI would be given it: a float always with a '.', an int without.
+    JSON (and so the Prefect UI) has no 3 vs 3.0; as text, the meaning survives every round trip."""
+    if isinstance(amount, int):
+        return str(amount)
+    text = repr(float(amount))
+    return text if "." in text else format(amount, "f")
+
+
 def target_rows(amount: Amount, n_rows: int) -> int:
     """How many rows a dataset of ``n_rows`` contributes, exactly as the reference computes it."""
     if isinstance(amount, int) and amount > n_rows:

@@ -149,9 +149,9 @@ def demo_params(tmp: Path, data: Path = Path("examples/data")) -> dict:
     return {
         "mixer": {
             "datasets": [
-                {"path": str(data / "general.jsonl"), "amount": 3.0},
-                {"path": str(data / "arithmetic.jsonl"), "amount": 0.5},
-                {"path": str(data / "conversions.jsonl"), "amount": 100},
+                {"path": str(data / "general.jsonl"), "amount": "3.0"},
+                {"path": str(data / "arithmetic.jsonl"), "amount": "0.5"},
+                {"path": str(data / "conversions.jsonl"), "amount": "100"},
             ],
             "tokenizer": {"name_or_path": "examples/tokenizer", "chat_template": "olmo"},
             "max_seq_length": 256,
@@ -216,7 +216,7 @@ def test_fail_then_fix_recomputes_only_the_failed_slice(server, tmp_path):
     rows[60] = json.dumps(broken)
     (data / "arithmetic.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
     params = demo_params(tmp_path, data)
-    params["mixer"]["datasets"][1]["amount"] = 1.0  # fixed row ranges: rows 40-79 are one slice
+    params["mixer"]["datasets"][1]["amount"] = "1.0"  # fixed row ranges: rows 40-79 are one slice
 
     failed = deployment_run(server, "demo", params)
     assert failed.returncode != 0
@@ -277,7 +277,7 @@ def test_a_killed_worker_ends_the_flow_run_and_a_rerun_resumes(server, tmp_path)
     data.write_text("".join(json.dumps(r) + "\n" for r in arithmetic(random.Random(3), 60_000)))
     params = {
         "mixer": {
-            "datasets": [{"path": str(data), "amount": 1.0}],
+            "datasets": [{"path": str(data), "amount": "1.0"}],
             "tokenizer": {"name_or_path": "examples/tokenizer", "chat_template": "olmo"},
             "max_seq_length": 256,
             "output": {"path": str(tmp_path / "out")},
@@ -336,3 +336,43 @@ def test_a_killed_worker_ends_the_flow_run_and_a_rerun_resumes(server, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:]
     report = json.loads((tmp_path / "out" / "run_report.json").read_text())
     assert report["slices_reused"] >= finished - report["slices_rechecked"]
+
+
+def test_the_demo_submitted_as_the_ui_sends_it_writes_the_demos_bytes(server, tmp_path):
+    """The UI form shows the deployment's stored parameters and posts them back as JSON, where 3.0 and
+    3 are one number: amounts are text in the schema and in the deployment, so "3.0" stays an upsampling."""
+    import time
+
+    with authed(server) as client:
+        deployment = client.get("/deployments/name/tokenize-mixer/demo").json()
+        amount_schema = deployment["parameter_openapi_schema"]["definitions"]["DatasetEntry"]["properties"][
+            "amount"
+        ]
+        assert amount_schema["type"] == "string"
+        params = deployment["parameters"]
+        assert [d["amount"] for d in params["mixer"]["datasets"]] == ["3.0", "0.5", "100"]
+        # what the form sends, through a browser's JSON (only the output and work dir moved into tmp_path)
+        params = json.loads(json.dumps(params))
+        params["mixer"]["output"]["path"] = str(tmp_path / "out")
+        params["run"] = {**params.get("run", {}), "work_dir": str(tmp_path / "work")}
+        run = client.post(f"/deployments/{deployment['id']}/create_flow_run", json={"parameters": params})
+        assert run.status_code == 201, run.text
+        deadline = time.monotonic() + 300
+        while True:
+            state = client.get(f"/flow_runs/{run.json()['id']}").json()["state"]
+            if state["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+                break
+            assert time.monotonic() < deadline, state
+            time.sleep(1)
+    assert state["type"] == "COMPLETED", state
+    compare = subprocess.run(
+        [
+            str(BIN / "tokenize-mixer"),
+            "compare",
+            str(tmp_path / "out"),
+            str(ROOT / "examples" / "demo.digests.json"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert compare.returncode == 0, compare.stdout + compare.stderr

@@ -54,3 +54,17 @@ def test_small_count_warning():
     assert small_count_warning("d", 1, 500) is not None
     assert small_count_warning("d", 1.0, 500) is None
     assert small_count_warning("d", 5, 50) is None
+
+
+@pytest.mark.parametrize("amount", [3.0, 3, "3.0", "3", 0.5, "0.25", 1e-05, 100, "1.", ".5"])
+def test_an_amount_keeps_its_meaning_through_json(amount):
+    """JSON has no 3 vs 3.0 (a count vs an upsampling): amounts travel as text, by the reference's rule."""
+    import json
+
+    from sftmix.config import DatasetEntry
+
+    entry = DatasetEntry(path="x", amount=amount)
+    sent = json.loads(json.dumps(entry.model_dump(mode="json")))
+    assert isinstance(sent["amount"], str)
+    back = DatasetEntry.model_validate(sent)
+    assert back.amount == entry.amount and type(back.amount) is type(entry.amount)
