@@ -327,6 +327,21 @@ def _open_localized(path: str, local: str, split: str, revision: str | None, cac
     return _open_dataset(path, local, split, revision, cache_dir, stamp)
 
 
+@lru_cache(maxsize=1)
+def _reference_json_options() -> dict[str, Any]:
+    """JSON-loader options that make datasets 5 build the rows datasets 4 builds (the reference pins
+    datasets 4.5): objects whose keys differ between rows become one struct with every key, missing ones
+    null, as a chat template then sees them (tool schemas, tool-call arguments), rather than datasets 5's
+    JSON-typed cells that keep each row's own keys; and no agent-trace reshaping of messages/tools."""
+    from dataclasses import fields
+
+    from datasets.packaged_modules.json.json import JsonConfig
+
+    known = {f.name for f in fields(JsonConfig)}
+    wanted = {"on_mixed_types": None, "parse_agent_traces": False}
+    return {k: v for k, v in wanted.items() if k in known}
+
+
 @lru_cache(maxsize=32)
 def _open_dataset(
     name: str, path: str, split: str, revision: str | None, cache_dir: str, stamp: tuple | None
@@ -345,7 +360,8 @@ def _open_dataset(
                 )
             if builder == "parquet" and _parquet_rows(path) == 0:  # datasets fails on it ("BatchSize ... 0")
                 raise DatasetError(name, "the file has no rows; remove it from the mixer or give it rows")
-            ds = datasets.load_dataset(builder, data_files=path, split=split, cache_dir=cache_dir)
+            options = _reference_json_options() if builder == "json" else {}
+            ds = datasets.load_dataset(builder, data_files=path, split=split, cache_dir=cache_dir, **options)
         else:
             if (problem := hub_name_problem(path)) is not None:
                 raise DatasetError(name, problem)

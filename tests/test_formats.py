@@ -154,10 +154,14 @@ def test_workers_read_the_rows_datasets_would_give(tmp_path, path):
     )
 
 
-def test_columns_datasets_decodes_keep_the_datasets_path(tmp_path):
+def test_a_field_whose_type_changes_between_rows_is_a_clear_error(tmp_path):
+    """JSON is loaded as the reference's datasets 4 loads it (datasets 5 would wrap such a field in a
+    JSON-typed column and render different bytes): a type change between rows is an error naming it."""
+    from sftmix.errors import DatasetError
     from sftmix.sources import arrow_cache_files
 
     path = write_jsonl(
         tmp_path / "mixed.jsonl", [{"messages": [{"role": "user", "content": "x"}]}, {"messages": {"a": 1}}]
     )
-    assert arrow_cache_files(path, "train", None, str(tmp_path / "cache")) is None
+    with pytest.raises(DatasetError, match=r"mixed.jsonl.*Column\(/messages\) changed from array to object"):
+        arrow_cache_files(path, "train", None, str(tmp_path / "cache"))
