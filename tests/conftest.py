@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.sharegpt import ensure_golden_sample
 from tests.tokenizer_fixtures import GOLDEN, ensure_dolma2
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -14,6 +15,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 @pytest.fixture(scope="session")
 def golden_dir() -> Path:
     ensure_dolma2()
+    ensure_golden_sample()
     return GOLDEN
 
 

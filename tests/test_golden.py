@@ -17,7 +17,10 @@ from sftmix.config import RunOptions
 from sftmix.digest import compare
 from tests.tokenizer_fixtures import GOLDEN
 
-CASES = {c["name"]: c for c in json.loads((GOLDEN / "cases.json").read_text())["cases"]}
+ALL_CASES = {c["name"]: c for c in json.loads((GOLDEN / "cases.json").read_text())["cases"]}
+#: Cases the reference itself stops on: no bytes to match, and we must stop too (with our own message).
+FAILING = {name: c for name, c in ALL_CASES.items() if "reference_fails" in c}
+CASES = {name: c for name, c in ALL_CASES.items() if name not in FAILING}
 
 VARIANTS = {
     "whole": {"slice_rows": 100_000, "runner": "thread"},
@@ -27,7 +30,7 @@ PROCESS_VARIANT = {"slice_rows": 4, "runner": "process", "workers": 2}
 
 
 def run_case(name: str, out: Path, work: Path, **options) -> dict:
-    args = build_parser().parse_args(["convert", *CASES[name]["args"], "--output_dir", str(out)])
+    args = build_parser().parse_args(["convert", *ALL_CASES[name]["args"], "--output_dir", str(out)])
     return tokenize_mixer(mixer=mixer_from_convert_args(args), run=RunOptions(work_dir=str(work), **options))
 
 
@@ -38,11 +41,37 @@ def test_matches_reference(case, variant, golden_dir, prefect_api, tmp_path, mon
     report = run_case(case, tmp_path / "out", tmp_path / "work", **VARIANTS[variant])
     result = compare(tmp_path / "out", golden_dir / "expected" / case)
     assert result.matches, result.render()
-    assert report["slices_reused"] == 0
+    # computed here, not found in a cache (a dataset listed twice, as jsonl and parquet, computes once)
+    assert report["slices_computed"] >= 1 and report["slices_reused"] < report["slices_total"]
+
+
+@pytest.mark.parametrize("case", sorted(FAILING))
+def test_stops_where_the_reference_stops(case, golden_dir, prefect_api, tmp_path, monkeypatch):
+    """Every row of a dataset fails the reference's span check: it raises "No examples left after
+    transformation"; we fail the run naming the dataset and the reason, and publish nothing."""
+    monkeypatch.chdir(golden_dir)
+    assert (
+        ALL_CASES[case]["reference_fails"]
+        in (golden_dir / "reference_logs" / f"{case}.FAILED.log").read_text()
+    )
+    state = tokenize_mixer(
+        mixer=mixer_from_convert_args(
+            build_parser().parse_args(
+                ["convert", *ALL_CASES[case]["args"], "--output_dir", str(tmp_path / "out")]
+            )
+        ),
+        run=RunOptions(work_dir=str(tmp_path / "work"), slice_rows=100_000, runner="thread"),
+        return_state=True,
+    )
+    assert state.is_failed()
+    assert "no rows left after tokenization" in state.message and "assistant_span_unverified" in state.message
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["olmo_truncated", "tulu_amounts"])
+@pytest.mark.parametrize(
+    "case", ["olmo_truncated", "tulu_amounts", "no_filter_chain_sharegpt", "tools_own_template"]
+)
 def test_matches_reference_with_worker_processes(case, golden_dir, prefect_api, tmp_path, monkeypatch):
     monkeypatch.chdir(golden_dir)
     report = run_case(case, tmp_path / "out", tmp_path / "work", **PROCESS_VARIANT)

@@ -48,10 +48,15 @@ def dolma2_json() -> Path:
     return wheel_member(WHEEL_SPEC, MEMBER)
 
 
+#: Golden tokenizer folders that are the dolma2 tokenizer with a committed config of their own.
+DOLMA2_DIRS = (DOLMA2_DIR, GOLDEN / "tokenizers" / "dolma2_tools")
+
+
 def ensure_dolma2() -> Path:
-    target = DOLMA2_DIR / "tokenizer.json"
-    if not target.exists():
-        shutil.copyfile(dolma2_json(), target)
+    for folder in DOLMA2_DIRS:
+        target = folder / "tokenizer.json"
+        if not target.exists():
+            shutil.copyfile(dolma2_json(), target)
     return DOLMA2_DIR
 
 
