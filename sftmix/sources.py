@@ -22,6 +22,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -327,6 +328,9 @@ def _open_localized(path: str, local: str, split: str, revision: str | None, cac
     return _open_dataset(path, local, split, revision, cache_dir, stamp)
 
 
+_MIXED_TYPES = re.compile(r"Column\((?P<field>[^)]*)\) changed from (?P<a>\w+) to (?P<b>\w+)")
+
+
 @lru_cache(maxsize=1)
 def _reference_json_options() -> dict[str, Any]:
     """JSON-loader options that make datasets 5 build the rows datasets 4 builds (the reference pins
@@ -374,6 +378,13 @@ def _open_dataset(
         cause = exc.__cause__ or exc
         if builder == "json" and "corresponds to no data" in str(cause):
             raise DatasetError(name, _no_rows(path)) from None
+        if builder == "json" and (changed := _MIXED_TYPES.search(str(cause))) is not None:
+            raise DatasetError(
+                name,
+                f"field '{changed['field']}' holds {changed['a']}s in some rows and {changed['b']}s in others "
+                f"({cause}); a field must have one type in every row, as the reference's loader (datasets 4) "
+                "also requires: write it one way everywhere (e.g. tools or tool-call arguments as JSON strings)",
+            ) from None
         reason = f"cannot load split {split!r}: {type(cause).__name__}: {cause}"
         if builder is None and isinstance(cause, ConnectionError | FileNotFoundError):
             reason += f"; nor is there a local file or directory {path!r}{_relative_note(path)}"

@@ -135,8 +135,30 @@ def test_tokenizer_without_chat_template(tmp_path):
     ],
 )
 def test_malformed_rows_name_dataset_and_row(tmp_path, bad, reason):
-    data = write_jsonl(tmp_path / "d.jsonl", [GOOD, GOOD, bad, GOOD])
-    with pytest.raises(BadRowError, match=rf"d\.jsonl', row 2 \(0-based; line 3 of the file\): {reason}"):
+    data = write_jsonl(tmp_path / "d.jsonl", [bad, bad] if _type_differs(bad) else [GOOD, GOOD, bad, GOOD])
+    row = (
+        "row 0 \\(0-based; line 1 of the file\\)"
+        if _type_differs(bad)
+        else "row 2 \\(0-based; line 3 of the file\\)"
+    )
+    with pytest.raises(BadRowError, match=rf"d\.jsonl', {row}: {reason}"):
+        run_slices(tmp_path, mixer(tmp_path, (data, 1.0)))
+
+
+def _type_differs(row: dict) -> bool:
+    """Rows whose fields have other JSON types than a good row's: a file mixing the two does not load
+    (see the next test), so those rows are tested in a file of their own."""
+    messages = row["messages"]
+    return not isinstance(messages, list) or any(
+        not isinstance(m, dict) or not isinstance(m.get("content", ""), str | None) for m in messages
+    )
+
+
+def test_a_field_with_two_types_is_one_clear_error(tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [GOOD, {"messages": {"role": "user", "content": "x"}}])
+    with pytest.raises(
+        DatasetError, match=r"d\.jsonl': field '/messages' holds arrays in some rows and objects"
+    ):
         run_slices(tmp_path, mixer(tmp_path, (data, 1.0)))
 
 
