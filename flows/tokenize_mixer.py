@@ -372,6 +372,7 @@ def _assemble_and_publish(
         ],
         documents=result.documents,
         untrainable_documents=result.untrainable_documents,
+        rows_kept_by_exact_spans=sum(m.kept_by_exact_spans for m in outcome.manifests),
         tokens=result.tokens,
         trainable_tokens=result.trainable_tokens,
         parts=result.parts,

@@ -156,6 +156,13 @@ class MixerConfig(BaseModel):
         "'last_turn' (only the final assistant turn), 'all' (every token), 'generation_tags' (the text a "
         "template marks with {% generation %}, as transformers' return_assistant_tokens_mask).",
     )
+    spans: Literal["reference", "exact"] = Field(
+        default="reference",
+        description="How assistant spans are found: 'reference' (the reference's rule, byte-compatible; it "
+        "drops rows whose spans it cannot verify, e.g. a third of ShareGPT chats under olmo) or 'exact' "
+        "(beyond the reference: where the template pastes message texts, each assistant content's exact "
+        "characters through the end of its turn; such rows are kept and counted in run_report.json).",
+    )
     drop_untrainable: bool = Field(
         default=True,
         description="Drop rows with no trainable token (all assistant text truncated away, or spans the "

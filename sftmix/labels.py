@@ -60,6 +60,7 @@ class TokenizedRow:
     mask: np.ndarray
     status: RowStatus
     detail: str | None = None
+    reference_drops: bool = False  # kept by exact spans; the reference's rule would drop it
 
 
 class _SpanFailure(Exception):
@@ -165,6 +166,7 @@ class LabelMasker:
         max_seq_length: int | None,
         boundaries: SegmentBoundaries | None = None,
         mode: str = "assistant",
+        spans: str = "reference",
     ) -> None:
         self.renderer = renderer
         self.encode_batch = encode_batch
@@ -172,6 +174,7 @@ class LabelMasker:
         self.max_len = max_seq_length
         self.boundaries = boundaries
         self.mode = mode
+        self.spans = spans
         self.prefixes = PrefixRenders(renderer.render)
 
     def _cap(self, n: int) -> int:
@@ -205,6 +208,8 @@ class LabelMasker:
                 pending[-1].boundary_index = at
         if pending:
             self._token_count_spans(conversations, rendered, results, pending)
+        if self.spans == "exact":
+            self._exact_spans(conversations, rendered, encodings, results)
         for row in results:
             if row.status == RowStatus.KEPT and not row.mask.any():
                 row.status, row.detail = (
@@ -212,6 +217,27 @@ class LabelMasker:
                     "no assistant token survives (none, or truncated)",
                 )
         return results
+
+    def _exact_spans(
+        self,
+        conversations: Sequence[Conversation],
+        rendered: list[str],
+        encodings: list,
+        results: list[TokenizedRow],
+    ) -> None:
+        """``spans: exact`` (beyond the reference, opt-in): where the pasted render shows each assistant
+        content's exact characters, the mask is the tokens overlapping them (through the end of the turn
+        as the turn's own render has it), and rows the reference rule cannot verify are kept. Rows that
+        are not pasted keep the reference rule's outcome."""
+        for conv, text, enc, row in zip(conversations, rendered, encodings, results, strict=True):
+            spans = self.prefixes.content_spans(conv, text, assistant_indices(conv.messages))
+            if spans is None:
+                continue
+            dropped = row.status != RowStatus.KEPT or not row.mask.any()
+            offsets = _offsets(enc)[: row.ids.shape[0]]
+            row.mask = _overlap_mask(offsets, spans[-1:] if self.mode == "last_turn" else spans)
+            row.status, row.detail = RowStatus.KEPT, None
+            row.reference_drops = dropped and bool(row.mask.any())
 
     def _tokenize_whole(self, conversations: Sequence[Conversation]) -> list[TokenizedRow]:
         """Modes with no prefix renders: 'all' (every token) and 'generation_tags' (tokens overlapping

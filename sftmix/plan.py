@@ -206,6 +206,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         on_bad_row=mixer.on_bad_row,
         mask=mixer.mask,
         drop_untrainable=mixer.drop_untrainable,
+        spans=mixer.spans,
         template_source=template.source,
     )
     shared_key = {
@@ -217,6 +218,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         "on_bad_row": mixer.on_bad_row,
         **({} if mixer.mask == "assistant" else {"mask": mixer.mask}),
         **({} if mixer.drop_untrainable else {"drop_untrainable": False}),
+        **({} if mixer.spans == "reference" else {"spans": mixer.spans}),
     }
     warnings: list[str] = []
     datasets: list[DatasetPlan] = []

@@ -244,6 +244,50 @@ class PrefixRenders:
         self, conv: Conversation, full: str, indices: Sequence[int]
     ) -> list[tuple[PastedPrefix | None, PastedPrefix]] | None:
         """:meth:`paste`, each prefix a :class:`PastedPrefix` (linear memory in the chat's length)."""
+        found = self._pasted(conv, full, indices)
+        if found is None:
+            return None
+        skeleton, values, offsets = found
+
+        def build(prefix: _Prefix) -> PastedPrefix:
+            tail = "".join([p if isinstance(p, str) else values[p] for p in prefix.tail])
+            return PastedPrefix(full, offsets[prefix.shared], tail)
+
+        return [(None if h is None else build(h), build(t)) for h, t in skeleton.turns]
+
+    def content_spans(
+        self, conv: Conversation, full: str, indices: Sequence[int]
+    ) -> list[tuple[int, int]] | None:
+        """Exact character spans in ``full`` of the assistant turns ``indices``: from the first character
+        of the turn's content to where the turn's own render (``render(m[:i+1])``) stops agreeing with the
+        full render, and never before the content's end. ``None`` unless the row is pasted and each
+        content appears exactly once, as itself or stripped (then the span is known, not inferred)."""
+        found = self._pasted(conv, full, indices)
+        if found is None:
+            return None
+        skeleton, values, offsets = found
+        n_fields = len(skeleton.fields)
+        spans = []
+        for idx, (_, through) in zip(indices, skeleton.turns, strict=True):
+            if (idx, "content") not in skeleton.fields:
+                return None  # no content (a tool call only): nothing to anchor the span on
+            field = skeleton.fields.index((idx, "content"))
+            ids = {field} | {n_fields + k for k, (base, _) in enumerate(skeleton.derived) if base == field}
+            at = [j for j, p in enumerate(skeleton.full) if isinstance(p, int) and p in ids]
+            if len(at) != 1:
+                return None
+            start, content_end = offsets[at[0]], offsets[at[0] + 1]
+            base = offsets[through.shared]
+            tail = "".join([p if isinstance(p, str) else values[p] for p in through.tail])
+            end = base + _agreement(tail, full, base)
+            spans.append((start, max(end, content_end)))
+        return spans
+
+    def _pasted(
+        self, conv: Conversation, full: str, indices: Sequence[int]
+    ) -> tuple[_Skeleton, list[str], list[int]] | None:
+        """The row's skeleton, its pasted values and the character offset of every piece of ``full``;
+        ``None`` unless pasting gives exactly ``full``."""
         shape = _shape(conv)
         if shape is None:
             return None
@@ -260,13 +304,7 @@ class PrefixRenders:
         pasted = [p if isinstance(p, str) else values[p] for p in skeleton.full]
         if "".join(pasted) != full:
             return None
-        offsets = list(itertools.accumulate(map(len, pasted), initial=0))
-
-        def build(prefix: _Prefix) -> PastedPrefix:
-            tail = "".join([p if isinstance(p, str) else values[p] for p in prefix.tail])
-            return PastedPrefix(full, offsets[prefix.shared], tail)
-
-        return [(None if h is None else build(h), build(t)) for h, t in skeleton.turns]
+        return skeleton, values, list(itertools.accumulate(map(len, pasted), initial=0))
 
     def _build(self, messages: Sequence[dict], indices: Sequence[int]) -> _Skeleton | None:
         fields = [(i, k) for i, m in enumerate(messages) for k, v in m.items() if k != "role" and v]
@@ -311,6 +349,15 @@ class PrefixRenders:
                 return None
             turns.append((header, _split(pieces, full)))
         return _Skeleton(fields=tuple(fields), derived=(), full=full, turns=tuple(turns))
+
+
+def _agreement(tail: str, full: str, base: int) -> int:
+    """How many leading characters of ``tail`` equal ``full`` from ``base`` on (reads only that far)."""
+    n = min(len(tail), len(full) - base)
+    i = 0
+    while i < n and tail[i] == full[base + i]:
+        i += 1
+    return i
 
 
 def _split(prefix: tuple[str | int, ...] | None, full: tuple[str | int, ...]) -> _Prefix:

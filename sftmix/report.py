@@ -33,6 +33,9 @@ class RunReport(BaseModel):
     datasets: list[str]
     per_dataset: list[DatasetReport]
     documents: int
+    rows_kept_by_exact_spans: int = Field(
+        0, description="Source rows kept with spans: exact that the reference's span rule would have dropped."
+    )
     untrainable_documents: int = Field(
         0, description="Documents with no trainable token, kept because drop_untrainable is off."
     )

@@ -80,6 +80,7 @@ class TokenizeContext(BaseModel):
     datasets_cache: str
     on_bad_row: str = "error"
     mask: str = "assistant"
+    spans: str = "reference"
     drop_untrainable: bool = True
     template_source: str = ""
     batch_size: int = 256
@@ -130,6 +131,9 @@ class SliceManifest(BaseModel):
     tokens: int
     trainable_tokens: int
     dropped: dict[str, int]
+    kept_by_exact_spans: int = Field(
+        0, description="Rows kept with spans: exact that the reference's span rule would have dropped."
+    )
     untrainable_kept: dict[str, int] = Field(
         default_factory=dict, description="Rows kept with an all-zero mask (drop_untrainable off), by reason."
     )
@@ -252,6 +256,7 @@ def _masker(ctx: TokenizeContext) -> LabelMasker:
         ctx.template_text,
         ctx.max_seq_length,
         ctx.mask,
+        ctx.spans,
     )
 
 
@@ -263,6 +268,7 @@ def _cached_masker(
     template_text: str,
     max_seq_length: int | None,
     mask: str,
+    spans: str = "reference",
 ) -> LabelMasker:
     if tokenizer_file and os.path.isfile(tokenizer_file):
         loaded = load_worker_tokenizer(tokenizer_file)
@@ -281,6 +287,7 @@ def _cached_masker(
         max_seq_length=max_seq_length,
         boundaries=boundaries,
         mode=mask,
+        spans=spans,
     )
 
 
@@ -350,6 +357,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
     records["row"] = rows
     dropped: Counter[str] = Counter()
     untrainable: Counter[str] = Counter()  # kept with an all-zero mask (drop_untrainable off)
+    rescued = 0  # kept by exact spans where the reference's rule drops
     examples: list[dict] = []
     offset = 0
     for b in range(0, len(rows), ctx.batch_size):
@@ -376,6 +384,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
                     examples.append({"row": batch_rows[j], "reason": reason, "detail": res.detail})
             elif res.status != RowStatus.KEPT:
                 untrainable[DROP_REASONS[res.status]] += 1
+            rescued += int(kept and res.reference_drops)
             rec["status"] = int(RowStatus.KEPT if kept else res.status)
             if kept:
                 check_ids_fit(res.ids, dtype, f"dataset {spec.dataset!r}, {row_label(batch_rows[j])}")
@@ -423,6 +432,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
         trainable_tokens=int(records["trainable"][kept].sum()),
         dropped=dict(sorted(dropped.items())),
         untrainable_kept=dict(sorted(untrainable.items())),
+        kept_by_exact_spans=rescued,
         drop_examples=examples,
         token_dtype=dtype.name,
         files=files,
