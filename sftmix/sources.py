@@ -28,6 +28,7 @@ from functools import lru_cache
 from typing import Any
 
 from .errors import DatasetError
+from .hub import unreachable_hub_problem
 from .storage import download_file, is_remote, remote_fs, sha256_stream
 
 logger = logging.getLogger(__name__)
@@ -154,7 +155,7 @@ def hub_name_problem(path: str) -> str | None:
         return _not_readable(path)
     if looks_local(path):
         return _missing(path, "file" if path.lower().endswith(OTHER_DATA_SUFFIXES) else "file or directory")
-    return None
+    return unreachable_hub_problem(path, "dataset")
 
 
 def _no_rows(path: str) -> str:

@@ -18,15 +18,20 @@ from typing import Any
 import numpy as np
 
 from .errors import ConfigError, TokenDtypeError
+from .hub import unreachable_hub_problem
 from .labels import SegmentBoundaries
+from .sources import _relative_note, looks_local
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = (np.uint8, np.uint16, np.uint32, np.uint64)
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
+    """Before transformers is imported (in this process or a worker it starts): no advice about PyTorch,
+    which tokenizing never needs, on every run."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 
 
@@ -56,7 +61,17 @@ class TokenizerKey:
 @lru_cache(maxsize=4)
 def load_hf_tokenizer(key: TokenizerKey) -> Any:
     """AutoTokenizer plus the reference's pad handling (the only quirk that can change bytes)."""
-    _quiet_transformers()
+    quiet_transformers()
+    name = key.name_or_path
+    if not os.path.isdir(name):
+        if os.path.lexists(name):
+            raise ConfigError(
+                f"tokenizer {name!r} is not a directory: give the directory that holds tokenizer.json"
+            )
+        if looks_local(name):
+            raise ConfigError(f"tokenizer {name!r}: no such directory{_relative_note(name)}")
+        if (problem := unreachable_hub_problem(name, "tokenizer")) is not None:
+            raise ConfigError(problem)
     from transformers import AutoTokenizer
 
     try:

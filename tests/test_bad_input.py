@@ -386,3 +386,28 @@ def test_a_bad_row_without_lines_says_rows_count_from_zero(here):
         == "dataset 'd.json', row 1 (0-based): message 0 has no 'role' string"
     )
     assert str(BadRowError("d", 1, "bad")) == "dataset 'd', row 1 (0-based): bad"
+
+
+def test_a_hub_shaped_name_with_no_hub_says_both_at_once(tmp_path, monkeypatch):
+    """`examples/tokenizer` run from another directory: not a local directory here, and (as on this
+    offline machine, or with HF_ENDPOINT pointing nowhere) no hub to ask: one line at once, not a
+    minute of retries."""
+    from sftmix import hub
+    from sftmix.errors import ConfigError
+    from sftmix.tokenizer import TokenizerKey, load_hf_tokenizer
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://no-such-host.invalid")
+    hub._hub_host_problem.cache_clear()
+    started = time.monotonic()
+    try:
+        with pytest.raises(ConfigError) as err:
+            load_hf_tokenizer(TokenizerKey.of("examples/tokenizer", None))
+    finally:
+        hub._hub_host_problem.cache_clear()
+    assert time.monotonic() - started < 10
+    assert str(err.value).startswith(
+        f"tokenizer 'examples/tokenizer' is not a local directory (relative to the current directory {tmp_path})"
+    )
+    assert "no-such-host.invalid" in str(err.value) and "cannot be reached" in str(err.value)
