@@ -45,8 +45,7 @@ def report_markdown(report: RunReport) -> str:
         f"| rows | {report.rows_in} in, {report.rows_kept} kept, dropped {report.rows_dropped or 'none'} |",
         f"| documents | {report.documents} in {report.parts} part(s), dtype {report.token_dtype} |",
         f"| tokens | {report.tokens:,} ({report.trainable_tokens:,} trainable) |",
-        f"| time | {report.wall_seconds:.1f} s wall, tokenizing {report.tokenize_seconds:.1f} s |",
-        f"| throughput | {report.tokens_per_second:,.0f} tokens/s |",
+        f"| time | {report.time_line()} |",
     ]
     if report.validation is not None:
         verdict = "matches" if report.validation.matches else "DIFFERS"

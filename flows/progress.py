@@ -43,7 +43,7 @@ class SliceProgress:
 
     def __init__(self, total: int, every_seconds: float = 2.0) -> None:
         self.total = total
-        self.done = self.rows = self.tokens = 0
+        self.done = self.rows = self.tokens = self.computed_tokens = 0
         self.started = self._last = time.perf_counter()
         self.every = every_seconds
         self.artifact = None
@@ -60,10 +60,11 @@ class SliceProgress:
         for listener in list(_listeners):
             listener(event)
 
-    def advance(self, rows: int, tokens: int, label: str) -> None:
+    def advance(self, rows: int, tokens: int, label: str, reused: bool = False) -> None:
         self.done += 1
         self.rows += rows
         self.tokens += tokens
+        self.computed_tokens += 0 if reused else tokens
         self._emit(label)
         now = time.perf_counter()
         if now - self._last >= self.every or self.done == self.total:
@@ -71,8 +72,12 @@ class SliceProgress:
             elapsed = max(now - self.started, 1e-9)
             self._update_artifact(
                 progress=100.0 * self.done / max(self.total, 1),
-                description=f"{self.done}/{self.total} slices, {self.rows / elapsed:,.0f} rows/s, "
-                f"{self.tokens / elapsed:,.0f} tokens/s",
+                description=f"{self.done}/{self.total} slices, "
+                + (
+                    f"{self.computed_tokens / elapsed:,.0f} tokens/s tokenized"
+                    if self.computed_tokens
+                    else "reused from checkpoints"
+                ),
             )
 
     def _update_artifact(self, **fields: object) -> None:

@@ -41,6 +41,9 @@ _UVICORN_STARTUP_FAILURE = 3
 
 
 def _warm_imports() -> None:
+    from sftmix.tokenizer import quiet_transformers
+
+    quiet_transformers()
     import datasets  # noqa: F401
     import transformers  # noqa: F401
 
@@ -209,6 +212,7 @@ def prefect_api(prepare: Callable[[], None] | None = None) -> Iterator[str]:
         PREFECT_API_AUTH_STRING,
         PREFECT_API_URL,
         PREFECT_CLIENT_MAX_RETRIES,
+        PREFECT_UI_URL,
         temporary_settings,
     )
 
@@ -241,7 +245,8 @@ def prefect_api(prepare: Callable[[], None] | None = None) -> Iterator[str]:
         try:
             # Our own server does not come back once it is gone: one quick retry (not five with
             # backoff, minutes per request) before a run that lost it stops.
-            updates: dict = {PREFECT_API_URL: api_url, PREFECT_CLIENT_MAX_RETRIES: 1}
+            # No "View at http://127.0.0.1:PORT/..." line: this server stops with the command.
+            updates: dict = {PREFECT_API_URL: api_url, PREFECT_CLIENT_MAX_RETRIES: 1, PREFECT_UI_URL: ""}
             if auth_string is not None:
                 updates[PREFECT_API_AUTH_STRING] = auth_string
             with temporary_settings(updates):

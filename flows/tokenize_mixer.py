@@ -28,7 +28,7 @@ from sftmix.errors import MixerError, SliceFailuresError, WorkerDiedError
 from sftmix.parallel import available_cpus
 from sftmix.plan import Plan
 from sftmix.publish import check_output_free, paths_to_protect, staging_dir
-from sftmix.report import DatasetReport, RunReport
+from sftmix.report import COMMAND_CLOCK, DatasetReport, RunReport
 from sftmix.roots import check_allowed_roots
 from sftmix.slices import SliceManifest, SliceSpec, read_manifest, verify_slice
 from sftmix.stopping import EXIT_CANCELLED, RunStopped, follow_supervisor
@@ -49,6 +49,7 @@ class SliceOutcome:
     seconds: float
     steady_seconds: float
     steady_tokens_per_second: float
+    computed_tokens: int = 0  # tokens of the slices computed in this run (not reused)
 
 
 #: Below this many rows to tokenize, worker start-up (imports, tokenizer load) costs more than it saves.
@@ -153,7 +154,7 @@ def _run_batch(
             state.manifests[spec.index] = m
             # reused: Prefect's cache answered, or the slice's own manifest from an earlier run did
             state.cached[spec.index] = fut.state.name == "Cached" or m.finished_at < state.started_at
-            state.progress.advance(m.rows, m.tokens, spec.describe())
+            state.progress.advance(m.rows, m.tokens, spec.describe(), reused=state.cached[spec.index])
             verb = (
                 "reused"
                 if state.cached[spec.index]
@@ -271,6 +272,7 @@ def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
         seconds=time.perf_counter() - started,
         steady_seconds=round(max(span, 0.0), 3),
         steady_tokens_per_second=round(sum(m.tokens for m in fresh) / span, 1) if span > 0 else 0.0,
+        computed_tokens=sum(m.tokens for m in fresh),
     )
 
 
@@ -391,7 +393,14 @@ def _assemble_and_publish(
         warnings=plan.warnings,
     )
     report.wall_seconds = round(time.perf_counter() - started, 3)
-    report.tokens_per_second = round(result.tokens / max(report.wall_seconds, 1e-9), 1)
+    # one throughput everywhere: tokens of the slices computed in this run over the tokenizing time
+    report.tokens_per_second = (
+        round(outcome.computed_tokens / outcome.seconds, 1)
+        if outcome.computed_tokens and outcome.seconds > 0
+        else 0.0
+    )
+    if COMMAND_CLOCK.started is not None:  # started by our CLI: the whole command, start-up included
+        report.command_seconds = round(time.time() - COMMAND_CLOCK.started, 3)
     report.publish = "pending"  # publish stamps its outcome into the staged copy before it shows
     atomic_write_bytes(staging / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8"))
     StopWatch().check(force=True)  # a run cancelled while it assembled does not publish

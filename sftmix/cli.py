@@ -1,4 +1,4 @@
-"""``tokenize-mixer``: convert (the reference's flags), run, plan, compare, digest.
+"""tokenize-mixer: chat datasets into OLMo-core training shards (convert, run, plan, compare, digest, inspect, report).
 
 ``convert`` and ``run`` both run the Prefect flow: with no ``PREFECT_API_URL`` it starts Prefect's
 ephemeral API (no server needed); with one, the run shows up on that server.
@@ -11,6 +11,7 @@ import contextlib
 import logging
 import signal
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from .config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec, load_run_file
 from .errors import ConfigError, MixerError, WorkerDiedError
 from .reference_flags import NEUTRAL_FLAGS, check_flags, transform_chain
+from .report import COMMAND_CLOCK
 from .selection import parse_amount
 from .stopping import (
     EXIT_API_LOST,
@@ -61,6 +63,12 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     )
     _flag(parser, "workers", type=int, help="worker processes (default: the CPUs this process may use)")
     _flag(parser, "slice_rows", type=int, help="most source rows per slice")
+    _flag(
+        parser,
+        "slice_bytes",
+        type=int,
+        help="target source bytes per slice when --slice_rows is not given (default 4 MiB)",
+    )
     _flag(parser, "runner", choices=["auto", "process", "thread", "dask"], help="task runner")
     _flag(parser, "dask_address", help="scheduler address of an existing Dask cluster (runner dask)")
     _flag(parser, "reference", help="directory or digests JSON to validate against; a mismatch fails the run")
@@ -120,13 +128,19 @@ def build_parser() -> argparse.ArgumentParser:
     _run_flags(conv)
 
     run = sub.add_parser("run", help="run a mixer config (YAML or JSON)")
-    run.add_argument("config")
+    run.add_argument("config", help="a mixer config file, YAML or JSON (see examples/mixer.yaml)")
     _flag(run, "output_dir", help="override the config's output path")
-    _flag(run, "overwrite", action="store_true", default=None)
+    _flag(
+        run,
+        "overwrite",
+        action="store_true",
+        default=None,
+        help="replace an output directory that holds different shards (only ever a tokenize-mixer output)",
+    )
     _run_flags(run)
 
     plan = sub.add_parser("plan", help="print the slices of a mixer config without running")
-    plan.add_argument("config")
+    plan.add_argument("config", help="a mixer config file, YAML or JSON")
     _run_flags(plan)
 
     cmp_ = sub.add_parser(
@@ -194,6 +208,7 @@ def run_options(args: argparse.Namespace, base: RunOptions | None = None) -> Run
         "work_dir",
         "workers",
         "slice_rows",
+        "slice_bytes",
         "runner",
         "dask_address",
         "reference",
@@ -370,6 +385,7 @@ def _as_stop(exc: BaseException) -> RunStopped | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    COMMAND_CLOCK.started = time.time()
     guard_std_streams()
     args = build_parser().parse_args(argv)
     _configure_logging(args.verbose)

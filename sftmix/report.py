@@ -5,6 +5,16 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 
+class _CommandClock:
+    """When the command that runs the flow in this process started (set by the CLI; ``None`` when a
+    Prefect worker started the flow), so the report can give the whole command's time."""
+
+    started: float | None = None
+
+
+COMMAND_CLOCK = _CommandClock()
+
+
 class DatasetReport(BaseModel):
     name: str
     selected: int
@@ -43,9 +53,14 @@ class RunReport(BaseModel):
     trainable_tokens: int
     parts: int
     token_dtype: str
-    wall_seconds: float
+    wall_seconds: float = Field(description="The flow, from its start to the published output.")
+    command_seconds: float | None = Field(
+        None, description="The whole CLI command, the temporary Prefect API's start-up included."
+    )
     tokenize_seconds: float
-    tokens_per_second: float
+    tokens_per_second: float = Field(
+        description="Tokens of the slices computed in this run / tokenize_seconds (0 when every slice was reused)."
+    )
     steady_seconds: float = Field(
         0.0, description="First slice start to last slice end, over the slices computed in this run."
     )
@@ -59,6 +74,20 @@ class RunReport(BaseModel):
     validation: Validation | None = None
     documents_file: str
     warnings: list[str] = Field(default_factory=list)
+
+    def time_line(self) -> str:
+        tail = max(self.wall_seconds - self.tokenize_seconds, 0.0)
+        parts = []
+        if self.command_seconds is not None:
+            parts.append(f"{self.command_seconds - self.wall_seconds:.1f} s start-up")
+        parts.append(
+            f"{self.tokenize_seconds:.1f} s tokenizing ({self.tokens_per_second:,.0f} tokens/s)"
+            if self.tokens_per_second
+            else f"{self.tokenize_seconds:.1f} s checking reused slices"
+        )
+        parts.append(f"{tail:.1f} s assembling, validating and publishing")
+        total = self.command_seconds if self.command_seconds is not None else self.wall_seconds
+        return f"{total:.1f} s: " + ", ".join(parts)
 
     def render(self) -> str:
         dropped = ", ".join(f"{k} {v}" for k, v in self.rows_dropped.items()) or "none"
@@ -75,7 +104,7 @@ class RunReport(BaseModel):
             + f", dropped: {dropped}",
             f"documents   {self.documents} in {self.parts} part(s), {self.tokens:,} tokens "
             f"({self.trainable_tokens:,} trainable), dtype {self.token_dtype}",
-            f"time        {self.wall_seconds:.1f} s wall, {self.tokens_per_second:,.0f} tokens/s",
+            "time        " + self.time_line(),
         ]
         if self.validation is not None:
             verdict = "MATCHES" if self.validation.matches else "DIFFERS"

@@ -44,11 +44,17 @@ def test_demo_runs_and_an_identical_rerun_reuses_everything(tmp_path):
         "tokens_per_second",
     } <= set(report)
     assert "slices" in first.stdout
+    # honest numbers: the whole command (start-up included) and a throughput over work done
+    assert report["command_seconds"] > report["wall_seconds"] > report["tokenize_seconds"] > 0
+    assert report["tokens_per_second"] > 0 and "start-up" in first.stdout
+    assert "View at" not in first.stdout + first.stderr  # the temporary server is gone afterwards
+    assert "PyTorch" not in first.stdout + first.stderr
     digests = report["digests"]
 
-    cli("run", "examples/mixer.yaml", "--output_dir", str(out), "--work_dir", str(work))
+    rerun = cli("run", "examples/mixer.yaml", "--output_dir", str(out), "--work_dir", str(work))
     again = json.loads((out / "run_report.json").read_text())
     assert again["slices_reused"] == again["slices_total"] and again["slices_computed"] == 0
+    assert again["tokens_per_second"] == 0 and "checking reused slices" in rerun.stdout
     assert again["digests"] == digests
     assert not [p for p in out.parent.iterdir() if ".tmp-" in p.name]
 
