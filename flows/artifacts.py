@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from sftmix.report import RunReport
-from sftmix.report_page import collect, markdown
+from sftmix.report_page import collect, markdown, upsampling_text
 from sftmix.storage import is_remote
 
 
@@ -26,7 +26,7 @@ def dataset_table(report: RunReport, statistics: dict) -> list[dict]:
                 "trainable %": round(100 * s.get("final_trainable_tokens_in_output", 0) / tokens, 1)
                 if tokens
                 else 0,
-                "upsampling": f"{s.get('upsampling_factor', 1.0):.2f}x",
+                "upsampling": upsampling_text(s.get("upsampling_factor", 1.0)),
             }
         )
     return rows
@@ -38,7 +38,7 @@ def report_markdown(report: RunReport) -> str:
         "",
         f"**Output** `{report.output_dir}` ({report.publish})",
         "",
-        "| | |",
+        "| what | this run |",
         "|---|---|",
         f"| slices | {report.slices_total} total, {report.slices_computed} computed, {report.slices_reused} reused, "
         f"{report.slices_rechecked} recomputed after a failed check |",

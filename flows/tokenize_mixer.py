@@ -29,10 +29,11 @@ from sftmix.parallel import available_cpus
 from sftmix.plan import Plan
 from sftmix.publish import check_output_free, paths_to_protect, staging_dir
 from sftmix.report import COMMAND_CLOCK, DatasetReport, RunReport
+from sftmix.report_page import REPORT_PNG, write_report
 from sftmix.roots import check_allowed_roots
 from sftmix.slices import SliceManifest, SliceSpec, read_manifest, verify_slice
 from sftmix.stopping import EXIT_CANCELLED, RunStopped, follow_supervisor
-from sftmix.storage import atomic_write_bytes, remove_tree
+from sftmix.storage import atomic_write_bytes, is_remote, remove_tree
 from tasks.assemble import assemble_output
 from tasks.plan import plan_mixer
 from tasks.publish import publish_output
@@ -404,5 +405,12 @@ def _assemble_and_publish(
     report.publish = "pending"  # publish stamps its outcome into the staged copy before it shows
     atomic_write_bytes(staging / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8"))
     StopWatch().check(force=True)  # a run cancelled while it assembled does not publish
+    had_report = not is_remote(mixer.output.path) and (Path(mixer.output.path) / REPORT_PNG).exists()
     report.publish = _call(publish_output, staging, mixer.output.path, mixer.output.overwrite, seen_id)
+    if had_report and not (Path(mixer.output.path) / REPORT_PNG).exists():
+        try:  # a report the user made of the replaced output is made again for the new one
+            write_report(mixer.output.path)
+            get_run_logger().info("report.png and report.md rewritten for the new output")
+        except Exception as exc:
+            get_run_logger().warning("could not rewrite report.png: %s: %s", type(exc).__name__, exc)
     return report, result

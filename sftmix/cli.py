@@ -158,7 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--doc", type=int, help="document index in output order (default: the first)")
     ins.add_argument("--dataset", help="the first document of this dataset (its path, or file name)")
     ins.add_argument("--row", type=int, help="with or without --dataset: the document of this source row")
-    ins.add_argument("--plain", action="store_true", help="no colours: trainable text between ⟦ and ⟧")
+    ins.add_argument(
+        "--plain",
+        action="store_true",
+        help="no colours: trainable text between ⟦ and ⟧ (the default when the output is not a terminal)",
+    )
 
     rep = sub.add_parser(
         "report", help="write report.png and report.md: lengths, trainable %%, dataset shares"
@@ -346,7 +350,7 @@ def _inspect(args: argparse.Namespace) -> int:
         f"document {doc.index} (part {doc.part}, tokens {doc.start}-{doc.start + doc.tokens.shape[0]}): "
         f"{source}; {doc.tokens.shape[0]} tokens, {int(doc.mask.sum())} trainable"
     )
-    if args.plain:
+    if args.plain or not sys.stdout.isatty():  # a file or a pager gets the markers, not lost colours
         body = "".join(f"⟦{t}⟧" if trainable else t for t, trainable in parts)
         sys.stdout.write(f"{header}\n{body}\n")
         return 0

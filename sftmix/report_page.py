@@ -22,6 +22,11 @@ REPORT_PNG = "report.png"
 REPORT_MD = "report.md"
 
 
+def upsampling_text(factor: float) -> str:
+    """One way to show an upsampling factor everywhere (the UI's tables, report.md, report.png)."""
+    return f"{factor:.3g}x"
+
+
 @dataclass
 class DatasetView:
     name: str
@@ -97,13 +102,24 @@ def collect(output: str | Path) -> list[DatasetView]:
         for k, name in enumerate(names):
             if name in by_name:
                 by_name[name].lengths = lengths[np.asarray(docmap["dataset"]) == k]
+        # mixer order (the statistics list datasets in the reference's order)
+        views.sort(key=lambda v: names.index(v.name) if v.name in names else len(names))
     except (OSError, KeyError, ValueError, TypeError):
         if len(views) == 1:
             views[0].lengths = lengths
     return views
 
 
-def write_png(views: list[DatasetView], path: Path) -> None:
+def max_seq_length(output: str | Path) -> int | None:
+    try:
+        stats = json.loads((Path(output) / STATS_JSON).read_text(encoding="utf-8"))
+        value = stats["configuration"]["max_sequence_length"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return int(value) if value else None
+
+
+def write_png(views: list[DatasetView], path: Path, limit: int | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -116,14 +132,20 @@ def write_png(views: list[DatasetView], path: Path) -> None:
     for v in views:
         if v.lengths.size:
             hist.hist(v.lengths, bins=bins, histtype="step", linewidth=1.6, label=Path(v.name).name)
+    if limit is not None:
+        hist.axvline(limit, color="#555555", linestyle="--", linewidth=1)
+        hist.text(limit, hist.get_ylim()[1] * 0.95, f" max_seq_length {limit:,}", fontsize=8, ha="right")
     hist.set(title="Document length (tokens)", xlabel="tokens", ylabel="documents")
     hist.legend(fontsize=8)
     labels = [Path(v.name).name for v in views]
-    frac.barh(labels, [100 * v.trainable / max(v.tokens, 1) for v in views], color="#2a9d8f")
-    frac.set(title="Trainable tokens (%)", xlim=(0, 100))
+    trainable = [100 * v.trainable / max(v.tokens, 1) for v in views]
+    frac.barh(labels, trainable, color="#2a9d8f")
+    for y, pct in enumerate(trainable):
+        frac.text(pct, y, f" {pct:.1f}%", va="center", fontsize=8)
+    frac.set(title="Trainable tokens (%)", xlim=(0, 115))
     share.barh(labels, [v.share for v in views], color="#e76f51")
     for y, v in enumerate(views):
-        share.text(v.share, y, f" {v.share:.1f}% (x{v.upsampling:.3g})", va="center", fontsize=8)
+        share.text(v.share, y, f" {v.share:.1f}% ({upsampling_text(v.upsampling)})", va="center", fontsize=8)
     share.set(title="Share of all tokens (%), upsampling", xlim=(0, 115))
     for ax in (frac, share):
         ax.invert_yaxis()
@@ -145,7 +167,7 @@ def markdown(views: list[DatasetView], image: str | None = REPORT_PNG) -> str:
         p95 = f"{np.percentile(v.lengths, 95):,.0f}" if v.lengths.size else "-"
         lines.append(
             f"| {v.name} | {v.documents:,} | {v.tokens:,} | {100 * v.trainable / max(v.tokens, 1):.1f} | "
-            f"{v.share:.1f} | {v.upsampling:.3g} | {med} | {p95} |"
+            f"{v.share:.1f} | {upsampling_text(v.upsampling)} | {med} | {p95} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -156,7 +178,7 @@ def write_report(output: str | Path, target: str | Path | None = None) -> tuple[
     where = Path(target or output)
     where.mkdir(parents=True, exist_ok=True)
     png, md = where / REPORT_PNG, where / REPORT_MD
-    write_png(views, png)
+    write_png(views, png, max_seq_length(output))
     md.write_text(markdown(views), encoding="utf-8")
     if target is None:  # written into the output: listed in its marker, so overwrite may replace them
         record_output_files(where, [REPORT_PNG, REPORT_MD])

@@ -51,6 +51,11 @@ def test_a_source_row_decoded_with_its_assistant_text_marked(output, capsys):
             assert message["content"] in body and message["content"] not in marked
 
 
+def test_output_to_a_file_or_pager_keeps_the_markers(output, capsys):
+    assert main(["inspect", str(output), "--doc", "1"]) == 0  # captured: not a terminal
+    assert "⟦" in capsys.readouterr().out
+
+
 def test_by_index_and_clear_errors(output, capsys):
     first = inspect(capsys, str(output))
     assert first.startswith("document 0 ")
@@ -73,3 +78,24 @@ def test_report_draws_lengths_trainable_fraction_and_shares(output, tmp_path, ca
     for name in ("general.jsonl", "arithmetic.jsonl"):
         assert re.search(rf"\| [^|]*{name} \| \d+ \| [\d,]+ \| [\d.]+ \| [\d.]+ \| ", text), text
     assert main(["report", str(tmp_path / "nothing")]) == 2
+
+
+def test_a_rerun_into_the_output_makes_its_report_again(prefect_api, tmp_path):
+    """report.png/report.md made in an output are ours (listed in its marker); a run that replaces the
+    output writes them again for the new shards instead of silently dropping them."""
+    from sftmix.report_page import write_report
+
+    def run(amount: float) -> None:
+        mixer = MixerConfig(
+            datasets=[DatasetEntry(path=str(GENERAL), amount=amount)],
+            tokenizer=TokenizerSpec(name_or_path=str(EXAMPLES / "tokenizer"), chat_template="tulu"),
+            output=OutputSpec(path=str(tmp_path / "out"), overwrite=True),
+        )
+        tokenize_mixer(mixer=mixer, run=RunOptions(work_dir=str(tmp_path / "work"), runner="thread"))
+
+    run(1.0)
+    write_report(tmp_path / "out")
+    before = (tmp_path / "out" / "report.md").read_text()
+    run(2.0)
+    after = (tmp_path / "out" / "report.md").read_text()
+    assert (tmp_path / "out" / "report.png").exists() and after != before and "2x" in after
