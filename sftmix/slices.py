@@ -54,7 +54,7 @@ from .tokenizer import (
 logger = logging.getLogger(__name__)
 
 #: Bump when the bytes a slice holds for the same inputs change; part of every content key.
-SLICE_FORMAT_VERSION = "1"
+SLICE_FORMAT_VERSION = "2"  # 2: local JSON rows as datasets 4 builds them (null-filled struct keys)
 
 ROW_DTYPE = np.dtype(
     [("row", "<i8"), ("offset", "<i8"), ("length", "<i8"), ("trainable", "<i8"), ("status", "<i1")]

@@ -1,0 +1,54 @@
+"""Checkpoints from an older version are reused only if they hold the bytes this version would write:
+the slice digests of fixed inputs are pinned with ``SLICE_FORMAT_VERSION``. A change that alters slice
+bytes fails here until the version is bumped (old checkpoints then miss) and the pins are updated."""
+
+from __future__ import annotations
+
+import pytest
+
+from sftmix.config import MixerConfig, RunOptions
+from sftmix.plan import build_plan
+from sftmix.slices import SLICE_FORMAT_VERSION, tokenize_slice
+
+#: version -> case -> sha256 of the slice's (tokens.npy, mask.npy, rows.npy)
+PINNED = {
+    "2": {
+        "olmo_chats": [
+            "0f27ff6c93fbb055f33c03c5dd0cedcaf9ab84607ca91e4e9aba540ea953e8d2",
+            "c358640f1d0dcb268bc5292ac45562d58f23e93f9b74f40aca77e55d0329473a",
+            "fd1f43e2ff8b56a9858ac886958b36e679323cc67bdccf4afeaf4edd744f90aa",
+        ],
+        "tools_objects": [
+            "02d48de6e524f0704aa81286956ce44919ce42257927241acb443a04712f332b",
+            "602b0f93657bae970dd2fb81d4f43830f297cc6f6eb9ac8ce1a934cd5b6c2683",
+            "6ca1be909336ed6236e09e1b960ee36ffa979e1c2c5383ed423bd7d43ced0602",
+        ],
+    }
+}
+
+CASES = {
+    "olmo_chats": ("data/chat_multi.jsonl", "tokenizers/dolma2", "olmo"),
+    "tools_objects": ("data/chat_tools_list.jsonl", "tokenizers/dolma2_tools", None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_slice_bytes_are_pinned_with_the_format_version(case, golden_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(golden_dir)
+    data, tokenizer, template = CASES[case]
+    mixer = MixerConfig.model_validate(
+        {
+            "datasets": [{"path": data, "amount": "1.0"}],
+            "tokenizer": {"name_or_path": tokenizer, "chat_template": template},
+            "max_seq_length": 512,
+            "output": {"path": str(tmp_path / "out")},
+        }
+    )
+    plan = build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work"), slice_rows=100_000))
+    manifest = tokenize_slice(plan.slices[0], plan.context)
+    digests = [manifest.files[name].sha256 for name in ("tokens.npy", "mask.npy", "rows.npy")]
+    assert SLICE_FORMAT_VERSION in PINNED, f"pin the digests of version {SLICE_FORMAT_VERSION}: {digests}"
+    assert digests == PINNED[SLICE_FORMAT_VERSION][case], (
+        f"slice bytes changed ({case}: {digests}): bump SLICE_FORMAT_VERSION in sftmix/slices.py, so "
+        "checkpoints of the old bytes are not reused, and pin the new digests here"
+    )
