@@ -50,7 +50,7 @@ def report_markdown(report: RunReport) -> str:
     if report.validation is not None:
         verdict = "matches" if report.validation.matches else "DIFFERS"
         lines.append(f"| reference | `{report.validation.reference}`: {verdict} |")
-    lines += ["", "## Digests (sha256, SPEC Verification)", "", "| file | sha256 |", "|---|---|"]
+    lines += ["", "## Digests (sha256)", "", "| file | sha256 |", "|---|---|"]
     lines += [f"| `{name}` | `{digest}` |" for name, digest in sorted(report.digests.items())]
     if report.warnings:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in report.warnings]

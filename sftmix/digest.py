@@ -1,4 +1,4 @@
-"""Digest an output and compare two (SPEC.md, Verification).
+"""Digest an output and compare two (sha256 of each artifact, as run_report.json lists them).
 
 Token and label parts hash as bytes, ``.csv.gz`` after decompression (gzip headers hold a timestamp),
 ``dataset_statistics.json`` without ``timestamp``/``output_directory`` dumped with sorted keys. The
@@ -35,7 +35,7 @@ def artifact_digest(path: Path) -> str:
 
 
 def stream_digest(name: str, open_binary: Callable[[], BinaryIO]) -> str:
-    """The SPEC digest of one artifact, read once from whatever ``open_binary`` opens."""
+    """The digest of one artifact, read once from whatever ``open_binary`` opens."""
     with open_binary() as raw:
         if name == STATS_JSON:
             stats = json.loads(raw.read().decode("utf-8"))

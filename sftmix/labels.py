@@ -1,6 +1,6 @@
 """Render + tokenize + assistant-only label mask for a batch of conversations.
 
-The rule (SPEC.md, Tokenization and labels): tokenize the full render once; an assistant turn ``i``
+The reference's rule: tokenize the full render once; an assistant turn ``i``
 is the character span ``[len(render(m[:i], gen=True)), len(render(m[:i+1])))`` and a token is
 trainable when its offsets overlap a span. When a prefix render is not a literal prefix of the full
 render (the ``olmo`` template on multi-turn chats), spans come from token counts of the prefixes and

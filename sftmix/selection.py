@@ -1,6 +1,6 @@
 """Mixer amounts become row selections: full passes over the dataset plus a seeded draw.
 
-Pure functions, no I/O: this is the reference's row-selection rule (SPEC.md, Inputs) and must not
+Pure functions, no I/O: this is the reference's row-selection rule (open-instruct's dataset mixer) and must not
 change, because every selected row's position feeds the byte-exact output.
 """
 
