@@ -1,4 +1,4 @@
-"""tokenize-mixer: chat datasets into OLMo-core training shards (convert, run, plan, compare, digest, inspect, report).
+"""tokenize-mixer: chat datasets into OLMo-core training shards (convert, run, plan, check, compare, digest, inspect, report).
 
 ``convert`` and ``run`` both run the Prefect flow: with no ``PREFECT_API_URL`` it starts Prefect's
 ephemeral API (no server needed); with one, the run shows up on that server.
@@ -163,6 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="no colours: trainable text between ⟦ and ⟧ (the default when the output is not a terminal)",
     )
+
+    chk = sub.add_parser(
+        "check", help="will this output train as expected: integrity, fit, masks; exit 1 with findings"
+    )
+    chk.add_argument("output")
+    _flag(chk, "sequence_length", type=int, help="the training sequence length: longer documents are found")
+    chk.add_argument("--json", help="also write the findings as JSON to this file")
 
     rep = sub.add_parser(
         "report", help="write report.png and report.md: lengths, trainable %%, dataset shares"
@@ -440,6 +447,14 @@ def _main(args: argparse.Namespace) -> int:
             return 0 if result.matches else 1
         if args.command == "inspect":
             return _inspect(args)
+        if args.command == "check":
+            from .check import check_output
+
+            result = check_output(args.output, args.sequence_length)
+            sys.stdout.write(result.render() + "\n")
+            if args.json:
+                Path(args.json).write_text(result.to_json(), encoding="utf-8")
+            return 0 if result.clean else 1
         if args.command == "report":
             from .report_page import write_report
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from flows.tokenize_mixer import tokenize_mixer
+from sftmix.check import check_output
 from sftmix.cli import build_parser, mixer_from_convert_args
 from sftmix.config import RunOptions
 from sftmix.digest import compare
@@ -41,6 +42,8 @@ def test_matches_reference(case, variant, golden_dir, prefect_api, tmp_path, mon
     report = run_case(case, tmp_path / "out", tmp_path / "work", **VARIANTS[variant])
     result = compare(tmp_path / "out", golden_dir / "expected" / case)
     assert result.matches, result.render()
+    integrity = [f for f in check_output(tmp_path / "out").findings if f.kind == "integrity"]
+    assert not integrity, integrity
     # computed here, not found in a cache (a dataset listed twice, as jsonl and parquet, computes once)
     assert report["slices_computed"] >= 1 and report["slices_reused"] < report["slices_total"]
 

@@ -1,0 +1,209 @@
+"""``tokenize-mixer check OUT``: will this output train the way its maker thinks, before a GPU hour is
+spent on it. Reads the shards part by part in bounded chunks (memory does not grow with the output).
+
+Findings, each with a kind and a count:
+- integrity: token and mask files of equal length, boundaries that tile each part, ids that fit the dtype
+  and the vocabulary of ``tokenizer/``, digests equal to ``run_report.json``'s;
+- fit: documents longer than the training sequence length, EOS tokens inside a document (OLMo-core
+  cuts documents at EOS when it finds boundaries that way);
+- masks: documents with no trainable token, special tokens trained in the middle of trainable text (a
+  role header or marker the model would learn to emit; one that ends a trainable run is a turn's end).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .digest import RUN_REPORT, output_digests
+from .errors import ConfigError
+from .olmo_format import BOUNDS_PART, MASK_PART, STATS_JSON, TOKENS_PART
+
+#: Tokens read at once: bounded memory whatever the part size.
+CHUNK = 1 << 24
+#: Examples kept per finding.
+EXAMPLES = 5
+
+
+@dataclass
+class Finding:
+    kind: str  # integrity | fit | masks
+    what: str
+    count: int
+    examples: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class CheckReport:
+    output: str
+    documents: int = 0
+    tokens: int = 0
+    trainable_tokens: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    per_dataset_trainable_percent: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def clean(self) -> bool:
+        return not self.findings
+
+    def add(self, kind: str, what: str, count: int, examples: list[Any] | None = None) -> None:
+        if count:
+            self.findings.append(Finding(kind, what, int(count), list(examples or [])[:EXAMPLES]))
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "clean": self.clean}, indent=2)
+
+    def render(self) -> str:
+        lines = [
+            f"checked {self.output}: {self.documents:,} documents, {self.tokens:,} tokens "
+            f"({self.trainable_tokens:,} trainable)"
+        ]
+        for name, pct in self.per_dataset_trainable_percent.items():
+            lines.append(f"  trainable {pct:5.1f}%  {name}")
+        if self.clean:
+            lines.append("clean: no findings")
+        for f in self.findings:
+            example = f" (e.g. {', '.join(map(str, f.examples))})" if f.examples else ""
+            lines.append(f"FINDING [{f.kind}] {f.what}: {f.count:,}{example}")
+        return "\n".join(lines)
+
+
+def _json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _bounds(path: Path) -> np.ndarray:
+    with gzip.open(path, "rt") as fh:
+        return np.array([[int(x) for x in line.split(",")] for line in fh], dtype=np.int64).reshape(-1, 2)
+
+
+def _tokenizer_facts(out: Path) -> tuple[int | None, int | None, set[int]]:
+    """(vocabulary size, eos id, ids of special added tokens other than eos) of ``tokenizer/``."""
+    config = _json(out / "tokenizer" / "tokenizer_config.json")
+    spec = _json(out / "tokenizer" / "tokenizer.json")
+    if not spec:
+        return None, None, set()
+    vocab = spec.get("model", {}).get("vocab") or {}
+    added = spec.get("added_tokens") or []
+    ids = [int(v) for v in (vocab.values() if isinstance(vocab, dict) else range(len(vocab)))]
+    ids += [int(t["id"]) for t in added]
+    size = max(ids) + 1 if ids else None
+    eos_token = config.get("eos_token")
+    if isinstance(eos_token, dict):
+        eos_token = eos_token.get("content")
+    eos = next((int(t["id"]) for t in added if t.get("content") == eos_token), None)
+    if eos is None and isinstance(vocab, dict) and eos_token in vocab:
+        eos = int(vocab[eos_token])
+    special = {int(t["id"]) for t in added if t.get("special")} - {eos}
+    return size, eos, special
+
+
+def check_output(output: str | Path, sequence_length: int | None = None) -> CheckReport:
+    out = Path(output)
+    if not (out / TOKENS_PART.format(0)).exists():
+        raise ConfigError(
+            f"{out} holds no {TOKENS_PART.format(0)}: not an OLMo-core output of tokenize-mixer"
+        )
+    report_json = _json(out / RUN_REPORT)
+    dtype = np.dtype(report_json.get("token_dtype") or "uint32")
+    vocab, eos, special = _tokenizer_facts(out)
+    result = CheckReport(output=str(out))
+    if vocab is None:
+        result.add("integrity", "tokenizer/ is missing or unreadable", 1)
+    elif vocab - 1 > np.iinfo(dtype).max:
+        result.add("integrity", f"vocabulary of {vocab:,} ids does not fit dtype {dtype.name}", 1)
+
+    uneven, untiled, too_big, empty, long_docs, eos_inside, special_trained = [], [], [], [], [], [], {}
+    doc_base = part = 0
+    while (out / TOKENS_PART.format(part)).exists():
+        tokens = np.memmap(out / TOKENS_PART.format(part), dtype=dtype, mode="r")
+        mask = np.memmap(out / MASK_PART.format(part), dtype=np.uint8, mode="r")
+        bounds_file = out / BOUNDS_PART.format(part)
+        bounds = _bounds(bounds_file) if bounds_file.exists() else np.zeros((0, 2), np.int64)
+        n = tokens.shape[0]
+        if mask.shape[0] != n:
+            uneven.append(f"part {part}: {n} tokens, {mask.shape[0]} mask bytes")
+        starts, ends = bounds[:, 0], bounds[:, 1]
+        if mask.shape[0] != n:
+            pass  # found above; its documents cannot be read token by token
+        elif (
+            bounds.shape[0] == 0
+            or starts[0] != 0
+            or ends[-1] != n
+            or np.any(starts[1:] != ends[:-1])
+            or np.any(ends <= starts)
+        ):
+            untiled.append(f"part {part}")
+        else:
+            lengths = ends - starts
+            trainable = np.zeros(bounds.shape[0], np.int64)
+            for lo in range(0, n, CHUNK):
+                hi = min(n, lo + CHUNK)
+                t, m = np.asarray(tokens[lo:hi]), np.asarray(mask[lo:hi]).astype(bool)
+                if vocab is not None and t.size and int(t.max()) >= vocab:
+                    too_big.append(f"part {part} offset {lo + int(np.argmax(t >= vocab))}")
+                docs = np.searchsorted(ends, np.arange(lo, hi)[m], side="right")
+                np.add.at(trainable, docs, 1)
+                if eos is not None:
+                    at = lo + np.flatnonzero(t == eos)
+                    inside = at[np.isin(at + 1, ends, invert=True)]  # not a document's last token
+                    eos_inside += [
+                        doc_base + int(d) for d in np.unique(np.searchsorted(ends, inside, side="right"))
+                    ]
+                if special:  # trained and followed by trained text: a header or marker, not a turn's end
+                    follows = np.append(m[1:], bool(mask[hi]) if hi < n else False)
+                    hit = m & follows & np.isin(t, list(special))
+                    hit[np.isin(np.arange(lo, hi) + 1, ends)] = False
+                    for tok_id in np.unique(t[hit]).tolist():
+                        special_trained[tok_id] = special_trained.get(tok_id, 0) + int(
+                            (t[hit] == tok_id).sum()
+                        )
+            empty += [doc_base + int(i) for i in np.flatnonzero(trainable == 0)]
+            if sequence_length is not None:
+                long_docs += [doc_base + int(i) for i in np.flatnonzero(lengths > sequence_length)]
+            result.trainable_tokens += int(trainable.sum())
+        result.documents += bounds.shape[0]
+        result.tokens += n
+        doc_base += bounds.shape[0]
+        part += 1
+
+    result.add("integrity", "parts whose token and mask files differ in length", len(uneven), uneven)
+    result.add("integrity", "parts whose document boundaries do not tile the part", len(untiled), untiled)
+    result.add("integrity", "token ids beyond the tokenizer's vocabulary", len(too_big), too_big)
+    recorded = report_json.get("digests")
+    if isinstance(recorded, dict) and recorded:
+        actual = output_digests(out)
+        differ = sorted(k for k in recorded if actual.get(k) != recorded[k])
+        result.add("integrity", "files whose digest differs from run_report.json", len(differ), differ)
+    result.add("masks", "documents with no trainable token", len(empty), [f"document {d}" for d in empty])
+    for tok_id, count in sorted(special_trained.items()):
+        result.add(
+            "masks", f"special token id {tok_id} trained inside trainable text (a header or marker)", count
+        )
+    result.add(
+        "fit",
+        "documents with an EOS token before their end",
+        len(eos_inside),
+        [f"document {d}" for d in eos_inside],
+    )
+    if sequence_length is not None:
+        result.add(
+            "fit",
+            f"documents longer than sequence length {sequence_length}",
+            len(long_docs),
+            [f"document {d}" for d in long_docs],
+        )
+    for entry in _json(out / STATS_JSON).get("per_dataset_statistics", []):
+        tokens = entry.get("final_tokens_in_output") or 0
+        result.per_dataset_trainable_percent[entry["dataset_name"]] = (
+            round(100 * (entry.get("final_trainable_tokens_in_output") or 0) / tokens, 1) if tokens else 0.0
+        )
+    return result

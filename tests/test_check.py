@@ -1,0 +1,82 @@
+"""``tokenize-mixer check``: a clean output is clean; each kind of finding, made on purpose, is found."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from flows.tokenize_mixer import tokenize_mixer
+from sftmix.check import check_output
+from sftmix.cli import main
+from sftmix.config import MixerConfig, RunOptions
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def run(tmp: Path, rows: list[dict], name: str, **mixer) -> Path:
+    data = tmp / f"{name}.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = MixerConfig.model_validate(
+        {
+            "datasets": [{"path": str(data), "amount": "1.0"}],
+            "tokenizer": {"name_or_path": str(EXAMPLES / "tokenizer"), "chat_template": "olmo"},
+            "output": {"path": str(tmp / name)},
+            **mixer,
+        }
+    )
+    tokenize_mixer(mixer=config, run=RunOptions(work_dir=str(tmp / "work"), runner="thread"))
+    return tmp / name
+
+
+def chat(user: str, assistant: str) -> dict:
+    return {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]}
+
+
+@pytest.fixture(scope="module")
+def clean(prefect_api, tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("check")
+    return run(tmp, [chat(f"question {i}?", f"answer number {i}.") for i in range(30)], "clean")
+
+
+def kinds(out: Path, **kw) -> dict[str, int]:
+    return {f.what: f.count for f in check_output(out, **kw).findings}
+
+
+def test_a_clean_output_is_clean_and_exit_0(clean, capsys):
+    assert main(["check", str(clean), "--sequence_length", "4096"]) == 0
+    assert "clean: no findings" in capsys.readouterr().out
+
+
+def test_integrity_findings(clean, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(clean, broken)
+    tokens = broken / "token_ids_part_0000.npy"
+    data = bytearray(tokens.read_bytes())
+    data[10] ^= 0xFF
+    tokens.write_bytes(bytes(data))
+    mask = broken / "labels_mask_part_0000.npy"
+    mask.write_bytes(mask.read_bytes()[:-3])
+    found = kinds(broken)
+    assert found["files whose digest differs from run_report.json"] >= 1
+    assert found["parts whose token and mask files differ in length"] == 1
+    report = tmp_path / "report.json"
+    assert main(["check", str(broken), "--json", str(report)]) == 1
+    assert json.loads(report.read_text())["clean"] is False
+
+
+def test_fit_and_mask_findings(prefect_api, tmp_path):
+    rows = [
+        chat("short?", "yes."),
+        chat("long? " * 200, "ok " * 200),
+        chat("eos inside?", "a <|endoftext|> b"),
+    ]
+    rows += [chat("header?", "here: <|im_start|>user hello")]
+    out = run(tmp_path, rows, "odd", max_seq_length=300, drop_untrainable=False)
+    found = kinds(out, sequence_length=100)
+    assert found["documents longer than sequence length 100"] >= 1
+    assert found["documents with an EOS token before their end"] == 1
+    assert found["documents with no trainable token"] == 1  # the long one: its answer was truncated away
+    assert any("special token" in what for what in found)
