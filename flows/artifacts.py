@@ -50,6 +50,13 @@ def report_markdown(report: RunReport) -> str:
     if report.validation is not None:
         verdict = "matches" if report.validation.matches else "DIFFERS"
         lines.append(f"| reference | `{report.validation.reference}`: {verdict} |")
+    if report.check_findings is not None:
+        lines += ["", "## Check (tokenize-mixer check)", ""]
+        lines += [
+            f"- **{f['kind']}**: {f['what']}: {f['count']:,}"
+            + (f" (e.g. {', '.join(map(str, f['examples']))})" if f["examples"] else "")
+            for f in report.check_findings
+        ] or ["clean: no findings"]
     lines += ["", "## Digests (sha256)", "", "| file | sha256 |", "|---|---|"]
     lines += [f"| `{name}` | `{digest}` |" for name, digest in sorted(report.digests.items())]
     if report.warnings:

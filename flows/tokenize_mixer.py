@@ -10,7 +10,7 @@ import queue
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +22,10 @@ from flows.artifacts import publish_artifacts
 from flows.pool import ProcessPool, was_running, worker_died
 from flows.progress import SliceProgress
 from flows.watch import StopWatch, report_crashed
+from sftmix.check import check_output
 from sftmix.config import MixerConfig, RunOptions
 from sftmix.digest import RUN_REPORT
-from sftmix.errors import MixerError, SliceFailuresError, WorkerDiedError
+from sftmix.errors import CheckFailedError, MixerError, SliceFailuresError, WorkerDiedError
 from sftmix.parallel import available_cpus
 from sftmix.plan import Plan
 from sftmix.publish import check_output_free, paths_to_protect, staging_dir
@@ -403,6 +404,17 @@ def _assemble_and_publish(
     if COMMAND_CLOCK.started is not None:  # started by our CLI: the whole command, start-up included
         report.command_seconds = round(time.time() - COMMAND_CLOCK.started, 3)
     report.publish = "pending"  # publish stamps its outcome into the staged copy before it shows
+    atomic_write_bytes(staging / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8"))
+    if run.check != "off" and mixer.output.format == "olmo":
+        findings = check_output(staging, plan.mixer.max_seq_length, digests=False).findings
+        report.check_findings = [asdict(f) for f in findings]
+        for f in findings:
+            get_run_logger().warning("check [%s] %s: %d %s", f.kind, f.what, f.count, f.examples or "")
+        if findings and run.check == "strict":
+            raise CheckFailedError(
+                f"run.check is strict and the output has {len(findings)} finding(s), first: {findings[0].what} "
+                f"({findings[0].count}); nothing was published (tokenize-mixer check OUT shows them on an output)"
+            )
     atomic_write_bytes(staging / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8"))
     StopWatch().check(force=True)  # a run cancelled while it assembled does not publish
     had_report = not is_remote(mixer.output.path) and (Path(mixer.output.path) / REPORT_PNG).exists()

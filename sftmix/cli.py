@@ -76,6 +76,13 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     _flag(
         parser, "disable_cache", action="store_true", default=None, help="neither read nor write checkpoints"
     )
+    _flag(
+        parser,
+        "check",
+        choices=["report", "strict", "off"],
+        help="check the output before publishing it: list findings (report, the default), fail on any "
+        "(strict), or skip (off)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -225,6 +232,7 @@ def run_options(args: argparse.Namespace, base: RunOptions | None = None) -> Run
         "reference",
         "force_recache",
         "disable_cache",
+        "check",
     ):
         if getattr(args, key, None) is not None:
             data[key] = getattr(args, key)

@@ -231,6 +231,12 @@ class RunOptions(BaseModel):
         default=False,
         description="Neither read nor write checkpoints: slices go to a scratch directory removed after the run.",
     )
+    check: Literal["report", "strict", "off"] = Field(
+        default="report",
+        description="`tokenize-mixer check` on the staged output before it is published (one more read of "
+        "the shards): 'report' lists its findings in the run report and the UI, 'strict' fails the run on "
+        "any finding and publishes nothing, 'off' skips it.",
+    )
     allowed_roots: list[str] | None = Field(
         default=None,
         description="Local directories (absolute) and gs://bucket/prefix URLs that every path this run reads "

@@ -61,6 +61,10 @@ class ChecksumError(MixerError):
     """A checkpoint or an output file does not match its recorded digest."""
 
 
+class CheckFailedError(MixerError):
+    """``run.check: strict`` and the staged output has findings; nothing was published."""
+
+
 class SliceFailuresError(MixerError):
     """Some slices failed after their retries; the others are checkpointed."""
 

@@ -72,6 +72,10 @@ class RunReport(BaseModel):
         default_factory=list, description="Up to 20 dropped or skipped rows: dataset, row, reason, detail."
     )
     validation: Validation | None = None
+    check_findings: list[dict] | None = Field(
+        None,
+        description="What `tokenize-mixer check` found in the output before it was published (run.check).",
+    )
     documents_file: str
     warnings: list[str] = Field(default_factory=list)
 

@@ -80,3 +80,34 @@ def test_fit_and_mask_findings(prefect_api, tmp_path):
     assert found["documents with an EOS token before their end"] == 1
     assert found["documents with no trainable token"] == 1  # the long one: its answer was truncated away
     assert any("special token" in what for what in found)
+
+
+def test_the_flow_checks_before_publishing(prefect_api, tmp_path):
+    """run.check report: findings in run_report.json and the output published; strict: the run fails
+    naming the first finding, and nothing is published."""
+    from prefect.states import State
+
+    from sftmix.config import MixerConfig, RunOptions
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(
+        "".join(json.dumps(r) + "\n" for r in [chat("q?", "a <|endoftext|> b"), chat("q2?", "fine.")])
+    )
+
+    def flow(check: str, name: str) -> State:
+        mixer = MixerConfig.model_validate(
+            {
+                "datasets": [{"path": str(data), "amount": "1.0"}],
+                "tokenizer": {"name_or_path": str(EXAMPLES / "tokenizer"), "chat_template": "olmo"},
+                "output": {"path": str(tmp_path / name)},
+            }
+        )
+        run = RunOptions(work_dir=str(tmp_path / "work"), runner="thread", check=check)
+        return tokenize_mixer(mixer=mixer, run=run, return_state=True)
+
+    assert flow("report", "reported").is_completed()
+    report = json.loads((tmp_path / "reported" / "run_report.json").read_text())
+    assert [f["what"] for f in report["check_findings"]] == ["documents with an EOS token before their end"]
+    strict = flow("strict", "strict")
+    assert strict.is_failed() and "run.check is strict" in strict.message and "EOS" in strict.message
+    assert not (tmp_path / "strict").exists()
