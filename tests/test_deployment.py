@@ -181,6 +181,16 @@ def run_states(env: dict, flow_run_name: str) -> tuple[str, dict[str, int]]:
     return message or "", counts
 
 
+def assert_demo_bytes(out: Path) -> None:
+    """``tokenize-mixer compare`` of ``out`` against the demo's published digests."""
+    compare = subprocess.run(
+        [str(BIN / "tokenize-mixer"), "compare", str(out), str(ROOT / "examples" / "demo.digests.json")],
+        capture_output=True,
+        text=True,
+    )
+    assert compare.returncode == 0, compare.stdout + compare.stderr
+
+
 def flow_run_name(output: str) -> str:
     for line in output.splitlines():
         if line.startswith("Created flow run '"):
@@ -191,17 +201,7 @@ def flow_run_name(output: str) -> str:
 def test_demo_deployment_runs_to_completion_with_the_expected_digests(server, tmp_path):
     proc = deployment_run(server, "demo", demo_params(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    compare = subprocess.run(
-        [
-            str(BIN / "tokenize-mixer"),
-            "compare",
-            str(tmp_path / "out"),
-            str(ROOT / "examples" / "demo.digests.json"),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert compare.returncode == 0, compare.stdout
+    assert_demo_bytes(tmp_path / "out")
     report = json.loads((tmp_path / "out" / "run_report.json").read_text())
     assert report["slices_computed"] == report["slices_total"]
 
@@ -365,14 +365,4 @@ def test_the_demo_submitted_as_the_ui_sends_it_writes_the_demos_bytes(server, tm
             assert time.monotonic() < deadline, state
             time.sleep(1)
     assert state["type"] == "COMPLETED", state
-    compare = subprocess.run(
-        [
-            str(BIN / "tokenize-mixer"),
-            "compare",
-            str(tmp_path / "out"),
-            str(ROOT / "examples" / "demo.digests.json"),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert compare.returncode == 0, compare.stdout + compare.stderr
+    assert_demo_bytes(tmp_path / "out")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from sftmix.digest import compare
+from tests.cli_runs import assert_rerun_resumes, cli_env, convert_command
 
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
@@ -29,22 +30,7 @@ STOP_WITHIN = 10.0
 
 
 def command(data: Path, work: Path, out: Path) -> list[str]:
-    return [
-        sys.executable, "-m", "sftmix.cli", "convert", "--dataset_mixer_list", str(data), "1.0",
-        "--tokenizer_name_or_path", str(ROOT / "examples" / "tokenizer"), "--chat_template_name", "olmo",
-        "--max_seq_length", "256", "--work_dir", str(work), "--output_dir", str(out), "--slice_rows", "500",
-        "--runner", "process", "--workers", "2",
-    ]  # fmt: skip
-
-
-def env(api_url: str | None = None) -> dict:
-    e = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    if api_url is None:
-        e.pop("PREFECT_API_AUTH_STRING", None)
-    e["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-    if api_url:
-        e["PREFECT_API_URL"] = api_url
-    return e
+    return convert_command(data, work, out, 500, "--runner", "process", "--workers", "2")
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +40,7 @@ def chats(tmp_path_factory) -> tuple[Path, Path]:
     data = root / "chats.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in arithmetic(random.Random(11), 60_000)))
     expected = root / "expected"
-    subprocess.run(command(data, root / "work-ref", expected), env=env(), check=True, capture_output=True)
+    subprocess.run(command(data, root / "work-ref", expected), env=cli_env(), check=True, capture_output=True)
     return data, expected
 
 
@@ -64,7 +50,7 @@ class Run:
     def __init__(self, cmd: list[str], api_url: str | None = None) -> None:
         self.proc = subprocess.Popen(
             cmd,
-            env=env(api_url),
+            env=cli_env(api_url),
             start_new_session=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -85,9 +71,12 @@ class Run:
     def wait_for_slices(self) -> None:
         assert self.progress.wait(240), "".join(self.lines)[-3000:]
 
-    def children(self) -> list[int]:
+    def children(self, running: str = "") -> list[int]:
+        """Its child processes (those whose command line contains ``running``)."""
         out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
-        return [int(p) for p in out.split()]
+        return [
+            int(p) for p in out.split() if not running or running in Path(f"/proc/{p}/cmdline").read_text()
+        ]
 
     def stopped(self, since: float) -> int:
         try:
@@ -122,16 +111,8 @@ def _status(pid: int) -> str:
 
 
 def _rerun_matches(data: Path, work: Path, out: Path, expected: Path) -> None:
-    finished = len(list(work.glob("slices/*/*/manifest.json")))
     assert not out.exists(), "a stopped run published"
-    final = subprocess.run(command(data, work, out), env=env(), capture_output=True, text=True)
-    assert final.returncode == 0, final.stderr[-3000:]
-    result = compare(out, expected)
-    assert result.matches, result.render()
-    report = json.loads((out / "run_report.json").read_text())
-    assert report["slices_reused"] >= finished - report["slices_rechecked"]  # nothing finished is redone
-    leftovers = [p.name for p in out.parent.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
-    assert leftovers == [], leftovers
+    assert_rerun_resumes(command(data, work, out), work, out, expected)
 
 
 def _one_line_reason(stderr: str, reason: str) -> None:
@@ -174,7 +155,7 @@ def test_a_closed_output_pipe_stops_the_run(chats, tmp_path):
     script = f'"$@" 2>&1 | grep -m1 "\\[3/"; echo "${{PIPESTATUS[0]}}" > {code_file}'
     shell = subprocess.Popen(
         ["bash", "-c", script, "_", *command(data, work, out)],
-        env=env(),
+        env=cli_env(),
         start_new_session=True,
         stdout=subprocess.PIPE,
         text=True,
@@ -195,7 +176,7 @@ def test_a_killed_worker_is_replaced_and_the_bytes_are_the_same(chats, tmp_path)
     work, out = tmp_path / "work", tmp_path / "out"
     run = Run(command(data, work, out))
     run.wait_for_slices()
-    workers = [p for p in run.children() if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+    workers = run.children("spawn_main")
     os.kill(workers[0], signal.SIGKILL)  # what the OOM killer does
     assert run.proc.wait(timeout=300) == 0, run.stderr[-3000:]
     run.reader.join(10)
@@ -210,7 +191,7 @@ def test_a_dead_api_server_stops_the_run(chats, tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
     run = Run(command(data, work, out))
     run.wait_for_slices()
-    server = [p for p in run.children() if "uvicorn" in Path(f"/proc/{p}/cmdline").read_text()]
+    server = run.children("uvicorn")
     assert len(server) == 1
     since = time.monotonic()
     os.kill(server[0], signal.SIGKILL)
@@ -233,7 +214,7 @@ def test_a_cancel_through_the_api_stops_the_run_without_publishing(chats, tmp_pa
         flow_run = next(r for r in client.read_flow_runs(flow_run_filter=running) if r.flow_id)
     subprocess.run(
         [sys.executable, "-m", "prefect", "flow-run", "cancel", str(flow_run.id)],
-        env=env(prefect_api),
+        env=cli_env(prefect_api),
         check=True,
         capture_output=True,
     )

@@ -1,0 +1,49 @@
+"""The CLI run as a user runs it, for the tests that stop or kill it and then resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sftmix.digest import compare
+
+ROOT = Path(__file__).parent.parent
+
+
+def convert_command(data: Path, work: Path, out: Path, slice_rows: int, *extra: str) -> list[str]:
+    """``tokenize-mixer convert`` of ``data`` with the demo tokenizer and the olmo template."""
+    return [
+        sys.executable, "-m", "sftmix.cli", "convert", "--dataset_mixer_list", str(data), "1.0",
+        "--tokenizer_name_or_path", str(ROOT / "examples" / "tokenizer"), "--chat_template_name", "olmo",
+        "--max_seq_length", "256", "--work_dir", str(work), "--output_dir", str(out),
+        "--slice_rows", str(slice_rows), *extra,
+    ]  # fmt: skip
+
+
+def cli_env(api_url: str | None = None) -> dict:
+    """No configured Prefect API (the CLI starts its own) unless ``api_url`` names one."""
+    e = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    if api_url is None:
+        e.pop("PREFECT_API_AUTH_STRING", None)
+    e["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    if api_url:
+        e["PREFECT_API_URL"] = api_url
+    return e
+
+
+def assert_rerun_resumes(cmd: list[str], work: Path, out: Path, expected: Path) -> dict:
+    """Rerun ``cmd`` after a stop or a kill: the uninterrupted bytes, every finished slice reused, no
+    temporary leftovers beside the output. Returns the run report."""
+    finished = len(list(work.glob("slices/*/*/manifest.json")))
+    final = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True)
+    assert final.returncode == 0, final.stderr[-3000:]
+    result = compare(out, expected)
+    assert result.matches, result.render()
+    report = json.loads((out / "run_report.json").read_text())
+    assert report["slices_reused"] >= finished - report["slices_rechecked"]  # nothing finished is redone
+    leftovers = [p.name for p in out.parent.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+    assert leftovers == [], leftovers
+    return report
