@@ -404,9 +404,10 @@ def _assemble_and_publish(
     if COMMAND_CLOCK.started is not None:  # started by our CLI: the whole command, start-up included
         report.command_seconds = round(time.time() - COMMAND_CLOCK.started, 3)
     report.publish = "pending"  # publish stamps its outcome into the staged copy before it shows
-    atomic_write_bytes(staging / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8"))
     if run.check != "off" and mixer.output.format == "olmo":
-        findings = check_output(staging, plan.mixer.max_seq_length, digests=False).findings
+        findings = check_output(
+            staging, plan.mixer.max_seq_length, digests=False, token_dtype=plan.context.token_dtype
+        ).findings
         report.check_findings = [asdict(f) for f in findings]
         for f in findings:
             get_run_logger().warning("check [%s] %s: %d %s", f.kind, f.what, f.count, f.examples or "")

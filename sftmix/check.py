@@ -12,7 +12,6 @@ Findings, each with a kind and a count:
 
 from __future__ import annotations
 
-import gzip
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ import numpy as np
 
 from .digest import RUN_REPORT, output_digests
 from .errors import ConfigError
-from .olmo_format import BOUNDS_PART, MASK_PART, STATS_JSON, TOKENS_PART
+from .olmo_format import BOUNDS_PART, MASK_PART, STATS_JSON, TOKENS_PART, read_boundaries
 
 #: Tokens read at once: bounded memory whatever the part size.
 CHUNK = 1 << 24
@@ -80,11 +79,6 @@ def _json(path: Path) -> dict:
         return {}
 
 
-def _bounds(path: Path) -> np.ndarray:
-    with gzip.open(path, "rt") as fh:
-        return np.array([[int(x) for x in line.split(",")] for line in fh], dtype=np.int64).reshape(-1, 2)
-
-
 def _tokenizer_facts(out: Path) -> tuple[int | None, int | None, set[int]]:
     """(vocabulary size, eos id, ids of special added tokens other than eos) of ``tokenizer/``."""
     config = _json(out / "tokenizer" / "tokenizer_config.json")
@@ -106,15 +100,21 @@ def _tokenizer_facts(out: Path) -> tuple[int | None, int | None, set[int]]:
     return size, eos, special
 
 
-def check_output(output: str | Path, sequence_length: int | None = None, digests: bool = True) -> CheckReport:
-    """``digests=False`` skips hashing the files again (the flow checks right after computing them)."""
+def check_output(
+    output: str | Path,
+    sequence_length: int | None = None,
+    digests: bool = True,
+    token_dtype: str | None = None,
+) -> CheckReport:
+    """``digests=False`` skips hashing the files again and ``token_dtype`` gives the dtype otherwise read
+    from ``run_report.json`` (the flow checks its staging right after computing both)."""
     out = Path(output)
     if not (out / TOKENS_PART.format(0)).exists():
         raise ConfigError(
             f"{out} holds no {TOKENS_PART.format(0)}: not an OLMo-core output of tokenize-mixer"
         )
     report_json = _json(out / RUN_REPORT)
-    dtype = np.dtype(report_json.get("token_dtype") or "uint32")
+    dtype = np.dtype(token_dtype or report_json.get("token_dtype") or "uint32")
     vocab, eos, special = _tokenizer_facts(out)
     result = CheckReport(output=str(out))
     if vocab is None:
@@ -128,7 +128,7 @@ def check_output(output: str | Path, sequence_length: int | None = None, digests
         tokens = np.memmap(out / TOKENS_PART.format(part), dtype=dtype, mode="r")
         mask = np.memmap(out / MASK_PART.format(part), dtype=np.uint8, mode="r")
         bounds_file = out / BOUNDS_PART.format(part)
-        bounds = _bounds(bounds_file) if bounds_file.exists() else np.zeros((0, 2), np.int64)
+        bounds = read_boundaries(bounds_file) if bounds_file.exists() else np.zeros((0, 2), np.int64)
         n = tokens.shape[0]
         if mask.shape[0] != n:
             uneven.append(f"part {part}: {n} tokens, {mask.shape[0]} mask bytes")

@@ -6,7 +6,6 @@ the run's document map that ``run_report.json`` points to.
 
 from __future__ import annotations
 
-import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ import numpy as np
 
 from .digest import RUN_REPORT
 from .errors import ConfigError
-from .olmo_format import BOUNDS_PART, MASK_PART, TOKENS_PART
+from .olmo_format import BOUNDS_PART, MASK_PART, TOKENS_PART, read_boundaries
 
 
 @dataclass
@@ -45,8 +44,7 @@ def _dtype(out: Path) -> np.dtype:
 
 
 def _bounds(out: Path, part: int) -> np.ndarray:
-    with gzip.open(out / BOUNDS_PART.format(part), "rt") as fh:
-        return np.array([[int(x) for x in line.split(",")] for line in fh], dtype=np.int64).reshape(-1, 2)
+    return read_boundaries(out / BOUNDS_PART.format(part))
 
 
 def load_document(output: str | Path, index: int) -> Document:

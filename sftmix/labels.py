@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .formats import Conversation
-from .prefix_renders import PastedPrefix, PrefixRenders
+from .prefix_renders import PastedPrefix, PrefixRenders, common_prefix_length
 from .templates import ChatRenderer
 
 
@@ -78,21 +78,6 @@ class _Pending:
     boundary_starts: np.ndarray | None = None  # char offsets of segment-boundary tokens in the full render
     boundary_ends: np.ndarray | None = None
     boundary_index: np.ndarray | None = None  # their positions among the full render's tokens
-
-
-def common_prefix_length(a: str, b: str) -> int:
-    """Length of the longest common prefix (binary search over C-speed slice comparisons)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 @dataclass(frozen=True)

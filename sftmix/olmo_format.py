@@ -67,6 +67,12 @@ class PartSet:
         self.masks.clear()
 
 
+def read_boundaries(path: Path) -> np.ndarray:
+    """A part's ``token_ids_part_*.csv.gz`` as an (n, 2) array of (start, end) token offsets."""
+    with gzip.open(path, "rt") as fh:
+        return np.array([[int(x) for x in line.split(",")] for line in fh], dtype=np.int64).reshape(-1, 2)
+
+
 def write_boundaries(
     directory: Path, doc_starts: np.ndarray, doc_ends: np.ndarray, per_part: int, n_parts: int
 ) -> None:

@@ -279,7 +279,7 @@ class PrefixRenders:
             start, content_end = offsets[at[0]], offsets[at[0] + 1]
             base = offsets[through.shared]
             tail = "".join([p if isinstance(p, str) else values[p] for p in through.tail])
-            end = base + _agreement(tail, full, base)
+            end = base + common_prefix_length(tail, full[base : base + len(tail)])
             spans.append((start, max(end, content_end)))
         return spans
 
@@ -351,13 +351,19 @@ class PrefixRenders:
         return _Skeleton(fields=tuple(fields), derived=(), full=full, turns=tuple(turns))
 
 
-def _agreement(tail: str, full: str, base: int) -> int:
-    """How many leading characters of ``tail`` equal ``full`` from ``base`` on (reads only that far)."""
-    n = min(len(tail), len(full) - base)
-    i = 0
-    while i < n and tail[i] == full[base + i]:
-        i += 1
-    return i
+def common_prefix_length(a: str, b: str) -> int:
+    """Length of the longest common prefix (binary search over C-speed slice comparisons)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _split(prefix: tuple[str | int, ...] | None, full: tuple[str | int, ...]) -> _Prefix:

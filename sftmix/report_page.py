@@ -6,7 +6,6 @@ plus, to split document lengths by dataset, the run's document map (``run_report
 
 from __future__ import annotations
 
-import gzip
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +14,7 @@ import numpy as np
 
 from .digest import RUN_REPORT
 from .errors import ConfigError
-from .olmo_format import BOUNDS_PART, MASK_PART, STATS_JSON
+from .olmo_format import BOUNDS_PART, MASK_PART, STATS_JSON, read_boundaries
 from .ownership import record_output_files
 
 REPORT_PNG = "report.png"
@@ -43,10 +42,7 @@ def _documents(out: Path) -> tuple[np.ndarray, np.ndarray]:
     lengths, trainable = [], []
     part = 0
     while (out / BOUNDS_PART.format(part)).exists():
-        with gzip.open(out / BOUNDS_PART.format(part), "rt") as fh:
-            bounds = np.array([[int(x) for x in line.split(",")] for line in fh], dtype=np.int64).reshape(
-                -1, 2
-            )
+        bounds = read_boundaries(out / BOUNDS_PART.format(part))
         mask = np.memmap(out / MASK_PART.format(part), dtype=np.bool_, mode="r")
         if bounds.shape[0]:
             lengths.append(bounds[:, 1] - bounds[:, 0])
