@@ -10,18 +10,16 @@ reference. No I/O here: the caller supplies the renderer and tokenizers.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from functools import lru_cache
-from itertools import chain
 from typing import Any
 
 import numpy as np
 
 from .formats import Conversation
 from .prefix_renders import PastedPrefix, PrefixRenders, common_prefix_length
+from .segments import Encoded, PrefixEncoder, SegmentBoundaries
 from .templates import ChatRenderer
 
 
@@ -75,65 +73,17 @@ class _Pending:
     indices: list[int]
     headers: list[str | PastedPrefix | None]
     throughs: list[str | PastedPrefix]
-    boundary_starts: np.ndarray | None = None  # char offsets of segment-boundary tokens in the full render
-    boundary_ends: np.ndarray | None = None
-    boundary_index: np.ndarray | None = None  # their positions among the full render's tokens
+
+    def first_turn(self) -> list[str | PastedPrefix]:
+        """The prefixes of the first assistant turn whose token counts give its span."""
+        return [t for t in (self.headers[0], self.throughs[0]) if t is not None]
+
+    def every_turn(self) -> list[str | PastedPrefix]:
+        return [t for pair in zip(self.headers, self.throughs, strict=True) for t in pair if t is not None]
 
 
-@dataclass(frozen=True)
-class SegmentBoundaries:
-    """Added tokens split the text before pre-tokenization, and tokens never cross them. So the token
-    count of a string that agrees with the full render up to such a token is the full render's count
-    there plus the count of the string's own (short) tail. This keeps multi-turn masking linear."""
-
-    ids: frozenset[int]
-    contents: tuple[str, ...]  # texts of these added tokens
-    longest: int  # characters of the longest added token (how far a match can look ahead)
-
-    @property
-    def pattern(self) -> re.Pattern[str]:
-        return _added_pattern(self.contents)
-
-    @property
-    def id_array(self) -> np.ndarray:
-        return _id_array(self.ids)
-
-    def cut(
-        self, text: str, full: str, starts: np.ndarray, ends: np.ndarray, index: np.ndarray
-    ) -> tuple[int, str]:
-        """(tokens before the cut, tail to tokenize) for ``text``, exact for this tokenizer.
-
-        ``starts``/``ends`` are the character offsets of the boundary tokens in ``full`` and ``index``
-        their positions among its tokens. A cut at the end of such a token, or at its start when
-        ``text`` itself continues with an added token there, is a segment boundary in both strings.
-        """
-        agree = len(text) if full.startswith(text) else common_prefix_length(text, full)
-        reach = self.longest - 1
-        # latest boundary token starting at or before `agree` (its start is a candidate cut)
-        j = int(np.searchsorted(starts, agree, side="right")) - 1
-        while j >= 0:
-            start, end = int(starts[j]), int(ends[j])
-            if end <= agree and (end == len(text) or end + reach <= agree):
-                return int(index[j]) + 1, text[end:]
-            if self.pattern.match(text, start) and self._clean_before(text, start):
-                return int(index[j]), text[start:]
-            j -= 1
-        return 0, text
-
-    def _clean_before(self, text: str, c: int) -> bool:
-        """No added-token match in ``text`` straddles position ``c``."""
-        lo = max(0, c - self.longest + 1)
-        return all(not (m.start() < c < m.end()) for m in self.pattern.finditer(text, lo, c + self.longest))
-
-
-@lru_cache(maxsize=8)
-def _id_array(ids: frozenset[int]) -> np.ndarray:
-    return np.array(sorted(ids), dtype=np.int64)
-
-
-@lru_cache(maxsize=8)
-def _added_pattern(contents: tuple[str, ...]) -> re.Pattern[str]:
-    return re.compile("|".join(re.escape(c) for c in sorted(contents, key=len, reverse=True)))
+def _empty_row() -> TokenizedRow:
+    return TokenizedRow(ids=np.zeros(0, np.int64), mask=np.zeros(0, np.uint8), status=RowStatus.KEPT)
 
 
 def assistant_indices(messages: Sequence[dict]) -> list[int]:
@@ -152,6 +102,7 @@ class LabelMasker:
         boundaries: SegmentBoundaries | None = None,
         mode: str = "assistant",
         spans: str = "reference",
+        drop_untrainable: bool = False,
     ) -> None:
         self.renderer = renderer
         self.encode_batch = encode_batch
@@ -160,7 +111,10 @@ class LabelMasker:
         self.boundaries = boundaries
         self.mode = mode
         self.spans = spans
+        # rows that will be dropped need no tokens; with exact spans any row may be kept
+        self.drop_untrainable = drop_untrainable and spans != "exact"
         self.prefixes = PrefixRenders(renderer.render)
+        self.encoder = PrefixEncoder(encode_batch, boundaries)
 
     def _cap(self, n: int) -> int:
         return n if self.max_len is None else min(n, self.max_len)
@@ -169,32 +123,40 @@ class LabelMasker:
         if self.mode in ("all", "generation_tags"):
             return self._tokenize_whole(conversations)
         rendered = _render_each(conversations, lambda c: self.renderer.render(c.messages, c.tools, False))
-        encodings = self.encode_batch(rendered)
-        results: list[TokenizedRow] = []
+        encs = self.encoder.start(rendered)
+        results = [_empty_row() for _ in rendered]
+        char_spans: list[list[tuple[int, int]] | None] = [None] * len(rendered)
         pending: list[_Pending] = []
-        for i, (conv, text, enc) in enumerate(zip(conversations, rendered, encodings, strict=True)):
-            full_ids = np.asarray(enc.ids, dtype=np.int64)
-            ids = full_ids if self.max_len is None else full_ids[: self.max_len]
-            row = TokenizedRow(ids=ids, mask=np.zeros(ids.shape[0], dtype=np.uint8), status=RowStatus.KEPT)
-            results.append(row)
+        for i, (conv, text) in enumerate(zip(conversations, rendered, strict=True)):
             try:
-                spans = self._char_spans(conv, text, pending, i)
+                found = self._char_spans(conv, text, i)
             except _SpanFailure as exc:
-                row.status, row.detail = RowStatus.SPAN_UNVERIFIED, str(exc)
+                results[i].status, results[i].detail = RowStatus.SPAN_UNVERIFIED, str(exc)
                 continue
-            if spans is not None:  # every token's offsets, for the overlap rule
-                offsets = _offsets(enc)[: ids.shape[0]]
+            if isinstance(found, _Pending):
+                pending.append(found)
+            else:
+                char_spans[i] = found
+        if pending and self.drop_untrainable and self.boundaries is not None:
+            self._drop_early(conversations, rendered, encs, results, pending)
+            pending = [p for p in pending if results[p.row].status == RowStatus.KEPT]
+        todo = [
+            i for i, row in enumerate(results) if row.status == RowStatus.KEPT or not self.drop_untrainable
+        ]
+        self.encoder.grow([encs[i] for i in todo], [self.max_len] * len(todo))
+        for i in todo:
+            row, spans = results[i], char_spans[i]
+            row.ids = encs[i].ids[: self.max_len]
+            row.mask = np.zeros(row.ids.shape[0], dtype=np.uint8)
+            if (
+                spans is not None and row.status == RowStatus.KEPT
+            ):  # every token's offsets, for the overlap rule
+                offsets = encs[i].offsets(row.ids.shape[0])
                 row.mask = _overlap_mask(offsets, spans[-1:] if self.mode == "last_turn" else spans)
-            elif self.boundaries is not None:  # only the boundary tokens' offsets (converting all costs more)
-                at = np.flatnonzero(np.isin(full_ids, self.boundaries.id_array))
-                chars = np.array([enc.token_to_chars(j) for j in at.tolist()], dtype=np.int64).reshape(-1, 2)
-                pending[-1].boundary_starts = chars[:, 0]
-                pending[-1].boundary_ends = chars[:, 1]
-                pending[-1].boundary_index = at
         if pending:
-            self._token_count_spans(conversations, rendered, results, pending)
+            self._token_count_spans(conversations, rendered, encs, results, pending)
         if self.spans == "exact":
-            self._exact_spans(conversations, rendered, encodings, results)
+            self._exact_spans(conversations, rendered, encs, results)
         for row in results:
             if row.status == RowStatus.KEPT and not row.mask.any():
                 row.status, row.detail = (
@@ -203,11 +165,72 @@ class LabelMasker:
                 )
         return results
 
+    def _drop_early(
+        self,
+        conversations: Sequence[Conversation],
+        rendered: list[str],
+        encs: list[Encoded],
+        results: list[TokenizedRow],
+        pending: list[_Pending],
+    ) -> None:
+        """Rows whose first assistant span fails the reference's check are dropped having tokenized
+        only through that span: the check of the whole row would fail there first, with the same words."""
+        assert self.boundaries is not None
+        reach = [
+            common_prefix_length(str(p.throughs[0]), rendered[p.row]) + self.boundaries.longest
+            for p in pending
+        ]
+        self.encoder.grow([encs[p.row] for p in pending], [1] * len(pending), reach)
+        firsts = [p.first_turn() for p in pending]
+        counts = iter(self._prefix_token_counts(rendered, encs, pending, firsts))
+        for p in pending:
+            start = 0 if p.headers[0] is None else self._cap(next(counts))
+            end = self._cap(next(counts))
+            enc = encs[p.row]
+            if not (
+                enc.complete or enc.length > end or (self.max_len is not None and enc.length >= self.max_len)
+            ):
+                continue  # the span's tokens are not all known yet
+            ids = enc.ids[: self.max_len]
+            problem = self._verify(
+                conversations[p.row].messages, ids, rendered[p.row], [(p.indices[0], start, end)]
+            )
+            if problem is not None:
+                results[p.row].status, results[p.row].detail = RowStatus.SPAN_UNVERIFIED, problem
+
+    def _prefix_token_counts(
+        self,
+        rendered: list[str],
+        encs: list[Encoded],
+        pending: list[_Pending],
+        prefixes: list[list[str | PastedPrefix]],
+    ) -> list[int]:
+        """Token counts of each pending row's ``prefixes``, in order: the full render's tokens up to the
+        last boundary the prefix shares with it, plus its own tail (not tokenized when those alone
+        already reach ``max_seq_length``: the count is capped there)."""
+        bases: list[int] = []
+        tails: list[str | None] = []
+        for p, texts in zip(pending, prefixes, strict=True):
+            known = None
+            if self.boundaries is not None:
+                known = encs[p.row].boundary_tokens(self.boundaries)
+            for pasted_or_text in texts:
+                # made one at a time: all the prefixes of a long chat together are quadratic
+                prefix = str(pasted_or_text)
+                base, tail = 0, prefix
+                if known is not None and self.boundaries is not None:
+                    base, tail = self.boundaries.cut(prefix, rendered[p.row], *known)
+                full = self.max_len is not None and base >= self.max_len
+                bases.append(base)
+                tails.append(None if full else tail)
+        encoded = iter(self.encode_batch([t for t in tails if t is not None]))
+        return [b + (0 if t is None else len(next(encoded).ids)) for b, t in zip(bases, tails, strict=True)]
+
     def _exact_spans(
         self,
         conversations: Sequence[Conversation],
         rendered: list[str],
-        encodings: list,
+        encodings: list[Encoded],
         results: list[TokenizedRow],
     ) -> None:
         """``spans: exact`` (beyond the reference, opt-in): where the pasted render shows each assistant
@@ -219,7 +242,7 @@ class LabelMasker:
             if spans is None:
                 continue
             dropped = row.status != RowStatus.KEPT or not row.mask.any()
-            offsets = _offsets(enc)[: row.ids.shape[0]]
+            offsets = enc.offsets(row.ids.shape[0])
             row.mask = _overlap_mask(offsets, spans[-1:] if self.mode == "last_turn" else spans)
             row.status, row.detail = RowStatus.KEPT, None
             row.reference_drops = dropped and bool(row.mask.any())
@@ -236,20 +259,20 @@ class LabelMasker:
         else:
             rendered = _render_each(conversations, lambda c: self.renderer.render(c.messages, c.tools, False))
         results = []
-        for i, enc in enumerate(self.encode_batch(rendered)):
-            ids = np.asarray(enc.ids, dtype=np.int64)[: self.max_len]
+        encs = self.encoder.start(rendered)
+        self.encoder.grow(encs, [self.max_len] * len(encs))
+        for i, enc in enumerate(encs):
+            ids = enc.ids[: self.max_len]
             if self.mode == "generation_tags":
-                mask = _generation_mask(enc, spans[i])[: ids.shape[0]]
+                mask = _generation_mask(enc.offsets(ids.shape[0]), spans[i])
             else:
                 mask = np.ones(ids.shape[0], dtype=np.uint8)
             status = RowStatus.KEPT if mask.any() else RowStatus.NO_TRAINABLE
             results.append(TokenizedRow(ids=ids, mask=mask, status=status))
         return results
 
-    def _char_spans(
-        self, conv: Conversation, text: str, pending: list[_Pending], row: int
-    ) -> list[tuple[int, int]] | None:
-        """Character spans of the assistant turns, or ``None`` when the row needs token counts."""
+    def _char_spans(self, conv: Conversation, text: str, row: int) -> list[tuple[int, int]] | _Pending:
+        """Character spans of the assistant turns, or what the row needs for token counts instead."""
         indices = assistant_indices(conv.messages)
         headers: list[str | PastedPrefix | None] = []
         throughs: list[str | PastedPrefix] = []
@@ -279,33 +302,17 @@ class LabelMasker:
                 stable = False
         if stable:
             return spans
-        pending.append(_Pending(row=row, indices=indices, headers=headers, throughs=throughs))
-        return None
+        return _Pending(row=row, indices=indices, headers=headers, throughs=throughs)
 
     def _token_count_spans(
         self,
         conversations: Sequence[Conversation],
         rendered: list[str],
+        encs: list[Encoded],
         results: list[TokenizedRow],
         pending: list[_Pending],
     ) -> None:
-        bases: list[int] = []
-        texts: list[str] = []
-        for p in pending:
-            for header, through in zip(p.headers, p.throughs, strict=True):
-                for pasted_or_text in (header, through):
-                    if pasted_or_text is None:
-                        continue
-                    # made one at a time: all the prefixes of a long chat together are quadratic
-                    prefix = str(pasted_or_text)
-                    base, tail = 0, prefix
-                    if self.boundaries is not None and p.boundary_index is not None:
-                        base, tail = self.boundaries.cut(
-                            prefix, rendered[p.row], p.boundary_starts, p.boundary_ends, p.boundary_index
-                        )
-                    bases.append(base)
-                    texts.append(tail)
-        counts = iter([b + len(e.ids) for b, e in zip(bases, self.encode_batch(texts), strict=True)])
+        counts = iter(self._prefix_token_counts(rendered, encs, pending, [p.every_turn() for p in pending]))
         for p in pending:
             row = results[p.row]
             n = row.ids.shape[0]
@@ -375,18 +382,10 @@ def _render_each(conversations: Sequence[Conversation], render: Callable[[Conver
     return out
 
 
-def _offsets(enc: Any) -> np.ndarray:
-    """(start, end) character offsets of every token of an encoding, as an (n, 2) array."""
-    return np.fromiter(chain.from_iterable(enc.offsets), dtype=np.int64, count=2 * len(enc.ids)).reshape(
-        -1, 2
-    )
-
-
-def _generation_mask(enc, spans: list[tuple[int, int]]) -> np.ndarray:
+def _generation_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
     """transformers' ``return_assistant_tokens_mask`` rule (5.x): every token whose offsets overlap a
     ``{% generation %}`` block, zero-width tokens inside a block included (unlike the reference's
     assistant rule, which leaves those out)."""
-    offsets = _offsets(enc)
     mask = np.zeros(offsets.shape[0], dtype=bool)
     for start, end in spans:
         mask |= (offsets[:, 0] < end) & (offsets[:, 1] > start)

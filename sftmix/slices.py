@@ -54,7 +54,7 @@ from .tokenizer import (
 logger = logging.getLogger(__name__)
 
 #: Bump when the bytes a slice holds for the same inputs change; part of every content key.
-SLICE_FORMAT_VERSION = "2"  # 2: local JSON rows as datasets 4 builds them (null-filled struct keys)
+SLICE_FORMAT_VERSION = "3"  # 3: a dropped row records length 0 (its tokens are not all made)
 
 ROW_DTYPE = np.dtype(
     [("row", "<i8"), ("offset", "<i8"), ("length", "<i8"), ("trainable", "<i8"), ("status", "<i1")]
@@ -257,6 +257,7 @@ def _masker(ctx: TokenizeContext) -> LabelMasker:
         ctx.max_seq_length,
         ctx.mask,
         ctx.spans,
+        ctx.drop_untrainable,
     )
 
 
@@ -269,6 +270,7 @@ def _cached_masker(
     max_seq_length: int | None,
     mask: str,
     spans: str = "reference",
+    drop_untrainable: bool = False,
 ) -> LabelMasker:
     if tokenizer_file and os.path.isfile(tokenizer_file):
         loaded = load_worker_tokenizer(tokenizer_file)
@@ -288,6 +290,7 @@ def _cached_masker(
         boundaries=boundaries,
         mode=mask,
         spans=spans,
+        drop_untrainable=drop_untrainable,
     )
 
 
@@ -375,8 +378,8 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
         results = _tokenize_batch(masker, spec, batch_rows, raw, ctx.on_bad_row == "skip")
         for j, res in enumerate(results):
             rec = records[b + j]
-            rec["length"] = res.ids.shape[0]
             kept = res.status == RowStatus.KEPT or (not ctx.drop_untrainable and res.status in UNTRAINABLE)
+            rec["length"] = res.ids.shape[0] if kept else 0  # a dropped row's tokens may not all be made
             if not kept:
                 reason = DROP_REASONS[res.status]
                 dropped[reason] += 1

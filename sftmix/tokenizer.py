@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import ConfigError, TokenDtypeError
 from .hub import unreachable_hub_problem
-from .labels import SegmentBoundaries
+from .segments import SegmentBoundaries
 from .sources import _relative_note, looks_local
 
 logger = logging.getLogger(__name__)
@@ -142,6 +142,7 @@ def boundaries_of(rust: Any) -> SegmentBoundaries | None:
         ids=frozenset(safe),
         contents=tuple(sorted({t.content for t in safe.values()})),
         longest=max(len(t.content) for t in added.values()),
+        every=tuple(sorted({t.content for t in added.values()})),
     )
 
 

@@ -22,7 +22,7 @@ from tests.tokenizer_fixtures import GOLDEN, ensure_dolma2
 TOKENIZERS = ["tiny", "dolma2"]
 
 
-def masker(tokenizer: str, template: str, max_len: int | None, fast: bool) -> LabelMasker:
+def masker(tokenizer: str, template: str, max_len: int | None, fast: bool, **options: object) -> LabelMasker:
     if tokenizer == "dolma2":
         ensure_dolma2()
     key = TokenizerKey.of(str(GOLDEN / "tokenizers" / tokenizer), None)
@@ -33,6 +33,7 @@ def masker(tokenizer: str, template: str, max_len: int | None, fast: bool) -> La
         decode=lambda ids: hf.decode(ids, clean_up_tokenization_spaces=False),
         max_seq_length=max_len,
         boundaries=segment_boundaries(key) if fast else None,
+        **options,  # type: ignore[arg-type]
     )
 
 

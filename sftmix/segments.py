@@ -1,0 +1,266 @@
+"""Tokenizing a render only as far as the output needs it, with the bytes of tokenizing all of it.
+
+A tokenizer splits its input at added tokens (``<|im_end|>``, ``<|endoftext|>``, ...) before anything
+else, and with no normalizer and no pre-tokenizer that treats the start of a piece specially, every
+piece between them is tokenized on its own. So a text cut right after such a token tokenizes, on each
+side, into exactly the tokens the whole text has there. Two things follow:
+
+- multi-turn masking stays linear: the token count of a prefix render that agrees with the full render
+  up to such a token is the full render's count there plus the count of the prefix's own short tail;
+- a row truncated at ``max_seq_length`` tokens, or dropped because its first assistant span fails the
+  reference's check, needs only the pieces before that point: the rest is never tokenized.
+
+Every cut is checked against the tokenizer's own output (the piece must end with that added token, at
+the cut) and against every added token that could match across the cut; a cut that fails either check
+is not used, and the text is tokenized to its end instead.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from .prefix_renders import common_prefix_length
+
+
+@dataclass(frozen=True)
+class SegmentBoundaries:
+    """The added tokens after which tokenization restarts (see the module docstring)."""
+
+    ids: frozenset[int]
+    contents: tuple[str, ...]  # texts of these added tokens
+    longest: int  # characters of the longest added token (how far a match can look ahead)
+    every: tuple[str, ...] = ()  # texts of every added token (the ones a cut must not straddle)
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        return _added_pattern(self.contents)
+
+    @property
+    def id_array(self) -> np.ndarray:
+        return _id_array(self.ids)
+
+    def cut(
+        self, text: str, full: str, starts: np.ndarray, ends: np.ndarray, index: np.ndarray
+    ) -> tuple[int, str]:
+        """(tokens before the cut, tail to tokenize) for ``text``, exact for this tokenizer.
+
+        ``starts``/``ends`` are the character offsets of the boundary tokens in ``full`` and ``index``
+        their positions among its tokens. A cut at the end of such a token, or at its start when
+        ``text`` itself continues with an added token there, is a segment boundary in both strings.
+        """
+        agree = len(text) if full.startswith(text) else common_prefix_length(text, full)
+        reach = self.longest - 1
+        # latest boundary token starting at or before `agree` (its start is a candidate cut)
+        j = int(np.searchsorted(starts, agree, side="right")) - 1
+        while j >= 0:
+            start, end = int(starts[j]), int(ends[j])
+            if end <= agree and (end == len(text) or end + reach <= agree):
+                return int(index[j]) + 1, text[end:]
+            if self.pattern.match(text, start) and self._clean_before(text, start):
+                return int(index[j]), text[start:]
+            j -= 1
+        return 0, text
+
+    def _clean_before(self, text: str, c: int) -> bool:
+        """No added-token match in ``text`` straddles position ``c``."""
+        lo = max(0, c - self.longest + 1)
+        return all(not (m.start() < c < m.end()) for m in self.pattern.finditer(text, lo, c + self.longest))
+
+    def next_cut(self, text: str, at: int) -> int | None:
+        """The first position ``>= at`` (and before the end) right after a boundary token that no
+        added token could match across; ``None`` when there is none."""
+        for m in self.pattern.finditer(text, max(0, at - self.longest)):
+            c = m.end()
+            if c >= len(text):
+                return None
+            if c >= at and not self._straddled(text, c):
+                return c
+        return None
+
+    def _straddled(self, text: str, c: int) -> bool:
+        """Whether any added token (of all of them, longest first at each start) could match in
+        ``text`` from before ``c`` to after it."""
+        lo = max(0, c - self.longest + 1)
+        for m in _overlapping_pattern(self.every or self.contents).finditer(text, lo, c + self.longest):
+            if m.start() >= c:
+                break
+            if m.start() + len(m.group(1)) > c:
+                return True
+        return False
+
+
+@lru_cache(maxsize=8)
+def _id_array(ids: frozenset[int]) -> np.ndarray:
+    return np.array(sorted(ids), dtype=np.int64)
+
+
+def _alternation(contents: tuple[str, ...]) -> str:
+    return "|".join(re.escape(c) for c in sorted(contents, key=len, reverse=True))
+
+
+@lru_cache(maxsize=8)
+def _added_pattern(contents: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile(_alternation(contents))
+
+
+@lru_cache(maxsize=8)
+def _overlapping_pattern(contents: tuple[str, ...]) -> re.Pattern[str]:
+    """Every start of a match (lookahead: matches may overlap), the longest alternative at each."""
+    return re.compile(f"(?=({_alternation(contents)}))")
+
+
+@dataclass
+class Encoded:
+    """The tokens of a text's first ``covered`` characters, as pieces the tokenizer made separately.
+
+    Every piece after the first starts with the boundary token that ended the one before (then left
+    out): a post-processor that treats a text's first token apart (offsets trimmed or not) sees, in
+    each piece, the same first token the whole text has."""
+
+    text: str
+    pieces: list[Any] = field(default_factory=list)  # tokenizers.Encoding of each piece
+    bases: list[int] = field(default_factory=list)  # where each piece starts in ``text``
+    skips: list[int] = field(default_factory=list)  # leading tokens of each piece that are not its own
+    covered: int = 0
+    length: int = 0  # tokens so far
+    last_boundary: tuple[int, int] | None = None  # (id, start) of the token that ends the last piece
+    _ids: np.ndarray | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.covered >= len(self.text)
+
+    def add(self, piece: Any, base: int, skip: int, end: int) -> None:
+        self.pieces.append(piece)
+        self.bases.append(base)
+        self.skips.append(skip)
+        self.covered = end
+        self.length += len(piece.ids) - skip
+        self._ids = None
+        self.last_boundary = None
+        if not self.complete:
+            self.last_boundary = (piece.ids[-1], base + piece.offsets[-1][0])
+
+    def clear(self) -> None:
+        self.pieces, self.bases, self.skips = [], [], []
+        self.covered = self.length = 0
+        self.last_boundary = self._ids = None
+
+    @property
+    def ids(self) -> np.ndarray:
+        if self._ids is None:
+            parts = [
+                np.asarray(p.ids[k:], dtype=np.int64) for p, k in zip(self.pieces, self.skips, strict=True)
+            ]
+            self._ids = parts[0] if len(parts) == 1 else np.concatenate([np.zeros(0, np.int64), *parts])
+        return self._ids
+
+    def offsets(self, limit: int | None = None) -> np.ndarray:
+        """(start, end) character offsets in ``text`` of the first ``limit`` tokens, as (n, 2)."""
+        out, left = [], self.length if limit is None else min(limit, self.length)
+        for piece, base, skip in zip(self.pieces, self.bases, self.skips, strict=True):
+            if left <= 0:
+                break
+            n = min(left, len(piece.ids) - skip)
+            pairs = piece.offsets[skip : skip + n]
+            flat = np.fromiter(chain.from_iterable(pairs), dtype=np.int64, count=2 * n)
+            out.append(flat.reshape(-1, 2) + base)
+            left -= n
+        return np.concatenate(out) if out else np.zeros((0, 2), dtype=np.int64)
+
+    def boundary_tokens(self, boundaries: SegmentBoundaries) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(starts, ends, positions) of the boundary tokens among the tokens so far."""
+        at = np.flatnonzero(np.isin(self.ids, boundaries.id_array))
+        chars = np.zeros((at.shape[0], 2), dtype=np.int64)
+        first = 0
+        k = 0
+        for piece, base, skip in zip(self.pieces, self.bases, self.skips, strict=True):
+            last = first + len(piece.ids) - skip
+            while k < at.shape[0] and at[k] < last:
+                chars[k] = np.asarray(piece.token_to_chars(int(at[k]) - first + skip)) + base
+                k += 1
+            first = last
+        return chars[:, 0], chars[:, 1], at
+
+
+class PrefixEncoder:
+    """Tokenizes texts in pieces cut at segment boundaries, only until each has what it needs."""
+
+    def __init__(
+        self, encode_batch: Callable[[list[str]], list], boundaries: SegmentBoundaries | None
+    ) -> None:
+        self.encode_batch = encode_batch
+        self.boundaries = boundaries
+        self._chars = 4 * 4096  # characters and tokens seen so far (a starting guess of 4 per token)
+        self._tokens = 4096
+
+    def start(self, texts: Sequence[str]) -> list[Encoded]:
+        return [Encoded(text) for text in texts]
+
+    def grow(
+        self,
+        encs: Sequence[Encoded],
+        tokens: Sequence[int | None],
+        chars: Sequence[int] | None = None,
+    ) -> None:
+        """Extend each ``encs[i]`` until it has ``tokens[i]`` tokens (``None``: all of them) and covers
+        ``chars[i]`` characters, or its whole text."""
+
+        def short(i: int) -> bool:
+            e, n = encs[i], tokens[i]
+            if e.complete:
+                return False
+            return n is None or e.length < n or (chars is not None and e.covered < chars[i])
+
+        wanted = [i for i in range(len(encs)) if short(i)]
+        to_end: set[int] = set()
+        while wanted:
+            texts, cuts, bases = [], [], []
+            per_token = self._chars / self._tokens
+            for i in wanted:
+                e, cut, n = encs[i], None, tokens[i]
+                if self.boundaries is not None and n is not None and i not in to_end:
+                    target = e.covered + max(1, int((n - e.length) * per_token))
+                    if chars is not None:
+                        target = max(target, chars[i])
+                    cut = self.boundaries.next_cut(e.text, target)
+                base = 0 if e.last_boundary is None else e.last_boundary[1]
+                cuts.append(cut)
+                bases.append(base)
+                texts.append(e.text[base:cut])
+            pieces = self.encode_batch(texts)
+            again = []
+            for i, cut, base, text, piece in zip(wanted, cuts, bases, texts, pieces, strict=True):
+                e = encs[i]
+                if not self._fits(e, piece, base, cut is not None, len(text)):
+                    e.clear()  # the tokenizer did not split where it was expected to: start over, whole
+                    to_end.add(i)
+                    again.append(i)
+                    continue
+                skip = 0 if e.last_boundary is None else 1
+                self._chars += len(text)
+                self._tokens += len(piece.ids)
+                e.add(piece, base, skip, len(e.text) if cut is None else cut)
+                if short(i):
+                    again.append(i)
+            wanted = again
+
+    def _fits(self, e: Encoded, piece: Any, base: int, cut: bool, length: int) -> bool:
+        """The piece starts with the boundary token the last one ended with and, when it was cut, ends
+        with a boundary token at the cut."""
+        if e.last_boundary is not None and (
+            not piece.ids or piece.ids[0] != e.last_boundary[0] or piece.offsets[0] != (0, e.covered - base)
+        ):
+            return False
+        if cut:
+            assert self.boundaries is not None
+            if not piece.ids or piece.ids[-1] not in self.boundaries.ids or piece.offsets[-1][1] != length:
+                return False
+        return True
