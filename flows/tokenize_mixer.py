@@ -394,16 +394,6 @@ def _assemble_and_publish(
         ][:20],
         warnings=plan.warnings,
     )
-    report.wall_seconds = round(time.perf_counter() - started, 3)
-    # one throughput everywhere: tokens of the slices computed in this run over the tokenizing time
-    report.tokens_per_second = (
-        round(outcome.computed_tokens / outcome.seconds, 1)
-        if outcome.computed_tokens and outcome.seconds > 0
-        else 0.0
-    )
-    if COMMAND_CLOCK.started is not None:  # started by our CLI: the whole command, start-up included
-        report.command_seconds = round(time.time() - COMMAND_CLOCK.started, 3)
-    report.publish = "pending"  # publish stamps its outcome into the staged copy before it shows
     if run.check != "off" and mixer.output.format == "olmo":
         findings = check_output(
             staging, plan.mixer.max_seq_length, digests=False, token_dtype=plan.context.token_dtype
@@ -416,6 +406,16 @@ def _assemble_and_publish(
                 f"run.check is strict and the output has {len(findings)} finding(s), first: {findings[0].what} "
                 f"({findings[0].count}); nothing was published (tokenize-mixer check OUT shows them on an output)"
             )
+    report.wall_seconds = round(time.perf_counter() - started, 3)
+    # one throughput everywhere: tokens of the slices computed in this run over the tokenizing time
+    report.tokens_per_second = (
+        round(outcome.computed_tokens / outcome.seconds, 1)
+        if outcome.computed_tokens and outcome.seconds > 0
+        else 0.0
+    )
+    if COMMAND_CLOCK.started is not None:  # started by our CLI: the whole command, start-up included
+        report.command_seconds = round(time.time() - COMMAND_CLOCK.started, 3)
+    report.publish = "pending"  # publish stamps its outcome into the staged copy before it shows
     atomic_write_bytes(staging / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8"))
     StopWatch().check(force=True)  # a run cancelled while it assembled does not publish
     had_report = not is_remote(mixer.output.path) and (Path(mixer.output.path) / REPORT_PNG).exists()

@@ -145,28 +145,31 @@ def check_output(
             untiled.append(f"part {part}")
         else:
             lengths = ends - starts
-            trainable = np.zeros(bounds.shape[0], np.int64)
+            done_trainable = np.zeros(bounds.shape[0], np.int64)  # trainable tokens up to each doc's end
+            special_ids = np.array(sorted(special), dtype=np.int64)
+            carried = 0
             for lo in range(0, n, CHUNK):
                 hi = min(n, lo + CHUNK)
                 t, m = np.asarray(tokens[lo:hi]), np.asarray(mask[lo:hi]).astype(bool)
                 if vocab is not None and t.size and int(t.max()) >= vocab:
                     too_big.append(f"part {part} offset {lo + int(np.argmax(t >= vocab))}")
-                docs = np.searchsorted(ends, np.arange(lo, hi)[m], side="right")
-                np.add.at(trainable, docs, 1)
+                in_chunk = np.flatnonzero((ends > lo) & (ends <= hi))  # documents ending in this chunk
+                last = np.zeros(hi - lo, dtype=bool)  # a document's last token
+                last[ends[in_chunk] - 1 - lo] = True
+                running = np.cumsum(m, dtype=np.int64) + carried
+                done_trainable[in_chunk] = running[ends[in_chunk] - 1 - lo]
+                carried = int(running[-1]) if running.size else carried
                 if eos is not None:
-                    at = lo + np.flatnonzero(t == eos)
-                    inside = at[np.isin(at + 1, ends, invert=True)]  # not a document's last token
+                    at = np.flatnonzero((t == eos) & ~last)  # not a document's last token
                     eos_inside += [
-                        doc_base + int(d) for d in np.unique(np.searchsorted(ends, inside, side="right"))
+                        doc_base + int(d) for d in np.unique(np.searchsorted(ends, lo + at, side="right"))
                     ]
                 if special:  # trained and followed by trained text: a header or marker, not a turn's end
                     follows = np.append(m[1:], bool(mask[hi]) if hi < n else False)
-                    hit = m & follows & np.isin(t, list(special))
-                    hit[np.isin(np.arange(lo, hi) + 1, ends)] = False
-                    for tok_id in np.unique(t[hit]).tolist():
-                        special_trained[tok_id] = special_trained.get(tok_id, 0) + int(
-                            (t[hit] == tok_id).sum()
-                        )
+                    hit = m & follows & ~last & np.isin(t, special_ids, kind="table")
+                    for tok_id, count in zip(*np.unique(t[hit], return_counts=True), strict=True):
+                        special_trained[int(tok_id)] = special_trained.get(int(tok_id), 0) + int(count)
+            trainable = np.diff(done_trainable, prepend=0)
             empty += [doc_base + int(i) for i in np.flatnonzero(trainable == 0)]
             if sequence_length is not None:
                 long_docs += [doc_base + int(i) for i in np.flatnonzero(lengths > sequence_length)]

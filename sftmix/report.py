@@ -89,7 +89,7 @@ class RunReport(BaseModel):
             if self.tokens_per_second
             else f"{self.tokenize_seconds:.1f} s checking reused slices"
         )
-        parts.append(f"{tail:.1f} s assembling, validating and publishing")
+        parts.append(f"{tail:.1f} s assembling, validating and checking (publishing follows)")
         total = self.command_seconds if self.command_seconds is not None else self.wall_seconds
         return f"{total:.1f} s: " + ", ".join(parts)
 
