@@ -3,6 +3,7 @@
 #
 #     OUT=/some/dir bash bench/device_scaling.sh        # WORKERS=1,2,4,8,16 by default
 #     WORKERS=1,2,4,8,16,16:1048576 bash bench/device_scaling.sh   # N:B = N workers, slice_bytes B
+#     BENCH=scale OUT=/some/dir bash bench/device_scaling.sh --copies 1,4   # bench/scale.py instead
 #
 # PYTHON (python3), SITE (/tmp/site), DATA (.devdata/sharegpt.jsonl.xz), TOKENIZER (.devdata/dolma2)
 # can be overridden too.
@@ -88,9 +89,14 @@ EOF
     "$PY" bench/check_deps.py prefect datasets pydantic huggingface-hub transformers || true
     "$PY" -m sftmix.cli --help >/dev/null && echo "== python -m sftmix.cli: ok"
 
-    echo "== $(date -u +%T) scaling: workers $WORKERS"
-    "$PY" bench/scaling.py --data "$DATA" --tokenizer "$TOKENIZER" --workers "$WORKERS" --out "$OUT" \
-        --timeout 300 "$@"
+    if [ "${BENCH:-scaling}" = scale ]; then
+        echo "== $(date -u +%T) scale: bench/scale.py $*"
+        "$PY" bench/scale.py --data "$DATA" --tokenizer "$TOKENIZER" --out "$OUT/scale.json" "$@"
+    else
+        echo "== $(date -u +%T) scaling: workers $WORKERS"
+        "$PY" bench/scaling.py --data "$DATA" --tokenizer "$TOKENIZER" --workers "$WORKERS" --out "$OUT" \
+            --timeout 300 "$@"
+    fi
     echo "== $(date -u +%T) done in $SECONDS s"
 }
 
