@@ -56,6 +56,10 @@ def _quiet_datasets() -> None:
 
     datasets.utils.logging.set_verbosity_error()
     datasets.disable_progress_bars()
+    # Every load_dataset("json", ...) of a local file would send a HEAD request to S3 (a download count):
+    # it names nothing of the user's, but costs up to its 3 s timeout, plus the name lookup, on a
+    # machine whose outbound traffic is dropped rather than refused.
+    datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
 
 
 def _split_compression(path: str) -> tuple[str, str | None]:
