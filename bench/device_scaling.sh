@@ -91,7 +91,7 @@ EOF
 
     if [ "${BENCH:-scaling}" = scale ]; then
         echo "== $(date -u +%T) scale: bench/scale.py $*"
-        "$PY" bench/scale.py --data "$DATA" --tokenizer "$TOKENIZER" --out "$OUT/scale.json" "$@"
+        "$PY" bench/scale.py --data "$DATA" --tokenizer "$TOKENIZER" --out "$OUT/scale.json" --logs "$OUT" "$@"
     else
         echo "== $(date -u +%T) scaling: workers $WORKERS"
         "$PY" bench/scaling.py --data "$DATA" --tokenizer "$TOKENIZER" --workers "$WORKERS" --out "$OUT" \

@@ -119,14 +119,17 @@ def run_ours(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     mem = PeakMemory(proc.pid)
-    log = proc.communicate()[0]
+    assert proc.stdout is not None
+    # every line with the seconds since the command started, for where the time went
+    log = "".join(f"{time.perf_counter() - t:7.2f} {line}" for line in proc.stdout)
+    proc.wait()
     wall = time.perf_counter() - t
     peak = mem.stop()
     peak_private = mem.peak_private
     if proc.returncode != 0:
         raise SystemExit(f"tokenize-mixer failed:\n{log[-4000:]}")
     report = json.loads((out / "run_report.json").read_text())
-    return {"wall": wall, "peak": peak, "peak_private": peak_private, **report}
+    return {"wall": wall, "peak": peak, "peak_private": peak_private, "log": log, **report}
 
 
 def linearity(

@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--max-seq-length", type=int, default=4096)
     ap.add_argument("--workers", type=int, default=0, help="0: every CPU this process may use")
     ap.add_argument("--out", type=Path, default=None, help="write the rows here as JSON")
+    ap.add_argument("--logs", type=Path, default=None, help="keep each convert's log (timed lines) here")
     args = ap.parse_args()
 
     from sftmix.templates import named_template
@@ -105,6 +106,9 @@ def main() -> None:
                 "--workers",
                 str(workers),
             )
+            if args.logs:
+                args.logs.mkdir(parents=True, exist_ok=True)
+                (args.logs / f"convert-{copies}x.log").write_text(ours["log"])
             command = ours.get("command_seconds") or ours["wall"]
             tail = max(0.0, ours["wall"] - (command - ours["wall_seconds"]) - ours["tokenize_seconds"])
             row = {
