@@ -41,11 +41,10 @@ _UVICORN_STARTUP_FAILURE = 3
 
 
 def _warm_imports() -> None:
-    from sftmix.tokenizer import quiet_transformers
+    from sftmix.tokenizer import import_transformers
 
-    quiet_transformers()
+    import_transformers()
     import datasets  # noqa: F401
-    import transformers  # noqa: F401
 
     import flows.tokenize_mixer  # noqa: F401
 

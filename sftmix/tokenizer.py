@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -33,6 +34,29 @@ def quiet_transformers() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+
+
+def import_transformers() -> Any:
+    """transformers, imported believing PyTorch is absent when this process has not imported it.
+
+    Tokenizing never needs PyTorch, but where it is installed transformers imports it while loading any
+    tokenizer (its configuration module does): 8.6 s on the lent 16-core GPU machine, paid by every
+    command. Its availability check is made once per process, so a process that imports PyTorch itself
+    later gets a transformers without it; tokenize-mixer's own processes never do."""
+    quiet_transformers()
+    if "transformers" not in sys.modules and "torch" not in sys.modules:
+        sys.modules["torch"] = None  # type: ignore[assignment]  # importlib's find_spec now answers None
+        try:
+            import transformers
+            from transformers.utils import import_utils
+
+            import_utils.is_torch_available()  # the answer is cached for the process
+        finally:
+            if "torch" in sys.modules and sys.modules["torch"] is None:
+                del sys.modules["torch"]
+    import transformers
+
+    return transformers
 
 
 @dataclass(frozen=True)
@@ -61,7 +85,7 @@ class TokenizerKey:
 @lru_cache(maxsize=4)
 def load_hf_tokenizer(key: TokenizerKey) -> Any:
     """AutoTokenizer plus the reference's pad handling (the only quirk that can change bytes)."""
-    quiet_transformers()
+    import_transformers()
     name = key.name_or_path
     if not os.path.isdir(name):
         if os.path.lexists(name):

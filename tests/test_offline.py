@@ -4,7 +4,11 @@ plus the name lookup, per load)."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +16,7 @@ from sftmix.config import MixerConfig, RunOptions
 from sftmix.plan import build_plan, prepare_plan
 from sftmix.slices import tokenize_slice
 
+ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 
@@ -60,3 +65,26 @@ def test_local_files_are_planned_and_tokenized_without_the_network(
     for spec in plan.slices:
         tokenize_slice(spec, plan.context)
     assert no_outside_network == []
+
+
+def test_loading_a_tokenizer_never_imports_pytorch(golden_dir, tmp_path):
+    """Where PyTorch is installed, transformers would import it (seconds, on a GPU machine) to load a
+    tokenizer. An installed 'torch' whose import fails shows that it is never imported."""
+    fake = tmp_path / "site"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text('raise ImportError("PyTorch was imported")\n')
+    (fake / "torch-2.9.0.dist-info").mkdir()
+    (fake / "torch-2.9.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: torch\nVersion: 2.9.0\n"
+    )
+    code = (
+        "import sys\n"
+        "from sftmix.tokenizer import TokenizerKey, load_hf_tokenizer\n"
+        f"tok = load_hf_tokenizer(TokenizerKey.of({str(golden_dir / 'tokenizers' / 'dolma2')!r}, None))\n"
+        "assert tok.backend_tokenizer is not None\n"
+        "print('torch' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake), str(ROOT)])}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"
