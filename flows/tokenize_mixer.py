@@ -32,7 +32,7 @@ from sftmix.publish import check_output_free, paths_to_protect, staging_dir
 from sftmix.report import COMMAND_CLOCK, DatasetReport, RunReport
 from sftmix.report_page import REPORT_PNG, write_report
 from sftmix.roots import check_allowed_roots
-from sftmix.slices import SliceManifest, SliceSpec, read_manifest, verify_slice
+from sftmix.slices import SliceManifest, SliceSpec, push_worker_tokenizer, read_manifest, verify_slice
 from sftmix.stopping import EXIT_CANCELLED, RunStopped, follow_supervisor
 from sftmix.storage import atomic_write_bytes, is_remote, remove_tree
 from tasks.assemble import assemble_output
@@ -216,6 +216,7 @@ def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
     """Tokenize every slice (reusing finished ones), distrusting cached files until they verify."""
     logger = get_run_logger()
     ctx = plan.context
+    push_worker_tokenizer(ctx)  # workers on other machines read it from the remote work directory
     make_runner, workers = _runner(plan, run)
     logger.info(
         "%d slices on %d worker(s) (%s)", len(plan.slices), workers, type(make_runner(workers)).__name__

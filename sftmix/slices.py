@@ -24,6 +24,7 @@ from typing import BinaryIO
 import numpy as np
 from pydantic import BaseModel, Field
 
+from .config import local_mirror
 from .errors import BadRowError, ChecksumError, DatasetError, MixerError, TemplateError, row_label
 from .formats import Conversation, RowFormatError, conversation_from_row
 from .labels import DROP_REASONS, UNTRAINABLE, LabelMasker, RenderError, RowStatus, TokenizedRow
@@ -333,12 +334,55 @@ def _tokenize_batch(
     return [r for r in results if r is not None]
 
 
+def remote_tokenizer_url(remote_work_dir: str, tokenizer_file: str) -> str:
+    return join_url(remote_work_dir, "tokenizers", os.path.basename(tokenizer_file))
+
+
+def push_worker_tokenizer(ctx: TokenizeContext) -> None:
+    """Put the worker tokenizer in the remote work directory (once): a worker on another machine reads
+    it there instead of needing the tokenizer's own location."""
+    if ctx.remote_work_dir is None or not ctx.tokenizer_file:
+        return
+    url = remote_tokenizer_url(ctx.remote_work_dir, ctx.tokenizer_file)
+    if read_remote_bytes(url) is None:
+        upload_file(ctx.tokenizer_file, url)
+
+
+def on_this_machine(ctx: TokenizeContext, spec: SliceSpec) -> tuple[TokenizeContext, SliceSpec]:
+    """With a remote work directory, the planning machine's local paths mean nothing on another machine:
+    this process uses its own mirror of the work directory (slices, datasets cache), fetches the worker
+    tokenizer from the work directory, and opens the dataset itself instead of the planner's Arrow files."""
+    if ctx.remote_work_dir is None:
+        return ctx, spec
+    mirror = local_mirror(ctx.remote_work_dir)
+    if Path(ctx.work_dir) == mirror:
+        return ctx, spec
+    tokenizer_file = ctx.tokenizer_file
+    if tokenizer_file:
+        local = mirror / "tokenizers" / os.path.basename(tokenizer_file)
+        if not local.is_file():
+            url = remote_tokenizer_url(ctx.remote_work_dir, tokenizer_file)
+            with storage_errors(f"cannot fetch the worker tokenizer {url}"):
+                if read_remote_bytes(url) is not None:
+                    download_file(url, local)
+        tokenizer_file = str(local)
+    here = ctx.model_copy(
+        update={
+            "work_dir": str(mirror),
+            "datasets_cache": str(mirror / "datasets-cache"),
+            "tokenizer_file": tokenizer_file,
+        }
+    )
+    return here, spec.model_copy(update={"arrow_files": None})
+
+
 def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext, reuse: bool = False) -> SliceManifest:
     """Tokenize one slice and write its checkpoint; returns the manifest (written last).
 
     ``reuse``: a slice whose manifest is already written, with files that verify, is done; it is
     returned as it is. That is the case when a run was stopped between the manifest and Prefect's
     own result record (the orchestrator's cache is not the only proof a slice finished)."""
+    ctx, spec = on_this_machine(ctx, spec)
     if reuse:
         done = read_manifest(ctx.work_dir, spec.key, ctx.remote_work_dir)
         if done is not None and verify_slice(ctx.work_dir, done, ctx.remote_work_dir) is None:
