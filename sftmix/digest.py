@@ -13,6 +13,7 @@ import gzip
 import hashlib
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -21,6 +22,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .olmo_format import BOUNDS_PART, STATS_JSON, STATS_TXT
+from .parallel import available_cpus
 from .storage import is_remote, is_temp, join_url, read_remote_bytes, remote_fs, sha256_stream
 
 DIGESTS_FORMAT = "tokenize-mixer-digests/1"
@@ -65,7 +67,18 @@ def output_digests(directory: str | Path) -> dict[str, str]:
     data = root / "data"  # the hf_parquet layout keeps its shards one level down
     if data.is_dir():
         files += [p for p in sorted(data.iterdir()) if counts_in_digests(p.name) and p.is_file()]
-    return {p.relative_to(root).as_posix(): artifact_digest(p) for p in files}
+    return dict(
+        zip((p.relative_to(root).as_posix() for p in files), in_parallel(artifact_digest, files), strict=True)
+    )
+
+
+def in_parallel(fn: Callable[[Path], str], paths: list[Path]) -> list[str]:
+    """``fn`` over files on threads, results in order: hashing and gzip release the GIL, so an output of
+    many parts is read on every core instead of one (each file is still read in bounded chunks)."""
+    if len(paths) <= 1:
+        return [fn(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(len(paths), available_cpus())) as pool:
+        return list(pool.map(fn, paths))
 
 
 def read_output_manifest(url: str) -> dict | None:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .config import MixerConfig, RunOptions, default_work_dir, local_mirror
-from .digest import OUTPUT_MANIFEST, RUN_REPORT, is_shard, output_digests, read_output_manifest
+from .digest import OUTPUT_MANIFEST, RUN_REPORT, in_parallel, is_shard, output_digests, read_output_manifest
 from .errors import ConfigError, OutputConflictError
 from .ownership import (
     LEASE_MARKER,
@@ -206,6 +206,15 @@ def _local_files(staging: Path) -> dict[str, Path]:
     }
 
 
+def _staged_digests(staging: Path) -> dict[str, str]:
+    """The digests the run computed for this staging (in its run report), or computed now."""
+    try:
+        digests = json.loads((staging / RUN_REPORT).read_text(encoding="utf-8")).get("digests")
+    except (OSError, ValueError):
+        digests = None
+    return digests if isinstance(digests, dict) and digests else output_digests(staging)
+
+
 def _md5_b64(path: Path) -> str:
     """An object store's md5 (base64), to tell which objects are already up."""
     with open(path, "rb") as fh:
@@ -263,7 +272,7 @@ def _relative(url: str, found: str) -> str:
 def publish_remote(staging: Path, url: str, overwrite: bool) -> str:
     """Upload ``staging`` to ``url``, manifest object last; objects already there with the same md5
     are kept (an interrupted publish resumes where it stopped)."""
-    digests = output_digests(staging)  # read once: the status check and the manifest both need them
+    digests = _staged_digests(staging)  # the status check and the manifest both need them
     fs = remote_fs(url)
     existing = {}
     if fs.exists(url):
@@ -275,8 +284,7 @@ def publish_remote(staging: Path, url: str, overwrite: bool) -> str:
     write_remote_bytes(join_url(url, PUBLISHING_MARKER), json.dumps({"files": ours}).encode())
     entries = {}
     todo_local, todo_remote = [], []
-    for name, path in files.items():
-        md5 = _md5_b64(path)
+    for (name, path), md5 in zip(files.items(), in_parallel(_md5_b64, list(files.values())), strict=True):
         entries[name] = {"bytes": path.stat().st_size, "md5": md5}
         have = existing.get(name)
         if have is None or have.get("md5Hash") != md5 or int(have.get("size", -1)) != path.stat().st_size:
