@@ -12,7 +12,9 @@ Findings, each with a kind and a count:
 
 from __future__ import annotations
 
+import functools
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ import numpy as np
 from .digest import RUN_REPORT, output_digests
 from .errors import ConfigError
 from .olmo_format import BOUNDS_PART, MASK_PART, STATS_JSON, TOKENS_PART, read_boundaries
+from .parallel import available_cpus
 
 #: Tokens read at once: bounded memory whatever the part size.
 CHUNK = 1 << 24
@@ -122,62 +125,30 @@ def check_output(
     elif vocab - 1 > np.iinfo(dtype).max:
         result.add("integrity", f"vocabulary of {vocab:,} ids does not fit dtype {dtype.name}", 1)
 
-    uneven, untiled, too_big, empty, long_docs, eos_inside, special_trained = [], [], [], [], [], [], {}
-    doc_base = part = 0
-    while (out / TOKENS_PART.format(part)).exists():
-        tokens = np.memmap(out / TOKENS_PART.format(part), dtype=dtype, mode="r")
-        mask = np.memmap(out / MASK_PART.format(part), dtype=np.uint8, mode="r")
-        bounds_file = out / BOUNDS_PART.format(part)
-        bounds = read_boundaries(bounds_file) if bounds_file.exists() else np.zeros((0, 2), np.int64)
-        n = tokens.shape[0]
-        if mask.shape[0] != n:
-            uneven.append(f"part {part}: {n} tokens, {mask.shape[0]} mask bytes")
-        starts, ends = bounds[:, 0], bounds[:, 1]
-        if mask.shape[0] != n:
-            pass  # found above; its documents cannot be read token by token
-        elif (
-            bounds.shape[0] == 0
-            or starts[0] != 0
-            or ends[-1] != n
-            or np.any(starts[1:] != ends[:-1])
-            or np.any(ends <= starts)
-        ):
-            untiled.append(f"part {part}")
-        else:
-            lengths = ends - starts
-            done_trainable = np.zeros(bounds.shape[0], np.int64)  # trainable tokens up to each doc's end
-            special_ids = np.array(sorted(special), dtype=np.int64)
-            carried = 0
-            for lo in range(0, n, CHUNK):
-                hi = min(n, lo + CHUNK)
-                t, m = np.asarray(tokens[lo:hi]), np.asarray(mask[lo:hi]).astype(bool)
-                if vocab is not None and t.size and int(t.max()) >= vocab:
-                    too_big.append(f"part {part} offset {lo + int(np.argmax(t >= vocab))}")
-                in_chunk = np.flatnonzero((ends > lo) & (ends <= hi))  # documents ending in this chunk
-                last = np.zeros(hi - lo, dtype=bool)  # a document's last token
-                last[ends[in_chunk] - 1 - lo] = True
-                running = np.cumsum(m, dtype=np.int64) + carried
-                done_trainable[in_chunk] = running[ends[in_chunk] - 1 - lo]
-                carried = int(running[-1]) if running.size else carried
-                if eos is not None:
-                    at = np.flatnonzero((t == eos) & ~last)  # not a document's last token
-                    eos_inside += [
-                        doc_base + int(d) for d in np.unique(np.searchsorted(ends, lo + at, side="right"))
-                    ]
-                if special:  # trained and followed by trained text: a header or marker, not a turn's end
-                    follows = np.append(m[1:], bool(mask[hi]) if hi < n else False)
-                    hit = m & follows & ~last & np.isin(t, special_ids, kind="table")
-                    for tok_id, count in zip(*np.unique(t[hit], return_counts=True), strict=True):
-                        special_trained[int(tok_id)] = special_trained.get(int(tok_id), 0) + int(count)
-            trainable = np.diff(done_trainable, prepend=0)
-            empty += [doc_base + int(i) for i in np.flatnonzero(trainable == 0)]
-            if sequence_length is not None:
-                long_docs += [doc_base + int(i) for i in np.flatnonzero(lengths > sequence_length)]
-            result.trainable_tokens += int(trainable.sum())
-        result.documents += bounds.shape[0]
-        result.tokens += n
-        doc_base += bounds.shape[0]
-        part += 1
+    count = 0
+    while (out / TOKENS_PART.format(count)).exists():
+        count += 1
+    check = functools.partial(
+        _check_part, out, dtype=dtype, vocab=vocab, eos=eos, special=special, sequence_length=sequence_length
+    )
+    with ThreadPoolExecutor(max_workers=max(1, min(count, available_cpus(), MAX_PART_THREADS))) as pool:
+        facts = list(pool.map(check, range(count)))  # numpy releases the GIL: parts on every core
+    uneven, untiled, too_big, empty, long_docs, eos_inside = [], [], [], [], [], []
+    special_trained: dict[int, int] = {}
+    doc_base = 0
+    for f in facts:
+        uneven += f.uneven
+        untiled += f.untiled
+        too_big += f.too_big
+        empty += [doc_base + d for d in f.empty]
+        long_docs += [doc_base + d for d in f.long_docs]
+        eos_inside += [doc_base + d for d in f.eos_inside]
+        for tok_id, n in f.special_trained.items():
+            special_trained[tok_id] = special_trained.get(tok_id, 0) + n
+        result.documents += f.documents
+        result.tokens += f.tokens
+        result.trainable_tokens += f.trainable_tokens
+        doc_base += f.documents
 
     result.add("integrity", "parts whose token and mask files differ in length", len(uneven), uneven)
     result.add("integrity", "parts whose document boundaries do not tile the part", len(untiled), untiled)
@@ -211,3 +182,84 @@ def check_output(
             round(100 * (entry.get("final_trainable_tokens_in_output") or 0) / tokens, 1) if tokens else 0.0
         )
     return result
+
+
+#: Parts checked at once (each holds a few hundred MB of chunk arrays while it is checked).
+MAX_PART_THREADS = 8
+
+
+@dataclass
+class _PartFacts:
+    """What one part shows; document numbers are the part's own (the caller adds the documents before)."""
+
+    tokens: int = 0
+    documents: int = 0
+    trainable_tokens: int = 0
+    uneven: list[str] = field(default_factory=list)
+    untiled: list[str] = field(default_factory=list)
+    too_big: list[str] = field(default_factory=list)
+    empty: list[int] = field(default_factory=list)
+    long_docs: list[int] = field(default_factory=list)
+    eos_inside: list[int] = field(default_factory=list)
+    special_trained: dict[int, int] = field(default_factory=dict)
+
+
+def _check_part(
+    out: Path,
+    part: int,
+    dtype: np.dtype,
+    vocab: int | None,
+    eos: int | None,
+    special: set[int],
+    sequence_length: int | None,
+) -> _PartFacts:
+    """One part's files, read in bounded chunks."""
+    f = _PartFacts()
+    tokens = np.memmap(out / TOKENS_PART.format(part), dtype=dtype, mode="r")
+    mask = np.memmap(out / MASK_PART.format(part), dtype=np.uint8, mode="r")
+    bounds_file = out / BOUNDS_PART.format(part)
+    bounds = read_boundaries(bounds_file) if bounds_file.exists() else np.zeros((0, 2), np.int64)
+    n = f.tokens = tokens.shape[0]
+    f.documents = bounds.shape[0]
+    starts, ends = bounds[:, 0], bounds[:, 1]
+    if mask.shape[0] != n:  # its documents cannot be read token by token
+        f.uneven.append(f"part {part}: {n} tokens, {mask.shape[0]} mask bytes")
+        return f
+    if (
+        bounds.shape[0] == 0
+        or starts[0] != 0
+        or ends[-1] != n
+        or np.any(starts[1:] != ends[:-1])
+        or np.any(ends <= starts)
+    ):
+        f.untiled.append(f"part {part}")
+        return f
+    lengths = ends - starts
+    done_trainable = np.zeros(bounds.shape[0], np.int64)  # trainable tokens up to each doc's end
+    special_ids = np.array(sorted(special), dtype=np.int64)
+    carried = 0
+    for lo in range(0, n, CHUNK):
+        hi = min(n, lo + CHUNK)
+        t, m = np.asarray(tokens[lo:hi]), np.asarray(mask[lo:hi]).astype(bool)
+        if vocab is not None and t.size and int(t.max()) >= vocab:
+            f.too_big.append(f"part {part} offset {lo + int(np.argmax(t >= vocab))}")
+        in_chunk = np.flatnonzero((ends > lo) & (ends <= hi))  # documents ending in this chunk
+        last = np.zeros(hi - lo, dtype=bool)  # a document's last token
+        last[ends[in_chunk] - 1 - lo] = True
+        running = np.cumsum(m, dtype=np.int64) + carried
+        done_trainable[in_chunk] = running[ends[in_chunk] - 1 - lo]
+        carried = int(running[-1]) if running.size else carried
+        if eos is not None:
+            at = np.flatnonzero((t == eos) & ~last)  # not a document's last token
+            f.eos_inside += [int(d) for d in np.unique(np.searchsorted(ends, lo + at, side="right"))]
+        if special:  # trained and followed by trained text: a header or marker, not a turn's end
+            follows = np.append(m[1:], bool(mask[hi]) if hi < n else False)
+            hit = m & follows & ~last & np.isin(t, special_ids, kind="table")
+            for tok_id, count in zip(*np.unique(t[hit], return_counts=True), strict=True):
+                f.special_trained[int(tok_id)] = f.special_trained.get(int(tok_id), 0) + int(count)
+    trainable = np.diff(done_trainable, prepend=0)
+    f.empty = [int(i) for i in np.flatnonzero(trainable == 0)]
+    if sequence_length is not None:
+        f.long_docs = [int(i) for i in np.flatnonzero(lengths > sequence_length)]
+    f.trainable_tokens = int(trainable.sum())
+    return f

@@ -111,3 +111,23 @@ def test_the_flow_checks_before_publishing(prefect_api, tmp_path):
     strict = flow("strict", "strict")
     assert strict.is_failed() and "run.check is strict" in strict.message and "EOS" in strict.message
     assert not (tmp_path / "strict").exists()
+
+
+def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_path, monkeypatch):
+    """An output of many parts (256-token parts here) is checked part by part on threads; the findings,
+    their document numbers and the totals are those of checking the parts one after another."""
+    import sftmix.check
+    import sftmix.olmo_format
+
+    monkeypatch.setattr(sftmix.olmo_format, "PART_BYTES", 1024)
+    rows = [
+        chat(f"question {i}?", f"answer <|im_start|>user number {i}." if i % 7 == 0 else f"answer {i}.")
+        for i in range(60)
+    ]
+    rows += [{"messages": [{"role": "user", "content": "no answer"}]}] * 3
+    out = run(tmp_path, rows, "parts", drop_untrainable=False)
+    assert (out / "token_ids_part_0005.npy").exists()
+    threaded = check_output(out, 16)
+    monkeypatch.setattr(sftmix.check, "MAX_PART_THREADS", 1)
+    one_by_one = check_output(out, 16)
+    assert threaded.findings and threaded.to_json() == one_by_one.to_json()
