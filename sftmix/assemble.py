@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from .errors import ChecksumError, DatasetError
 from .hf_output import remove_olmo_parts, write_hf_parquet
 from .labels import DROP_REASONS, RowStatus
 from .olmo_format import PartSet, dataset_statistics, part_tokens, write_boundaries, write_statistics
+from .parallel import available_cpus
 from .plan import Plan
 from .selection import selection_indices
 from .slices import ROW_DTYPE, SliceManifest, load_slice_arrays
@@ -123,6 +125,10 @@ def _with_owner(table: np.ndarray, owner: np.ndarray) -> np.ndarray:
     return out
 
 
+#: Slices copied into the parts at once.
+ASSEMBLE_THREADS = 8
+
+
 def assemble(
     plan: Plan, manifests: list[SliceManifest], staging: Path, documents_path: Path
 ) -> AssembleResult:
@@ -146,7 +152,8 @@ def _assemble(
     by_slice = np.argsort(docs["slice"], kind="stable")
     slice_ids, first = np.unique(docs["slice"][by_slice], return_index=True)
     bounds = list(first[1:]) + [by_slice.shape[0]]
-    for sid, lo, hi in zip(slice_ids.tolist(), first.tolist(), bounds, strict=True):
+
+    def copy_slice(sid: int, lo: int, hi: int) -> None:
         tokens, mask, _ = load_slice_arrays(plan.context.work_dir, manifests[sid])
         group = by_slice[lo:hi]
         src = docs["offset"][group]
@@ -154,6 +161,14 @@ def _assemble(
         for i in group.tolist():
             a, n = int(docs["offset"][i]), int(lengths[i])
             parts.write(int(starts[i]), tokens[a : a + n], mask[a : a + n])
+
+    # Slices fill disjoint ranges of the parts, so they are copied on threads (numpy's copies release
+    # the GIL): a big output is written at the speed of the disks, not of one core.
+    with ThreadPoolExecutor(max_workers=max(1, min(len(bounds), available_cpus(), ASSEMBLE_THREADS))) as pool:
+        for done in [
+            pool.submit(copy_slice, *g) for g in zip(slice_ids.tolist(), first.tolist(), bounds, strict=True)
+        ]:
+            done.result()
     parts.close()
     n_parts = len(range(0, total, per_part))
     write_boundaries(staging, starts, ends, per_part, n_parts)

@@ -16,7 +16,7 @@ from sftmix.config import MixerConfig, RunOptions
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
-def run(tmp: Path, rows: list[dict], name: str, **mixer) -> Path:
+def run(tmp: Path, rows: list[dict], name: str, slice_rows: int | None = None, **mixer) -> Path:
     data = tmp / f"{name}.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = MixerConfig.model_validate(
@@ -27,7 +27,8 @@ def run(tmp: Path, rows: list[dict], name: str, **mixer) -> Path:
             **mixer,
         }
     )
-    tokenize_mixer(mixer=config, run=RunOptions(work_dir=str(tmp / "work"), runner="thread"))
+    options = RunOptions(work_dir=str(tmp / "work"), runner="thread", slice_rows=slice_rows)
+    tokenize_mixer(mixer=config, run=options)
     return tmp / name
 
 
@@ -116,8 +117,10 @@ def test_the_flow_checks_before_publishing(prefect_api, tmp_path):
 def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_path, monkeypatch):
     """An output of many parts (256-token parts here) is checked part by part on threads; the findings,
     their document numbers and the totals are those of checking the parts one after another."""
+    import sftmix.assemble
     import sftmix.check
     import sftmix.olmo_format
+    from sftmix.digest import output_digests
 
     monkeypatch.setattr(sftmix.olmo_format, "PART_BYTES", 1024)
     rows = [
@@ -125,9 +128,16 @@ def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_pa
         for i in range(60)
     ]
     rows += [{"messages": [{"role": "user", "content": "no answer"}]}] * 3
-    out = run(tmp_path, rows, "parts", drop_untrainable=False)
+    out = run(tmp_path, rows, "parts", slice_rows=8, drop_untrainable=False, shuffle_seed=3)
     assert (out / "token_ids_part_0005.npy").exists()
     threaded = check_output(out, 16)
     monkeypatch.setattr(sftmix.check, "MAX_PART_THREADS", 1)
     one_by_one = check_output(out, 16)
     assert threaded.findings and threaded.to_json() == one_by_one.to_json()
+
+    # the parts were written by slices on threads: the same bytes as one slice after another
+    monkeypatch.setattr(sftmix.assemble, "ASSEMBLE_THREADS", 1)
+    (tmp_path / "again").mkdir()
+    again = run(tmp_path / "again", rows, "parts", slice_rows=8, drop_untrainable=False, shuffle_seed=3)
+    differ = {k for k, v in output_digests(again).items() if output_digests(out)[k] != v}
+    assert differ == {"dataset_statistics.json"}  # which names the dataset file: another path here
