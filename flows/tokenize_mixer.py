@@ -32,7 +32,14 @@ from sftmix.publish import check_output_free, paths_to_protect, staging_dir
 from sftmix.report import COMMAND_CLOCK, DatasetReport, RunReport
 from sftmix.report_page import REPORT_PNG, write_report
 from sftmix.roots import check_allowed_roots
-from sftmix.slices import SliceManifest, SliceSpec, push_worker_tokenizer, read_manifest, verify_slice
+from sftmix.slices import (
+    SliceManifest,
+    SliceSpec,
+    TokenizeContext,
+    push_worker_tokenizer,
+    read_manifest,
+    verify_slice,
+)
 from sftmix.stopping import EXIT_CANCELLED, RunStopped, follow_supervisor
 from sftmix.storage import atomic_write_bytes, is_remote, remove_tree
 from tasks.assemble import assemble_output
@@ -61,14 +68,13 @@ SMALL_JOB_ROWS = 2000
 RunnerFactory = Callable[[int], Any]
 
 
-def _runner(plan: Plan, run: RunOptions) -> tuple[RunnerFactory, int]:
+def _runner(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOptions) -> tuple[RunnerFactory, int]:
     """Worker processes only when there is enough work to pay for their start-up: slices with a
     checkpoint on disk are cache hits, answered in-process in milliseconds. Returns a factory (a pool
     of N workers), so a pool broken by a dead worker can be rebuilt, and the worker count."""
-    todo = plan.slices
+    todo = specs
     if not (run.force_recache or run.disable_cache):
-        ctx = plan.context
-        todo = [s for s in plan.slices if read_manifest(ctx.work_dir, s.key, ctx.remote_work_dir) is None]
+        todo = [s for s in specs if read_manifest(ctx.work_dir, s.key, ctx.remote_work_dir) is None]
     workers = min(run.workers or available_cpus(), max(1, len(todo)))
     rows = sum(s.row_end - s.row_start if s.rows is None else len(s.rows) for s in todo)
     if run.runner == "dask":
@@ -102,13 +108,13 @@ class _Slices:
     """What is known of each slice while the pool runs: its manifest, whether it was a cache hit, its
     failure, how many dead workers it was a casualty of."""
 
-    def __init__(self, plan: Plan) -> None:
-        n = len(plan.slices)
+    def __init__(self, specs: list[SliceSpec]) -> None:
+        n = max((s.index for s in specs), default=-1) + 1  # indices are the plan's
         self.manifests: list[SliceManifest | None] = [None] * n
         self.cached = [False] * n
         self.errors: list[tuple[SliceSpec, BaseException]] = []
         self.deaths = [0] * n
-        self.progress = SliceProgress(n)
+        self.progress = SliceProgress(len(specs))
         self.done = 0
         self.started_at = time.time()
 
@@ -124,7 +130,7 @@ def _run_batch(
 ) -> list[SliceSpec]:
     """Run ``specs`` on ``runner``; returns the slices lost to a dead worker (to retry)."""
     logger = get_run_logger()
-    total = len(state.manifests)
+    total = state.progress.total
     lost: list[SliceSpec] = []
     with runner:
         params = {"ctx": ctx, "reuse": reuse}
@@ -180,7 +186,7 @@ def _run_all(
     task: Any,
     make_runner: RunnerFactory,
     workers: int,
-    plan: Plan,
+    ctx: TokenizeContext,
     state: _Slices,
     reuse: bool = True,
 ) -> None:
@@ -194,14 +200,14 @@ def _run_all(
         others = [s for s in todo if state.deaths[s.index] < SUSPECT_AFTER_DEATHS]
         todo = []
         for spec in suspects:
-            if _run_batch([spec], task, make_runner(1), plan.context, state, watch, reuse):
+            if _run_batch([spec], task, make_runner(1), ctx, state, watch, reuse):
                 state.errors.append((spec, WorkerDiedError(
                     f"slice {spec.describe()} killed the worker process tokenizing it "
                     f"{state.deaths[spec.index]} times, the last time alone (out of memory? a row "
                     "of it needs more than this machine has; the system log names the killer)"
                 )))  # fmt: skip
         if others:
-            lost = _run_batch(others, task, make_runner(workers), plan.context, state, watch, reuse)
+            lost = _run_batch(others, task, make_runner(workers), ctx, state, watch, reuse)
             if lost:
                 logger.warning(
                     "a worker process died (killed, or out of memory); rebuilding the pool and retrying "
@@ -213,30 +219,35 @@ def _run_all(
 
 
 def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
+    if run.runner == "work_pool":
+        from flows.work_pool import run_on_work_pool
+
+        return run_on_work_pool(plan, run)
+    return run_slice_specs(plan.slices, plan.context, run)
+
+
+def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOptions) -> SliceOutcome:
     """Tokenize every slice (reusing finished ones), distrusting cached files until they verify."""
     logger = get_run_logger()
-    ctx = plan.context
     push_worker_tokenizer(ctx)  # workers on other machines read it from the remote work directory
-    make_runner, workers = _runner(plan, run)
-    logger.info(
-        "%d slices on %d worker(s) (%s)", len(plan.slices), workers, type(make_runner(workers)).__name__
-    )
+    make_runner, workers = _runner(specs, ctx, run)
+    logger.info("%d slices on %d worker(s) (%s)", len(specs), workers, type(make_runner(workers)).__name__)
     started = time.perf_counter()
-    state = _Slices(plan)
+    state = _Slices(specs)
     task = slice_task_for(ctx, refresh=run.force_recache, cache=not run.disable_cache)
     # biggest first, so the last slices to start are the small remainders and none straggles
     _run_all(
-        sorted(plan.slices, key=lambda s: (-s.est_bytes, s.index)),
+        sorted(specs, key=lambda s: (-s.est_bytes, s.index)),
         task,
         make_runner,
         workers,
-        plan,
+        ctx,
         state,
         reuse=not run.force_recache,
     )
     if state.errors:
         spec, first = state.errors[0]
-        n = len(plan.slices)
+        n = len(specs)
         raise SliceFailuresError(
             f"{len(state.errors)} of {n} slices failed; the {n - len(state.errors)} others are "
             f"checkpointed and a rerun recomputes only the failed ones. First failure, {spec.describe()}: "
@@ -244,7 +255,8 @@ def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
         ) from first
     manifests = state.manifests
     stale = []
-    for spec, m in zip(plan.slices, manifests, strict=True):
+    for spec in specs:
+        m = manifests[spec.index]
         # Cached slices are distrusted until their files verify; with a remote work directory, a
         # slice computed on another machine is fetched here (its digests checked on the way).
         if not state.cached[spec.index] and ctx.remote_work_dir is None:
@@ -256,7 +268,7 @@ def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
     if stale:
         for spec in stale:
             manifests[spec.index] = None
-        _run_all(stale, slice_task_for(ctx, refresh=True), make_runner, workers, plan, state, reuse=False)
+        _run_all(stale, slice_task_for(ctx, refresh=True), make_runner, workers, ctx, state, reuse=False)
         if state.errors:
             spec, first = state.errors[0]
             raise SliceFailuresError(
@@ -264,12 +276,16 @@ def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
             ) from first
         for spec in stale:
             state.cached[spec.index] = False
-    reused = sum(state.cached)
-    fresh = [m for m, c in zip(manifests, state.cached, strict=True) if m is not None and not c]
+    reused = sum(state.cached[s.index] for s in specs)
+    fresh = [
+        manifests[s.index] for s in specs if manifests[s.index] is not None and not state.cached[s.index]
+    ]
     span = max((m.finished_at for m in fresh), default=0.0) - min((m.started_at for m in fresh), default=0.0)
     return SliceOutcome(
-        manifests=[m for m in manifests if m is not None],
-        computed=len(plan.slices) - reused,
+        manifests=[
+            m for m in (manifests[s.index] for s in sorted(specs, key=lambda s: s.index)) if m is not None
+        ],
+        computed=len(specs) - reused,
         reused=reused,
         rechecked=len(stale),
         seconds=time.perf_counter() - started,

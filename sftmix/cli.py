@@ -69,7 +69,9 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="target source bytes per slice when --slice_rows is not given (default 4 MiB)",
     )
-    _flag(parser, "runner", choices=["auto", "process", "thread", "dask"], help="task runner")
+    _flag(parser, "runner", choices=["auto", "process", "thread", "dask", "work_pool"], help="task runner")
+    _flag(parser, "slice_deployment", help="runner work_pool: deployment of the tokenize-slices flow")
+    _flag(parser, "batch_slices", type=int, help="runner work_pool: slices per batch flow run")
     _flag(parser, "dask_address", help="scheduler address of an existing Dask cluster (runner dask)")
     _flag(parser, "reference", help="directory or digests JSON to validate against; a mismatch fails the run")
     _flag(parser, "force_recache", action="store_true", default=None, help="recompute every slice")
@@ -229,6 +231,8 @@ def run_options(args: argparse.Namespace, base: RunOptions | None = None) -> Run
         "slice_bytes",
         "runner",
         "dask_address",
+        "slice_deployment",
+        "batch_slices",
         "reference",
         "force_recache",
         "disable_cache",

@@ -209,11 +209,22 @@ class RunOptions(BaseModel):
     workers: int | None = Field(
         default=None, gt=0, description="Worker processes; default: the CPUs this process may use."
     )
-    runner: Literal["auto", "process", "thread", "dask"] = Field(
+    runner: Literal["auto", "process", "thread", "dask", "work_pool"] = Field(
         default="auto",
         description="'process' (a spawn process pool on this machine), 'dask' (a Dask cluster: dask_address, "
-        "or a local cluster of `workers` processes), 'thread' (in-process, for debugging), or 'auto': "
-        "process when there is enough work for several workers, else in-process.",
+        "or a local cluster of `workers` processes), 'work_pool' (batches of slices as runs of the "
+        "slice_deployment, on whichever machines' Prefect workers serve its pool; needs a gs:// work_dir), "
+        "'thread' (in-process, for debugging), or 'auto': process when there is enough work for several "
+        "workers, else in-process.",
+    )
+    slice_deployment: str = Field(
+        default="tokenize-slices/cpu",
+        description="runner 'work_pool': the deployment of the tokenize-slices flow that runs each batch.",
+    )
+    batch_slices: int = Field(
+        default=16,
+        gt=0,
+        description="runner 'work_pool': slices per batch (one flow run of slice_deployment).",
     )
     dask_address: str | None = Field(
         default=None,

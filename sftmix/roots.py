@@ -178,12 +178,32 @@ def run_paths(mixer: MixerConfig, run: RunOptions) -> list[tuple[str, str, bool]
 def check_allowed_roots(mixer: MixerConfig, run: RunOptions) -> None:
     """Refuse (``ConfigError``, one line per path) a run that would read or write outside its allowed
     roots; nothing to do when no roots are set."""
+    _refuse_outside(run_paths(mixer, run), run)
+
+
+def check_slices_allowed(datasets: list[str], tokenizer: str, remote_work_dir: str | None) -> None:
+    """A batch of slices submitted through the API (runner ``work_pool``) reads datasets and a tokenizer
+    and writes a work directory, all named by its parameters: the worker's roots bind them as they bind
+    a whole run. Its local paths are the machine's own, never a parameter: the work directory must be
+    remote (each machine keeps its own mirror of it)."""
+    if remote_work_dir is None:
+        raise ConfigError(
+            "a batch of slices needs a remote work directory (gs://...): it is run by other machines"
+        )
+    paths = [("work_dir", remote_work_dir, False)]
+    paths += [("dataset", d, False) for d in sorted(set(datasets)) if not is_hub_name(d, dataset=True)]
+    if not is_hub_name(tokenizer):
+        paths.append(("tokenizer", tokenizer, False))
+    _refuse_outside(paths, RunOptions())
+
+
+def _refuse_outside(paths: list[tuple[str, str, bool]], run: RunOptions) -> None:
     bound = effective_roots(run)
     if bound is None:
         return
     roots, source = bound
     problems = []
-    for what, text, strictly in run_paths(mixer, run):
+    for what, text, strictly in paths:
         p = place(text, what)
         if not any(p.within(r, strictly) for r in roots):
             is_a_root = strictly and any(p.within(r) for r in roots)

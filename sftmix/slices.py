@@ -348,15 +348,15 @@ def push_worker_tokenizer(ctx: TokenizeContext) -> None:
         upload_file(ctx.tokenizer_file, url)
 
 
-def on_this_machine(ctx: TokenizeContext, spec: SliceSpec) -> tuple[TokenizeContext, SliceSpec]:
-    """With a remote work directory, the planning machine's local paths mean nothing on another machine:
-    this process uses its own mirror of the work directory (slices, datasets cache), fetches the worker
-    tokenizer from the work directory, and opens the dataset itself instead of the planner's Arrow files."""
+def context_here(ctx: TokenizeContext) -> TokenizeContext:
+    """With a remote work directory, the planning machine's local paths mean nothing on another machine
+    (and are never taken from a caller): this process uses its own mirror of the work directory (slices,
+    datasets cache) and fetches the worker tokenizer from the work directory."""
     if ctx.remote_work_dir is None:
-        return ctx, spec
+        return ctx
     mirror = local_mirror(ctx.remote_work_dir)
     if Path(ctx.work_dir) == mirror:
-        return ctx, spec
+        return ctx
     tokenizer_file = ctx.tokenizer_file
     if tokenizer_file:
         local = mirror / "tokenizers" / os.path.basename(tokenizer_file)
@@ -366,13 +366,21 @@ def on_this_machine(ctx: TokenizeContext, spec: SliceSpec) -> tuple[TokenizeCont
                 if read_remote_bytes(url) is not None:
                     download_file(url, local)
         tokenizer_file = str(local)
-    here = ctx.model_copy(
+    return ctx.model_copy(
         update={
             "work_dir": str(mirror),
             "datasets_cache": str(mirror / "datasets-cache"),
             "tokenizer_file": tokenizer_file,
         }
     )
+
+
+def on_this_machine(ctx: TokenizeContext, spec: SliceSpec) -> tuple[TokenizeContext, SliceSpec]:
+    """:func:`context_here`, and a slice that opens its dataset itself instead of reading the planner's
+    Arrow files, when the context is not the planner's."""
+    here = context_here(ctx)
+    if here is ctx:
+        return ctx, spec
     return here, spec.model_copy(update={"arrow_files": None})
 
 

@@ -227,3 +227,25 @@ def test_flow_run_outside_the_workers_roots_fails_before_any_slice(prefect_api, 
     assert not (tmp_path / "victim").exists()
     assert not work.exists()  # no plan, no slice, no checkpoint
     assert sorted(p.name for p in tmp_path.iterdir()) == ["allowed", "data"]  # not even a probe
+
+
+def test_a_batch_of_slices_is_bound_by_the_workers_roots(tmp_path, monkeypatch):
+    """runner work_pool: the tokenize-slices flow's parameters name datasets, a tokenizer and a work
+    directory; the worker's roots bind them, and its local paths are never taken from them."""
+    from sftmix.roots import check_slices_allowed
+
+    inside, outside = tmp_path / "data", tmp_path / "secret"
+    inside.mkdir()
+    outside.mkdir()
+    monkeypatch.setenv(ENV, f"{inside}{os.pathsep}gs://work")
+    check_slices_allowed(
+        [str(inside / "a.jsonl"), "allenai/tulu-3-sft-mixture"], "allenai/OLMo-2-1124-7B", "gs://work/x"
+    )
+    with pytest.raises(ConfigError, match="secret"):
+        check_slices_allowed([str(outside / "passwords.jsonl")], "allenai/OLMo-2-1124-7B", "gs://work/x")
+    with pytest.raises(ConfigError, match="tokenizer"):
+        check_slices_allowed([str(inside / "a.jsonl")], str(outside), "gs://work/x")
+    with pytest.raises(ConfigError, match="work_dir"):
+        check_slices_allowed([str(inside / "a.jsonl")], "allenai/OLMo-2-1124-7B", "gs://elsewhere/x")
+    with pytest.raises(ConfigError, match="remote work directory"):
+        check_slices_allowed([str(inside / "a.jsonl")], "allenai/OLMo-2-1124-7B", None)
