@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -129,8 +130,6 @@ def _run_batch(
     reuse: bool,
 ) -> list[SliceSpec]:
     """Run ``specs`` on ``runner``; returns the slices lost to a dead worker (to retry)."""
-    logger = get_run_logger()
-    total = state.progress.total
     lost: list[SliceSpec] = []
     with runner:
         params = {"ctx": ctx, "reuse": reuse}
@@ -138,47 +137,63 @@ def _run_batch(
         finished: queue.SimpleQueue = queue.SimpleQueue()
         for fut in pending:
             fut.add_done_callback(finished.put)
-        while pending:
-            # Wake every couple of seconds to look for a cancel (no alarm-based timeout here: an
-            # alarm would fire inside the work done for a finished slice)
-            try:
-                fut = finished.get(timeout=watch.every)
-            except queue.Empty:
-                watch.check()
-                continue
-            spec = pending.pop(fut)
-            try:
-                m = SliceManifest.model_validate(fut.result())
-            except Exception as exc:  # collected: finished slices stay checkpointed
-                if worker_died(exc):
-                    lost.append(spec)
-                    if was_running(fut):  # queued slices were not in the dead worker's hands
-                        state.deaths[spec.index] += 1
-                    continue
-                state.errors.append((spec, exc))
-                logger.error("slice %s failed: %s", spec.describe(), exc)
-                continue
-            state.done += 1
-            state.manifests[spec.index] = m
-            # reused: Prefect's cache answered, or the slice's own manifest from an earlier run did
-            state.cached[spec.index] = fut.state.name == "Cached" or m.finished_at < state.started_at
-            state.progress.advance(m.rows, m.tokens, spec.describe(), reused=state.cached[spec.index])
-            verb = (
-                "reused"
-                if state.cached[spec.index]
-                else f"done in {m.seconds:.1f}s ({m.tokens / max(m.seconds, 1e-9):,.0f} tok/s)"
-            )
-            logger.info(
-                "[%d/%d] %s: %d rows, %d tokens, %s",
-                state.done,
-                total,
-                spec.describe(),
-                m.rows,
-                m.tokens,
-                verb,
-            )
-            watch.check()
+        try:
+            _collect(pending, finished, state, watch, lost)
+        except BaseException:
+            if isinstance(runner, ThreadPoolTaskRunner):  # its exit would run every queued slice first
+                for fut in pending:  # (a process pool's workers are killed instead: flows.pool)
+                    with contextlib.suppress(Exception):
+                        fut.wrapped_future.cancel()
+            raise
     return lost
+
+
+def _collect(
+    pending: dict, finished: queue.SimpleQueue, state: _Slices, watch: StopWatch, lost: list[SliceSpec]
+) -> None:
+    """Take finished slices as they come: record manifests, failures, and slices lost to dead workers."""
+    logger = get_run_logger()
+    total = state.progress.total
+    while pending:
+        # Wake every couple of seconds to look for a cancel (no alarm-based timeout here: an
+        # alarm would fire inside the work done for a finished slice)
+        try:
+            fut = finished.get(timeout=watch.every)
+        except queue.Empty:
+            watch.check()
+            continue
+        spec = pending.pop(fut)
+        try:
+            m = SliceManifest.model_validate(fut.result())
+        except Exception as exc:  # collected: finished slices stay checkpointed
+            if worker_died(exc):
+                lost.append(spec)
+                if was_running(fut):  # queued slices were not in the dead worker's hands
+                    state.deaths[spec.index] += 1
+                continue
+            state.errors.append((spec, exc))
+            logger.error("slice %s failed: %s", spec.describe(), exc)
+            continue
+        state.done += 1
+        state.manifests[spec.index] = m
+        # reused: Prefect's cache answered, or the slice's own manifest from an earlier run did
+        state.cached[spec.index] = fut.state.name == "Cached" or m.finished_at < state.started_at
+        state.progress.advance(m.rows, m.tokens, spec.describe(), reused=state.cached[spec.index])
+        verb = (
+            "reused"
+            if state.cached[spec.index]
+            else f"done in {m.seconds:.1f}s ({m.tokens / max(m.seconds, 1e-9):,.0f} tok/s)"
+        )
+        logger.info(
+            "[%d/%d] %s: %d rows, %d tokens, %s",
+            state.done,
+            total,
+            spec.describe(),
+            m.rows,
+            m.tokens,
+            verb,
+        )
+        watch.check()
 
 
 def _run_all(

@@ -93,7 +93,7 @@ def test_batches_on_two_machines_survive_a_killed_worker(server, gcs, golden_dir
         assert proc.wait(timeout=300) == 0, proc.communicate()[0][-3000:]
         expected = parts(output_digests(tmp_path / "local-out"))
 
-        pooled = {"work_dir": work, "slice_rows": 8, "runner": "work_pool", "batch_slices": 3}
+        pooled = {"work_dir": work, "slice_rows": 8, "runner": "work_pool", "batch_slices": 6}
         parent = tokenize(config(data, tmp_path / "out", pooled), tmp_path / "flow-machine")
         deadline = time.monotonic() + 300
         while _slices_done_by(tmp_path / "machine-a") < 1:
