@@ -61,6 +61,27 @@ class SliceOutcome:
     steady_tokens_per_second: float
     computed_tokens: int = 0  # tokens of the slices computed in this run (not reused)
 
+    @classmethod
+    def of(
+        cls, manifests: list[SliceManifest], reused: list[bool], seconds: float, rechecked: int = 0
+    ) -> SliceOutcome:
+        """The outcome of ``manifests`` (in plan order), ``reused[i]`` telling the ones not computed now;
+        the steady window spans the computed ones."""
+        fresh = [m for m, r in zip(manifests, reused, strict=True) if not r]
+        span = max((m.finished_at for m in fresh), default=0.0) - min(
+            (m.started_at for m in fresh), default=0.0
+        )
+        return cls(
+            manifests=manifests,
+            computed=len(fresh),
+            reused=len(manifests) - len(fresh),
+            rechecked=rechecked,
+            seconds=seconds,
+            steady_seconds=round(max(span, 0.0), 3),
+            steady_tokens_per_second=round(sum(m.tokens for m in fresh) / span, 1) if span > 0 else 0.0,
+            computed_tokens=sum(m.tokens for m in fresh),
+        )
+
 
 #: Below this many rows to tokenize, worker start-up (imports, tokenizer load) costs more than it saves.
 SMALL_JOB_ROWS = 2000
@@ -291,22 +312,12 @@ def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
             ) from first
         for spec in stale:
             state.cached[spec.index] = False
-    reused = sum(state.cached[s.index] for s in specs)
-    fresh = [
-        manifests[s.index] for s in specs if manifests[s.index] is not None and not state.cached[s.index]
-    ]
-    span = max((m.finished_at for m in fresh), default=0.0) - min((m.started_at for m in fresh), default=0.0)
-    return SliceOutcome(
-        manifests=[
-            m for m in (manifests[s.index] for s in sorted(specs, key=lambda s: s.index)) if m is not None
-        ],
-        computed=len(specs) - reused,
-        reused=reused,
+    done = [s for s in sorted(specs, key=lambda s: s.index) if manifests[s.index] is not None]
+    return SliceOutcome.of(
+        [manifests[s.index] for s in done],  # type: ignore[misc]
+        [state.cached[s.index] for s in done],
+        time.perf_counter() - started,
         rechecked=len(stale),
-        seconds=time.perf_counter() - started,
-        steady_seconds=round(max(span, 0.0), 3),
-        steady_tokens_per_second=round(sum(m.tokens for m in fresh) / span, 1) if span > 0 else 0.0,
-        computed_tokens=sum(m.tokens for m in fresh),
     )
 
 

@@ -127,16 +127,8 @@ def run_on_work_pool(plan: Plan, run: RunOptions):  # -> SliceOutcome (flows.tok
             stale.append(f"{s.describe()}: {problem}")
     if stale:
         raise SliceFailuresError(f"{len(stale)} finished slice(s) do not verify, first {stale[0]}; rerun")
-    fresh = [done[s.index] for s in plan.slices if s.index not in cached]
-    span = max((m.finished_at for m in fresh), default=0.0) - min((m.started_at for m in fresh), default=0.0)
-    seconds = time.perf_counter() - started
-    return SliceOutcome(
-        manifests=[done[s.index] for s in plan.slices],
-        computed=len(plan.slices) - len(cached),
-        reused=len(cached),
-        rechecked=0,
-        seconds=seconds,
-        steady_seconds=round(max(span, 0.0), 3),
-        steady_tokens_per_second=round(sum(m.tokens for m in fresh) / span, 1) if span > 0 else 0.0,
-        computed_tokens=sum(m.tokens for m in fresh),
+    return SliceOutcome.of(
+        [done[s.index] for s in plan.slices],
+        [s.index in cached for s in plan.slices],
+        time.perf_counter() - started,
     )
