@@ -47,3 +47,20 @@ def assert_rerun_resumes(cmd: list[str], work: Path, out: Path, expected: Path) 
     leftovers = [p.name for p in out.parent.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
     assert leftovers == [], leftovers
     return report
+
+
+def machine_env(root: Path, shared: dict[str, str]) -> dict[str, str]:
+    """Another machine's environment: what it shares with the others (``shared``: PATH, the Prefect API,
+    the bucket) plus a home, caches, temporary and work directories of its own under ``root``."""
+    for sub in ("home", "tmp", "work", "cache"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    return {
+        **shared,
+        "HOME": str(root / "home"),
+        "TMPDIR": str(root / "tmp"),
+        "XDG_CACHE_HOME": str(root / "cache"),
+        "HF_HOME": str(root / "cache" / "hf"),
+        "PREFECT_HOME": str(root / "home" / ".prefect"),
+        "TOKENIZE_MIXER_WORK_DIR": str(root / "work"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }

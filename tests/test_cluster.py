@@ -22,6 +22,7 @@ import pytest
 from flows.tokenize_mixer import tokenize_mixer
 from sftmix.config import MixerConfig, RunOptions
 from sftmix.digest import output_digests
+from tests.cli_runs import machine_env
 from tests.ports import free_port
 from tests.test_gcs import gcs, parts  # noqa: F401 (the emulator fixture)
 
@@ -42,9 +43,7 @@ def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
 
 
 def _machine_env(root: Path) -> dict[str, str]:
-    """Another machine: its own home, caches, temporary and work directories (nothing of the flow's)."""
-    for sub in ("home", "tmp", "work", "cache"):
-        (root / sub).mkdir(parents=True, exist_ok=True)
+    """Another machine: PATH, the bucket and the API in common, nothing of the flow's directories."""
     keep = (
         "PATH",
         "STORAGE_EMULATOR_HOST",
@@ -52,17 +51,7 @@ def _machine_env(root: Path) -> dict[str, str]:
         "FSSPEC_GS_TOKEN",
         "PREFECT_API_URL",
     )
-    env = {k: os.environ[k] for k in keep if k in os.environ}
-    env.update(
-        HOME=str(root / "home"),
-        TMPDIR=str(root / "tmp"),
-        XDG_CACHE_HOME=str(root / "cache"),
-        HF_HOME=str(root / "cache" / "hf"),
-        PREFECT_HOME=str(root / "home" / ".prefect"),
-        TOKENIZE_MIXER_WORK_DIR=str(root / "work"),
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-    )
-    return env
+    return machine_env(root, {k: os.environ[k] for k in keep if k in os.environ})
 
 
 @pytest.fixture

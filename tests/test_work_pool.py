@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from sftmix.digest import output_digests
+from tests.cli_runs import machine_env
 from tests.test_deployment import BIN, ROOT, server  # noqa: F401 (the real server fixture)
 from tests.test_gcs import gcs, parts  # noqa: F401 (the emulator fixture)
 
@@ -30,18 +31,7 @@ GCS_ENV = ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "FSSPEC
 
 def _machine(server_env: dict, root: Path) -> dict:
     """Another machine's environment: the API and the bucket, and directories of its own."""
-    for sub in ("home", "tmp", "work", "cache", "prefect"):
-        (root / sub).mkdir(parents=True, exist_ok=True)
-    env = {**server_env, **{k: os.environ[k] for k in GCS_ENV if k in os.environ}}
-    env.update(
-        HOME=str(root / "home"),
-        TMPDIR=str(root / "tmp"),
-        XDG_CACHE_HOME=str(root / "cache"),
-        HF_HOME=str(root / "cache" / "hf"),
-        PREFECT_HOME=str(root / "prefect"),
-        TOKENIZE_MIXER_WORK_DIR=str(root / "work"),
-    )
-    return env
+    return machine_env(root, {**server_env, **{k: os.environ[k] for k in GCS_ENV if k in os.environ}})
 
 
 def _slices_done_by(root: Path) -> int:
