@@ -22,7 +22,7 @@ from .formats import MESSAGES_KEY, detect_format
 from .parallel import memory_limit
 from .selection import selected_source_rows, selection_problem, small_count_warning, target_rows
 from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext
-from .sources import arrow_cache_files, describe, release_mapped_data, rows_fingerprint
+from .sources import RowsFingerprinter, arrow_cache_files, describe, release_mapped_data
 from .storage import atomic_write_bytes, is_remote, storage_errors
 from .templates import ResolvedTemplate, has_generation_tags, resolve_template
 from .tokenizer import (
@@ -250,13 +250,14 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         per_slice = run.slice_rows or rows_per_slice(info.nbytes, info.n_rows, run.slice_bytes)
         ids = []
         memo = FingerprintMemo(work_dir, info.fingerprint, entry.split)
+        fingerprint_rows = RowsFingerprinter(
+            entry.path, entry.split, entry.revision, str(datasets_cache), arrow_files
+        )
         for start, end, subset in _row_groups(info.n_rows, selected, per_slice):
             rows_key = {"rows": [start, end], "subset": None if subset is None else _digest(subset)}
             data = memo.known.get(memo.key(rows_key))
             if data is None:
-                data = rows_fingerprint(
-                    entry.path, entry.split, entry.revision, str(datasets_cache), start, end, subset
-                )
+                data = fingerprint_rows(start, end, subset)
                 memo.remember(rows_key, data)
             layout = (
                 {}
@@ -285,6 +286,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
                 )
             )
         memo.save()
+        fingerprint_rows.close()
         datasets.append(
             DatasetPlan(
                 index=index,

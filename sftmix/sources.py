@@ -415,26 +415,70 @@ def describe(path: str, split: str, revision: str | None, cache_dir: str) -> Sou
     )
 
 
-def rows_fingerprint(
-    path: str,
-    split: str,
-    revision: str | None,
-    cache_dir: str,
-    start: int,
-    end: int,
-    subset: list[int] | None,
-) -> str:
-    """Hash of the data of rows ``[start, end)`` (or of ``subset``), so an edit elsewhere in the file
-    leaves this slice's checkpoint valid. The rows are hashed as one Arrow IPC stream of a single chunk,
-    schema included (a new key in any row changes what the template sees)."""
+#: Row data hashed through one memory map before it is closed: the pages a map has read stay in the
+#: process's resident memory while it is open, so planning a file larger than memory keeps it flat.
+HASH_REMAP_BYTES = 256 << 20
+
+
+def _hash_rows(table: Any) -> str:
+    """sha256 of ``table`` as one Arrow IPC stream of a single chunk, schema included (a new key in any
+    row changes what the template sees)."""
     import pyarrow as pa
 
-    ds = open_dataset(path, split, revision, cache_dir).with_format("arrow")
-    table = (ds[start:end] if subset is None else ds[subset]).combine_chunks()
+    table = table.combine_chunks()
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return hashlib.sha256(sink.getvalue()).hexdigest()
+
+
+class RowsFingerprinter:
+    """Hash of the data of rows ``[start, end)`` (or of ``subset``) of one split, so an edit elsewhere in
+    the file leaves a slice's checkpoint valid.
+
+    Planning reads every selected row once. Through ``datasets`` the whole Arrow cache would stay mapped
+    (and resident) until planning ends; with the split's own cache files (:func:`arrow_cache_files`) the
+    rows are read through a map that is closed every :data:`HASH_REMAP_BYTES`, with the same bytes hashed
+    (the files' schema is checked against the dataset's once)."""
+
+    def __init__(
+        self, path: str, split: str, revision: str | None, cache_dir: str, arrow_files: list[str] | None
+    ) -> None:
+        self._source = (path, split, revision, cache_dir)
+        self._files = tuple(arrow_files) if arrow_files else None
+        self._table: Any = None
+        self._read = 0
+
+    def __call__(self, start: int, end: int, subset: list[int] | None) -> str:
+        table = self._mapped()
+        if table is None:
+            ds = open_dataset(*self._source).with_format("arrow")
+            return _hash_rows(ds[start:end] if subset is None else ds[subset])
+        rows = table.slice(start, end - start) if subset is None else table.take(subset)
+        digest = _hash_rows(rows)
+        self._read += rows.nbytes
+        if self._read >= HASH_REMAP_BYTES:
+            self.close()
+        return digest
+
+    def _mapped(self) -> Any:
+        if self._files is None or not all(os.path.isfile(f) for f in self._files):
+            return None
+        if self._table is None:
+            import pyarrow as pa
+
+            tables = [pa.ipc.open_stream(pa.memory_map(f)).read_all() for f in self._files]
+            table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+            expected = open_dataset(*self._source).data.schema
+            if not table.schema.equals(expected, check_metadata=True):
+                self._files = None  # rows as datasets gives them, or the hash would change
+                return None
+            self._table = table
+        return self._table
+
+    def close(self) -> None:
+        self._table = None
+        self._read = 0
 
 
 def arrow_cache_files(path: str, split: str, revision: str | None, cache_dir: str) -> list[str] | None:

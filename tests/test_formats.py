@@ -165,3 +165,31 @@ def test_a_field_whose_type_changes_between_rows_is_a_clear_error(tmp_path):
     )
     with pytest.raises(DatasetError, match=r"mixed.jsonl.*Column\(/messages\) changed from array to object"):
         arrow_cache_files(path, "train", None, str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(
+        str(p)
+        for p in (Path(__file__).parent / "golden" / "data").iterdir()
+        if p.suffix in {".jsonl", ".parquet"}
+    ),
+)
+def test_planning_hashes_the_rows_datasets_gives_through_a_map_it_closes(tmp_path, path, monkeypatch):
+    """Slice fingerprints read through the split's own Arrow files (a map closed every few hundred MiB,
+    so planning a large file keeps resident memory flat) hash exactly the bytes the ``datasets`` path
+    hashes: every checkpoint key stays what it was."""
+    from sftmix import sources
+    from sftmix.sources import RowsFingerprinter, arrow_cache_files, open_dataset
+
+    cache = str(tmp_path / "cache")
+    files = arrow_cache_files(path, "train", None, cache)
+    n = len(open_dataset(path, "train", None, cache))
+    windows = [(0, n, None), (1, max(2, n // 2), None), (0, n, list(range(0, n, 3))[::-1])]
+    via_datasets = RowsFingerprinter(path, "train", None, cache, None)
+    monkeypatch.setattr(sources, "HASH_REMAP_BYTES", 1)  # remap after every window
+    via_files = RowsFingerprinter(path, "train", None, cache, files)
+    for window in windows:
+        assert via_files(*window) == via_datasets(*window)
+    assert via_files._files is not None, "the files' schema should match the dataset's"
+    assert via_files._table is None, "the map should be closed once the window's bytes are read"
