@@ -164,11 +164,18 @@ def _assemble(
 
     # Slices fill disjoint ranges of the parts, so they are copied on threads (numpy's copies release
     # the GIL): a big output is written at the speed of the disks, not of one core.
-    with ThreadPoolExecutor(max_workers=max(1, min(len(bounds), available_cpus(), ASSEMBLE_THREADS))) as pool:
-        for done in [
-            pool.submit(copy_slice, *g) for g in zip(slice_ids.tolist(), first.tolist(), bounds, strict=True)
-        ]:
-            done.result()
+    try:
+        with ThreadPoolExecutor(
+            max_workers=max(1, min(len(bounds), available_cpus(), ASSEMBLE_THREADS))
+        ) as pool:
+            for done in [
+                pool.submit(copy_slice, *g)
+                for g in zip(slice_ids.tolist(), first.tolist(), bounds, strict=True)
+            ]:
+                done.result()
+    except BaseException:
+        parts.close(sync=False)
+        raise
     parts.close()
     n_parts = len(range(0, total, per_part))
     write_boundaries(staging, starts, ends, per_part, n_parts)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,8 +27,8 @@ from .errors import ConfigError
 from .olmo_format import BOUNDS_PART, MASK_PART, STATS_JSON, TOKENS_PART, read_boundaries
 from .parallel import available_cpus
 
-#: Tokens read at once: bounded memory whatever the part size.
-CHUNK = 1 << 24
+#: Tokens read at once per part: bounded memory whatever the part size (about 60 MiB of arrays).
+CHUNK = 1 << 22
 #: Examples kept per finding.
 EXAMPLES = 5
 
@@ -184,7 +185,7 @@ def check_output(
     return result
 
 
-#: Parts checked at once (each holds a few hundred MB of chunk arrays while it is checked).
+#: Parts checked at once (each holds a chunk's arrays while it is checked).
 MAX_PART_THREADS = 8
 
 
@@ -215,15 +216,18 @@ def _check_part(
 ) -> _PartFacts:
     """One part's files, read in bounded chunks."""
     f = _PartFacts()
-    tokens = np.memmap(out / TOKENS_PART.format(part), dtype=dtype, mode="r")
-    mask = np.memmap(out / MASK_PART.format(part), dtype=np.uint8, mode="r")
+    tokens_file, mask_file = out / TOKENS_PART.format(part), out / MASK_PART.format(part)
+    token_bytes, mask_bytes = (
+        tokens_file.stat().st_size,
+        mask_file.stat().st_size if mask_file.exists() else 0,
+    )
     bounds_file = out / BOUNDS_PART.format(part)
     bounds = read_boundaries(bounds_file) if bounds_file.exists() else np.zeros((0, 2), np.int64)
-    n = f.tokens = tokens.shape[0]
+    n = f.tokens = token_bytes // dtype.itemsize
     f.documents = bounds.shape[0]
     starts, ends = bounds[:, 0], bounds[:, 1]
-    if mask.shape[0] != n:  # its documents cannot be read token by token
-        f.uneven.append(f"part {part}: {n} tokens, {mask.shape[0]} mask bytes")
+    if mask_bytes != n or token_bytes % dtype.itemsize:  # its documents cannot be read token by token
+        f.uneven.append(f"part {part}: {token_bytes} token bytes ({dtype.name}), {mask_bytes} mask bytes")
         return f
     if (
         bounds.shape[0] == 0
@@ -240,10 +244,13 @@ def _check_part(
     carried = 0
     for lo in range(0, n, CHUNK):
         hi = min(n, lo + CHUNK)
-        t, m = np.asarray(tokens[lo:hi]), np.asarray(mask[lo:hi]).astype(bool)
+        t = _read_span(tokens_file, dtype, lo, hi)
+        with_next = _read_span(mask_file, np.dtype(np.uint8), lo, min(n, hi + 1)).astype(bool)
+        m = with_next[: hi - lo]
         if vocab is not None and t.size and int(t.max()) >= vocab:
             f.too_big.append(f"part {part} offset {lo + int(np.argmax(t >= vocab))}")
-        in_chunk = np.flatnonzero((ends > lo) & (ends <= hi))  # documents ending in this chunk
+        # documents ending in this chunk (ends are sorted: the boundaries tile the part)
+        in_chunk = np.arange(np.searchsorted(ends, lo, side="right"), np.searchsorted(ends, hi, side="right"))
         last = np.zeros(hi - lo, dtype=bool)  # a document's last token
         last[ends[in_chunk] - 1 - lo] = True
         running = np.cumsum(m, dtype=np.int64) + carried
@@ -253,7 +260,7 @@ def _check_part(
             at = np.flatnonzero((t == eos) & ~last)  # not a document's last token
             f.eos_inside += [int(d) for d in np.unique(np.searchsorted(ends, lo + at, side="right"))]
         if special:  # trained and followed by trained text: a header or marker, not a turn's end
-            follows = np.append(m[1:], bool(mask[hi]) if hi < n else False)
+            follows = np.append(with_next[1:], False)[: hi - lo]
             hit = m & follows & ~last & np.isin(t, special_ids, kind="table")
             for tok_id, count in zip(*np.unique(t[hit], return_counts=True), strict=True):
                 f.special_trained[int(tok_id)] = f.special_trained.get(int(tok_id), 0) + int(count)
@@ -263,3 +270,20 @@ def _check_part(
         f.long_docs = [int(i) for i in np.flatnonzero(lengths > sequence_length)]
     f.trainable_tokens = int(trainable.sum())
     return f
+
+
+def _read_span(path: Path, dtype: np.dtype, lo: int, hi: int) -> np.ndarray:
+    """Items ``[lo, hi)`` of a raw array file, read into memory: a map read through would keep every
+    page it touched resident until closed, so checking a large part would grow with the part."""
+    data = np.empty(hi - lo, dtype=dtype)
+    view, position = memoryview(data).cast("B"), lo * dtype.itemsize
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while view:
+            got = os.preadv(fd, [view], position)
+            if not got:
+                raise ConfigError(f"{path} ended at byte {position} while it was being checked")
+            view, position = view[got:], position + got
+    finally:
+        os.close(fd)
+    return data

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -40,33 +41,49 @@ def part_spans(offset: int, n: int, per_part: int) -> Iterator[tuple[int, int, i
 
 
 class PartSet:
-    """Memory-mapped token and mask parts written at precomputed global offsets."""
+    """Token and mask parts written at precomputed global offsets with ``pwrite``: the pages go to the
+    page cache and not into this process's resident memory (a map written through would hold a whole
+    part's pages resident until closed), so assembling a large output keeps memory flat."""
 
     def __init__(self, directory: Path, total_tokens: int, dtype: np.dtype, per_part: int) -> None:
         self.per_part = per_part
-        self.tokens: list[np.memmap] = []
-        self.masks: list[np.memmap] = []
+        self.dtype = np.dtype(dtype)
+        self.tokens: list[int] = []
+        self.masks: list[int] = []
         for k, start in enumerate(range(0, total_tokens, per_part)):
             n = min(per_part, total_tokens - start)
-            reserve_file(directory / TOKENS_PART.format(k), n * np.dtype(dtype).itemsize)
-            reserve_file(directory / MASK_PART.format(k), n)
-            self.tokens.append(
-                np.memmap(directory / TOKENS_PART.format(k), mode="r+", dtype=dtype, shape=(n,))
-            )
-            self.masks.append(
-                np.memmap(directory / MASK_PART.format(k), mode="r+", dtype=np.bool_, shape=(n,))
-            )
+            for files, path, nbytes in (
+                (self.tokens, directory / TOKENS_PART.format(k), n * self.dtype.itemsize),
+                (self.masks, directory / MASK_PART.format(k), n),
+            ):
+                reserve_file(path, nbytes)
+                files.append(os.open(path, os.O_WRONLY))
 
     def write(self, offset: int, tokens: np.ndarray, mask: np.ndarray) -> None:
+        tokens = np.ascontiguousarray(tokens, dtype=self.dtype)
+        mask = np.ascontiguousarray(mask, dtype=np.uint8)
         for k, local, done, take in part_spans(offset, tokens.shape[0], self.per_part):
-            self.tokens[k][local : local + take] = tokens[done : done + take]
-            self.masks[k][local : local + take] = mask[done : done + take]
+            _write_at(self.tokens[k], tokens[done : done + take], local * self.dtype.itemsize)
+            _write_at(self.masks[k], mask[done : done + take], local)
 
-    def close(self) -> None:
-        for m in (*self.tokens, *self.masks):
-            m.flush()
-        self.tokens.clear()
-        self.masks.clear()
+    def close(self, sync: bool = True) -> None:
+        """Make the parts durable (as a map's flush would; ``sync=False`` on the way out of an error)
+        and close them."""
+        try:
+            for fd in (*self.tokens, *self.masks) if sync else ():
+                os.fsync(fd)
+        finally:
+            for fd in (*self.tokens, *self.masks):
+                os.close(fd)
+            self.tokens.clear()
+            self.masks.clear()
+
+
+def _write_at(fd: int, data: np.ndarray, position: int) -> None:
+    view = memoryview(data).cast("B")
+    while view:  # pwrite may write less than asked
+        written = os.pwrite(fd, view, position)
+        view, position = view[written:], position + written
 
 
 def read_boundaries(path: Path) -> np.ndarray:

@@ -115,8 +115,9 @@ def test_the_flow_checks_before_publishing(prefect_api, tmp_path):
 
 
 def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_path, monkeypatch):
-    """An output of many parts (256-token parts here) is checked part by part on threads; the findings,
-    their document numbers and the totals are those of checking the parts one after another."""
+    """An output of many parts (256-token parts here) is checked part by part on threads, each read in
+    bounded chunks; the findings, their document numbers and the totals are those of checking the parts
+    one after another in one chunk each."""
     import sftmix.assemble
     import sftmix.check
     import sftmix.olmo_format
@@ -134,6 +135,10 @@ def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_pa
     monkeypatch.setattr(sftmix.check, "MAX_PART_THREADS", 1)
     one_by_one = check_output(out, 16)
     assert threaded.findings and threaded.to_json() == one_by_one.to_json()
+    # and read in chunks that cut documents and parts anywhere: the same again
+    for chunk in (1, 7, 100):
+        monkeypatch.setattr(sftmix.check, "CHUNK", chunk)
+        assert check_output(out, 16).to_json() == one_by_one.to_json()
 
     # the parts were written by slices on threads: the same bytes as one slice after another
     monkeypatch.setattr(sftmix.assemble, "ASSEMBLE_THREADS", 1)
