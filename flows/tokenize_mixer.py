@@ -43,6 +43,8 @@ from sftmix.slices import (
 )
 from sftmix.stopping import EXIT_CANCELLED, RunStopped, follow_supervisor
 from sftmix.storage import atomic_write_bytes, is_remote, remove_tree
+from sftmix.templates import template_drift
+from sftmix.tokenizer import TokenizerKey, own_chat_template
 from tasks.assemble import assemble_output
 from tasks.plan import plan_mixer
 from tasks.publish import publish_output
@@ -437,9 +439,18 @@ def _assemble_and_publish(
         ][:20],
         warnings=plan.warnings,
     )
+    report.template_drift = template_drift(
+        plan.context.template_text,
+        plan.template_source,
+        own_chat_template(TokenizerKey.of(plan.context.tokenizer, plan.context.tokenizer_revision)),
+    )
     if run.check != "off" and mixer.output.format == "olmo":
         findings = check_output(
-            staging, plan.mixer.max_seq_length, digests=False, token_dtype=plan.context.token_dtype
+            staging,
+            plan.mixer.max_seq_length,
+            digests=False,
+            token_dtype=plan.context.token_dtype,
+            template=report.template_drift,
         ).findings
         report.check_findings = [asdict(f) for f in findings]
         for f in findings:

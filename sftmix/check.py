@@ -24,6 +24,7 @@ import numpy as np
 
 from .digest import RUN_REPORT, output_digests
 from .errors import ConfigError
+from .olmo_fit import STRATEGIES, OlmoCoreFit
 from .olmo_format import BOUNDS_PART, MASK_PART, STATS_JSON, TOKENS_PART, read_boundaries
 from .parallel import available_cpus
 
@@ -49,6 +50,8 @@ class CheckReport:
     trainable_tokens: int = 0
     findings: list[Finding] = field(default_factory=list)
     per_dataset_trainable_percent: dict[str, float] = field(default_factory=dict)
+    olmo_core: OlmoCoreFit | None = None  # with a sequence length: what OLMo-core's datasets will make of it
+    template: dict[str, Any] | None = None  # the template used against the tokenizer's own (run_report.json)
 
     @property
     def clean(self) -> bool:
@@ -68,6 +71,9 @@ class CheckReport:
         ]
         for name, pct in self.per_dataset_trainable_percent.items():
             lines.append(f"  trainable {pct:5.1f}%  {name}")
+        if self.olmo_core is not None:
+            lines += self.olmo_core.render()
+        lines += _template_lines(self.template)
         if self.clean:
             lines.append("clean: no findings")
         for f in self.findings:
@@ -109,9 +115,17 @@ def check_output(
     sequence_length: int | None = None,
     digests: bool = True,
     token_dtype: str | None = None,
+    long_doc_strategy: str = "truncate",
+    template: dict[str, Any] | None = None,
 ) -> CheckReport:
     """``digests=False`` skips hashing the files again and ``token_dtype`` gives the dtype otherwise read
-    from ``run_report.json`` (the flow checks its staging right after computing both)."""
+    from ``run_report.json`` (the flow checks its staging right after computing both). With a
+    ``sequence_length``, OLMo-core's datasets are simulated over the parts with ``long_doc_strategy``.
+    ``template`` is the template drift the run recorded (read from ``run_report.json`` otherwise)."""
+    if long_doc_strategy not in STRATEGIES:
+        raise ConfigError(
+            f"long_doc_strategy must be one of {', '.join(STRATEGIES)}, not {long_doc_strategy!r}"
+        )
     out = Path(output)
     if not (out / TOKENS_PART.format(0)).exists():
         raise ConfigError(
@@ -120,7 +134,7 @@ def check_output(
     report_json = _json(out / RUN_REPORT)
     dtype = np.dtype(token_dtype or report_json.get("token_dtype") or "uint32")
     vocab, eos, special = _tokenizer_facts(out)
-    result = CheckReport(output=str(out))
+    result = CheckReport(output=str(out), template=template or report_json.get("template_drift"))
     if vocab is None:
         result.add("integrity", "tokenizer/ is missing or unreadable", 1)
     elif vocab - 1 > np.iinfo(dtype).max:
@@ -130,14 +144,25 @@ def check_output(
     while (out / TOKENS_PART.format(count)).exists():
         count += 1
     check = functools.partial(
-        _check_part, out, dtype=dtype, vocab=vocab, eos=eos, special=special, sequence_length=sequence_length
+        _check_part,
+        out,
+        dtype=dtype,
+        vocab=vocab,
+        eos=eos,
+        special=special,
+        sequence_length=sequence_length,
+        long_doc_strategy=long_doc_strategy,
     )
     with ThreadPoolExecutor(max_workers=max(1, min(count, available_cpus(), MAX_PART_THREADS))) as pool:
         facts = list(pool.map(check, range(count)))  # numpy releases the GIL: parts on every core
     uneven, untiled, too_big, empty, long_docs, eos_inside = [], [], [], [], [], []
     special_trained: dict[int, int] = {}
+    if sequence_length is not None:
+        result.olmo_core = OlmoCoreFit(sequence_length, long_doc_strategy)
     doc_base = 0
     for f in facts:
+        if result.olmo_core is not None and f.olmo_core is not None:
+            result.olmo_core.merge(f.olmo_core)
         uneven += f.uneven
         untiled += f.untiled
         too_big += f.too_big
@@ -177,6 +202,8 @@ def check_output(
             len(long_docs),
             [f"document {d}" for d in long_docs],
         )
+    if result.olmo_core is not None:
+        _fit_findings(result, result.olmo_core)
     for entry in _json(out / STATS_JSON).get("per_dataset_statistics", []):
         tokens = entry.get("final_tokens_in_output") or 0
         result.per_dataset_trainable_percent[entry["dataset_name"]] = (
@@ -203,6 +230,7 @@ class _PartFacts:
     long_docs: list[int] = field(default_factory=list)
     eos_inside: list[int] = field(default_factory=list)
     special_trained: dict[int, int] = field(default_factory=dict)
+    olmo_core: OlmoCoreFit | None = None
 
 
 def _check_part(
@@ -213,6 +241,7 @@ def _check_part(
     eos: int | None,
     special: set[int],
     sequence_length: int | None,
+    long_doc_strategy: str = "truncate",
 ) -> _PartFacts:
     """One part's files, read in bounded chunks."""
     f = _PartFacts()
@@ -242,6 +271,7 @@ def _check_part(
     done_trainable = np.zeros(bounds.shape[0], np.int64)  # trainable tokens up to each doc's end
     special_ids = np.array(sorted(special), dtype=np.int64)
     carried = 0
+    eos_at: list[np.ndarray] = []  # where OLMo-core's default finds document ends
     for lo in range(0, n, CHUNK):
         hi = min(n, lo + CHUNK)
         t = _read_span(tokens_file, dtype, lo, hi)
@@ -257,7 +287,9 @@ def _check_part(
         done_trainable[in_chunk] = running[ends[in_chunk] - 1 - lo]
         carried = int(running[-1]) if running.size else carried
         if eos is not None:
-            at = np.flatnonzero((t == eos) & ~last)  # not a document's last token
+            every_eos = np.flatnonzero(t == eos)
+            eos_at.append(every_eos + lo)
+            at = every_eos[~last[every_eos]]  # not a document's last token
             f.eos_inside += [int(d) for d in np.unique(np.searchsorted(ends, lo + at, side="right"))]
         if special:  # trained and followed by trained text: a header or marker, not a turn's end
             follows = np.append(with_next[1:], False)[: hi - lo]
@@ -269,6 +301,9 @@ def _check_part(
     if sequence_length is not None:
         f.long_docs = [int(i) for i in np.flatnonzero(lengths > sequence_length)]
     f.trainable_tokens = int(trainable.sum())
+    if sequence_length is not None:
+        f.olmo_core = OlmoCoreFit(sequence_length, long_doc_strategy)
+        f.olmo_core.add_part(starts, ends, n, np.concatenate(eos_at) if eos is not None else None)
     return f
 
 
@@ -287,3 +322,45 @@ def _read_span(path: Path, dtype: np.dtype, lo: int, hi: int) -> np.ndarray:
     finally:
         os.close(fd)
     return data
+
+
+#: Padding share of packed instances above which the packing is a finding (a third of every batch
+#: wasted is what users have found after the fact).
+PADDING_FINDING_PERCENT = 25.0
+
+
+def _fit_findings(result: CheckReport, fit: OlmoCoreFit) -> None:
+    L = fit.sequence_length
+    assert fit.packed is not None and fit.packed_by_eos is not None
+    if fit.packable and fit.packed.padding_percent(L) > PADDING_FINDING_PERCENT:
+        result.add(
+            "fit",
+            f"packed FSL instances of {L} would be {fit.packed.padding_percent(L):.1f}% padding "
+            f"(more than {PADDING_FINDING_PERCENT:.0f}%)",
+            fit.packed.instances,
+        )
+    if fit.packed_by_eos.tokens_unread:
+        result.add(
+            "fit",
+            "tokens after a part's last EOS: OLMo-core's default (boundaries by EOS) never reads them",
+            fit.packed_by_eos.tokens_unread,
+        )
+
+
+def _template_lines(drift: dict[str, Any] | None) -> list[str]:
+    if drift is None:
+        return ["template: not recorded (an output made before tokenize-mixer recorded template drift)"]
+    used = f"template: {drift.get('source')} (sha256 {str(drift.get('used_sha256'))[:12]})"
+    if drift.get("shipped") == "same":
+        return [f"{used}, the same text as the tokenizer's own chat_template"]
+    if drift.get("shipped") == "none":
+        return [
+            f"{used}; the tokenizer ships no chat_template: evaluate with this output's tokenizer/, "
+            "which carries the one used"
+        ]
+    return [
+        f"{used} DIFFERS from the tokenizer's own chat_template (sha256 "
+        f"{str(drift.get('shipped_sha256'))[:12]}): a model evaluated with the tokenizer's template sees "
+        "prompts it was not trained on; this output's tokenizer/ carries the one used. Diff, tokenizer's -> used:",
+        *(f"    {line}" for line in drift.get("diff", [])),
+    ]

@@ -177,7 +177,21 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="will this output train as expected: integrity, fit, masks; exit 1 with findings"
     )
     chk.add_argument("output")
-    _flag(chk, "sequence_length", type=int, help="the training sequence length: longer documents are found")
+    _flag(
+        chk,
+        "sequence_length",
+        type=int,
+        help="the training sequence length: longer documents are found, and OLMo-core's plain and packed "
+        "FSL datasets are simulated at it (instances, padding, truncated and unread tokens)",
+    )
+    _flag(
+        chk,
+        "long_doc_strategy",
+        choices=["truncate", "fragment"],
+        default="truncate",
+        help="what OLMo-core's packed dataset does with documents longer than the sequence length "
+        "(its long_doc_strategy; default truncate)",
+    )
     chk.add_argument("--json", help="also write the findings as JSON to this file")
 
     rep = sub.add_parser(
@@ -462,7 +476,7 @@ def _main(args: argparse.Namespace) -> int:
         if args.command == "check":
             from .check import check_output
 
-            result = check_output(args.output, args.sequence_length)
+            result = check_output(args.output, args.sequence_length, long_doc_strategy=args.long_doc_strategy)
             sys.stdout.write(result.render() + "\n")
             if args.json:
                 Path(args.json).write_text(result.to_json(), encoding="utf-8")

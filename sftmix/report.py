@@ -76,6 +76,11 @@ class RunReport(BaseModel):
         None,
         description="What `tokenize-mixer check` found in the output before it was published (run.check).",
     )
+    template_drift: dict | None = Field(
+        None,
+        description="The chat template used against the tokenizer's own: shipped none, same or differs "
+        "(with a unified diff excerpt).",
+    )
     documents_file: str
     warnings: list[str] = Field(default_factory=list)
 

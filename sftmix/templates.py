@@ -238,3 +238,36 @@ class ChatRenderer:
             return "".join(state.chunks), list(state.spans)
         finally:
             state.chunks = state.spans = None
+
+
+#: Lines of unified diff kept when the template used differs from the tokenizer's own.
+DRIFT_DIFF_LINES = 40
+
+
+def template_drift(used: str, source: str, shipped: str | dict[str, str] | None) -> dict[str, Any]:
+    """The template an output was made with against the one its tokenizer ships for the model: a
+    model evaluated (or served) with a different template sees prompts it was not trained on.
+
+    ``shipped`` is ``none`` (the tokenizer has no template: only ``tokenizer/`` of the output carries
+    one), ``same`` or ``differs`` (with a unified diff excerpt, shipped -> used)."""
+    import difflib
+
+    if isinstance(shipped, dict):
+        shipped = shipped.get("default")
+    drift: dict[str, Any] = {"source": source, "used_sha256": template_sha256(used), "shipped": "none"}
+    if not shipped:
+        return drift
+    drift["shipped_sha256"] = template_sha256(shipped)
+    if shipped == used:
+        drift["shipped"] = "same"
+        return drift
+    diff = list(
+        difflib.unified_diff(
+            shipped.splitlines(), used.splitlines(), "tokenizer's chat_template", source, n=1, lineterm=""
+        )
+    )
+    drift["shipped"] = "differs"
+    drift["diff"] = diff[:DRIFT_DIFF_LINES] + (
+        [f"... {len(diff) - DRIFT_DIFF_LINES} more lines"] if len(diff) > DRIFT_DIFF_LINES else []
+    )
+    return drift

@@ -16,13 +16,20 @@ from sftmix.config import MixerConfig, RunOptions
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
-def run(tmp: Path, rows: list[dict], name: str, slice_rows: int | None = None, **mixer) -> Path:
+def run(
+    tmp: Path,
+    rows: list[dict],
+    name: str,
+    slice_rows: int | None = None,
+    template: str | None = "olmo",
+    **mixer,
+) -> Path:
     data = tmp / f"{name}.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = MixerConfig.model_validate(
         {
             "datasets": [{"path": str(data), "amount": "1.0"}],
-            "tokenizer": {"name_or_path": str(EXAMPLES / "tokenizer"), "chat_template": "olmo"},
+            "tokenizer": {"name_or_path": str(EXAMPLES / "tokenizer"), "chat_template": template},
             "output": {"path": str(tmp / name)},
             **mixer,
         }
@@ -146,3 +153,25 @@ def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_pa
     again = run(tmp_path / "again", rows, "parts", slice_rows=8, drop_untrainable=False, shuffle_seed=3)
     differ = {k for k, v in output_digests(again).items() if output_digests(out)[k] != v}
     assert differ == {"dataset_statistics.json"}  # which names the dataset file: another path here
+
+
+def test_template_drift_against_the_tokenizers_own_template(clean, prefect_api, tmp_path):
+    """The template used is compared with the one the tokenizer ships for the model: the bundled
+    tokenizer ships a ChatML template, so `olmo` differs (with a diff) and the tokenizer's own is the same."""
+    drift = check_output(clean).template
+    assert drift is not None and drift["shipped"] == "differs" and drift["source"] == "tokenize-mixer:olmo"
+    assert drift["diff"][0].startswith("--- tokenizer's chat_template") and any(
+        line.startswith("+") for line in drift["diff"][2:]
+    )
+    assert "DIFFERS from the tokenizer's own chat_template" in check_output(clean).render()
+    own = run(tmp_path, [chat("q?", "a.")], "own", template=None)
+    drift = check_output(own).template
+    assert drift is not None and drift["shipped"] == "same" and "diff" not in drift
+
+
+def test_template_drift_when_the_tokenizer_ships_none():
+    from sftmix.templates import named_template, template_drift
+
+    drift = template_drift(named_template("tulu"), "tokenize-mixer:tulu", None)
+    assert drift["shipped"] == "none" and "shipped_sha256" not in drift
+    assert template_drift("a", "file:x.jinja", {"default": "a", "tool_use": "b"})["shipped"] == "same"

@@ -109,5 +109,75 @@ def test_olmo_core_reads_our_tokens_masks_and_documents(olmo_core_python, prefec
     )
 
 
+COUNT_LENGTHS = (64, 128, 512)  # shorter than the longest documents (truncate/fragment differ) and longer
+
+
+def olmo_core_counts(python: Path, out: Path, work: Path) -> dict[str, int]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(EXAMPLES / "tokenizer")
+    dtype = json.loads((out / "run_report.json").read_text())["token_dtype"]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    done = subprocess.run(
+        [
+            str(python), str(READER), str(out), str(work), str(SEQUENCE_LENGTH), str(len(tok)),
+            str(tok.eos_token_id), str(tok.pad_token_id), dtype, ",".join(map(str, COUNT_LENGTHS)),
+        ],
+        capture_output=True, text=True, env=env, cwd=work.parent,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)["counts"]
+
+
+@pytest.mark.parametrize("output", ["demo", "mixture"])
+def test_check_simulates_olmo_core_instance_counts(olmo_core_python, prefect_api, tmp_path, output):
+    """``tokenize-mixer check --sequence_length L`` predicts the instances OLMo-core 3.0's own plain and
+    packed FSL datasets make of the output, at lengths below and above its longest documents, with
+    both long-document strategies and both sources of boundaries (.csv.gz and EOS scanning)."""
+    from sftmix.check import check_output
+    from sftmix.config import load_run_file
+
+    out = tmp_path / "out"
+    if output == "demo":
+        config = load_run_file(EXAMPLES / "mixer.yaml")
+        mixer = config.mixer.model_copy(
+            update={
+                "datasets": [
+                    d.model_copy(update={"path": str(EXAMPLES.parent / d.path)})
+                    for d in config.mixer.datasets
+                ],
+                "tokenizer": config.mixer.tokenizer.model_copy(
+                    update={"name_or_path": str(EXAMPLES / "tokenizer")}
+                ),
+                "output": OutputSpec(path=str(out)),
+            }
+        )
+        run = config.run.model_copy(update={"work_dir": str(tmp_path / "work")})
+    else:
+        mixer = MixerConfig(
+            datasets=[
+                DatasetEntry(path=str(EXAMPLES / "data" / "general.jsonl"), amount=2.0),
+                DatasetEntry(path=str(EXAMPLES / "data" / "arithmetic.jsonl"), amount=0.5),
+                DatasetEntry(path=str(EXAMPLES / "data" / "conversions.jsonl"), amount=40),
+            ],
+            tokenizer=TokenizerSpec(name_or_path=str(EXAMPLES / "tokenizer"), chat_template="tulu"),
+            max_seq_length=200,
+            output=OutputSpec(path=str(out)),
+        )
+        run = RunOptions(work_dir=str(tmp_path / "work"), slice_rows=16)
+    tokenize_mixer(mixer=mixer, run=run)
+    theirs = olmo_core_counts(olmo_core_python, out, tmp_path / "olmo-work")
+    ours: dict[str, int] = {}
+    for length in COUNT_LENGTHS:
+        for strategy in ("truncate", "fragment"):
+            fit = check_output(out, length, long_doc_strategy=strategy).olmo_core
+            assert fit is not None and fit.packed is not None and fit.packed_by_eos is not None
+            ours[f"fsl/{length}"] = fit.fsl_instances
+            ours[f"packed/{length}/{strategy}/csv"] = fit.packed.instances
+            ours[f"packed/{length}/{strategy}/eos"] = fit.packed_by_eos.instances
+    assert ours == theirs
+    assert theirs["packed/64/fragment/csv"] > theirs["packed/64/truncate/csv"]  # long documents were there
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q", "-s"]))

@@ -1,7 +1,11 @@
 """Run inside an environment with ai2-olmo-core (not the project's): read a tokenize-mixer output with
 OLMo-core's own dataset configs and print what they yield as JSON on stdout.
 
-    python olmo_core_reader.py OUTPUT_DIR WORK_DIR SEQ_LEN VOCAB_SIZE EOS_ID PAD_ID DTYPE
+    python olmo_core_reader.py OUTPUT_DIR WORK_DIR SEQ_LEN VOCAB_SIZE EOS_ID PAD_ID DTYPE [COUNT_LENGTHS]
+
+COUNT_LENGTHS (comma-separated sequence lengths): also print, at each, the instance counts of the plain
+FSL dataset and of the packed one with each long-document strategy and each source of boundaries
+(the .csv.gz files, or EOS scanning, OLMo-core's default for local files).
 """
 
 import json
@@ -9,7 +13,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from olmo_core.data import NumpyFSLDatasetConfig, NumpyPackedFSLDatasetConfig, TokenizerConfig
+from olmo_core.data import (
+    LongDocStrategy,
+    NumpyFSLDatasetConfig,
+    NumpyPackedFSLDatasetConfig,
+    TokenizerConfig,
+)
 
 
 def instances(dataset, limit: int = 10_000) -> list[dict]:
@@ -44,6 +53,22 @@ def main() -> None:
     ).build()
     packed.prepare()
     result["packed"] = instances(packed)
+    result["counts"] = {}
+    for length in sys.argv[8].split(",") if len(sys.argv) > 8 else []:
+        at = {**common, "sequence_length": int(length)}
+        fsl = NumpyFSLDatasetConfig(**at, work_dir=str(Path(work) / f"fsl-{length}")).build()
+        result["counts"][f"fsl/{length}"] = len(fsl)
+        for strategy in ("truncate", "fragment"):
+            for boundaries, use_array in (("csv", False), ("eos", None)):
+                name = f"packed/{length}/{strategy}/{boundaries}"
+                packed = NumpyPackedFSLDatasetConfig(
+                    **at,
+                    work_dir=str(Path(work) / name.replace("/", "-")),
+                    long_doc_strategy=LongDocStrategy(strategy),
+                    use_array_if_local=use_array,
+                ).build()
+                packed.prepare()
+                result["counts"][name] = len(packed)
     json.dump(result, sys.stdout)
 
 
