@@ -156,6 +156,13 @@ class MixerConfig(BaseModel):
         "'last_turn' (only the final assistant turn), 'all' (every token), 'generation_tags' (the text a "
         "template marks with {% generation %}, as transformers' return_assistant_tokens_mask).",
     )
+    mask_thinking: bool = Field(
+        default=False,
+        description="Beyond the reference, opt-in: assistant text from <think> through </think> (tags "
+        "included; a </think> with no <think> in the turn counts from the turn's start, an unclosed <think> "
+        "runs to the turn's end) is not trained on; the model still sees it. With mask: last_turn, only the "
+        "final answer is trained on.",
+    )
     spans: Literal["reference", "exact"] = Field(
         default="reference",
         description="How assistant spans are found: 'reference' (the reference's rule, byte-compatible; it "

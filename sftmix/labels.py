@@ -103,6 +103,7 @@ class LabelMasker:
         mode: str = "assistant",
         spans: str = "reference",
         drop_untrainable: bool = False,
+        mask_thinking: bool = False,
     ) -> None:
         self.renderer = renderer
         self.encode_batch = encode_batch
@@ -111,6 +112,7 @@ class LabelMasker:
         self.boundaries = boundaries
         self.mode = mode
         self.spans = spans
+        self.mask_thinking = mask_thinking
         # rows that will be dropped need no tokens; with exact spans any row may be kept
         self.drop_untrainable = drop_untrainable and spans != "exact"
         self.prefixes = PrefixRenders(renderer.render)
@@ -157,6 +159,8 @@ class LabelMasker:
             self._token_count_spans(conversations, rendered, encs, results, pending)
         if self.spans == "exact":
             self._exact_spans(conversations, rendered, encs, results)
+        if self.mask_thinking:
+            _unmask_thinking(conversations, rendered, encs, results)
         for row in results:
             if row.status == RowStatus.KEPT and not row.mask.any():
                 row.status, row.detail = (
@@ -267,8 +271,12 @@ class LabelMasker:
                 mask = _generation_mask(enc.offsets(ids.shape[0]), spans[i])
             else:
                 mask = np.ones(ids.shape[0], dtype=np.uint8)
-            status = RowStatus.KEPT if mask.any() else RowStatus.NO_TRAINABLE
-            results.append(TokenizedRow(ids=ids, mask=mask, status=status))
+            results.append(TokenizedRow(ids=ids, mask=mask, status=RowStatus.KEPT))
+        if self.mask_thinking:
+            _unmask_thinking(conversations, rendered, encs, results)
+        for row in results:
+            if not row.mask.any():
+                row.status = RowStatus.NO_TRAINABLE
         return results
 
     def _char_spans(self, conv: Conversation, text: str, row: int) -> list[tuple[int, int]] | _Pending:
@@ -401,3 +409,65 @@ def _overlap_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarr
     for s, e in spans:
         mask |= (starts < e) & (s < ends)
     return (mask & nonempty).astype(np.uint8)
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def thinking_ranges(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """Character ranges of ``text[start:end]`` (an assistant message's content) that are thinking:
+    each ``<think>`` through its ``</think>``, tags included; a ``</think>`` with no ``<think>`` before
+    it counts from the start (templates whose generation prompt opens the tag), and a ``<think>`` never
+    closed runs to the end."""
+    ranges = []
+    pos = start
+    while pos < end:
+        opened = text.find(THINK_OPEN, pos, end)
+        closed = text.find(THINK_CLOSE, pos, end)
+        if closed != -1 and (opened == -1 or closed < opened):  # closes what the header opened
+            ranges.append((pos, closed + len(THINK_CLOSE)))
+            pos = closed + len(THINK_CLOSE)
+        elif opened != -1:
+            closed = text.find(THINK_CLOSE, opened + len(THINK_OPEN), end)
+            stop = end if closed == -1 else closed + len(THINK_CLOSE)
+            ranges.append((opened, stop))
+            pos = stop
+        else:
+            break
+    return ranges
+
+
+def _thinking_texts(messages: Sequence[dict]) -> list[str]:
+    """The thinking pieces of every assistant message, as the template will paste them."""
+    pieces = []
+    for m in messages:
+        content = m.get("content")
+        if m.get("role") == "assistant" and isinstance(content, str):
+            for s, e in thinking_ranges(content, 0, len(content)):
+                if piece := content[s:e].strip():
+                    pieces.append(piece)
+    return pieces
+
+
+def _unmask_thinking(
+    conversations: Sequence[Conversation],
+    rendered: list[str],
+    encs: list[Encoded],
+    results: list[TokenizedRow],
+) -> None:
+    """``mask_thinking``: no trained token overlaps the thinking text of an assistant message, wherever
+    the render shows it (found by its text, so turn boundaries need not be known: some templates paste
+    assistant turns back to back)."""
+    for conv, text, enc, row in zip(conversations, rendered, encs, results, strict=True):
+        if row.status != RowStatus.KEPT or not row.mask.any():
+            continue
+        pieces = _thinking_texts(conv.messages)
+        if not pieces:
+            continue
+        offsets = enc.offsets(row.ids.shape[0])
+        starts, ends = offsets[:, 0], offsets[:, 1]
+        for piece in pieces:
+            at = text.find(piece)
+            while at != -1:
+                row.mask[(starts < at + len(piece)) & (at < ends)] = 0
+                at = text.find(piece, at + 1)

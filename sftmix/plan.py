@@ -205,6 +205,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         datasets_cache=str(datasets_cache),
         on_bad_row=mixer.on_bad_row,
         mask=mixer.mask,
+        mask_thinking=mixer.mask_thinking,
         drop_untrainable=mixer.drop_untrainable,
         spans=mixer.spans,
         template_source=template.source,
@@ -217,6 +218,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         "dtype": dtype.name,
         "on_bad_row": mixer.on_bad_row,
         **({} if mixer.mask == "assistant" else {"mask": mixer.mask}),
+        **({"mask_thinking": True} if mixer.mask_thinking else {}),
         **({} if mixer.drop_untrainable else {"drop_untrainable": False}),
         **({} if mixer.spans == "reference" else {"spans": mixer.spans}),
     }

@@ -81,6 +81,7 @@ class TokenizeContext(BaseModel):
     datasets_cache: str
     on_bad_row: str = "error"
     mask: str = "assistant"
+    mask_thinking: bool = False
     spans: str = "reference"
     drop_untrainable: bool = True
     template_source: str = ""
@@ -259,6 +260,7 @@ def _masker(ctx: TokenizeContext) -> LabelMasker:
         ctx.mask,
         ctx.spans,
         ctx.drop_untrainable,
+        ctx.mask_thinking,
     )
 
 
@@ -272,6 +274,7 @@ def _cached_masker(
     mask: str,
     spans: str = "reference",
     drop_untrainable: bool = False,
+    mask_thinking: bool = False,
 ) -> LabelMasker:
     if tokenizer_file and os.path.isfile(tokenizer_file):
         loaded = load_worker_tokenizer(tokenizer_file)
@@ -292,6 +295,7 @@ def _cached_masker(
         mode=mask,
         spans=spans,
         drop_untrainable=drop_untrainable,
+        mask_thinking=mask_thinking,
     )
 
 

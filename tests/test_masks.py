@@ -25,15 +25,16 @@ def chat(n: int, turns: int) -> dict:
 
 
 def rows_of(
-    tmp_path: Path, rows: list[dict], mask: str, template: str
+    tmp_path: Path, rows: list[dict], mask: str, template: str, mask_thinking: bool = False
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    data = tmp_path / f"d-{mask}-{Path(template).stem}.jsonl"
+    data = tmp_path / f"d-{mask}-{Path(template).stem}-{mask_thinking}.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     mixer = MixerConfig(
         datasets=[DatasetEntry(path=str(data))],
         tokenizer=TokenizerSpec(name_or_path=str(TINY), chat_template=template),
         max_seq_length=None,
         mask=mask,
+        mask_thinking=mask_thinking,
         output=OutputSpec(path=str(tmp_path / "out")),
     )
     plan = build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work")))
@@ -131,3 +132,27 @@ def test_generation_mask_is_transformers_return_assistant_tokens_mask(tmp_path):
             theirs.append((list(out["input_ids"]), list(out["assistant_masks"])))
     assert [(ids.tolist(), mask.tolist()) for ids, mask in ours] == theirs
     assert len(theirs) >= len(rows) - 1
+
+
+@pytest.mark.parametrize("template", ["olmo", "tulu"])
+def test_mask_thinking_trains_the_answers_and_not_the_thinking(tmp_path, template):
+    """Through the config: with mask_thinking the thinking of every assistant turn is out of the mask and
+    its answer in; with mask: last_turn too, only the final answer is trained on (final_answer_only)."""
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": "question one"},
+                {"role": "assistant", "content": "<think>reason r1z</think>answer a1z"},
+                {"role": "user", "content": "question two"},
+                {"role": "assistant", "content": "<think>reason r2z</think>answer a2z"},
+            ]
+        }
+    ]
+    [(tokens, plain)] = rows_of(tmp_path, rows, "assistant", template)
+    [(same, thinking)] = rows_of(tmp_path, rows, "assistant", template, mask_thinking=True)
+    [(_, final)] = rows_of(tmp_path, rows, "last_turn", template, mask_thinking=True)
+    assert np.array_equal(tokens, same)
+    trained = decode(tokens[thinking.astype(bool)])
+    assert "r1z" in decode(tokens[plain.astype(bool)]) and "r1z" not in trained and "r2z" not in trained
+    assert "a1z" in trained and "a2z" in trained and "think>" not in trained
+    assert "a2z" in decode(tokens[final.astype(bool)]) and "a1z" not in decode(tokens[final.astype(bool)])
