@@ -168,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--dataset", help="the first document of this dataset (its path, or file name)")
     ins.add_argument("--row", type=int, help="with or without --dataset: the document of this source row")
     ins.add_argument(
+        "--against",
+        metavar="OTHER_OUTPUT",
+        help="mark where another output of the same text (e.g. made with another mask policy) trains "
+        "this document differently: {+trained only here+}, [-trained only there-]",
+    )
+    ins.add_argument(
         "--plain",
         action="store_true",
         help="no colours: trainable text between ⟦ and ⟧ (the default when the output is not a terminal)",
@@ -377,23 +383,41 @@ def _inspect(args: argparse.Namespace) -> int:
     if not tokenizer_file.is_file():
         raise ConfigError(f"{tokenizer_file} is missing: cannot decode")
     tok = Tokenizer.from_file(str(tokenizer_file))
-    parts = segments(doc, lambda ids: tok.decode(ids, skip_special_tokens=False))
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=False)  # noqa: E731
     source = f"dataset {doc.dataset!r}, row {doc.row}" if doc.dataset is not None else "source unknown"
     header = (
         f"document {doc.index} (part {doc.part}, tokens {doc.start}-{doc.start + doc.tokens.shape[0]}): "
         f"{source}; {doc.tokens.shape[0]} tokens, {int(doc.mask.sum())} trainable"
     )
+    if args.against:
+        from .inspect_output import BOTH, ONLY_HERE, ONLY_THERE, PLAIN_MARKERS, against, mask_diff_segments
+
+        other = against(doc, args.against)
+        runs = mask_diff_segments(doc, other, decode)
+        header += f"; {int(other.mask.sum())} trainable in {args.against} (its document {other.index})"
+        styles = {BOTH: "bold green", ONLY_HERE: "bold cyan", ONLY_THERE: "red strike"}
+        legend = (
+            "[bold green]trainable in both[/] [bold cyan]only here[/] [red strike]only in the other[/] "
+            "[dim]in neither[/]"
+        )
+    else:
+        runs = [(t, 1 if trainable else 0) for t, trainable in segments(doc, decode)]
+        styles = {1: "bold green"}
+        legend = "[bold green]trainable[/] [dim]not trained on[/]"
     if args.plain or not sys.stdout.isatty():  # a file or a pager gets the markers, not lost colours
-        body = "".join(f"⟦{t}⟧" if trainable else t for t, trainable in parts)
+        if args.against:
+            body = "".join(PLAIN_MARKERS[state][0] + t + PLAIN_MARKERS[state][1] for t, state in runs)
+        else:
+            body = "".join(f"⟦{t}⟧" if state else t for t, state in runs)
         sys.stdout.write(f"{header}\n{body}\n")
         return 0
     console = Console(highlight=False)
     console.print(header, style="bold")
     text = Text()
-    for t, trainable in parts:
-        text.append(t, style="bold green" if trainable else "dim")
+    for t, state in runs:
+        text.append(t, style=styles.get(state, "dim"))
     console.print(text)
-    console.print("[bold green]trainable[/] [dim]not trained on[/]")
+    console.print(legend)
     return 0
 
 

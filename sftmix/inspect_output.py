@@ -108,6 +108,39 @@ def find_document(output: str | Path, dataset: str | None, row: int | None) -> i
     return int(hits[0])
 
 
+#: Where a token is trained when two outputs' masks of one document are compared.
+NEITHER, BOTH, ONLY_HERE, ONLY_THERE = 0, 1, 2, 3
+#: Plain-text markers per state (git's word-diff style for the differences).
+PLAIN_MARKERS = {NEITHER: ("", ""), BOTH: ("⟦", "⟧"), ONLY_HERE: ("{+", "+}"), ONLY_THERE: ("[-", "-]")}
+
+
+def against(doc: Document, other_output: str | Path) -> Document:
+    """The same source row's document in another output (a masking policy's effect is seen by making
+    the same mixer twice): its tokens must be the same, only the masks may differ."""
+    if doc.dataset is None or doc.row is None:
+        raise ConfigError("the document's source row is unknown (no document map): cannot find it elsewhere")
+    other = load_document(other_output, find_document(other_output, doc.dataset, doc.row))
+    if not np.array_equal(other.tokens, doc.tokens):
+        raise ConfigError(
+            f"row {doc.row} of {doc.dataset!r} has other tokens in {other_output} (another tokenizer, "
+            "template or max length): masks can be compared only between outputs of the same text"
+        )
+    return other
+
+
+def mask_diff_segments(doc: Document, other: Document, decode) -> list[tuple[str, int]]:
+    """The document's text in runs of (text, state): trained in neither, both, only here, only there."""
+    here, there = doc.mask.astype(bool), other.mask.astype(bool)
+    state = np.where(here & there, BOTH, np.where(here, ONLY_HERE, np.where(there, ONLY_THERE, NEITHER)))
+    out: list[tuple[str, int]] = []
+    if state.shape[0] == 0:
+        return out
+    change = np.flatnonzero(np.diff(state)) + 1
+    for lo, hi in zip([0, *change.tolist()], [*change.tolist(), state.shape[0]], strict=True):
+        out.append((decode(doc.tokens[lo:hi].tolist()), int(state[lo])))
+    return out
+
+
 def segments(doc: Document, decode) -> list[tuple[str, bool]]:
     """The document's text in runs of (text, trainable)."""
     out: list[tuple[str, bool]] = []

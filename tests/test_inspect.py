@@ -99,3 +99,45 @@ def test_a_rerun_into_the_output_makes_its_report_again(prefect_api, tmp_path):
     run(2.0)
     after = (tmp_path / "out" / "report.md").read_text()
     assert (tmp_path / "out" / "report.png").exists() and after != before and "2x" in after
+
+
+def test_against_another_output_shows_what_a_mask_policy_changes(prefect_api, tmp_path, capsys):
+    """The same mixer with and without mask_thinking: inspect --against marks the thinking as trained
+    only in the default output, the answers as trained in both; other text gets different tokens."""
+    data = tmp_path / "think.jsonl"
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"question {i}"},
+                {"role": "assistant", "content": f"<think>reason r{i}z</think>answer a{i}z"},
+            ]
+        }
+        for i in range(4)
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    outputs = {}
+    for thinking in (False, True):
+        mixer = MixerConfig(
+            datasets=[DatasetEntry(path=str(data))],
+            tokenizer=TokenizerSpec(name_or_path=str(EXAMPLES / "tokenizer"), chat_template="tulu"),
+            mask_thinking=thinking,
+            output=OutputSpec(path=str(tmp_path / f"out-{thinking}")),
+        )
+        tokenize_mixer(mixer=mixer, run=RunOptions(work_dir=str(tmp_path / "work")))
+        outputs[thinking] = str(tmp_path / f"out-{thinking}")
+    shown = inspect(capsys, outputs[False], "--row", "2", "--against", outputs[True])
+    only_here = "".join(re.findall(r"\{\+(.*?)\+\}", shown, flags=re.S))
+    both = "".join(re.findall(r"⟦(.*?)⟧", shown, flags=re.S))
+    assert "r2z" in only_here and "a2z" not in only_here and "a2z" in both and "[-" not in shown
+    shown = inspect(capsys, outputs[True], "--row", "2", "--against", outputs[False])
+    assert "r2z" in "".join(re.findall(r"\[-(.*?)-\]", shown, flags=re.S))
+
+    other = tmp_path / "other"  # another template: other tokens, a clear error
+    mixer = MixerConfig(
+        datasets=[DatasetEntry(path=str(data))],
+        tokenizer=TokenizerSpec(name_or_path=str(EXAMPLES / "tokenizer"), chat_template="olmo"),
+        output=OutputSpec(path=str(other)),
+    )
+    tokenize_mixer(mixer=mixer, run=RunOptions(work_dir=str(tmp_path / "work")))
+    assert main(["inspect", outputs[False], "--row", "2", "--against", str(other), "--plain"]) == 2
+    assert "masks can be compared only between outputs of the same text" in capsys.readouterr().err
