@@ -57,6 +57,8 @@ def report_markdown(report: RunReport) -> str:
             + (f" (e.g. {', '.join(map(str, f['examples']))})" if f["examples"] else "")
             for f in report.check_findings
         ] or ["clean: no findings"]
+        if report.check_notes:
+            lines += ["", "```", *report.check_notes, "```"]
     lines += ["", "## Digests (sha256)", "", "| file | sha256 |", "|---|---|"]
     lines += [f"| `{name}` | `{digest}` |" for name, digest in sorted(report.digests.items())]
     if report.warnings:

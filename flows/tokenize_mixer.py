@@ -445,13 +445,15 @@ def _assemble_and_publish(
         own_chat_template(TokenizerKey.of(plan.context.tokenizer, plan.context.tokenizer_revision)),
     )
     if run.check != "off" and mixer.output.format == "olmo":
-        findings = check_output(
+        checked = check_output(
             staging,
             plan.mixer.max_seq_length,
             digests=False,
             token_dtype=plan.context.token_dtype,
             template=report.template_drift,
-        ).findings
+        )
+        report.check_notes = checked.notes()
+        findings = checked.findings
         report.check_findings = [asdict(f) for f in findings]
         for f in findings:
             get_run_logger().warning("check [%s] %s: %d %s", f.kind, f.what, f.count, f.examples or "")

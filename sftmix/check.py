@@ -64,6 +64,13 @@ class CheckReport:
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "clean": self.clean}, indent=2)
 
+    def notes(self) -> list[str]:
+        """What was measured besides the findings: OLMo-core fit and template drift."""
+        return [
+            *(self.olmo_core.render() if self.olmo_core is not None else []),
+            *_template_lines(self.template),
+        ]
+
     def render(self) -> str:
         lines = [
             f"checked {self.output}: {self.documents:,} documents, {self.tokens:,} tokens "
@@ -71,9 +78,7 @@ class CheckReport:
         ]
         for name, pct in self.per_dataset_trainable_percent.items():
             lines.append(f"  trainable {pct:5.1f}%  {name}")
-        if self.olmo_core is not None:
-            lines += self.olmo_core.render()
-        lines += _template_lines(self.template)
+        lines += self.notes()
         if self.clean:
             lines.append("clean: no findings")
         for f in self.findings:

@@ -76,6 +76,9 @@ class RunReport(BaseModel):
         None,
         description="What `tokenize-mixer check` found in the output before it was published (run.check).",
     )
+    check_notes: list[str] | None = Field(
+        None, description="What the check measured besides findings: OLMo-core fit, template drift."
+    )
     template_drift: dict | None = Field(
         None,
         description="The chat template used against the tokenizer's own: shipped none, same or differs "

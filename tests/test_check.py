@@ -116,6 +116,8 @@ def test_the_flow_checks_before_publishing(prefect_api, tmp_path):
     assert flow("report", "reported").is_completed()
     report = json.loads((tmp_path / "reported" / "run_report.json").read_text())
     assert [f["what"] for f in report["check_findings"]] == ["documents with an EOS token before their end"]
+    assert report["template_drift"]["shipped"] == "differs"  # and the UI's report shows it
+    assert any("DIFFERS from the tokenizer's own chat_template" in line for line in report["check_notes"])
     strict = flow("strict", "strict")
     assert strict.is_failed() and "run.check is strict" in strict.message and "EOS" in strict.message
     assert not (tmp_path / "strict").exists()
