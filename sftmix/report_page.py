@@ -14,7 +14,7 @@ import numpy as np
 
 from .digest import RUN_REPORT
 from .errors import ConfigError
-from .olmo_format import BOUNDS_PART, MASK_PART, STATS_JSON, read_boundaries
+from .olmo_format import BOUNDS_PART, STATS_JSON, read_boundaries
 from .ownership import record_output_files
 
 REPORT_PNG = "report.png"
@@ -37,20 +37,17 @@ class DatasetView:
     lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
-def _documents(out: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Every document's length and trainable-token count, in output order."""
-    lengths, trainable = [], []
+def _document_lengths(out: Path) -> np.ndarray:
+    """Every document's length, in output order, from the boundaries alone (the per-dataset trainable
+    shares come from the statistics: reading the masks here held a whole part in memory at the end of
+    every run)."""
+    lengths = []
     part = 0
     while (out / BOUNDS_PART.format(part)).exists():
         bounds = read_boundaries(out / BOUNDS_PART.format(part))
-        mask = np.memmap(out / MASK_PART.format(part), dtype=np.bool_, mode="r")
-        if bounds.shape[0]:
-            lengths.append(bounds[:, 1] - bounds[:, 0])
-            trainable.append(np.add.reduceat(np.asarray(mask, dtype=np.int64), bounds[:, 0]))
+        lengths.append(bounds[:, 1] - bounds[:, 0])
         part += 1
-    if not lengths:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return np.concatenate(lengths), np.concatenate(trainable)
+    return np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
 
 
 def _hf_lengths(out: Path, stats: dict) -> np.ndarray:
@@ -85,7 +82,7 @@ def collect(output: str | Path) -> list[DatasetView]:
         )
         for d in per
     ]
-    lengths, _ = _documents(out)
+    lengths = _document_lengths(out)
     if lengths.size == 0 and (out / "data").is_dir():  # hf_parquet: one row per document unless packed
         lengths = _hf_lengths(out, stats)
     try:
