@@ -163,6 +163,17 @@ class MixerConfig(BaseModel):
         "runs to the turn's end) is not trained on; the model still sees it. With mask: last_turn, only the "
         "final answer is trained on.",
     )
+    mask_tool_calls: bool = Field(
+        default=False,
+        description="Beyond the reference, opt-in: an assistant message's function_calls text, as the "
+        "template pastes it, is not trained on (the tags around it are).",
+    )
+    mask_tool_outputs: bool = Field(
+        default=False,
+        description="Beyond the reference, opt-in: the content of tool results (roles tool, environment, "
+        "ipython) is not trained on; only changes anything with mask: all (the assistant masks never train "
+        "on them).",
+    )
     spans: Literal["reference", "exact"] = Field(
         default="reference",
         description="How assistant spans are found: 'reference' (the reference's rule, byte-compatible; it "

@@ -103,7 +103,7 @@ class LabelMasker:
         mode: str = "assistant",
         spans: str = "reference",
         drop_untrainable: bool = False,
-        mask_thinking: bool = False,
+        policy: MaskPolicy | None = None,
     ) -> None:
         self.renderer = renderer
         self.encode_batch = encode_batch
@@ -112,7 +112,7 @@ class LabelMasker:
         self.boundaries = boundaries
         self.mode = mode
         self.spans = spans
-        self.mask_thinking = mask_thinking
+        self.policy = policy or MaskPolicy()
         # rows that will be dropped need no tokens; with exact spans any row may be kept
         self.drop_untrainable = drop_untrainable and spans != "exact"
         self.prefixes = PrefixRenders(renderer.render)
@@ -159,8 +159,8 @@ class LabelMasker:
             self._token_count_spans(conversations, rendered, encs, results, pending)
         if self.spans == "exact":
             self._exact_spans(conversations, rendered, encs, results)
-        if self.mask_thinking:
-            _unmask_thinking(conversations, rendered, encs, results)
+        if self.policy:
+            _apply_policy(self.policy, self.renderer, conversations, rendered, encs, results)
         for row in results:
             if row.status == RowStatus.KEPT and not row.mask.any():
                 row.status, row.detail = (
@@ -272,8 +272,8 @@ class LabelMasker:
             else:
                 mask = np.ones(ids.shape[0], dtype=np.uint8)
             results.append(TokenizedRow(ids=ids, mask=mask, status=RowStatus.KEPT))
-        if self.mask_thinking:
-            _unmask_thinking(conversations, rendered, encs, results)
+        if self.policy:
+            _apply_policy(self.policy, self.renderer, conversations, rendered, encs, results)
         for row in results:
             if not row.mask.any():
                 row.status = RowStatus.NO_TRAINABLE
@@ -437,37 +437,78 @@ def thinking_ranges(text: str, start: int, end: int) -> list[tuple[int, int]]:
     return ranges
 
 
-def _thinking_texts(messages: Sequence[dict]) -> list[str]:
-    """The thinking pieces of every assistant message, as the template will paste them."""
-    pieces = []
-    for m in messages:
-        content = m.get("content")
-        if m.get("role") == "assistant" and isinstance(content, str):
-            for s, e in thinking_ranges(content, 0, len(content)):
-                if piece := content[s:e].strip():
-                    pieces.append(piece)
-    return pieces
+#: Roles whose messages are tool results, in the reference's templates and in common data.
+TOOL_ROLES = ("tool", "environment", "ipython")
 
 
-def _unmask_thinking(
+@dataclass(frozen=True)
+class MaskPolicy:
+    """Opt-in text taken out of the mask, beyond the reference (default: nothing, byte-compatible)."""
+
+    thinking: bool = False  # assistant <think> ... </think>
+    tool_calls: bool = False  # an assistant message's function_calls, as the template pastes them
+    tool_outputs: bool = False  # tool results (roles tool, environment, ipython): for mask: all
+
+    def __bool__(self) -> bool:
+        return self.thinking or self.tool_calls or self.tool_outputs
+
+    def pieces(self, message: dict) -> list[str]:
+        """The texts of ``message`` that are not to be trained on."""
+        role, content = message.get("role"), message.get("content")
+        pieces = []
+        if role == "assistant":
+            if self.thinking and isinstance(content, str):
+                pieces += [content[s:e].strip() for s, e in thinking_ranges(content, 0, len(content))]
+            calls = message.get("function_calls")
+            if self.tool_calls and isinstance(calls, str):
+                pieces.append(calls.strip())
+        elif role in TOOL_ROLES and self.tool_outputs and isinstance(content, str):
+            pieces.append(content.strip())
+        return [p for p in pieces if p]
+
+
+def _apply_policy(
+    policy: MaskPolicy,
+    renderer: ChatRenderer,
     conversations: Sequence[Conversation],
     rendered: list[str],
     encs: list[Encoded],
     results: list[TokenizedRow],
 ) -> None:
-    """``mask_thinking``: no trained token overlaps the thinking text of an assistant message, wherever
-    the render shows it (found by its text, so turn boundaries need not be known: some templates paste
-    assistant turns back to back)."""
+    """No trained token overlaps a policy's text. Each message's text is looked for only where the
+    render shows that message (between the renders of the conversation up to it and through it), so a
+    tool result that an answer repeats is not taken out of the answer; where a template re-renders
+    earlier turns (the prefixes are not prefixes of the whole), from the previous piece found on."""
     for conv, text, enc, row in zip(conversations, rendered, encs, results, strict=True):
         if row.status != RowStatus.KEPT or not row.mask.any():
             continue
-        pieces = _thinking_texts(conv.messages)
-        if not pieces:
+        wanted = [(k, policy.pieces(m)) for k, m in enumerate(conv.messages)]
+        if not any(pieces for _, pieces in wanted):
             continue
         offsets = enc.offsets(row.ids.shape[0])
         starts, ends = offsets[:, 0], offsets[:, 1]
-        for piece in pieces:
-            at = text.find(piece)
-            while at != -1:
+        cursor = 0
+        for k, pieces in wanted:
+            if not pieces:
+                continue
+            lo, hi = _message_range(renderer, conv, text, k)
+            if lo is None:
+                lo, hi = cursor, len(text)
+            for piece in pieces:
+                at = text.find(piece, lo, hi)
+                if at == -1:
+                    continue  # the template does not show it (e.g. earlier thinking removed)
                 row.mask[(starts < at + len(piece)) & (at < ends)] = 0
-                at = text.find(piece, at + 1)
+                cursor = lo = at + len(piece)
+
+
+def _message_range(renderer: ChatRenderer, conv: Conversation, text: str, k: int) -> tuple[int | None, int]:
+    """Where message ``k`` lies in the whole render, when its prefixes render as prefixes of it."""
+    try:
+        before = renderer.render(conv.messages[:k], conv.tools, False) if k else ""
+        through = renderer.render(conv.messages[: k + 1], conv.tools, False)
+    except Exception:
+        return None, len(text)
+    if text.startswith(before) and text.startswith(through) and len(before) <= len(through):
+        return len(before), len(through)
+    return None, len(text)

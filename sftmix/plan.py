@@ -206,6 +206,8 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         on_bad_row=mixer.on_bad_row,
         mask=mixer.mask,
         mask_thinking=mixer.mask_thinking,
+        mask_tool_calls=mixer.mask_tool_calls,
+        mask_tool_outputs=mixer.mask_tool_outputs,
         drop_untrainable=mixer.drop_untrainable,
         spans=mixer.spans,
         template_source=template.source,
@@ -219,6 +221,8 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         "on_bad_row": mixer.on_bad_row,
         **({} if mixer.mask == "assistant" else {"mask": mixer.mask}),
         **({"mask_thinking": True} if mixer.mask_thinking else {}),
+        **({"mask_tool_calls": True} if mixer.mask_tool_calls else {}),
+        **({"mask_tool_outputs": True} if mixer.mask_tool_outputs else {}),
         **({} if mixer.drop_untrainable else {"drop_untrainable": False}),
         **({} if mixer.spans == "reference" else {"spans": mixer.spans}),
     }

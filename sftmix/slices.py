@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 from .config import local_mirror
 from .errors import BadRowError, ChecksumError, DatasetError, MixerError, TemplateError, row_label
 from .formats import Conversation, RowFormatError, conversation_from_row
-from .labels import DROP_REASONS, UNTRAINABLE, LabelMasker, RenderError, RowStatus, TokenizedRow
+from .labels import DROP_REASONS, UNTRAINABLE, LabelMasker, MaskPolicy, RenderError, RowStatus, TokenizedRow
 from .ownership import remove_abandoned_temps
 from .sources import read_rows, release_mapped_data, row_line
 from .storage import (
@@ -82,6 +82,8 @@ class TokenizeContext(BaseModel):
     on_bad_row: str = "error"
     mask: str = "assistant"
     mask_thinking: bool = False
+    mask_tool_calls: bool = False
+    mask_tool_outputs: bool = False
     spans: str = "reference"
     drop_untrainable: bool = True
     template_source: str = ""
@@ -260,7 +262,7 @@ def _masker(ctx: TokenizeContext) -> LabelMasker:
         ctx.mask,
         ctx.spans,
         ctx.drop_untrainable,
-        ctx.mask_thinking,
+        MaskPolicy(ctx.mask_thinking, ctx.mask_tool_calls, ctx.mask_tool_outputs),
     )
 
 
@@ -274,7 +276,7 @@ def _cached_masker(
     mask: str,
     spans: str = "reference",
     drop_untrainable: bool = False,
-    mask_thinking: bool = False,
+    policy: MaskPolicy | None = None,
 ) -> LabelMasker:
     if tokenizer_file and os.path.isfile(tokenizer_file):
         loaded = load_worker_tokenizer(tokenizer_file)
@@ -295,7 +297,7 @@ def _cached_masker(
         mode=mask,
         spans=spans,
         drop_untrainable=drop_untrainable,
-        mask_thinking=mask_thinking,
+        policy=policy,
     )
 
 

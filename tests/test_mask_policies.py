@@ -1,6 +1,6 @@
-"""``mask_thinking`` (opt-in, beyond the reference): for all 21 of the reference's templates, no trained
-token touches thinking text or its tags, every other token the assistant rule trains stays trained, and
-rows without thinking keep their mask byte for byte."""
+"""Masking policies (opt-in, beyond the reference): for all 21 of the reference's templates, no trained
+token touches the text a policy takes out (thinking and its tags, tool calls, tool results), every other
+token the mask mode trains stays trained, and rows without such text keep their mask byte for byte."""
 
 from __future__ import annotations
 
@@ -12,35 +12,32 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sftmix.formats import Conversation
-from sftmix.labels import RowStatus, thinking_ranges
+from sftmix.labels import MaskPolicy, RowStatus, thinking_ranges
 from sftmix.templates import NAMED_TEMPLATES
 from sftmix.tokenizer import TokenizerKey, rust_tokenizer
 from tests.test_labels import GOLDEN, masker
 
-SHAPES = ["plain", "closed", "unopened", "unclosed"]
+SHAPES = ["plain", "closed", "unopened", "unclosed", "tool"]
 
 
-def content(i: int, shape: str) -> str:
-    """Thinking words are r<i>z, answer words a<i>z: unique, so where each lands is unambiguous."""
-    return {
+def turn(i: int, shape: str) -> list[dict]:
+    """One exchange. Words are unique: q<i>z asked, a<i>z answered, r<i>z thought, c<i>z called,
+    e<i>z returned by a tool, b<i>z answered after it."""
+    asked = {"role": "user", "content": f"Question q{i}z?"}
+    if shape == "tool":
+        return [
+            asked,
+            {"role": "assistant", "content": f"Checking a{i}z.", "function_calls": f"lookup(c{i}z)"},
+            {"role": "environment", "content": f"result e{i}z"},
+            {"role": "assistant", "content": f"So b{i}z."},
+        ]
+    content = {
         "plain": f"The a{i}z.",
         "closed": f"<think>why r{i}z</think>\nThe a{i}z.",
         "unopened": f"why r{i}z</think>\nThe a{i}z.",  # the template's generation prompt opened it
         "unclosed": f"The a{i}z. <think>why r{i}z",
     }[shape]
-
-
-turns = st.lists(st.sampled_from(SHAPES), min_size=1, max_size=4)
-
-
-def conversation(shapes: list[str]) -> Conversation:
-    messages = []
-    for i, shape in enumerate(shapes):
-        messages += [
-            {"role": "user", "content": f"Question q{i}z?"},
-            {"role": "assistant", "content": content(i, shape)},
-        ]
-    return Conversation(messages, None)
+    return [asked, {"role": "assistant", "content": content}]
 
 
 def touching(offsets: np.ndarray, text: str, word: str) -> np.ndarray:
@@ -51,15 +48,30 @@ def touching(offsets: np.ndarray, text: str, word: str) -> np.ndarray:
     return hit
 
 
+CASES = [  # (mask mode, policy, words it takes out, words it must leave trained)
+    ("assistant", MaskPolicy(thinking=True), ("<think>", "</think>", "r{i}z"), ("a{i}z", "b{i}z", "c{i}z")),
+    ("last_turn", MaskPolicy(thinking=True), ("<think>", "</think>", "r{i}z"), ("a{i}z", "b{i}z")),
+    ("assistant", MaskPolicy(tool_calls=True), ("c{i}z",), ("a{i}z", "b{i}z", "r{i}z")),
+    ("all", MaskPolicy(tool_outputs=True), ("e{i}z",), ("q{i}z", "a{i}z", "b{i}z", "c{i}z", "r{i}z")),
+]
+
+
 @pytest.mark.parametrize("name", NAMED_TEMPLATES)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(shapes=turns, last_turn=st.booleans())
-def test_thinking_is_never_trained_and_the_rest_of_the_turn_is(name, shapes, last_turn):
-    mode = "last_turn" if last_turn else "assistant"
-    conv = conversation(shapes)
-    plain = masker("dolma2", name, None, True, mode=mode)
-    [without] = plain.tokenize([conv])
-    [with_] = masker("dolma2", name, None, True, mode=mode, mask_thinking=True).tokenize([conv])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shapes=st.lists(st.sampled_from(SHAPES), min_size=1, max_size=4),
+    case=st.sampled_from(CASES),
+    spans=st.sampled_from(["reference", "exact"]),  # exact keeps the rows thinker templates fail the rule on
+)
+def test_a_policy_takes_out_exactly_its_text(name, shapes, case, spans):
+    mode, policy, out, kept = case
+    conv = Conversation([m for i, shape in enumerate(shapes) for m in turn(i, shape)], None)
+    plain = masker("dolma2", name, None, True, mode=mode, spans=spans)
+    try:
+        [without] = plain.tokenize([conv])
+    except Exception:
+        return  # the template cannot render this conversation at all
+    [with_] = masker("dolma2", name, None, True, mode=mode, spans=spans, policy=policy).tokenize([conv])
     assert np.array_equal(without.ids, with_.ids)
     if without.status != RowStatus.KEPT:
         assert with_.status == without.status
@@ -72,17 +84,47 @@ def test_thinking_is_never_trained_and_the_rest_of_the_turn_is(name, shapes, las
     before, after = without.mask.astype(bool), with_.mask.astype(bool)
     assert not (after & ~before).any()  # only ever less
     for i, shape in enumerate(shapes):
-        for word in ("<think>", "</think>", f"r{i}z"):
+        for word in out:
+            word = word.format(i=i)
+            if word in ("<think>", "</think>") and shape in ("plain", "tool"):
+                continue  # another turn's tags: checked with that turn
             assert not (after & touching(offsets, text, word)).any(), (name, shape, word)
-        answer = touching(offsets, text, f"a{i}z") & before
-        assert after[answer].all(), (name, shape, "answer")
+        for word in kept:
+            hit = touching(offsets, text, word.format(i=i)) & before
+            assert after[hit].all(), (name, shape, word)
     if all(s == "plain" for s in shapes):
         assert np.array_equal(before, after)
     if not after.any():
         assert with_.status == RowStatus.NO_TRAINABLE
 
 
-def test_thinking_ranges_in_a_turn():
+def test_a_tool_result_repeated_in_the_answer_stays_trained_in_the_answer():
+    conv = Conversation(
+        [
+            {"role": "user", "content": "What is 6 x 7?"},
+            {"role": "assistant", "content": "Let me compute.", "function_calls": "mul(6, 7)"},
+            {"role": "environment", "content": "42"},
+            {"role": "assistant", "content": "It is 42"},
+        ],
+        None,
+    )
+    plain = masker("dolma2", "olmo_thinker", None, True, mode="all")
+    [row] = masker(
+        "dolma2", "olmo_thinker", None, True, mode="all", policy=MaskPolicy(tool_outputs=True)
+    ).tokenize([conv])
+    text = plain.renderer.render(conv.messages, None, False)
+    enc = rust_tokenizer(TokenizerKey.of(str(GOLDEN / "tokenizers" / "dolma2"), None)).encode(
+        text, add_special_tokens=False
+    )
+    offsets = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)
+    result_at, answer_at = text.index("42"), text.rindex("42")
+    assert result_at != answer_at
+    trained = row.mask.astype(bool)
+    assert not trained[(offsets[:, 0] < result_at + 2) & (result_at < offsets[:, 1])].any()
+    assert trained[(offsets[:, 0] < answer_at + 2) & (answer_at < offsets[:, 1])].all()
+
+
+def test_thinking_ranges_in_a_message():
     text = "H<think>a</think>b c</think>d<think>e"
     assert thinking_ranges(text, 1, len(text)) == [(1, 17), (17, 28), (29, len(text))]
     assert thinking_ranges("no tags here", 0, 12) == []
