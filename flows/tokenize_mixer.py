@@ -451,6 +451,8 @@ def _assemble_and_publish(
             digests=False,
             token_dtype=plan.context.token_dtype,
             template=report.template_drift,
+            documents_file=result.documents_path,
+            dataset_names=report.datasets,
         )
         report.check_notes = checked.notes()
         findings = checked.findings

@@ -122,11 +122,14 @@ def check_output(
     token_dtype: str | None = None,
     long_doc_strategy: str = "truncate",
     template: dict[str, Any] | None = None,
+    documents_file: str | None = None,
+    dataset_names: list[str] | None = None,
 ) -> CheckReport:
     """``digests=False`` skips hashing the files again and ``token_dtype`` gives the dtype otherwise read
     from ``run_report.json`` (the flow checks its staging right after computing both). With a
     ``sequence_length``, OLMo-core's datasets are simulated over the parts with ``long_doc_strategy``.
-    ``template`` is the template drift the run recorded (read from ``run_report.json`` otherwise)."""
+    ``template`` is the template drift the run recorded, ``documents_file`` the run's document map and
+    ``dataset_names`` its datasets in mixer order (all read from ``run_report.json`` otherwise)."""
     if long_doc_strategy not in STRATEGIES:
         raise ConfigError(
             f"long_doc_strategy must be one of {', '.join(STRATEGIES)}, not {long_doc_strategy!r}"
@@ -209,6 +212,13 @@ def check_output(
         )
     if result.olmo_core is not None:
         _fit_findings(result, result.olmo_core)
+    shares = np.concatenate([f.trainable_share for f in facts]) if facts else np.zeros(0, np.float32)
+    _share_outliers(
+        result,
+        shares,
+        documents_file or report_json.get("documents_file"),
+        dataset_names or report_json.get("datasets") or [],
+    )
     for entry in _json(out / STATS_JSON).get("per_dataset_statistics", []):
         tokens = entry.get("final_tokens_in_output") or 0
         result.per_dataset_trainable_percent[entry["dataset_name"]] = (
@@ -236,6 +246,7 @@ class _PartFacts:
     eos_inside: list[int] = field(default_factory=list)
     special_trained: dict[int, int] = field(default_factory=dict)
     olmo_core: OlmoCoreFit | None = None
+    trainable_share: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # per document
 
 
 def _check_part(
@@ -302,6 +313,7 @@ def _check_part(
             for tok_id, count in zip(*np.unique(t[hit], return_counts=True), strict=True):
                 f.special_trained[int(tok_id)] = f.special_trained.get(int(tok_id), 0) + int(count)
     trainable = np.diff(done_trainable, prepend=0)
+    f.trainable_share = (trainable / np.maximum(lengths, 1)).astype(np.float32)
     f.empty = [int(i) for i in np.flatnonzero(trainable == 0)]
     if sequence_length is not None:
         f.long_docs = [int(i) for i in np.flatnonzero(lengths > sequence_length)]
@@ -369,3 +381,41 @@ def _template_lines(drift: dict[str, Any] | None) -> list[str]:
         "prompts it was not trained on; this output's tokenizer/ carries the one used. Diff, tokenizer's -> used:",
         *(f"    {line}" for line in drift.get("diff", [])),
     ]
+
+
+#: A document's trainable share is an outlier for its dataset beyond this many interquartile ranges of
+#: the log share (at least a factor OUTLIER_MIN_RATIO) outside the dataset's middle half: with
+#: alike documents, 8x below or above it. Datasets of fewer documents are skipped.
+OUTLIER_IQRS, OUTLIER_MIN_RATIO, OUTLIER_MIN_DOCUMENTS = 3.0, 2.0, 20
+
+
+def _share_outliers(
+    result: CheckReport, shares: np.ndarray, documents_file: str | None, names: list[str]
+) -> None:
+    """Documents whose trainable share is far from the rest of their dataset's: a template that lost
+    its markers on some rows, a conversation with a huge user turn, a mask that bled into a header."""
+    try:
+        documents = np.load(documents_file, mmap_mode="r") if documents_file else None
+    except (OSError, ValueError):
+        documents = None
+    if documents is None or documents.shape[0] != shares.shape[0]:
+        return  # the document map is gone (its work directory was cleaned): nothing to group by
+    dataset = np.asarray(documents["dataset"])
+    found, examples = 0, []
+    for k in np.unique(dataset).tolist():
+        idx = np.flatnonzero((dataset == k) & (shares > 0))  # no trainable token: its own finding
+        if idx.size < OUTLIER_MIN_DOCUMENTS:
+            continue
+        logs = np.log(shares[idx])
+        q1, q3 = np.quantile(logs, [0.25, 0.75])
+        spread = max(float(q3 - q1), float(np.log(OUTLIER_MIN_RATIO)))
+        out = idx[(logs < q1 - OUTLIER_IQRS * spread) | (logs > q3 + OUTLIER_IQRS * spread)]
+        q1, q3 = np.exp(q1), np.exp(q3)
+        found += out.size
+        name = names[k] if k < len(names) else f"dataset {k}"
+        examples += [
+            f"document {int(d)} ({name}: {100 * float(shares[d]):.1f}% trainable, the middle half "
+            f"{100 * float(q1):.0f}-{100 * float(q3):.0f}%)"
+            for d in out[:EXAMPLES].tolist()
+        ]
+    result.add("masks", "documents whose trainable share is an outlier for their dataset", found, examples)

@@ -177,3 +177,14 @@ def test_template_drift_when_the_tokenizer_ships_none():
     drift = template_drift(named_template("tulu"), "tokenize-mixer:tulu", None)
     assert drift["shipped"] == "none" and "shipped_sha256" not in drift
     assert template_drift("a", "file:x.jinja", {"default": "a", "tool_use": "b"})["shipped"] == "same"
+
+
+def test_a_document_whose_trainable_share_is_far_from_its_datasets_is_found(prefect_api, tmp_path):
+    """40 alike chats and one whose user turn dwarfs its answer: that one, named with its dataset; the
+    alike ones are not (the clean fixture shows no such finding either)."""
+    rows = [chat(f"question {i}?", f"a fairly long answer number {i}, with some words.") for i in range(40)]
+    rows.append(chat("a very long question " * 60, "ok."))
+    out = run(tmp_path, rows, "outlier")
+    findings = {f.what: f for f in check_output(out).findings}
+    outlier = findings["documents whose trainable share is an outlier for their dataset"]
+    assert outlier.count == 1 and "outlier.jsonl" in outlier.examples[0], outlier.examples
