@@ -164,6 +164,7 @@ def check_output(
     with ThreadPoolExecutor(max_workers=max(1, min(count, available_cpus(), MAX_PART_THREADS))) as pool:
         facts = list(pool.map(check, range(count)))  # numpy releases the GIL: parts on every core
     uneven, untiled, too_big, empty, long_docs, eos_inside = [], [], [], [], [], []
+    no_final_eos, no_final_eos_examples = 0, []
     special_trained: dict[int, int] = {}
     if sequence_length is not None:
         result.olmo_core = OlmoCoreFit(sequence_length, long_doc_strategy)
@@ -177,6 +178,8 @@ def check_output(
         empty += [doc_base + d for d in f.empty]
         long_docs += [doc_base + d for d in f.long_docs]
         eos_inside += [doc_base + d for d in f.eos_inside]
+        no_final_eos += f.no_final_eos
+        no_final_eos_examples += [doc_base + d for d in f.no_final_eos_examples]
         for tok_id, n in f.special_trained.items():
             special_trained[tok_id] = special_trained.get(tok_id, 0) + n
         result.documents += f.documents
@@ -202,6 +205,13 @@ def check_output(
         "documents with an EOS token before their end",
         len(eos_inside),
         [f"document {d}" for d in eos_inside],
+    )
+    result.add(
+        "fit",
+        "documents that do not end with EOS (OLMo-core's default boundaries, by EOS, join each to the next "
+        "document; truncated documents lose their EOS)",
+        no_final_eos,
+        [f"document {d}" for d in no_final_eos_examples],
     )
     if sequence_length is not None:
         result.add(
@@ -244,6 +254,8 @@ class _PartFacts:
     empty: list[int] = field(default_factory=list)
     long_docs: list[int] = field(default_factory=list)
     eos_inside: list[int] = field(default_factory=list)
+    no_final_eos: int = 0  # documents whose last token is not EOS
+    no_final_eos_examples: list[int] = field(default_factory=list)
     special_trained: dict[int, int] = field(default_factory=dict)
     olmo_core: OlmoCoreFit | None = None
     trainable_share: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # per document
@@ -307,6 +319,9 @@ def _check_part(
             eos_at.append(every_eos + lo)
             at = every_eos[~last[every_eos]]  # not a document's last token
             f.eos_inside += [int(d) for d in np.unique(np.searchsorted(ends, lo + at, side="right"))]
+            unended = in_chunk[t[ends[in_chunk] - 1 - lo] != eos]
+            f.no_final_eos += int(unended.size)
+            f.no_final_eos_examples += unended[: EXAMPLES - len(f.no_final_eos_examples)].tolist()
         if special:  # trained and followed by trained text: a header or marker, not a turn's end
             follows = np.append(with_next[1:], False)[: hi - lo]
             hit = m & follows & ~last & np.isin(t, special_ids, kind="table")

@@ -88,6 +88,8 @@ def test_fit_and_mask_findings(prefect_api, tmp_path):
     assert found["documents with an EOS token before their end"] == 1
     assert found["documents with no trainable token"] == 1  # the long one: its answer was truncated away
     assert any("special token" in what for what in found)
+    # the long one lost its EOS to truncation: OLMo-core's EOS boundaries would join it to the next
+    assert [n for what, n in found.items() if what.startswith("documents that do not end with EOS")] == [1]
 
 
 def test_the_flow_checks_before_publishing(prefect_api, tmp_path):
