@@ -379,6 +379,10 @@ def _fit_findings(result: CheckReport, fit: OlmoCoreFit) -> None:
         )
 
 
+#: Lines of the template diff in the human report (the JSON report has the whole excerpt).
+DRIFT_LINES_SHOWN = 12
+
+
 def _template_lines(drift: dict[str, Any] | None) -> list[str]:
     if drift is None:
         return ["template: not recorded (an output made before tokenize-mixer recorded template drift)"]
@@ -394,7 +398,12 @@ def _template_lines(drift: dict[str, Any] | None) -> list[str]:
         f"{used} DIFFERS from the tokenizer's own chat_template (sha256 "
         f"{str(drift.get('shipped_sha256'))[:12]}): a model evaluated with the tokenizer's template sees "
         "prompts it was not trained on; this output's tokenizer/ carries the one used. Diff, tokenizer's -> used:",
-        *(f"    {line}" for line in drift.get("diff", [])),
+        *(f"    {line}" for line in drift.get("diff", [])[:DRIFT_LINES_SHOWN]),
+        *(
+            [f"    ... {len(drift['diff']) - DRIFT_LINES_SHOWN} more lines with --json"]
+            if len(drift.get("diff", [])) > DRIFT_LINES_SHOWN
+            else []
+        ),
     ]
 
 
