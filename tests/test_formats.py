@@ -128,13 +128,17 @@ def test_a_directory_laid_out_as_on_the_hub(tmp_path, expected):
         tokenize(tmp_path / "h2", DatasetEntry(path=str(repo), split="validation"))
 
 
+#: Every golden data file: real chats in JSON Lines and parquet.
+GOLDEN_DATA = sorted(
+    str(p)
+    for p in (Path(__file__).parent / "golden" / "data").iterdir()
+    if p.suffix in {".jsonl", ".parquet"}
+)
+
+
 @pytest.mark.parametrize(
     "path",
-    sorted(
-        str(p)
-        for p in (Path(__file__).parent / "golden" / "data").iterdir()
-        if p.suffix in {".jsonl", ".parquet"}
-    )
+    GOLDEN_DATA
     + sorted(str(p) for p in (Path(__file__).parent.parent / "examples" / "data").glob("*.jsonl")),
 )
 def test_workers_read_the_rows_datasets_would_give(tmp_path, path):
@@ -167,14 +171,7 @@ def test_a_field_whose_type_changes_between_rows_is_a_clear_error(tmp_path):
         arrow_cache_files(path, "train", None, str(tmp_path / "cache"))
 
 
-@pytest.mark.parametrize(
-    "path",
-    sorted(
-        str(p)
-        for p in (Path(__file__).parent / "golden" / "data").iterdir()
-        if p.suffix in {".jsonl", ".parquet"}
-    ),
-)
+@pytest.mark.parametrize("path", GOLDEN_DATA)
 def test_planning_hashes_the_rows_datasets_gives_through_a_map_it_closes(tmp_path, path, monkeypatch):
     """Slice fingerprints read through the split's own Arrow files (a map closed every few hundred MiB,
     so planning a large file keeps resident memory flat) hash exactly the bytes the ``datasets`` path
