@@ -363,7 +363,6 @@ PADDING_FINDING_PERCENT = 25.0
 
 def _fit_findings(result: CheckReport, fit: OlmoCoreFit) -> None:
     L = fit.sequence_length
-    assert fit.packed is not None and fit.packed_by_eos is not None
     if fit.packable and fit.packed.padding_percent(L) > PADDING_FINDING_PERCENT:
         result.add(
             "fit",

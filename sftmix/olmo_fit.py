@@ -16,7 +16,7 @@ The test reads the same outputs with OLMo-core itself and compares every count.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -119,12 +119,8 @@ class OlmoCoreFit:
     fsl_instances: int = 0
     fsl_tokens_dropped: int = 0  # after each part's last whole instance
     fsl_documents_cut: int = 0  # documents that run across an instance boundary
-    packed: PackedFit | None = None  # documents from the .csv.gz boundaries
-    packed_by_eos: PackedFit | None = None  # OLMo-core's default for local files
-
-    def __post_init__(self) -> None:
-        self.packed = self.packed or PackedFit()
-        self.packed_by_eos = self.packed_by_eos or PackedFit()
+    packed: PackedFit = field(default_factory=PackedFit)  # documents from the .csv.gz boundaries
+    packed_by_eos: PackedFit = field(default_factory=PackedFit)  # OLMo-core's default for local files
 
     def add_part(
         self, starts: np.ndarray, ends: np.ndarray, tokens: int, eos_positions: np.ndarray | None
@@ -136,7 +132,6 @@ class OlmoCoreFit:
         self.fsl_tokens_dropped += tokens % L
         inside = ends <= (tokens // L) * L
         self.fsl_documents_cut += int(((starts // L) != ((ends - 1) // L))[inside & (ends > starts)].sum())
-        assert self.packed is not None and self.packed_by_eos is not None
         self.packed.add_part(ends - starts, L, self.long_doc_strategy)
         if eos_positions is not None:
             cuts = np.asarray(eos_positions, dtype=np.int64) + 1
@@ -148,7 +143,6 @@ class OlmoCoreFit:
         """Add another part's figures (parts are read and packed one by one)."""
         for name in ("tokens", "fsl_instances", "fsl_tokens_dropped", "fsl_documents_cut"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        assert self.packed and self.packed_by_eos and other.packed and other.packed_by_eos
         self.packed.merge(other.packed)
         self.packed_by_eos.merge(other.packed_by_eos)
 
@@ -160,7 +154,6 @@ class OlmoCoreFit:
 
     def render(self) -> list[str]:
         L = self.sequence_length
-        assert self.packed is not None and self.packed_by_eos is not None
         share = (lambda n: f"{100 * n / self.tokens:.2f}%") if self.tokens else (lambda n: "0%")
         p, e = self.packed, self.packed_by_eos
         lines = [

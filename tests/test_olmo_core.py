@@ -171,7 +171,7 @@ def test_check_simulates_olmo_core_instance_counts(olmo_core_python, prefect_api
     for length in COUNT_LENGTHS:
         for strategy in ("truncate", "fragment"):
             fit = check_output(out, length, long_doc_strategy=strategy).olmo_core
-            assert fit is not None and fit.packed is not None and fit.packed_by_eos is not None
+            assert fit is not None
             ours[f"fsl/{length}"] = fit.fsl_instances
             ours[f"packed/{length}/{strategy}/csv"] = fit.packed.instances
             ours[f"packed/{length}/{strategy}/eos"] = fit.packed_by_eos.instances

@@ -53,7 +53,6 @@ def test_plain_and_eos_boundaries_of_a_part():
     fit.add_part(np.array([0, 5, 12]), np.array([5, 12, 20]), 20, np.array([4, 11, 15]))
     assert fit.fsl_instances == 2 and fit.fsl_tokens_dropped == 4
     assert fit.fsl_documents_cut == 1  # [5,12) runs across the boundary at 8
-    assert fit.packed is not None and fit.packed_by_eos is not None
     assert fit.packed.documents == 3 and fit.packed.tokens_truncated == 0
     assert fit.packed_by_eos.documents == 3  # [0,5) [5,12) [12,16); the last 4 tokens are never read
     assert fit.packed_by_eos.tokens_unread == 4
