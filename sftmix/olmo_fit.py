@@ -23,6 +23,40 @@ import numpy as np
 STRATEGIES = ("truncate", "fragment")
 
 
+class _Rooms:
+    """Open instances counted by the room they have left, with the least room of at least some length
+    found in short scans (one block of capacities, the blocks, one block) instead of one scan over every
+    capacity: at a 32k sequence length that is most of the packing's time."""
+
+    BLOCK = 128
+
+    def __init__(self, capacity: int) -> None:
+        self.count = np.zeros(capacity, dtype=np.int64)  # count[c]: instances with c tokens free
+        self.used = np.zeros(capacity // self.BLOCK + 1, dtype=np.int64)  # capacities with some, per block
+
+    def add(self, room: int, n: int) -> None:
+        if n and room:  # a full instance has no room to offer
+            if not self.count[room]:
+                self.used[room // self.BLOCK] += 1
+            self.count[room] += n
+
+    def take(self, room: int, n: int) -> None:
+        self.count[room] -= n
+        if not self.count[room]:
+            self.used[room // self.BLOCK] -= 1
+
+    def least_at_least(self, length: int) -> int | None:
+        block = length // self.BLOCK
+        hit = np.flatnonzero(self.count[length : (block + 1) * self.BLOCK])
+        if hit.size:
+            return length + int(hit[0])
+        later = np.flatnonzero(self.used[block + 1 :])
+        if not later.size:
+            return None
+        start = (block + 1 + int(later[0])) * self.BLOCK
+        return start + int(np.flatnonzero(self.count[start : start + self.BLOCK])[0])
+
+
 def best_fit_decreasing_bins(lengths: np.ndarray, capacity: int) -> int:
     """Instances OLMo-core's ``InstancePacker`` opens for documents of ``lengths`` (each at most
     ``capacity``): documents longest first, each into the open instance with the least room that holds
@@ -36,34 +70,31 @@ def best_fit_decreasing_bins(lengths: np.ndarray, capacity: int) -> int:
         return 0
     if int(lengths.max()) > capacity or int(lengths.min()) < 0:
         raise ValueError("document lengths must lie in [0, capacity]")
-    room = np.zeros(capacity, dtype=np.int64)  # room[c]: open instances with c tokens free, 0 < c < capacity
+    rooms = _Rooms(capacity)
     opened = 0
     values, counts = np.unique(lengths, return_counts=True)
     for length, k in zip(values[::-1].tolist(), counts[::-1].tolist(), strict=True):
         if length == 0:
             continue  # OLMo-core's packer cannot place one (check reports the boundaries as untiled)
         while k:
-            fits = np.flatnonzero(room[length:]) if length < capacity else np.empty(0, np.int64)
-            c = capacity if fits.size == 0 else length + int(fits[0])
-            per = c // length
-            if c == capacity:  # new instances, each filled with `per` documents while there are some
+            c = rooms.least_at_least(length) if length < capacity else None
+            if c is None:  # new instances, each filled with `per` documents while there are some
+                per = capacity // length
                 full, rest = divmod(k, per)
                 opened += full + (1 if rest else 0)
-                if full and capacity - per * length:
-                    room[capacity - per * length] += full
-                if rest and capacity - rest * length:
-                    room[capacity - rest * length] += 1
-                k = 0
-                continue
-            full = min(int(room[c]), k // per)
-            room[c] -= full
-            if full and c - per * length:
-                room[c - per * length] += full
-            k -= full * per
-            if k and room[c]:  # fewer than `per` left: one more instance takes them all
-                room[c] -= 1
-                if c - k * length:
-                    room[c - k * length] += 1
+                rooms.add(capacity - per * length, full)
+                if rest:
+                    rooms.add(capacity - rest * length, 1)
+                break
+            per = c // length
+            full = min(int(rooms.count[c]), k // per)
+            if full:
+                rooms.take(c, full)
+                rooms.add(c - per * length, full)
+                k -= full * per
+            if k and rooms.count[c]:  # fewer than `per` left: one more instance takes them all
+                rooms.take(c, 1)
+                rooms.add(c - k * length, 1)
                 k = 0
     return opened
 
