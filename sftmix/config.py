@@ -165,8 +165,9 @@ class MixerConfig(BaseModel):
     )
     mask_tool_calls: bool = Field(
         default=False,
-        description="Beyond the reference, opt-in: an assistant message's function_calls text, as the "
-        "template pastes it, is not trained on (the tags around it are).",
+        description="Beyond the reference, opt-in: what the template renders for an assistant message's "
+        "tool calls (its function_calls or tool_calls field), tags included, is not trained on; the rest of "
+        "the turn is.",
     )
     mask_tool_outputs: bool = Field(
         default=False,

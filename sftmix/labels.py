@@ -446,25 +446,34 @@ class MaskPolicy:
     """Opt-in text taken out of the mask, beyond the reference (default: nothing, byte-compatible)."""
 
     thinking: bool = False  # assistant <think> ... </think>
-    tool_calls: bool = False  # an assistant message's function_calls, as the template pastes them
+    tool_calls: bool = False  # what the template renders for an assistant message's tool calls
     tool_outputs: bool = False  # tool results (roles tool, environment, ipython): for mask: all
 
     def __bool__(self) -> bool:
         return self.thinking or self.tool_calls or self.tool_outputs
 
     def pieces(self, message: dict) -> list[str]:
-        """The texts of ``message`` that are not to be trained on."""
+        """The texts of ``message`` that are not to be trained on (tool calls aside: see ``calls``)."""
         role, content = message.get("role"), message.get("content")
         pieces = []
-        if role == "assistant":
-            if self.thinking and isinstance(content, str):
-                pieces += [content[s:e].strip() for s, e in thinking_ranges(content, 0, len(content))]
-            calls = message.get("function_calls")
-            if self.tool_calls and isinstance(calls, str):
-                pieces.append(calls.strip())
+        if role == "assistant" and self.thinking and isinstance(content, str):
+            pieces += [content[s:e].strip() for s, e in thinking_ranges(content, 0, len(content))]
         elif role in TOOL_ROLES and self.tool_outputs and isinstance(content, str):
             pieces.append(content.strip())
         return [p for p in pieces if p]
+
+    def calls(self, message: dict) -> bool:
+        """Whether ``message`` has tool calls this policy takes out."""
+        return (
+            self.tool_calls
+            and message.get("role") == "assistant"
+            and any(message.get(f) for f in CALL_FIELDS)
+        )
+
+
+#: The fields that hold an assistant message's tool calls: the reference's templates render
+#: ``function_calls`` (text); chat templates of tool-using models render ``tool_calls`` (a list).
+CALL_FIELDS = ("function_calls", "tool_calls")
 
 
 def _apply_policy(
@@ -475,20 +484,32 @@ def _apply_policy(
     encs: list[Encoded],
     results: list[TokenizedRow],
 ) -> None:
-    """No trained token overlaps a policy's text. Each message's text is looked for only where the
-    render shows that message (between the renders of the conversation up to it and through it), so a
-    tool result that an answer repeats is not taken out of the answer; where a template re-renders
-    earlier turns (the prefixes are not prefixes of the whole), from the previous piece found on."""
+    """No trained token overlaps a policy's text.
+
+    Each message's text is looked for only where the render shows that message (between the renders of
+    the conversation up to it and through it), so a tool result that an answer repeats is not taken out
+    of the answer; where a template re-renders earlier turns (the prefixes are not prefixes of the
+    whole), from the previous piece found on. A message's tool calls are what the template renders
+    for them, tags included: where the whole render differs from the render without its call fields
+    (a template that ignores the fields renders none)."""
     for conv, text, enc, row in zip(conversations, rendered, encs, results, strict=True):
         if row.status != RowStatus.KEPT or not row.mask.any():
             continue
-        wanted = [(k, policy.pieces(m)) for k, m in enumerate(conv.messages)]
-        if not any(pieces for _, pieces in wanted):
+        wanted = [(k, policy.pieces(m), policy.calls(m)) for k, m in enumerate(conv.messages)]
+        if not any(pieces or calls for _, pieces, calls in wanted):
             continue
-        offsets = enc.offsets(row.ids.shape[0])
-        starts, ends = offsets[:, 0], offsets[:, 1]
+        out: list[tuple[int, int]] = []
         cursor = 0
-        for k, pieces in wanted:
+        for k, pieces, calls in wanted:
+            if calls:
+                found = _calls_range(renderer, conv, text, k)
+                if found is not None:
+                    out.append(found)
+                elif (
+                    isinstance(text_calls := conv.messages[k].get("function_calls"), str)
+                    and text_calls.strip()
+                ):
+                    pieces = [*pieces, text_calls.strip()]  # the template re-renders turns: find the text
             if not pieces:
                 continue
             lo, hi = _message_range(renderer, conv, text, k)
@@ -498,8 +519,31 @@ def _apply_policy(
                 at = text.find(piece, lo, hi)
                 if at == -1:
                     continue  # the template does not show it (e.g. earlier thinking removed)
-                row.mask[(starts < at + len(piece)) & (at < ends)] = 0
+                out.append((at, at + len(piece)))
                 cursor = lo = at + len(piece)
+        if out:
+            offsets = enc.offsets(row.ids.shape[0])
+            starts, ends = offsets[:, 0], offsets[:, 1]
+            for s, e in out:
+                row.mask[(starts < e) & (s < ends)] = 0
+
+
+def _calls_range(renderer: ChatRenderer, conv: Conversation, text: str, k: int) -> tuple[int, int] | None:
+    """The characters the template renders for message ``k``'s tool calls: where the whole render
+    differs from the render of the same conversation without that message's call fields."""
+    without = {key: value for key, value in conv.messages[k].items() if key not in CALL_FIELDS}
+    try:
+        plain = renderer.render([*conv.messages[:k], without, *conv.messages[k + 1 :]], conv.tools, False)
+    except Exception:
+        return None
+    start = common_prefix_length(text, plain)
+    same_end = common_prefix_length(text[start:][::-1], plain[start:][::-1])
+    end = len(text) - same_end
+    # the same insertion can often be placed a few characters earlier ("x.<" + "tool_call>...<" vs
+    # "x." + "<tool_call>..."): take the earliest, where the tags the template adds begin
+    while start > 0 and end > start and text[start - 1] == text[end - 1]:
+        start, end = start - 1, end - 1
+    return (start, end) if end > start else None
 
 
 def _message_range(renderer: ChatRenderer, conv: Conversation, text: str, k: int) -> tuple[int | None, int]:

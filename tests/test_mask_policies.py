@@ -51,7 +51,7 @@ def touching(offsets: np.ndarray, text: str, word: str) -> np.ndarray:
 CASES = [  # (mask mode, policy, words it takes out, words it must leave trained)
     ("assistant", MaskPolicy(thinking=True), ("<think>", "</think>", "r{i}z"), ("a{i}z", "b{i}z", "c{i}z")),
     ("last_turn", MaskPolicy(thinking=True), ("<think>", "</think>", "r{i}z"), ("a{i}z", "b{i}z")),
-    ("assistant", MaskPolicy(tool_calls=True), ("c{i}z",), ("a{i}z", "b{i}z", "r{i}z")),
+    ("assistant", MaskPolicy(tool_calls=True), ("c{i}z", "function_calls>"), ("a{i}z", "b{i}z", "r{i}z")),
     ("all", MaskPolicy(tool_outputs=True), ("e{i}z",), ("q{i}z", "a{i}z", "b{i}z", "c{i}z", "r{i}z")),
 ]
 
@@ -122,6 +122,60 @@ def test_a_tool_result_repeated_in_the_answer_stays_trained_in_the_answer():
     trained = row.mask.astype(bool)
     assert not trained[(offsets[:, 0] < result_at + 2) & (result_at < offsets[:, 1])].any()
     assert trained[(offsets[:, 0] < answer_at + 2) & (answer_at < offsets[:, 1])].all()
+
+
+QWEN_LIKE = (  # a tool-using model's own template: tool_calls rendered as JSON in tags
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% for call in m.get('tool_calls') or [] %}\n<tool_call>\n{{ call | tojson }}\n</tool_call>{% endfor %}"
+    "<|im_end|>\n{% endfor %}"
+)
+
+
+def test_tool_calls_a_template_renders_from_a_list_are_taken_out_tags_and_all():
+    from sftmix.labels import LabelMasker
+    from sftmix.templates import ChatRenderer
+    from sftmix.tokenizer import load_hf_tokenizer, segment_boundaries, special_tokens
+
+    key = TokenizerKey.of(str(GOLDEN / "tokenizers" / "dolma2"), None)
+    rust = rust_tokenizer(key)
+    conv = Conversation(
+        [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": "Checking a0z.",
+                "tool_calls": [{"name": "weather", "arguments": {"city": "c0z"}}],
+            },
+            {"role": "tool", "content": "sunny"},
+            {"role": "assistant", "content": "It is sunny b0z."},
+        ],
+        None,
+    )
+
+    def mask(policy: MaskPolicy) -> np.ndarray:
+        masker = LabelMasker(
+            renderer=ChatRenderer(QWEN_LIKE, special_tokens(load_hf_tokenizer(key))),
+            encode_batch=lambda texts: rust.encode_batch(texts, add_special_tokens=False),
+            decode=lambda ids: rust.decode(ids, skip_special_tokens=False),
+            max_seq_length=None,
+            boundaries=segment_boundaries(key),
+            spans="exact",
+            policy=policy,
+        )
+        [row] = masker.tokenize([conv])
+        assert row.status == RowStatus.KEPT
+        return row.mask.astype(bool)
+
+    text = ChatRenderer(QWEN_LIKE, {}).render(conv.messages, None, False)
+    enc = rust.encode(text, add_special_tokens=False)
+    offsets = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)
+    before, after = mask(MaskPolicy()), mask(MaskPolicy(tool_calls=True))
+    for word in ("c0z", "<tool_call>", "</tool_call>", '"weather"'):
+        assert (before & touching(offsets, text, word)).any() and not (
+            after & touching(offsets, text, word)
+        ).any()
+    for word in ("a0z", "b0z"):
+        assert after[touching(offsets, text, word)].all()
 
 
 def test_thinking_ranges_in_a_message():
