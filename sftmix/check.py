@@ -7,7 +7,9 @@ Findings, each with a kind and a count:
 - fit: documents longer than the training sequence length, EOS tokens inside a document (OLMo-core
   cuts documents at EOS when it finds boundaries that way);
 - masks: documents with no trainable token, special tokens trained in the middle of trainable text (a
-  role header or marker the model would learn to emit; one that ends a trainable run is a turn's end).
+  role header or marker the model would learn to emit; one that ends a trainable run is a turn's end),
+  documents whose trainable share is an outlier for their dataset;
+- OLMo-core fit at a sequence length (``olmo_fit``) and template drift (``templates.template_drift``).
 """
 
 from __future__ import annotations
