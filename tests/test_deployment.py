@@ -135,10 +135,28 @@ def auth_header(env: dict) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(env["PREFECT_API_AUTH_STRING"].encode()).decode()}
 
 
+class _RetryUnavailable(httpx.HTTPTransport):
+    """Retries a 503, as Prefect's own client does: the server answers 503 for the errors it calls
+    retryable (a busy SQLite database under a loaded machine), seen once failing a CI run."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        import time
+
+        for attempt in range(6):
+            response = super().handle_request(request)
+            if response.status_code != 503 or attempt == 5:
+                return response
+            response.close()
+            time.sleep(0.5 * 2**attempt)
+        raise AssertionError("unreachable")
+
+
 @contextlib.contextmanager
 def authed(env: dict) -> Iterator[httpx.Client]:
     """An httpx client with the auth string and a CSRF token (what Prefect's own client does)."""
-    with httpx.Client(base_url=env["PREFECT_API_URL"], headers=auth_header(env)) as client:
+    with httpx.Client(
+        base_url=env["PREFECT_API_URL"], headers=auth_header(env), transport=_RetryUnavailable()
+    ) as client:
         csrf = client.get("/csrf-token", params={"client": "tests"}).json()["token"]
         client.headers.update({"Prefect-Csrf-Token": csrf, "Prefect-Csrf-Client": "tests"})
         yield client
