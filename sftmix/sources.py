@@ -465,10 +465,7 @@ class RowsFingerprinter:
         if self._files is None or not all(os.path.isfile(f) for f in self._files):
             return None
         if self._table is None:
-            import pyarrow as pa
-
-            tables = [pa.ipc.open_stream(pa.memory_map(f)).read_all() for f in self._files]
-            table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+            table = _map_arrow_files(self._files)  # its own map (not the cached one), closed by close()
             expected = open_dataset(*self._source).data.schema
             if not table.schema.equals(expected, check_metadata=True):
                 self._files = None  # rows as datasets gives them, or the hash would change
@@ -502,6 +499,11 @@ def arrow_cache_files(path: str, split: str, revision: str | None, cache_dir: st
 
 @lru_cache(maxsize=8)
 def _arrow_table(files: tuple[str, ...]) -> Any:
+    return _map_arrow_files(files)
+
+
+def _map_arrow_files(files: tuple[str, ...]) -> Any:
+    """The rows of Arrow stream files as one table, memory-mapped (nothing is read until used)."""
     import pyarrow as pa
 
     tables = [pa.ipc.open_stream(pa.memory_map(f)).read_all() for f in files]
