@@ -11,6 +11,7 @@ import queue
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -20,14 +21,21 @@ from prefect.states import Cancelled, Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.artifacts import publish_artifacts
-from flows.pool import ProcessPool, was_running, worker_died
+from flows.head_start import HeadStart, take_head_start
+from flows.pool import (
+    ProcessPool,
+    pool_size,
+    run_order,
+    slices_to_compute,
+    was_running,
+    worker_died,
+)
 from flows.progress import SliceProgress
 from flows.watch import StopWatch, report_crashed
 from sftmix.check import check_output
 from sftmix.config import MixerConfig, RunOptions
 from sftmix.digest import RUN_REPORT
 from sftmix.errors import CheckFailedError, MixerError, SliceFailuresError, WorkerDiedError
-from sftmix.parallel import available_cpus
 from sftmix.plan import Plan
 from sftmix.publish import check_output_free, paths_to_protect, staging_dir
 from sftmix.report import COMMAND_CLOCK, DatasetReport, RunReport
@@ -38,7 +46,6 @@ from sftmix.slices import (
     SliceSpec,
     TokenizeContext,
     push_worker_tokenizer,
-    read_manifest,
     verify_slice,
 )
 from sftmix.stopping import EXIT_CANCELLED, RunStopped, follow_supervisor
@@ -85,25 +92,15 @@ class SliceOutcome:
         )
 
 
-#: Below this many rows to tokenize, worker start-up (imports, tokenizer load) costs more than it saves.
-SMALL_JOB_ROWS = 2000
-
-
 RunnerFactory = Callable[[int], Any]
 
 
 def _runner(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOptions) -> tuple[RunnerFactory, int]:
-    """Worker processes only when there is enough work to pay for their start-up: slices with a
-    checkpoint on disk are cache hits, answered in-process in milliseconds. Returns a factory (a pool
-    of N workers), so a pool broken by a dead worker can be rebuilt, and the worker count."""
-    todo = specs
-    if not (run.force_recache or run.disable_cache):
-        todo = [s for s in specs if read_manifest(ctx.work_dir, s.key, ctx.remote_work_dir) is None]
-    workers = min(run.workers or available_cpus(), max(1, len(todo)))
-    rows = sum(s.row_end - s.row_start if s.rows is None else len(s.rows) for s in todo)
+    """A factory of task runners of N workers (so a pool broken by a dead worker can be rebuilt), and N."""
+    workers, processes = pool_size(slices_to_compute(specs, ctx, run), run)
     if run.runner == "dask":
         return (lambda n: _dask_runner(run, n)), workers
-    if run.runner == "process" or (run.runner == "auto" and workers > 1 and rows >= SMALL_JOB_ROWS):
+    if processes:
         return (lambda n: ProcessPool(max_workers=n, initializer=init_worker)), workers
     return (lambda n: ThreadPoolTaskRunner(max_workers=1)), 1
 
@@ -132,7 +129,7 @@ class _Slices:
     """What is known of each slice while the pool runs: its manifest, whether it was a cache hit, its
     failure, how many dead workers it was a casualty of."""
 
-    def __init__(self, specs: list[SliceSpec]) -> None:
+    def __init__(self, specs: list[SliceSpec], started_at: float | None = None) -> None:
         n = max((s.index for s in specs), default=-1) + 1  # indices are the plan's
         self.manifests: list[SliceManifest | None] = [None] * n
         self.cached = [False] * n
@@ -140,7 +137,8 @@ class _Slices:
         self.deaths = [0] * n
         self.progress = SliceProgress(len(specs))
         self.done = 0
-        self.started_at = time.time()
+        # a slice whose manifest is older than this was reused, not computed by this command
+        self.started_at = time.time() if started_at is None else started_at
 
 
 def _run_batch(
@@ -151,17 +149,32 @@ def _run_batch(
     state: _Slices,
     watch: StopWatch,
     reuse: bool,
+    ahead: dict[str, Future] | None = None,
 ) -> list[SliceSpec]:
-    """Run ``specs`` on ``runner``; returns the slices lost to a dead worker (to retry)."""
+    """Run ``specs`` on ``runner``; returns the slices lost to a dead worker (to retry). ``ahead``: the
+    head start's slices, by key (their task runs are submitted once they end)."""
     lost: list[SliceSpec] = []
     with runner:
         params = {"ctx": ctx, "reuse": reuse}
-        pending = {runner.submit(task, parameters={"spec": s, **params}): s for s in specs}
         finished: queue.SimpleQueue = queue.SimpleQueue()
-        for fut in pending:
+
+        def submit(spec: SliceSpec) -> Any:
+            fut = runner.submit(task, parameters={"spec": spec, **params})
             fut.add_done_callback(finished.put)
+            return fut
+
+        pending: dict = {}
+        waiting: dict[Future, SliceSpec] = {}  # head-start slices still being tokenized
+        for s in specs:
+            early = (ahead or {}).get(s.key)
+            if early is not None and not early.done():
+                waiting[early] = s
+            else:
+                pending[submit(s)] = s
+        for early in waiting:
+            early.add_done_callback(finished.put)
         try:
-            _collect(pending, finished, state, watch, lost)
+            _collect(pending, finished, state, watch, lost, waiting, submit)
         except BaseException:
             if isinstance(runner, ThreadPoolTaskRunner):  # its exit would run every queued slice first
                 for fut in pending:  # (a process pool's workers are killed instead: flows.pool)
@@ -172,18 +185,34 @@ def _run_batch(
 
 
 def _collect(
-    pending: dict, finished: queue.SimpleQueue, state: _Slices, watch: StopWatch, lost: list[SliceSpec]
+    pending: dict,
+    finished: queue.SimpleQueue,
+    state: _Slices,
+    watch: StopWatch,
+    lost: list[SliceSpec],
+    waiting: dict[Future, SliceSpec],
+    submit: Callable[[SliceSpec], Any],
 ) -> None:
-    """Take finished slices as they come: record manifests, failures, and slices lost to dead workers."""
+    """Take finished slices as they come: record manifests, failures, and slices lost to dead workers;
+    a head-start slice that ends gets its task run (which finds its checkpoint)."""
     logger = get_run_logger()
     total = state.progress.total
-    while pending:
+    while pending or waiting:
         # Wake every couple of seconds to look for a cancel (no alarm-based timeout here: an
         # alarm would fire inside the work done for a finished slice)
         try:
             fut = finished.get(timeout=watch.every)
         except queue.Empty:
             watch.check()
+            continue
+        if fut in waiting:
+            spec = waiting.pop(fut)
+            exc = None if fut.cancelled() else fut.exception()
+            if exc is not None and worker_died(exc):
+                lost.append(spec)
+                state.deaths[spec.index] += 1
+            else:  # done, or failed: the task run reuses it, or meets the failure and reports it
+                pending[submit(spec)] = spec
             continue
         spec = pending.pop(fut)
         try:
@@ -227,9 +256,11 @@ def _run_all(
     ctx: TokenizeContext,
     state: _Slices,
     reuse: bool = True,
+    head: HeadStart | None = None,
 ) -> None:
     """Run ``specs``, rebuilding the pool when a worker dies; a slice lost to dead workers twice runs
-    alone, and one that kills its worker alone fails the run, named."""
+    alone, and one that kills its worker alone fails the run, named. The first pool is ``head``'s
+    when there is one."""
     logger = get_run_logger()
     watch = StopWatch()
     todo = specs
@@ -245,7 +276,11 @@ def _run_all(
                     "of it needs more than this machine has; the system log names the killer)"
                 )))  # fmt: skip
         if others:
-            lost = _run_batch(others, task, make_runner(workers), ctx, state, watch, reuse)
+            if head is not None:
+                runner, ahead, head = head.pool, head.claim(), None
+            else:
+                runner, ahead = make_runner(workers), None
+            lost = _run_batch(others, task, runner, ctx, state, watch, reuse, ahead)
             if lost:
                 logger.warning(
                     "a worker process died (killed, or out of memory); rebuilding the pool and retrying "
@@ -253,7 +288,7 @@ def _run_all(
                     len(lost),
                     ", ".join(s.describe() for s in lost[:5]) + (" ..." if len(lost) > 5 else ""),
                 )
-                todo = sorted(lost, key=lambda s: (-s.est_bytes, s.index))
+                todo = run_order(lost)
 
 
 def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
@@ -268,20 +303,34 @@ def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
     """Tokenize every slice (reusing finished ones), distrusting cached files until they verify."""
     logger = get_run_logger()
     push_worker_tokenizer(ctx)  # workers on other machines read it from the remote work directory
-    make_runner, workers = _runner(specs, ctx, run)
-    logger.info("%d slices on %d worker(s) (%s)", len(specs), workers, type(make_runner(workers)).__name__)
+    head = take_head_start(specs, ctx, run)
+    if head is not None:
+        workers = head.workers
+        make_runner: RunnerFactory = lambda n: ProcessPool(max_workers=n, initializer=init_worker)  # noqa: E731
+        begun = sum(f.running() or f.done() for f in head.futures.values())
+        logger.info(
+            "%d slices on %d worker(s) (ProcessPool), %d begun while the Prefect API started",
+            len(specs),
+            workers,
+            begun,
+        )
+    else:
+        make_runner, workers = _runner(specs, ctx, run)
+        logger.info(
+            "%d slices on %d worker(s) (%s)", len(specs), workers, type(make_runner(workers)).__name__
+        )
     started = time.perf_counter()
-    state = _Slices(specs)
+    state = _Slices(specs, started_at=head.started_at if head is not None else None)
     task = slice_task_for(ctx, refresh=run.force_recache, cache=not run.disable_cache)
-    # biggest first, so the last slices to start are the small remainders and none straggles
     _run_all(
-        sorted(specs, key=lambda s: (-s.est_bytes, s.index)),
+        run_order(specs),
         task,
         make_runner,
         workers,
         ctx,
         state,
         reuse=not run.force_recache,
+        head=head,
     )
     if state.errors:
         spec, first = state.errors[0]

@@ -21,6 +21,7 @@ from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
 from prefect.states import Cancelling
 
+from flows.pool import run_order
 from flows.watch import StopWatch
 from sftmix.config import RunOptions
 from sftmix.errors import ConfigError, SliceFailuresError
@@ -62,7 +63,7 @@ def run_on_work_pool(plan: Plan, run: RunOptions):  # -> SliceOutcome (flows.tok
         )
         pending[flow_run.id] = batch
 
-    todo.sort(key=lambda s: (-s.est_bytes, s.index))
+    todo = run_order(todo)
     for k in range(0, len(todo), run.batch_slices):
         submit(todo[k : k + run.batch_slices])
     logger.info(

@@ -337,11 +337,16 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
     check_output_free(mixer.output.path, paths_to_protect(mixer, run))
 
     def prepare() -> None:
+        from flows.head_start import begin_head_start
+
         from .plan import prepare_plan
 
         prepare_plan(mixer, run)
+        begin_head_start(mixer, run)  # tokenizing begins while the API is still starting
 
-    with prefect_api(prepare=prepare), _progress_bar():
+    from flows.head_start import head_start_scope
+
+    with head_start_scope(), prefect_api(prepare=prepare), _progress_bar():
         # Imported here, not above: with a temporary API server, the import overlaps its start-up.
         from flows.tokenize_mixer import tokenize_mixer
 

@@ -52,6 +52,12 @@ def tokenize_slice_task(spec: SliceSpec, ctx: TokenizeContext, reuse: bool = Tru
     return tokenize_slice(spec, ctx, reuse=reuse).model_dump()
 
 
+def tokenize_ahead(spec: SliceSpec, ctx: TokenizeContext) -> dict:
+    """A slice tokenized before its task run exists (``flows.head_start``): the task's own work, whose
+    checkpoint the task run then finds."""
+    return tokenize_slice(spec, ctx, reuse=True).model_dump()
+
+
 def slice_task_for(ctx: TokenizeContext, refresh: bool = False, cache: bool = True) -> Task:
     """The slice task with its result records stored in the run's work directory, local or remote
     (``cache=False``: no record is read or written)."""

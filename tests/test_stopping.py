@@ -47,10 +47,10 @@ def chats(tmp_path_factory) -> tuple[Path, Path]:
 class Run:
     """The CLI in a process group of its own (as a shell starts a job), its stderr read as it comes."""
 
-    def __init__(self, cmd: list[str], api_url: str | None = None) -> None:
+    def __init__(self, cmd: list[str], api_url: str | None = None, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             cmd,
-            env=cli_env(api_url),
+            env={**cli_env(api_url), **(env or {})},
             start_new_session=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -146,6 +146,29 @@ def test_a_signal_stops_the_run_cleanly_and_a_rerun_resumes(chats, tmp_path, how
     _one_line_reason(run.stderr, reason)
     assert _gone(children), "a worker or the API server outlived the run"
     _rerun_matches(data, work, out, expected)
+
+
+def test_a_signal_while_the_api_starts_stops_the_head_start(chats, tmp_path):
+    """Slices are tokenized while the temporary API starts (flows.head_start). A fresh Prefect home makes
+    that start long (the server creates its database first), as on a user's first run."""
+    data, expected = chats
+    work, out = tmp_path / "work", tmp_path / "out"
+    run = Run(command(data, work, out), env={"PREFECT_HOME": str(tmp_path / "prefect-home")})
+    deadline = time.monotonic() + 120
+    while not list(work.glob("slices/*/*/manifest.json")):  # a head-start slice finished
+        assert time.monotonic() < deadline and run.proc.poll() is None, run.stderr[-3000:]
+        time.sleep(0.05)
+    assert "Beginning flow run" not in run.stderr  # the API is not answering yet
+    children = run.children()
+    assert len(run.children("spawn_main")) >= 2  # the head start's workers
+    since = time.monotonic()
+    os.killpg(run.proc.pid, signal.SIGINT)
+    assert run.stopped(since) == 130
+    _one_line_reason(run.stderr, "stopped by SIGINT")
+    assert _gone(children), "a head-start worker or the API server outlived the run"
+    finished = len(list(work.glob("slices/*/*/manifest.json")))
+    _rerun_matches(data, work, out, expected)  # the head start's slices are reused
+    assert json.loads((out / "run_report.json").read_text())["slices_reused"] >= finished
 
 
 def test_a_closed_output_pipe_stops_the_run(chats, tmp_path):

@@ -1,0 +1,133 @@
+"""Tokenizing while the temporary Prefect API starts, so its seconds of start-up are not idle cores.
+
+A command without a Prefect server starts one (``flows.runtime``); until it answers, no flow or task
+run can exist. The plan does not need it: once the plan is known, the head start opens the run's
+process pool and gives its workers the slices the flow would run last. When the flow reaches its
+fan-out it takes over that same pool (:func:`take_head_start`): slices the head start finished are
+checkpoints on disk, so their task runs find them and return at once; a slice still being tokenized
+gets its task run when it ends; queued ones are cancelled and run as ordinary tasks. So every slice is
+still a Prefect task run with its result persisted, nothing is tokenized twice, and the run counts the
+head start's slices as computed by this command (they finished after it began).
+
+Only the plain case gets a head start: a temporary API (a configured server answers at once), local
+work directory, process pool, neither ``force_recache`` nor ``disable_cache``. Anything unexpected
+(an error planning, a broken pool, a plan the flow sees differently) discards it: the flow then runs
+as it would without one, and the slices the head start finished are reused as checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: the command enters head_start_scope before the API starts
+    from sftmix.config import MixerConfig, RunOptions
+    from sftmix.slices import SliceSpec, TokenizeContext
+
+logger = logging.getLogger(__name__)
+
+
+class HeadStart:
+    """A running process pool with the flow's last slices submitted to it."""
+
+    def __init__(self, todo: list[SliceSpec], ctx: TokenizeContext, workers: int) -> None:
+        from flows.pool import ProcessPool, run_order
+        from tasks.tokenize import init_worker, tokenize_ahead
+
+        self.started_at = time.time()
+        self.ctx = ctx
+        self.workers = workers
+        self.keys = {s.key for s in todo}
+        self.pool = ProcessPool(max_workers=workers, initializer=init_worker)
+        self.pool.__enter__()
+        executor = self.pool._executor
+        assert executor is not None
+        # From the end of the flow's order: the flow submits from the front, so the two meet last.
+        self.futures: dict[str, Future] = {
+            s.key: executor.submit(tokenize_ahead, s, ctx) for s in reversed(run_order(todo))
+        }
+
+    def broken(self) -> bool:
+        return bool(getattr(self.pool._executor, "_broken", False))
+
+    def claim(self) -> dict[str, Future]:
+        """Stop here: slices not begun are cancelled (the flow runs them); returns the others by key,
+        finished or still being tokenized."""
+        for fut in self.futures.values():
+            fut.cancel()
+        return {key: fut for key, fut in self.futures.items() if not fut.cancelled()}
+
+    def close(self) -> None:
+        """Kill the workers: what they were tokenizing is unfinished, and a rerun recomputes it."""
+        self.pool.kill_workers()
+        with contextlib.suppress(Exception):
+            self.pool.__exit__(RuntimeError, RuntimeError("head start discarded"), None)
+
+
+_lock = threading.Lock()
+_pending: HeadStart | None = None
+
+
+def begin_head_start(mixer: MixerConfig, run: RunOptions) -> None:
+    """Plan and start tokenizing, where the flow would use a local process pool; errors are left to the
+    flow's own plan, which meets them and reports them properly."""
+    global _pending
+    if run.runner not in ("auto", "process") or run.force_recache or run.disable_cache:
+        return
+    from flows.pool import pool_size, slices_to_compute
+    from sftmix.plan import build_plan
+
+    try:
+        plan = build_plan(mixer, run)
+    except Exception as exc:
+        logger.debug("no head start: planning failed (%s: %s)", type(exc).__name__, exc)
+        return
+    ctx = plan.context
+    if ctx.remote_work_dir is not None:
+        return
+    todo = slices_to_compute(plan.slices, ctx, run)
+    workers, processes = pool_size(todo, run)
+    if not todo or not processes:
+        return
+    head = HeadStart(todo, ctx, workers)
+    with _lock:
+        _pending = head
+
+
+def take_head_start(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOptions) -> HeadStart | None:
+    """The head start begun for exactly these slices, now the flow's; ``None`` (and any other discarded)
+    otherwise."""
+    global _pending
+    with _lock:
+        head, _pending = _pending, None
+    if head is None:
+        return None
+    if (
+        head.ctx == ctx
+        and head.keys <= {s.key for s in specs}
+        and run.runner in ("auto", "process")
+        and not (run.force_recache or run.disable_cache)
+        and not head.broken()
+    ):
+        return head
+    logger.info("the slices tokenized during start-up do not match this run's plan: discarded")
+    head.close()
+    return None
+
+
+@contextlib.contextmanager
+def head_start_scope() -> Iterator[None]:
+    """Around a command: a head start the flow never took (it failed or stopped first) is closed."""
+    global _pending
+    try:
+        yield
+    finally:
+        with _lock:
+            head, _pending = _pending, None
+        if head is not None:
+            head.close()
