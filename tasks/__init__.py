@@ -41,6 +41,28 @@ class _NoStateFailureDump(logging.Filter):
         )
 
 
-_quiet = _NoStateFailureDump()
-if _quiet not in logging.getLogger("prefect.task_runs").filters:
-    logging.getLogger("prefect.task_runs").addFilter(_quiet)
+class _ResultRecordWriteFailure(logging.Filter):
+    """Prefect logs a result record it could not write (a full disk) with the storage library's
+    traceback, and carries on. For a slice that record is only the orchestrator's cache: the slice's
+    own checkpoint is written before it, and a rerun finds it there. One line instead, same level."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and str(record.msg).startswith("An error was encountered while committing"):
+            record.msg = (
+                f"{record.getMessage()}: {type(exc).__name__}: {exc} (Prefect's result record is not "
+                "written; the slice's own checkpoint is, and a rerun finds it)"
+            )
+            record.args = ()
+            record.exc_info = record.exc_text = None
+        return True
+
+
+for _name, _filter in (
+    ("prefect.task_runs", _NoStateFailureDump()),
+    ("prefect.task_runs", _ResultRecordWriteFailure()),
+    ("prefect.transactions", _ResultRecordWriteFailure()),
+):
+    _logger = logging.getLogger(_name)
+    if not any(type(f) is type(_filter) for f in _logger.filters):
+        _logger.addFilter(_filter)
