@@ -207,6 +207,7 @@ def prefect_api(prepare: Callable[[], None] | None = None) -> Iterator[str]:
 
     ``prepare`` runs while the temporary server starts (work that fills caches the run uses next)."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    import prefect.settings
     from prefect.settings import (
         PREFECT_API_AUTH_STRING,
         PREFECT_API_URL,
@@ -245,7 +246,13 @@ def prefect_api(prepare: Callable[[], None] | None = None) -> Iterator[str]:
             # Our own server does not come back once it is gone: one quick retry (not five with
             # backoff, minutes per request) before a run that lost it stops.
             # No "View at http://127.0.0.1:PORT/..." line: this server stops with the command.
+            # No flow run heartbeats: they let a server find runs that died, and this server dies with
+            # the run; Prefect's heartbeat thread sleeps in whole seconds and the flow's end waits for
+            # it to wake (measured: up to 1.0 s added to every command, 0.5 s on average).
             updates: dict = {PREFECT_API_URL: api_url, PREFECT_CLIENT_MAX_RETRIES: 1, PREFECT_UI_URL: ""}
+            heartbeat = getattr(prefect.settings, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)  # Prefect 3.5+
+            if heartbeat is not None:
+                updates[heartbeat] = None
             if auth_string is not None:
                 updates[PREFECT_API_AUTH_STRING] = auth_string
             with temporary_settings(updates):
