@@ -27,6 +27,7 @@ from .stopping import (
     EXIT_WORKERS_DIED,
     RunStopped,
     exit_now,
+    finish,
     first_stop,
     guard_std_streams,
     install_signal_handlers,
@@ -532,5 +533,10 @@ def _main(args: argparse.Namespace) -> int:
     return 2
 
 
+def entry() -> None:
+    """The ``tokenize-mixer`` command (``main`` returns instead, for callers in this process)."""
+    finish(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -237,6 +237,27 @@ def ignore_stop_signals() -> None:
             signal.signal(sig, signal.SIG_IGN)
 
 
+def finish(code: int) -> None:
+    """End the command with ``code`` once its work is done: the at-exit work still runs (log handlers,
+    finalizers), the interpreter's teardown of every imported module does not. With Prefect,
+    transformers and datasets imported that teardown alone took 0.6 s (measured: 1.67 s to the last
+    line, 2.27 s to the exit; 1.71 s with this). Every thread left at the end of a run is a daemon
+    (Prefect's event loops, the progress monitor, the staging lease's heartbeat)."""
+    import atexit
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    run_exit_functions = getattr(atexit, "_run_exitfuncs", None)
+    if run_exit_functions is None:  # not CPython: the usual exit
+        sys.exit(code)
+    run_exit_functions()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 def exit_now(stop: RunStopped) -> None:
     """Print the stop's one line and end the process at once, skipping at-exit work: workers and
     servers we started follow us out (``follow_parent``, PDEATHSIG), staging is left with a lease
