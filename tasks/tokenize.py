@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 from pathlib import Path
@@ -83,3 +84,12 @@ def init_worker() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     ignore_stop_signals()  # the run stops its workers itself
     follow_parent()  # and none outlives a run killed outright
+    atexit.register(_end_without_teardown)
+
+
+def _end_without_teardown() -> None:
+    """A worker that exits has sent its last result, and multiprocessing has flushed its queues and
+    streams before the interpreter's exit begins: the teardown of every module it imported (Prefect,
+    tokenizers) is 0.5 s that the pool's shutdown at the end of the run waits for (measured), not
+    work. Registered last, this at-exit function runs first."""
+    os._exit(0)
