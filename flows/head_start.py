@@ -43,14 +43,19 @@ class HeadStart:
         self.ctx = ctx
         self.workers = workers
         self.keys = {s.key for s in todo}
+        self.futures: dict[str, Future] = {}
         self.pool = ProcessPool(max_workers=workers, initializer=init_worker)
+        global _pending
+        with _lock:  # known before any worker starts: a stop from here on closes it (head_start_scope)
+            stale, _pending = _pending, self
+        if stale is not None:
+            stale.close()
         self.pool.__enter__()
         executor = self.pool._executor
         assert executor is not None
         # From the end of the flow's order: the flow submits from the front, so the two meet last.
-        self.futures: dict[str, Future] = {
-            s.key: executor.submit(tokenize_ahead, s, ctx) for s in reversed(run_order(todo))
-        }
+        for s in reversed(run_order(todo)):
+            self.futures[s.key] = executor.submit(tokenize_ahead, s, ctx)
 
     def broken(self) -> bool:
         return bool(getattr(self.pool._executor, "_broken", False))
@@ -76,7 +81,6 @@ _pending: HeadStart | None = None
 def begin_head_start(mixer: MixerConfig, run: RunOptions) -> None:
     """Plan and start tokenizing, where the flow would use a local process pool; errors are left to the
     flow's own plan, which meets them and reports them properly."""
-    global _pending
     if run.runner not in ("auto", "process") or run.force_recache or run.disable_cache:
         return
     from flows.pool import pool_size, slices_to_compute
@@ -94,9 +98,7 @@ def begin_head_start(mixer: MixerConfig, run: RunOptions) -> None:
     workers, processes = pool_size(todo, run)
     if not todo or not processes:
         return
-    head = HeadStart(todo, ctx, workers)
-    with _lock:
-        _pending = head
+    HeadStart(todo, ctx, workers)  # registers itself as the pending head start
 
 
 def take_head_start(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOptions) -> HeadStart | None:
