@@ -32,8 +32,7 @@ def measure(tasks: int, workers: int) -> dict:
     import psutil
     from prefect import flow, task
 
-    from flows.pool import ProcessPool
-    from tasks.tokenize import init_worker
+    from flows.pool import process_pool
 
     @task(persist_result=True, result_serializer="json", cache_policy=None)
     def empty(i: int) -> dict:
@@ -44,7 +43,7 @@ def measure(tasks: int, workers: int) -> dict:
     @flow(name="task-overhead")
     def batch() -> None:
         me = psutil.Process()
-        with ProcessPool(max_workers=workers, initializer=init_worker) as pool:
+        with process_pool(workers) as pool:
             for fut in [pool.submit(empty, parameters={"i": -1}) for _ in range(workers)]:
                 fut.result()  # workers started and warm
             children = me.children()

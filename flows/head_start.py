@@ -36,15 +36,15 @@ class HeadStart:
     """A running process pool with the flow's last slices submitted to it."""
 
     def __init__(self, todo: list[SliceSpec], ctx: TokenizeContext, workers: int) -> None:
-        from flows.pool import ProcessPool, run_order
-        from tasks.tokenize import init_worker, tokenize_ahead
+        from flows.pool import process_pool, run_order
+        from tasks.tokenize import tokenize_ahead
 
         self.started_at = time.time()
         self.ctx = ctx
         self.workers = workers
         self.keys = {s.key for s in todo}
         self.futures: dict[str, Future] = {}
-        self.pool = ProcessPool(max_workers=workers, initializer=init_worker)
+        self.pool = process_pool(workers)
         global _pending
         with _lock:  # known before any worker starts: a stop from here on closes it (head_start_scope)
             stale, _pending = _pending, self

@@ -131,6 +131,13 @@ class ProcessPool(ProcessPoolTaskRunner):
         super().__exit__(exc_type, exc_value, traceback)
 
 
+def process_pool(workers: int) -> ProcessPool:
+    """The run's pool of ``workers`` tokenizing processes."""
+    from tasks.tokenize import init_worker
+
+    return ProcessPool(max_workers=workers, initializer=init_worker)
+
+
 def worker_died(exc: BaseException) -> bool:
     return isinstance(exc, BrokenProcessPool)
 

@@ -23,8 +23,8 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows.artifacts import publish_artifacts
 from flows.head_start import HeadStart, take_head_start
 from flows.pool import (
-    ProcessPool,
     pool_size,
+    process_pool,
     run_order,
     slices_to_compute,
     was_running,
@@ -55,7 +55,7 @@ from sftmix.tokenizer import TokenizerKey, own_chat_template
 from tasks.assemble import assemble_output
 from tasks.plan import plan_mixer
 from tasks.publish import publish_output
-from tasks.tokenize import init_worker, slice_task_for
+from tasks.tokenize import slice_task_for
 from tasks.validate import validate_output
 
 
@@ -101,7 +101,7 @@ def _runner(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOptions) -> tu
     if run.runner == "dask":
         return (lambda n: _dask_runner(run, n)), workers
     if processes:
-        return (lambda n: ProcessPool(max_workers=n, initializer=init_worker)), workers
+        return process_pool, workers
     return (lambda n: ThreadPoolTaskRunner(max_workers=1)), 1
 
 
@@ -305,8 +305,8 @@ def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
     push_worker_tokenizer(ctx)  # workers on other machines read it from the remote work directory
     head = take_head_start(specs, ctx, run)
     if head is not None:
+        make_runner: RunnerFactory = process_pool
         workers = head.workers
-        make_runner: RunnerFactory = lambda n: ProcessPool(max_workers=n, initializer=init_worker)  # noqa: E731
         begun = sum(f.running() or f.done() for f in head.futures.values())
         logger.info(
             "%d slices on %d worker(s) (ProcessPool), %d begun while the Prefect API started",
