@@ -22,7 +22,7 @@ from .formats import MESSAGES_KEY, detect_format
 from .parallel import memory_limit
 from .selection import selected_source_rows, selection_problem, small_count_warning, target_rows
 from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext
-from .sources import RowsFingerprinter, arrow_cache_files, describe, release_mapped_data
+from .sources import RowsFingerprinter, arrow_cache_files, describe, hash_ahead, release_mapped_data
 from .storage import atomic_write_bytes, is_remote, storage_errors
 from .templates import ResolvedTemplate, has_generation_tags, resolve_template
 from .tokenizer import (
@@ -160,6 +160,7 @@ def prepare_plan(mixer: MixerConfig, run: RunOptions) -> None:
         tk = TokenizerKey.of(mixer.tokenizer.name_or_path, mixer.tokenizer.revision)
         load_hf_tokenizer(tk)
         save_worker_tokenizer(tk, work_dir / "tokenizers", tokenizer_fingerprint(tk))
+        hash_ahead([entry.path for entry in mixer.datasets])
         for entry in mixer.datasets:
             describe(entry.path, entry.split, entry.revision, datasets_cache)
             arrow_cache_files(entry.path, entry.split, entry.revision, datasets_cache)
@@ -230,6 +231,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
     datasets: list[DatasetPlan] = []
     slices: list[SliceSpec] = []
     selected_total, memory = 0, memory_limit()
+    hash_ahead([entry.path for entry in mixer.datasets])
     for index, entry in enumerate(mixer.datasets):
         info = describe(entry.path, entry.split, entry.revision, str(datasets_cache))
         if info.n_rows == 0:

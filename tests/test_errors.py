@@ -233,6 +233,85 @@ def test_more_bad_inputs_get_a_clear_answer(tmp_path):
     with pytest.raises(DatasetError, match="only the 'train' split"):
         build_plan(m, RunOptions(work_dir=str(tmp_path / "w2")))
 
+
+def test_the_utf8_check_names_the_first_bad_byte_wherever_the_blocks_are_cut():
+    """The check sees a file in blocks; the first invalid byte, its line, and a file that ends inside a
+    character are found as a decode of the whole file finds them, however the blocks cut characters."""
+    import random
+    import re
+
+    from sftmix.sources import _Utf8Check
+
+    def whole(text: bytes) -> str:
+        try:
+            text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if exc.end == len(text) and exc.reason == "unexpected end of data":
+                return "ends"
+            line = text.count(b"\n", 0, exc.start) + 1
+            return f"line {line} byte {exc.start}"
+        return "ok"
+
+    def in_blocks(blocks: list[bytes]) -> str:
+        check = _Utf8Check("f")
+        try:
+            for block in blocks:
+                check(block)
+            check.finish()
+        except DatasetError as exc:
+            if "ends inside a UTF-8 character" in str(exc):
+                return "ends"
+            found = re.search(r"line (\d+) is not valid UTF-8 \(byte (\d+) of the file\)", str(exc))
+            assert found, str(exc)
+            return f"line {found[1]} byte {found[2]}"
+        return "ok"
+
+    rng = random.Random(7)
+    pieces = ["a", "\n", "é", "😀", "€", "x\n"]
+    seen = set()
+    for _ in range(4000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30))).encode()
+        if rng.random() < 0.5:  # a stray byte: continuation, lead, never-valid, surrogate or overlong start
+            at = rng.randrange(len(text) + 1)
+            text = (
+                text[:at] + bytes([rng.choice([0x80, 0xC3, 0xE2, 0xF0, 0xFF, 0xED, 0xC0, 0xF4])]) + text[at:]
+            )
+        if rng.random() < 0.2:
+            text = text[:-1]
+        cuts = sorted(rng.sample(range(len(text) + 1), k=min(len(text) + 1, rng.randint(0, 4))))
+        blocks = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        expected = whole(text)
+        assert in_blocks(blocks) == expected, (text, blocks)
+        seen.add(expected.split()[0])
+    assert seen == {"ok", "ends", "line"}
+
+
+def test_a_file_hashed_ahead_gives_every_caller_the_same_hash_or_the_same_error(tmp_path):
+    """The plan hashes data files on a thread beside their Arrow conversion (sources.hash_ahead): a
+    caller that comes while it runs waits for that hash or its error; later callers get them too."""
+    import hashlib
+    import threading
+
+    from sftmix.sources import file_sha256, hash_ahead
+
+    big = tmp_path / "big.jsonl"
+    big.write_text((json.dumps(GOOD) + "\n") * 200_000)  # 17 MB: still being hashed when the callers come
+    hash_ahead([str(big)])
+    digests: list[str] = []
+    callers = [threading.Thread(target=lambda: digests.append(file_sha256(str(big), True))) for _ in range(3)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    assert digests == [hashlib.sha256(big.read_bytes()).hexdigest()] * 3
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(big.read_bytes() + '{"messages": "caf\xe9"}\n'.encode("latin-1"))
+    hash_ahead([str(bad)])
+    for _ in range(2):
+        with pytest.raises(DatasetError, match="bad.jsonl': line 200001 is not valid UTF-8"):
+            file_sha256(str(bad), True)
+
     lists = write_jsonl(tmp_path / "lists.jsonl", [{"messages": [{"role": "user", "content": ["a", "b"]}]}])
     plan = build_plan(mixer(tmp_path, (lists, 1.0)), RunOptions(work_dir=str(tmp_path / "w3")))
     with pytest.raises(
