@@ -25,6 +25,7 @@ from prefect.task_runners import ProcessPoolTaskRunner
 from sftmix.config import RunOptions
 from sftmix.parallel import available_cpus
 from sftmix.slices import SliceSpec, TokenizeContext, read_manifest
+from sftmix.stopping import stop_signals_blocked
 
 #: Below this many rows to tokenize, worker start-up (imports, tokenizer load) costs more than it saves.
 SMALL_JOB_ROWS = 2000
@@ -94,7 +95,8 @@ class _ClientKeepingExecutor:
         self.api: Api = (None, None, None)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
-        return self._inner.submit(_with_worker_client, self.api, fn, *args, **kwargs)
+        with stop_signals_blocked():  # a worker this starts is born deaf to Ctrl-C (init_worker)
+            return self._inner.submit(_with_worker_client, self.api, fn, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 logger = logging.getLogger(__name__)
@@ -231,10 +231,25 @@ def follow_supervisor(
 
 def ignore_stop_signals() -> None:
     """In a worker process: a terminal's Ctrl-C or a group SIGTERM is for the run to handle (it stops
-    the workers itself), not a reason for each worker to die with a traceback."""
+    the workers itself), not a reason for each worker to die with a traceback. Signals held back
+    since the worker started (:func:`stop_signals_blocked`) are dropped, then let through again."""
     for sig in STOP_SIGNALS:
         with contextlib.suppress(ValueError, OSError):
             signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+@contextlib.contextmanager
+def stop_signals_blocked() -> Iterator[None]:
+    """Around starting worker processes: they inherit the blocked stop signals, so a Ctrl-C that comes
+    while one imports its modules cannot end it with a traceback before it ignores them itself
+    (:func:`ignore_stop_signals`). In this thread they are only held back: one that comes meanwhile
+    is delivered when the block ends."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def finish(code: int) -> None:
