@@ -78,10 +78,22 @@ _lock = threading.Lock()
 _pending: HeadStart | None = None
 
 
+def _applies(run: RunOptions) -> bool:
+    """Runs that use a local process pool the plain way (the work directory is checked on the plan)."""
+    return run.runner in ("auto", "process") and not (run.force_recache or run.disable_cache)
+
+
+def _take_pending() -> HeadStart | None:
+    global _pending
+    with _lock:
+        head, _pending = _pending, None
+    return head
+
+
 def begin_head_start(mixer: MixerConfig, run: RunOptions) -> None:
     """Plan and start tokenizing, where the flow would use a local process pool; errors are left to the
     flow's own plan, which meets them and reports them properly."""
-    if run.runner not in ("auto", "process") or run.force_recache or run.disable_cache:
+    if not _applies(run):
         return
     from flows.pool import pool_size, slices_to_compute
     from sftmix.plan import build_plan
@@ -104,18 +116,10 @@ def begin_head_start(mixer: MixerConfig, run: RunOptions) -> None:
 def take_head_start(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOptions) -> HeadStart | None:
     """The head start begun for exactly these slices, now the flow's; ``None`` (and any other discarded)
     otherwise."""
-    global _pending
-    with _lock:
-        head, _pending = _pending, None
+    head = _take_pending()
     if head is None:
         return None
-    if (
-        head.ctx == ctx
-        and head.keys <= {s.key for s in specs}
-        and run.runner in ("auto", "process")
-        and not (run.force_recache or run.disable_cache)
-        and not head.broken()
-    ):
+    if head.ctx == ctx and head.keys <= {s.key for s in specs} and _applies(run) and not head.broken():
         return head
     logger.info("the slices tokenized during start-up do not match this run's plan: discarded")
     head.close()
@@ -125,11 +129,9 @@ def take_head_start(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
 @contextlib.contextmanager
 def head_start_scope() -> Iterator[None]:
     """Around a command: a head start the flow never took (it failed or stopped first) is closed."""
-    global _pending
     try:
         yield
     finally:
-        with _lock:
-            head, _pending = _pending, None
+        head = _take_pending()
         if head is not None:
             head.close()
