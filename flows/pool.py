@@ -7,6 +7,8 @@
   flow can rebuild the pool and retry them.
 - A pool started ahead of the flow (``flows.head_start``) is handed to it already running.
 - Each worker keeps one Prefect client for all its task runs (:class:`_ClientKeepingExecutor`).
+- In the command, workers are forked from a server that imported their modules once
+  (``flows.worker_start``), not spawned as fresh interpreters that each import them.
 
 Also here: which slices still need computing, in which order, and on how many workers.
 """
@@ -14,8 +16,9 @@ Also here: which slices still need computing, in which order, and on how many wo
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -26,6 +29,8 @@ from sftmix.config import RunOptions
 from sftmix.parallel import available_cpus
 from sftmix.slices import SliceSpec, TokenizeContext, read_manifest
 from sftmix.stopping import stop_signals_blocked
+
+from .worker_start import start_method
 
 #: Below this many rows to tokenize, worker start-up (imports, tokenizer load) costs more than it saves.
 SMALL_JOB_ROWS = 2000
@@ -107,8 +112,17 @@ class ProcessPool(ProcessPoolTaskRunner):
         if self._started:  # begun ahead of the flow (flows.head_start): its workers are already busy
             return self
         super().__enter__()
-        if self._executor is not None:
-            self._executor = _ClientKeepingExecutor(self._executor)  # type: ignore[assignment]
+        executor = self._executor
+        if executor is not None:
+            if start_method() != "spawn":  # Prefect's executor as it is, on another start method
+                executor = ProcessPoolExecutor(
+                    max_workers=executor._max_workers,  # type: ignore[attr-defined]
+                    mp_context=multiprocessing.get_context(start_method()),
+                    initializer=executor._initializer,  # type: ignore[attr-defined]
+                    initargs=executor._initargs,  # type: ignore[attr-defined]
+                )
+                self._executor.shutdown(wait=False)  # it has started no process yet
+            self._executor = _ClientKeepingExecutor(executor)  # type: ignore[assignment]
         return self
 
     def submit(self, task: Any, parameters: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
@@ -131,6 +145,14 @@ class ProcessPool(ProcessPoolTaskRunner):
         if exc_type is not None:
             self.kill_workers()
         super().__exit__(exc_type, exc_value, traceback)
+
+
+def runner_name(runner: Any) -> str:
+    """A task runner as the log names it: for the pool, also how its workers start."""
+    name = type(runner).__name__
+    if isinstance(runner, ProcessPool) and start_method() == "forkserver":
+        name += ", workers forked from a preloaded server"
+    return name
 
 
 def process_pool(workers: int) -> ProcessPool:

@@ -26,6 +26,7 @@ from flows.pool import (
     pool_size,
     process_pool,
     run_order,
+    runner_name,
     slices_to_compute,
     was_running,
     worker_died,
@@ -309,16 +310,15 @@ def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
         workers = head.workers
         begun = sum(f.running() or f.done() for f in head.futures.values())
         logger.info(
-            "%d slices on %d worker(s) (ProcessPool), %d begun while the Prefect API started",
+            "%d slices on %d worker(s) (%s), %d begun while the Prefect API started",
             len(specs),
             workers,
+            runner_name(head.pool),
             begun,
         )
     else:
         make_runner, workers = _runner(specs, ctx, run)
-        logger.info(
-            "%d slices on %d worker(s) (%s)", len(specs), workers, type(make_runner(workers)).__name__
-        )
+        logger.info("%d slices on %d worker(s) (%s)", len(specs), workers, runner_name(make_runner(workers)))
     started = time.perf_counter()
     state = _Slices(specs, started_at=head.started_at if head is not None else None)
     task = slice_task_for(ctx, refresh=run.force_recache, cache=not run.disable_cache)

@@ -347,6 +347,11 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
 
     from flows.head_start import head_start_scope
 
+    if _one_run_per_process:
+        from flows.worker_start import fork_workers_from_server, start_worker_server
+
+        fork_workers_from_server()
+        start_worker_server(mixer, run)
     with head_start_scope(), prefect_api(prepare=prepare), _progress_bar():
         # Imported here, not above: with a temporary API server, the import overlaps its start-up.
         from flows.tokenize_mixer import tokenize_mixer
@@ -533,8 +538,13 @@ def _main(args: argparse.Namespace) -> int:
     return 2
 
 
+_one_run_per_process = False  # set by entry: this process ends with the run
+
+
 def entry() -> None:
     """The ``tokenize-mixer`` command (``main`` returns instead, for callers in this process)."""
+    global _one_run_per_process
+    _one_run_per_process = True
     finish(main())
 
 

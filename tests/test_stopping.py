@@ -71,12 +71,22 @@ class Run:
     def wait_for_slices(self) -> None:
         assert self.progress.wait(240), "".join(self.lines)[-3000:]
 
-    def children(self, running: str = "") -> list[int]:
-        """Its child processes (those whose command line contains ``running``)."""
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
-        return [
-            int(p) for p in out.split() if not running or running in Path(f"/proc/{p}/cmdline").read_text()
-        ]
+    def children(self, running: str = "", descendants: bool = True) -> list[int]:
+        """Its child processes and theirs (those whose command line contains ``running``)."""
+        found, parents = [], [self.proc.pid]
+        while parents:
+            out = subprocess.run(["pgrep", "-P", str(parents.pop())], capture_output=True, text=True).stdout
+            found += [int(p) for p in out.split()]
+            if descendants:
+                parents += [int(p) for p in out.split()]
+        return [p for p in found if not running or running in _cmdline(p)]
+
+    def workers(self) -> list[int]:
+        """The pool's worker processes: forked by the command's fork server (flows.worker_start), the
+        one child of the command that runs multiprocessing's fork server."""
+        (server,) = self.children("multiprocessing.forkserver", descendants=False)
+        out = subprocess.run(["pgrep", "-P", str(server)], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
 
     def stopped(self, since: float) -> int:
         try:
@@ -101,6 +111,13 @@ def _gone(pids: list[int], within: float = 5.0) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:  # ended meanwhile
+        return ""
 
 
 def _status(pid: int) -> str:
@@ -160,7 +177,7 @@ def test_a_signal_while_the_api_starts_stops_the_head_start(chats, tmp_path):
         time.sleep(0.05)
     assert "Beginning flow run" not in run.stderr  # the API is not answering yet
     children = run.children()
-    assert len(run.children("spawn_main")) >= 2  # the head start's workers
+    assert len(run.workers()) >= 2  # the head start's workers
     since = time.monotonic()
     os.killpg(run.proc.pid, signal.SIGINT)
     assert run.stopped(since) == 130
@@ -199,7 +216,7 @@ def test_a_killed_worker_is_replaced_and_the_bytes_are_the_same(chats, tmp_path)
     work, out = tmp_path / "work", tmp_path / "out"
     run = Run(command(data, work, out))
     run.wait_for_slices()
-    workers = run.children("spawn_main")
+    workers = run.workers()
     os.kill(workers[0], signal.SIGKILL)  # what the OOM killer does
     assert run.proc.wait(timeout=300) == 0, run.stderr[-3000:]
     run.reader.join(10)

@@ -1,0 +1,75 @@
+"""How the command's worker processes start: forked from a server that imported their modules once.
+
+Spawned workers are fresh interpreters that each import Prefect, datasets and transformers again:
+about 1 CPU-second each on a 2-core VM, and on the lent 16-core machine 16 of them starting at once
+took 6-8 s before their first slice. A fork server imports them once and forks each worker ready.
+
+Only for a process that is one run of the command (``tokenize-mixer``): the server keeps the
+environment and the modules of its start, which a later run in a longer-lived process (the tests, a
+notebook) may not share; those keep Prefect's spawned workers. No Prefect import here: the command
+starts the server before it imports Prefect's task machinery.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.forkserver
+import os
+from multiprocessing import resource_tracker
+from typing import TYPE_CHECKING
+
+from sftmix.parallel import available_cpus
+from sftmix.stopping import stop_signals_blocked
+
+if TYPE_CHECKING:
+    from sftmix.config import MixerConfig, RunOptions
+
+#: What the fork server imports for its workers: what a worker needs before its first slice.
+WORKER_PRELOAD = ["tasks.worker_preload"]
+
+#: Below this much local input a run is not expected to use worker processes (``flows.pool``'s
+#: ``SMALL_JOB_ROWS``), so the command does not start their server ahead of the plan.
+SMALL_INPUT_BYTES = 4 << 20
+
+_start_method = "spawn"
+
+
+def start_method() -> str:
+    """The start method of worker processes in this process: ``spawn`` unless the command chose."""
+    return _start_method
+
+
+#: Set to ``spawn`` to start workers as Prefect does (to compare, or should forking ever misbehave).
+START_METHOD_ENV = "TOKENIZE_MIXER_WORKER_START"
+
+
+def fork_workers_from_server() -> None:
+    """In the command's own process: from now on, worker processes are forked from the fork server."""
+    global _start_method
+    if os.environ.get(START_METHOD_ENV) == "spawn":
+        return
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        multiprocessing.get_context("forkserver").set_forkserver_preload(WORKER_PRELOAD)
+        _start_method = "forkserver"
+
+
+def start_worker_server(mixer: MixerConfig, run: RunOptions) -> None:
+    """Start the workers' fork server now where the run is likely to use worker processes, so that its
+    imports overlap the API's start and the planning instead of following them. A guess made before the
+    plan: a wrong one costs one idle process's imports, or the overlap (the pool starts it anyway)."""
+    if _start_method != "forkserver" or run.runner not in ("auto", "process"):
+        return
+    if (run.workers or available_cpus()) < 2:
+        return
+    if run.runner == "auto":
+        paths = [d.path for d in mixer.datasets]
+        if (
+            all(os.path.isfile(p) for p in paths)
+            and sum(os.path.getsize(p) for p in paths) < SMALL_INPUT_BYTES
+        ):
+            return
+    # The server needs multiprocessing's resource tracker, whose start unblocks SIGINT and SIGTERM in
+    # the calling thread: started first, so that the block below holds for the server's own start.
+    resource_tracker.ensure_running()
+    with stop_signals_blocked():  # the server, and each worker it forks, is born deaf to Ctrl-C
+        multiprocessing.forkserver.ensure_running()
