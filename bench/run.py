@@ -129,7 +129,14 @@ def run_ours(
     if proc.returncode != 0:
         raise SystemExit(f"tokenize-mixer failed:\n{log[-4000:]}")
     report = json.loads((out / "run_report.json").read_text())
-    return {"wall": wall, "peak": peak, "peak_private": peak_private, "log": log, **report}
+    return {
+        "wall": wall,
+        "peak": peak,
+        "peak_private": peak_private,
+        "peak_anonymous": mem.peak_anonymous,
+        "log": log,
+        **report,
+    }
 
 
 def linearity(

@@ -9,8 +9,9 @@ Copy ``j`` of a chat is the chat with `` (j)`` appended to its first message, so
 run on the same file: the *limit* (render with the template + Rust ``encode_batch``, every row in full,
 no masking, on as many warm spawned processes as ours has workers) and `tokenize-mixer convert` end to
 end in a fresh work directory (start-up, tokenizing, assemble/validate/check, publish, exit), with the
-peak summed RSS of its process tree (and of its private part). Prints per size: wall, tokens/s, ours/limit, the tail's share, and
-time per token and peak RSS relative to the smallest size. Writes the rows to ``--out`` (JSON).
+peak summed RSS of its process tree (and of its private part, and its anonymous memory counted
+once). Prints per size: wall, tokens/s, ours/limit, the tail's share, and time per token and peak
+RSS relative to the smallest size. Writes the rows to ``--out`` (JSON).
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ def main() -> None:
                 "tail_seconds": round(tail, 2),
                 "peak_rss_mib": round(ours["peak"] / 2**20),
                 "peak_private_mib": round(ours["peak_private"] / 2**20),
+                "peak_anonymous_mib": round(ours["peak_anonymous"] / 2**20),
                 "ours_over_limit": round(ours["wall"] / limit_wall, 3),
             }
             rows.append(row)
@@ -136,12 +138,12 @@ def main() -> None:
 
     base = rows[0]
     per_token = base["ours_seconds"] / base["ours_tokens"]
-    line = "{:>6} {:>8} {:>9} {:>9} {:>11} {:>9} {:>12} {:>7} {:>11} {:>9} {:>9} {:>12} {:>12}"
+    line = "{:>6} {:>8} {:>9} {:>9} {:>11} {:>9} {:>12} {:>7} {:>11} {:>9} {:>9} {:>12} {:>12} {:>9} {:>9}"
     print()
     print(
         line.format(
             "copies", "chats", "input MiB", "limit s", "ours s", "ours/lim", "ours tok/s", "tail %",
-            "s/token rel", "peak MiB", "peak rel", "private MiB", "private rel",
+            "s/token rel", "peak MiB", "peak rel", "private MiB", "private rel", "anon MiB", "anon rel",
         )
     )  # fmt: skip
     for r in rows:
@@ -160,6 +162,8 @@ def main() -> None:
                 f"{r['peak_rss_mib'] / base['peak_rss_mib']:.3f}",
                 f"{r['peak_private_mib']:,}",
                 f"{r['peak_private_mib'] / base['peak_private_mib']:.3f}",
+                f"{r['peak_anonymous_mib']:,}",
+                f"{r['peak_anonymous_mib'] / max(1, base['peak_anonymous_mib']):.3f}",
             )
         )
     print(
@@ -167,7 +171,8 @@ def main() -> None:
         "tail: the rest of it after start-up (by the command's own clock) and tokenizing, i.e. assemble, "
         "validate, check, publish, exit and the interpreter's own start; ours tokens are after truncation and drops, the limit's before; "
         "peak: summed RSS of the process tree; private: the same less shared file-backed pages (the page cache of "
-        "memory-mapped files, which the kernel can drop)"
+        "memory-mapped files, which the kernel can drop); anon: anonymous memory of the tree with each shared page "
+        "counted once (PSS), which private overstates for workers forked from one server"
     )
     if args.out:
         args.out.write_text(json.dumps({"workers": workers, "rows": rows}, indent=1))
