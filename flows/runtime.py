@@ -46,8 +46,6 @@ def _warm_imports() -> None:
     import_transformers()
     import datasets  # noqa: F401
 
-    import flows.tokenize_mixer  # noqa: F401
-
 
 def _free_port() -> int:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
@@ -229,6 +227,9 @@ def prefect_api(prepare: Callable[[], None] | None = None) -> Iterator[str]:
         _warm_imports()  # the heavy imports of the run overlap the server's start-up
         if prepare is not None:
             prepare()
+        # after prepare, which does not need it: the head start's tokenizing begins sooner
+        import flows.tokenize_mixer  # noqa: F401
+
         try:
             server.wait_ready(timeout)
             api_url, auth_string = server.api_url, server.auth_string

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -156,16 +157,31 @@ def prepare_plan(mixer: MixerConfig, run: RunOptions) -> None:
     that follows produces the same result, only sooner. Errors are left for the plan to report."""
     try:
         work_dir, _ = _work_dir(run)
-        datasets_cache = str(work_dir / "datasets-cache")
+    except Exception as exc:  # the plan meets the same error and reports it properly
+        logger.debug("preparing the plan stopped early: %s: %s", type(exc).__name__, exc)
+        return
+    datasets_cache = str(work_dir / "datasets-cache")
+
+    def open_datasets() -> None:
+        try:
+            for entry in mixer.datasets:
+                describe(entry.path, entry.split, entry.revision, datasets_cache)
+                arrow_cache_files(entry.path, entry.split, entry.revision, datasets_cache)
+        except Exception as exc:
+            logger.debug("opening the datasets ahead of the plan stopped: %s: %s", type(exc).__name__, exc)
+
+    # The datasets' Arrow conversion (one core each, the longest part) beside the tokenizer's load.
+    hash_ahead([entry.path for entry in mixer.datasets])
+    datasets_ahead = threading.Thread(target=open_datasets, name="datasets-ahead", daemon=True)
+    datasets_ahead.start()
+    try:
         tk = TokenizerKey.of(mixer.tokenizer.name_or_path, mixer.tokenizer.revision)
         load_hf_tokenizer(tk)
         save_worker_tokenizer(tk, work_dir / "tokenizers", tokenizer_fingerprint(tk))
-        hash_ahead([entry.path for entry in mixer.datasets])
-        for entry in mixer.datasets:
-            describe(entry.path, entry.split, entry.revision, datasets_cache)
-            arrow_cache_files(entry.path, entry.split, entry.revision, datasets_cache)
-    except Exception as exc:  # the plan meets the same error and reports it properly
-        logger.debug("preparing the plan stopped early: %s: %s", type(exc).__name__, exc)
+    except Exception as exc:
+        logger.debug("loading the tokenizer ahead of the plan stopped: %s: %s", type(exc).__name__, exc)
+    finally:
+        datasets_ahead.join()
 
 
 def resolve_tokenizer(spec: TokenizerSpec) -> tuple[TokenizerKey, Any, ResolvedTemplate]:
