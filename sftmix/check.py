@@ -163,8 +163,11 @@ def check_output(
         sequence_length=sequence_length,
         long_doc_strategy=long_doc_strategy,
     )
-    with ThreadPoolExecutor(max_workers=max(1, min(count, available_cpus(), MAX_PART_THREADS))) as pool:
-        facts = list(pool.map(check, range(count)))  # numpy releases the GIL: parts on every core
+    threads = max(1, min(available_cpus(), MAX_PART_THREADS))
+    # numpy releases the GIL: parts on every core, and a few parts' chunks too
+    check = functools.partial(check, chunk_threads=max(1, threads // max(1, count)))
+    with ThreadPoolExecutor(max_workers=max(1, min(count, threads))) as pool:
+        facts = list(pool.map(check, range(count)))
     uneven, untiled, too_big, empty, long_docs, eos_inside = [], [], [], [], [], []
     no_final_eos, no_final_eos_examples = 0, []
     special_trained: dict[int, int] = {}
@@ -239,7 +242,7 @@ def check_output(
     return result
 
 
-#: Parts checked at once (each holds a chunk's arrays while it is checked).
+#: Chunks checked at once, of one part or several (each holds a chunk's arrays while it is checked).
 MAX_PART_THREADS = 8
 
 
@@ -272,8 +275,9 @@ def _check_part(
     special: set[int],
     sequence_length: int | None,
     long_doc_strategy: str = "truncate",
+    chunk_threads: int = 1,
 ) -> _PartFacts:
-    """One part's files, read in bounded chunks."""
+    """One part's files, read in bounded chunks (on ``chunk_threads`` threads, in order)."""
     f = _PartFacts()
     tokens_file, mask_file = out / TOKENS_PART.format(part), out / MASK_PART.format(part)
     token_bytes, mask_bytes = (
@@ -299,36 +303,37 @@ def _check_part(
         return f
     lengths = ends - starts
     done_trainable = np.zeros(bounds.shape[0], np.int64)  # trainable tokens up to each doc's end
-    special_ids = np.array(sorted(special), dtype=np.int64)
+    chunk = functools.partial(
+        _check_chunk,
+        tokens_file,
+        mask_file,
+        dtype,
+        n,
+        ends,
+        vocab,
+        eos,
+        np.array(sorted(special), dtype=np.int64),
+    )
     carried = 0
     eos_at: list[np.ndarray] = []  # where OLMo-core's default finds document ends
-    for lo in range(0, n, CHUNK):
-        hi = min(n, lo + CHUNK)
-        t = _read_span(tokens_file, dtype, lo, hi)
-        with_next = _read_span(mask_file, np.dtype(np.uint8), lo, min(n, hi + 1)).astype(bool)
-        m = with_next[: hi - lo]
-        if vocab is not None and t.size and int(t.max()) >= vocab:
-            f.too_big.append(f"part {part} offset {lo + int(np.argmax(t >= vocab))}")
-        # documents ending in this chunk (ends are sorted: the boundaries tile the part)
-        in_chunk = np.arange(np.searchsorted(ends, lo, side="right"), np.searchsorted(ends, hi, side="right"))
-        last = np.zeros(hi - lo, dtype=bool)  # a document's last token
-        last[ends[in_chunk] - 1 - lo] = True
-        running = np.cumsum(m, dtype=np.int64) + carried
-        done_trainable[in_chunk] = running[ends[in_chunk] - 1 - lo]
-        carried = int(running[-1]) if running.size else carried
-        if eos is not None:
-            every_eos = np.flatnonzero(t == eos)
-            eos_at.append(every_eos + lo)
-            at = every_eos[~last[every_eos]]  # not a document's last token
-            f.eos_inside += [int(d) for d in np.unique(np.searchsorted(ends, lo + at, side="right"))]
-            unended = in_chunk[t[ends[in_chunk] - 1 - lo] != eos]
-            f.no_final_eos += int(unended.size)
-            f.no_final_eos_examples += unended[: EXAMPLES - len(f.no_final_eos_examples)].tolist()
-        if special:  # trained and followed by trained text: a header or marker, not a turn's end
-            follows = np.append(with_next[1:], False)[: hi - lo]
-            hit = m & follows & ~last & np.isin(t, special_ids, kind="table")
-            for tok_id, count in zip(*np.unique(t[hit], return_counts=True), strict=True):
-                f.special_trained[int(tok_id)] = f.special_trained.get(int(tok_id), 0) + int(count)
+    spans = range(0, n, CHUNK)
+    if chunk_threads > 1 and len(spans) > 1:  # in order, as the part's other chunks are read
+        with ThreadPoolExecutor(max_workers=min(chunk_threads, len(spans))) as pool:
+            chunks = list(pool.map(chunk, spans))
+    else:
+        chunks = map(chunk, spans)
+    for c in chunks:
+        if c.too_big is not None:
+            f.too_big.append(f"part {part} offset {c.too_big}")
+        done_trainable[c.ending] = c.trainable_at_ends + carried
+        carried += c.trainable
+        if c.eos_at is not None:
+            eos_at.append(c.eos_at)
+            f.eos_inside += c.eos_inside
+            f.no_final_eos += int(c.unended.size)
+            f.no_final_eos_examples += c.unended[: EXAMPLES - len(f.no_final_eos_examples)].tolist()
+        for tok_id, count in c.special_trained.items():
+            f.special_trained[tok_id] = f.special_trained.get(tok_id, 0) + count
     trainable = np.diff(done_trainable, prepend=0)
     f.trainable_share = (trainable / np.maximum(lengths, 1)).astype(np.float32)
     f.empty = [int(i) for i in np.flatnonzero(trainable == 0)]
@@ -339,6 +344,67 @@ def _check_part(
         f.olmo_core = OlmoCoreFit(sequence_length, long_doc_strategy)
         f.olmo_core.add_part(starts, ends, n, np.concatenate(eos_at) if eos is not None else None)
     return f
+
+
+@dataclass
+class _ChunkFacts:
+    """What tokens ``[lo, lo + CHUNK)`` of a part show, to be added up in the part's order."""
+
+    too_big: int | None  # the first offset of an id beyond the vocabulary
+    ending: np.ndarray  # the documents that end in the chunk
+    trainable_at_ends: np.ndarray  # trainable tokens of the chunk up to each of their ends
+    trainable: int  # trainable tokens of the chunk
+    eos_at: np.ndarray | None  # offsets of EOS tokens (None without an EOS)
+    eos_inside: list[int]  # documents with an EOS before their end
+    unended: np.ndarray  # documents ending here whose last token is not EOS
+    special_trained: dict[int, int]
+
+
+def _check_chunk(
+    tokens_file: Path,
+    mask_file: Path,
+    dtype: np.dtype,
+    n: int,
+    ends: np.ndarray,
+    vocab: int | None,
+    eos: int | None,
+    special_ids: np.ndarray,
+    lo: int,
+) -> _ChunkFacts:
+    hi = min(n, lo + CHUNK)
+    t = _read_span(tokens_file, dtype, lo, hi)
+    with_next = _read_span(mask_file, np.dtype(np.uint8), lo, min(n, hi + 1)).astype(bool)
+    m = with_next[: hi - lo]
+    too_big = None
+    if vocab is not None and t.size and int(t.max()) >= vocab:
+        too_big = lo + int(np.argmax(t >= vocab))
+    # documents ending in this chunk (ends are sorted: the boundaries tile the part)
+    ending = np.arange(np.searchsorted(ends, lo, side="right"), np.searchsorted(ends, hi, side="right"))
+    last = np.zeros(hi - lo, dtype=bool)  # a document's last token
+    last[ends[ending] - 1 - lo] = True
+    running = np.cumsum(m, dtype=np.int64)
+    facts = _ChunkFacts(
+        too_big=too_big,
+        ending=ending,
+        trainable_at_ends=running[ends[ending] - 1 - lo],
+        trainable=int(running[-1]) if running.size else 0,
+        eos_at=None,
+        eos_inside=[],
+        unended=np.zeros(0, np.int64),
+        special_trained={},
+    )
+    if eos is not None:
+        every_eos = np.flatnonzero(t == eos)
+        facts.eos_at = every_eos + lo
+        at = every_eos[~last[every_eos]]  # not a document's last token
+        facts.eos_inside = [int(d) for d in np.unique(np.searchsorted(ends, lo + at, side="right"))]
+        facts.unended = ending[t[ends[ending] - 1 - lo] != eos]
+    if special_ids.size:  # trained and followed by trained text: a header or marker, not a turn's end
+        follows = np.append(with_next[1:], False)[: hi - lo]
+        hit = m & follows & ~last & np.isin(t, special_ids, kind="table")
+        for tok_id, count in zip(*np.unique(t[hit], return_counts=True), strict=True):
+            facts.special_trained[int(tok_id)] = int(count)
+    return facts
 
 
 def _read_span(path: Path, dtype: np.dtype, lo: int, hi: int) -> np.ndarray:

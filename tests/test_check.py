@@ -159,6 +159,29 @@ def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_pa
     assert differ == {"dataset_statistics.json"}  # which names the dataset file: another path here
 
 
+def test_chunks_of_one_part_checked_at_once_find_what_one_chunk_finds(prefect_api, tmp_path, monkeypatch):
+    """An output of one part is read in chunks on threads (as many as the check may use): the same
+    findings, document numbers and totals as one chunk, and as the chunks one after another."""
+    import sftmix.check
+
+    rows = [
+        chat(f"question {i}?", f"answer <|im_start|>user number {i}." if i % 7 == 0 else f"answer {i}.")
+        for i in range(60)
+    ]
+    rows += [{"messages": [{"role": "user", "content": "no answer"}]}] * 3
+    out = run(tmp_path, rows, "one-part", slice_rows=8, drop_untrainable=False, shuffle_seed=3)
+    assert not (out / "token_ids_part_0001.npy").exists()
+    one_chunk = check_output(out, 16)
+    assert one_chunk.findings
+    for chunk in (1, 7, 100):
+        monkeypatch.setattr(sftmix.check, "CHUNK", chunk)
+        monkeypatch.setattr(sftmix.check, "available_cpus", lambda: 4)  # chunks on threads here too
+        assert check_output(out, 16).to_json() == one_chunk.to_json()
+        monkeypatch.setattr(sftmix.check, "MAX_PART_THREADS", 1)
+        assert check_output(out, 16).to_json() == one_chunk.to_json()
+        monkeypatch.undo()
+
+
 def test_template_drift_against_the_tokenizers_own_template(clean, prefect_api, tmp_path):
     """The template used is compared with the one the tokenizer ships for the model: the bundled
     tokenizer ships a ChatML template, so `olmo` differs (with a diff) and the tokenizer's own is the same."""
