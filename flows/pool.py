@@ -114,10 +114,11 @@ class ProcessPool(ProcessPoolTaskRunner):
         super().__enter__()
         executor = self._executor
         if executor is not None:
-            if start_method() != "spawn":  # Prefect's executor as it is, on another start method
+            method = start_method(executor._max_workers)  # type: ignore[attr-defined]
+            if method != "spawn":  # Prefect's executor as it is, on another start method
                 executor = ProcessPoolExecutor(
                     max_workers=executor._max_workers,  # type: ignore[attr-defined]
-                    mp_context=multiprocessing.get_context(start_method()),
+                    mp_context=multiprocessing.get_context(method),
                     initializer=executor._initializer,  # type: ignore[attr-defined]
                     initargs=executor._initargs,  # type: ignore[attr-defined]
                 )
@@ -150,7 +151,7 @@ class ProcessPool(ProcessPoolTaskRunner):
 def runner_name(runner: Any) -> str:
     """A task runner as the log names it: for the pool, also how its workers start."""
     name = type(runner).__name__
-    if isinstance(runner, ProcessPool) and start_method() == "forkserver":
+    if isinstance(runner, ProcessPool) and start_method(runner._max_workers) == "forkserver":
         name += ", workers forked from a preloaded server"
     return name
 

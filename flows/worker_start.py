@@ -31,12 +31,19 @@ WORKER_PRELOAD = ["tasks.worker_preload"]
 #: ``SMALL_JOB_ROWS``), so the command does not start their server ahead of the plan.
 SMALL_INPUT_BYTES = 4 << 20
 
+#: Fewer workers than this are spawned even in the command: the server's own imports compete with
+#: the API's start and the plan, and cost about what forking saves. Measured at 4x of ShareGPT: 2 workers
+#: on 2 cores were 1-4% slower forked (the start-up 0.7-1.5 s longer); 16 workers on 16 cores were 2-23%
+#: faster (0.8-3.9 s). Not measured between those.
+MIN_FORKED_WORKERS = 4
+
 _start_method = "spawn"
 
 
-def start_method() -> str:
-    """The start method of worker processes in this process: ``spawn`` unless the command chose."""
-    return _start_method
+def start_method(workers: int) -> str:
+    """How a pool of ``workers`` processes starts them here: ``spawn`` unless the command chose to fork
+    them and there are enough of them."""
+    return _start_method if workers >= MIN_FORKED_WORKERS else "spawn"
 
 
 #: Set to ``spawn`` to start workers as Prefect does (to compare, or should forking ever misbehave).
@@ -59,7 +66,7 @@ def start_worker_server(mixer: MixerConfig, run: RunOptions) -> None:
     plan: a wrong one costs one idle process's imports, or the overlap (the pool starts it anyway)."""
     if _start_method != "forkserver" or run.runner not in ("auto", "process"):
         return
-    if (run.workers or available_cpus()) < 2:
+    if start_method(run.workers or available_cpus()) != "forkserver":
         return
     if run.runner == "auto":
         paths = [d.path for d in mixer.datasets]

@@ -29,8 +29,9 @@ pytestmark = pytest.mark.slow
 STOP_WITHIN = 10.0
 
 
-def command(data: Path, work: Path, out: Path) -> list[str]:
-    return convert_command(data, work, out, 500, "--runner", "process", "--workers", "2")
+def command(data: Path, work: Path, out: Path, workers: int = 2) -> list[str]:
+    """2 workers are spawned, 4 forked from the command's fork server (flows.worker_start)."""
+    return convert_command(data, work, out, 500, "--runner", "process", "--workers", str(workers))
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +82,11 @@ class Run:
                 parents += [int(p) for p in out.split()]
         return [p for p in found if not running or running in _cmdline(p)]
 
-    def workers(self) -> list[int]:
-        """The pool's worker processes: forked by the command's fork server (flows.worker_start), the
-        one child of the command that runs multiprocessing's fork server."""
+    def workers(self, forked: bool) -> list[int]:
+        """The pool's worker processes: spawned by the command, or forked by its fork server (the one
+        child of the command that runs multiprocessing's fork server, flows.worker_start)."""
+        if not forked:
+            return self.children("spawn_main", descendants=False)
         (server,) = self.children("multiprocessing.forkserver", descendants=False)
         out = subprocess.run(["pgrep", "-P", str(server)], capture_output=True, text=True).stdout
         return [int(p) for p in out.split()]
@@ -170,14 +173,14 @@ def test_a_signal_while_the_api_starts_stops_the_head_start(chats, tmp_path):
     that start long (the server creates its database first), as on a user's first run."""
     data, expected = chats
     work, out = tmp_path / "work", tmp_path / "out"
-    run = Run(command(data, work, out), env={"PREFECT_HOME": str(tmp_path / "prefect-home")})
+    run = Run(command(data, work, out, workers=4), env={"PREFECT_HOME": str(tmp_path / "prefect-home")})
     deadline = time.monotonic() + 120
     while not list(work.glob("slices/*/*/manifest.json")):  # a head-start slice finished
         assert time.monotonic() < deadline and run.proc.poll() is None, run.stderr[-3000:]
         time.sleep(0.05)
     assert "Beginning flow run" not in run.stderr  # the API is not answering yet
     children = run.children()
-    assert len(run.workers()) >= 2  # the head start's workers
+    assert len(run.workers(forked=True)) >= 2  # the head start's workers
     since = time.monotonic()
     os.killpg(run.proc.pid, signal.SIGINT)
     assert run.stopped(since) == 130
@@ -211,12 +214,13 @@ def test_a_closed_output_pipe_stops_the_run(chats, tmp_path):
     _rerun_matches(data, work, out, expected)
 
 
-def test_a_killed_worker_is_replaced_and_the_bytes_are_the_same(chats, tmp_path):
+@pytest.mark.parametrize("forked", [False, True], ids=["spawned", "forked"])
+def test_a_killed_worker_is_replaced_and_the_bytes_are_the_same(chats, tmp_path, forked):
     data, expected = chats
     work, out = tmp_path / "work", tmp_path / "out"
-    run = Run(command(data, work, out))
+    run = Run(command(data, work, out, workers=4 if forked else 2))
     run.wait_for_slices()
-    workers = run.workers()
+    workers = run.workers(forked)
     os.kill(workers[0], signal.SIGKILL)  # what the OOM killer does
     assert run.proc.wait(timeout=300) == 0, run.stderr[-3000:]
     run.reader.join(10)

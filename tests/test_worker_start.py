@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.worker_start import START_METHOD_ENV
+from flows.worker_start import MIN_FORKED_WORKERS, START_METHOD_ENV
 from sftmix.digest import compare
 from tests.cli_runs import cli_env, convert_command
 
@@ -24,8 +24,10 @@ pytestmark = pytest.mark.slow
 FORKED = "workers forked from a preloaded server"
 
 
-def _convert(data: Path, root: Path, **env: str) -> subprocess.CompletedProcess:
-    cmd = convert_command(data, root / "work", root / "out", 500, "--runner", "process", "--workers", "2")
+def _convert(data: Path, root: Path, workers: int = 4, **env: str) -> subprocess.CompletedProcess:
+    cmd = convert_command(
+        data, root / "work", root / "out", 500, "--runner", "process", "--workers", str(workers)
+    )
     done = subprocess.run(cmd, env={**cli_env(), **env}, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
@@ -38,8 +40,11 @@ def test_forked_workers_write_the_bytes_of_spawned_ones(tmp_path):
     assert FORKED in forked.stderr
     spawned = _convert(data, tmp_path / "spawned", **{START_METHOD_ENV: "spawn"})
     assert FORKED not in spawned.stderr and "(ProcessPool)" in spawned.stderr
-    result = compare(tmp_path / "forked" / "out", tmp_path / "spawned" / "out")
-    assert result.matches, result.render()
+    few = _convert(data, tmp_path / "few", workers=MIN_FORKED_WORKERS - 1)  # spawned: too few to pay
+    assert FORKED not in few.stderr and "(ProcessPool)" in few.stderr
+    for other in ("spawned", "few"):
+        result = compare(tmp_path / "forked" / "out", tmp_path / other / "out")
+        assert result.matches, result.render()
     assert "Warning" not in forked.stderr.replace("WARNING", "")  # e.g. runpy's, from each worker
 
 
