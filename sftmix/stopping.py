@@ -154,6 +154,7 @@ def die_with_parent_preexec() -> None:
 def follow_parent(poll_seconds: float = 1.0) -> None:
     """In a worker process: exit at once when the parent is gone (a kill -9 of the run), from a daemon
     thread, so no worker keeps tokenizing for a run that no longer exists."""
+    _release_fork_server()
     parent = os.getppid()
 
     def watch() -> None:
@@ -163,6 +164,21 @@ def follow_parent(poll_seconds: float = 1.0) -> None:
                 os._exit(1)
 
     threading.Thread(target=watch, name="follow-parent", daemon=True).start()
+
+
+def _release_fork_server() -> None:
+    """In a worker forked by multiprocessing's fork server (``flows.worker_start``), whose parent is that
+    server: close the worker's copy of the command's end of the server's pipe. The server ends when
+    that pipe has no writer left, so it ends with the command, and the worker follows it; each forked
+    process gets a copy (to start processes through the server itself, which a worker never does),
+    and with it a command killed outright left the server and its workers waiting on each other."""
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        server._forkserver_alive_fd = None  # type: ignore[union-attr]
 
 
 _supervisor_watched = False

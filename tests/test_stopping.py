@@ -230,6 +230,20 @@ def test_a_killed_worker_is_replaced_and_the_bytes_are_the_same(chats, tmp_path,
     assert not [p for p in work.glob("slices/*/*/*") if ".tmp-" in p.name]
 
 
+@pytest.mark.parametrize("forked", [False, True], ids=["spawned", "forked"])
+def test_a_command_killed_outright_leaves_no_process_behind(chats, tmp_path, forked):
+    """kill -9 of the command alone, not its group: its API server, its workers and the workers' fork
+    server end by themselves (a rerun resumes: test_kill)."""
+    data, _ = chats
+    run = Run(command(data, tmp_path / "work", tmp_path / "out", workers=4 if forked else 2))
+    run.wait_for_slices()
+    left = run.children()
+    assert run.workers(forked)
+    os.kill(run.proc.pid, signal.SIGKILL)
+    run.proc.wait(timeout=30)
+    assert _gone(left, within=10), [(p, _cmdline(p)[:90]) for p in left if Path(f"/proc/{p}").exists()]
+
+
 def test_a_dead_api_server_stops_the_run(chats, tmp_path):
     data, expected = chats
     work, out = tmp_path / "work", tmp_path / "out"
@@ -237,10 +251,12 @@ def test_a_dead_api_server_stops_the_run(chats, tmp_path):
     run.wait_for_slices()
     server = run.children("uvicorn")
     assert len(server) == 1
+    left = run.children()
     since = time.monotonic()
     os.kill(server[0], signal.SIGKILL)
     assert run.stopped(since) == 5
     _one_line_reason(run.stderr, "the temporary Prefect API server died")
+    assert _gone(left), "a worker outlived the run"
     _rerun_matches(data, work, out, expected)
 
 
