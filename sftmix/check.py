@@ -317,7 +317,7 @@ def _check_part(
     carried = 0
     eos_at: list[np.ndarray] = []  # where OLMo-core's default finds document ends
     spans = range(0, n, CHUNK)
-    if chunk_threads > 1 and len(spans) > 1:  # in order, as the part's other chunks are read
+    if chunk_threads > 1 and len(spans) > 1:  # on threads; their facts are added up in order below
         with ThreadPoolExecutor(max_workers=min(chunk_threads, len(spans))) as pool:
             chunks = list(pool.map(chunk, spans))
     else:
