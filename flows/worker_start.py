@@ -64,9 +64,7 @@ def start_worker_server(mixer: MixerConfig, run: RunOptions) -> None:
     """Start the workers' fork server now where the run is likely to use worker processes, so that its
     imports overlap the API's start and the planning instead of following them. A guess made before the
     plan: a wrong one costs one idle process's imports, or the overlap (the pool starts it anyway)."""
-    if _start_method != "forkserver" or run.runner not in ("auto", "process"):
-        return
-    if start_method(run.workers or available_cpus()) != "forkserver":
+    if run.runner not in ("auto", "process") or start_method(run.workers or available_cpus()) != "forkserver":
         return
     if run.runner == "auto":
         paths = [d.path for d in mixer.datasets]

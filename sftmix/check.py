@@ -153,6 +153,8 @@ def check_output(
     count = 0
     while (out / TOKENS_PART.format(count)).exists():
         count += 1
+    # numpy releases the GIL: parts on every core, and a few parts' chunks too
+    threads = max(1, min(available_cpus(), MAX_PART_THREADS))
     check = functools.partial(
         _check_part,
         out,
@@ -162,10 +164,8 @@ def check_output(
         special=special,
         sequence_length=sequence_length,
         long_doc_strategy=long_doc_strategy,
+        chunk_threads=max(1, threads // max(1, count)),
     )
-    threads = max(1, min(available_cpus(), MAX_PART_THREADS))
-    # numpy releases the GIL: parts on every core, and a few parts' chunks too
-    check = functools.partial(check, chunk_threads=max(1, threads // max(1, count)))
     with ThreadPoolExecutor(max_workers=max(1, min(count, threads))) as pool:
         facts = list(pool.map(check, range(count)))
     uneven, untiled, too_big, empty, long_docs, eos_inside = [], [], [], [], [], []
