@@ -31,11 +31,11 @@ WORKER_PRELOAD = ["tasks.worker_preload"]
 #: ``SMALL_JOB_ROWS``), so the command does not start their server ahead of the plan.
 SMALL_INPUT_BYTES = 4 << 20
 
-#: Fewer workers than this are spawned even in the command: the server's own imports compete with
-#: the API's start and the plan, and cost about what forking saves. Measured at 4x of ShareGPT: 2 workers
-#: on 2 cores were 1-4% slower forked (the start-up 0.7-1.5 s longer); 16 workers on 16 cores were 2-23%
-#: faster (0.8-3.9 s). Not measured between those.
-MIN_FORKED_WORKERS = 4
+#: Fewer workers than this are spawned even in the command. One worker gains nothing from a server.
+#: With the server importing only what workers use, 2 workers on 2 cores were faster forked: 1x ShareGPT,
+#: alternating, 25.7-27.8 s (9 runs, mean 26.7) against 26.2-31.3 s spawned (mean 28.0). Before, when
+#: the server also imported transformers and datasets, they were 1-4% slower forked.
+MIN_FORKED_WORKERS = 2
 
 _start_method = "spawn"
 
@@ -66,13 +66,12 @@ def start_worker_server(mixer: MixerConfig, run: RunOptions) -> None:
     plan: a wrong one costs one idle process's imports, or the overlap (the pool starts it anyway)."""
     if run.runner not in ("auto", "process") or start_method(run.workers or available_cpus()) != "forkserver":
         return
-    if run.runner == "auto":
-        paths = [d.path for d in mixer.datasets]
-        if (
-            all(os.path.isfile(p) for p in paths)
-            and sum(os.path.getsize(p) for p in paths) < SMALL_INPUT_BYTES
-        ):
-            return
+    paths = [d.path for d in mixer.datasets]
+    local = all(os.path.isfile(p) for p in paths)
+    if run.runner == "auto" and local and sum(os.path.getsize(p) for p in paths) < SMALL_INPUT_BYTES:
+        return
+    if not local:  # a hub or remote dataset that workers may read through datasets
+        multiprocessing.get_context("forkserver").set_forkserver_preload([*WORKER_PRELOAD, "datasets"])
     # The server needs multiprocessing's resource tracker, whose start unblocks SIGINT and SIGTERM in
     # the calling thread: started first, so that the block below holds for the server's own start.
     resource_tracker.ensure_running()

@@ -1,22 +1,30 @@
-"""What a tokenizing worker imports before its first slice, imported once by the server that the
-command's workers are forked from (``flows.worker_start``), so that each worker starts with it
+"""What a tokenizing worker imports before and during its first slice, imported once by the server that
+the command's workers are forked from (``flows.worker_start``), so that each worker starts with it
 instead of importing it again.
 
-transformers comes through ``import_transformers``: imported plainly it would import PyTorch where that
-is installed (8.6 s on the lent 16-core machine), which tokenizing never needs. Also imported: what the
-command's module imports, since each worker runs that module again as its main module (not
-``sftmix.cli`` itself: runpy warns when ``python -m sftmix.cli`` finds it imported already)."""
+Only what a worker of the command imports, taken from the modules a spawned worker holds after its
+slices: Prefect's task engine, the installed Prefect collections (Prefect imports every one of them
+when a worker rebuilds the task's result storage: with prefect-dask that is all of Dask, 0.4 s), the
+tokenizers library, pyarrow, and the flow's modules (the task's functions are pickled from them).
+Not transformers or datasets, though the command imports both: a worker reads the plan's Arrow files
+and the plan's tokenizer file, and importing the two cost the server 1.2-1.5 s of CPU, competing with
+the API's start on a small machine. ``flows.worker_start`` adds datasets for a mixer that names a
+dataset the plan may not convert. Also imported: what the command's module imports, since each worker
+runs that module again as its main module (not ``sftmix.cli`` itself: runpy warns when
+``python -m sftmix.cli`` finds it imported already)."""
 
-from sftmix.tokenizer import import_transformers
+import prefect.task_engine  # noqa: F401
+import prefect.task_runners  # noqa: F401
+import pyarrow  # noqa: F401
+import tokenizers  # noqa: F401
+from prefect.plugins import load_prefect_collections
 
-import_transformers()
+import flows.pool  # noqa: F401
+import flows.tokenize_mixer  # noqa: F401
+import sftmix.config  # noqa: F401
+import sftmix.reference_flags  # noqa: F401
+import sftmix.report  # noqa: F401
+import sftmix.selection  # noqa: F401
+import tasks.tokenize  # noqa: F401
 
-import datasets  # noqa: E402, F401
-import prefect.task_engine  # noqa: E402, F401
-import prefect.task_runners  # noqa: E402, F401
-
-import sftmix.config  # noqa: E402, F401
-import sftmix.reference_flags  # noqa: E402, F401
-import sftmix.report  # noqa: E402, F401
-import sftmix.selection  # noqa: E402, F401
-import tasks.tokenize  # noqa: E402, F401
+load_prefect_collections()

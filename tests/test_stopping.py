@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.worker_start import START_METHOD_ENV
 from sftmix.digest import compare
 from tests.cli_runs import assert_rerun_resumes, cli_env, convert_command
 
@@ -28,9 +29,13 @@ pytestmark = pytest.mark.slow
 #: Seconds a stop may take, from the signal to the exit of the command.
 STOP_WITHIN = 10.0
 
+#: The environment that makes the command spawn its workers as Prefect does.
+SPAWNED = {START_METHOD_ENV: "spawn"}
+
 
 def command(data: Path, work: Path, out: Path, workers: int = 2) -> list[str]:
-    """2 workers are spawned, 4 forked from the command's fork server (flows.worker_start)."""
+    """The workers are forked from the command's fork server (flows.worker_start); run with ``SPAWNED``
+    in the environment, they are spawned."""
     return convert_command(data, work, out, 500, "--runner", "process", "--workers", str(workers))
 
 
@@ -218,7 +223,7 @@ def test_a_closed_output_pipe_stops_the_run(chats, tmp_path):
 def test_a_killed_worker_is_replaced_and_the_bytes_are_the_same(chats, tmp_path, forked):
     data, expected = chats
     work, out = tmp_path / "work", tmp_path / "out"
-    run = Run(command(data, work, out, workers=4 if forked else 2))
+    run = Run(command(data, work, out), env=None if forked else SPAWNED)
     run.wait_for_slices()
     workers = run.workers(forked)
     os.kill(workers[0], signal.SIGKILL)  # what the OOM killer does
@@ -235,7 +240,7 @@ def test_a_command_killed_outright_leaves_no_process_behind(chats, tmp_path, for
     """kill -9 of the command alone, not its group: its API server, its workers and the workers' fork
     server end by themselves (a rerun resumes: test_kill)."""
     data, _ = chats
-    run = Run(command(data, tmp_path / "work", tmp_path / "out", workers=4 if forked else 2))
+    run = Run(command(data, tmp_path / "work", tmp_path / "out"), env=None if forked else SPAWNED)
     run.wait_for_slices()
     left = run.children()
     assert run.workers(forked)

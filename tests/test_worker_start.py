@@ -22,6 +22,7 @@ from generate_demo_data import arithmetic  # noqa: E402
 pytestmark = pytest.mark.slow
 
 FORKED = "workers forked from a preloaded server"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _convert(data: Path, root: Path, workers: int = 4, **env: str) -> subprocess.CompletedProcess:
@@ -70,3 +71,18 @@ def _environ(pid: int) -> str:
         return Path(f"/proc/{pid}/environ").read_text(errors="replace")
     except OSError:
         return ""
+
+
+def test_the_fork_server_imports_what_workers_use_and_no_more():
+    """transformers, datasets and pandas would cost the server seconds of CPU that a worker reading the
+    plan's Arrow and tokenizer files never uses; Prefect's collections (prefect-dask: all of Dask) each
+    worker would import at its first task."""
+    probe = (
+        "import sys, tasks.worker_preload; "
+        "print(sorted(m for m in ('transformers', 'datasets', 'pandas', 'torch', 'prefect_dask') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[-2] == "['prefect_dask']"
