@@ -126,6 +126,7 @@ class Encoded:
 
     text: str
     pieces: list[Any] = field(default_factory=list)  # tokenizers.Encoding of each piece
+    piece_ids: list[list[int]] = field(default_factory=list)  # each piece's ids, read from it once
     bases: list[int] = field(default_factory=list)  # where each piece starts in ``text``
     skips: list[int] = field(default_factory=list)  # leading tokens of each piece that are not its own
     covered: int = 0
@@ -137,19 +138,21 @@ class Encoded:
     def complete(self) -> bool:
         return self.covered >= len(self.text)
 
-    def add(self, piece: Any, base: int, skip: int, end: int) -> None:
+    def add(self, piece: Any, ids: list[int], base: int, skip: int, end: int) -> None:
+        """``ids``: ``piece.ids``, which the tokenizer builds as a new list at every read."""
         self.pieces.append(piece)
+        self.piece_ids.append(ids)
         self.bases.append(base)
         self.skips.append(skip)
         self.covered = end
-        self.length += len(piece.ids) - skip
+        self.length += len(ids) - skip
         self._ids = None
         self.last_boundary = None
         if not self.complete:
-            self.last_boundary = (piece.ids[-1], base + piece.offsets[-1][0])
+            self.last_boundary = (ids[-1], base + piece.token_to_chars(len(ids) - 1)[0])
 
     def clear(self) -> None:
-        self.pieces, self.bases, self.skips = [], [], []
+        self.pieces, self.piece_ids, self.bases, self.skips = [], [], [], []
         self.covered = self.length = 0
         self.last_boundary = self._ids = None
 
@@ -157,7 +160,7 @@ class Encoded:
     def ids(self) -> np.ndarray:
         if self._ids is None:
             parts = [
-                np.asarray(p.ids[k:], dtype=np.int64) for p, k in zip(self.pieces, self.skips, strict=True)
+                np.array(ids, dtype=np.int64)[k:] for ids, k in zip(self.piece_ids, self.skips, strict=True)
             ]
             self._ids = parts[0] if len(parts) == 1 else np.concatenate([np.zeros(0, np.int64), *parts])
         return self._ids
@@ -165,10 +168,10 @@ class Encoded:
     def offsets(self, limit: int | None = None) -> np.ndarray:
         """(start, end) character offsets in ``text`` of the first ``limit`` tokens, as (n, 2)."""
         out, left = [], self.length if limit is None else min(limit, self.length)
-        for piece, base, skip in zip(self.pieces, self.bases, self.skips, strict=True):
+        for piece, ids, base, skip in zip(self.pieces, self.piece_ids, self.bases, self.skips, strict=True):
             if left <= 0:
                 break
-            n = min(left, len(piece.ids) - skip)
+            n = min(left, len(ids) - skip)
             pairs = piece.offsets[skip : skip + n]
             flat = np.fromiter(chain.from_iterable(pairs), dtype=np.int64, count=2 * n)
             out.append(flat.reshape(-1, 2) + base)
@@ -181,8 +184,8 @@ class Encoded:
         chars = np.zeros((at.shape[0], 2), dtype=np.int64)
         first = 0
         k = 0
-        for piece, base, skip in zip(self.pieces, self.bases, self.skips, strict=True):
-            last = first + len(piece.ids) - skip
+        for piece, ids, base, skip in zip(self.pieces, self.piece_ids, self.bases, self.skips, strict=True):
+            last = first + len(ids) - skip
             while k < at.shape[0] and at[k] < last:
                 chars[k] = np.asarray(piece.token_to_chars(int(at[k]) - first + skip)) + base
                 k += 1
@@ -238,29 +241,34 @@ class PrefixEncoder:
             pieces = self.encode_batch(texts)
             again = []
             for i, cut, base, text, piece in zip(wanted, cuts, bases, texts, pieces, strict=True):
-                e = encs[i]
-                if not self._fits(e, piece, base, cut is not None, len(text)):
+                e, ids = encs[i], piece.ids
+                if not self._fits(e, piece, ids, base, cut is not None, len(text)):
                     e.clear()  # the tokenizer did not split where it was expected to: start over, whole
                     to_end.add(i)
                     again.append(i)
                     continue
                 skip = 0 if e.last_boundary is None else 1
                 self._chars += len(text)
-                self._tokens += len(piece.ids)
-                e.add(piece, base, skip, len(e.text) if cut is None else cut)
+                self._tokens += len(ids)
+                e.add(piece, ids, base, skip, len(e.text) if cut is None else cut)
                 if short(i):
                     again.append(i)
             wanted = again
 
-    def _fits(self, e: Encoded, piece: Any, base: int, cut: bool, length: int) -> bool:
+    def _fits(self, e: Encoded, piece: Any, ids: list[int], base: int, cut: bool, length: int) -> bool:
         """The piece starts with the boundary token the last one ended with and, when it was cut, ends
-        with a boundary token at the cut."""
+        with a boundary token at the cut. (Offsets of single tokens: reading ``piece.offsets`` builds
+        them all.)"""
         if e.last_boundary is not None and (
-            not piece.ids or piece.ids[0] != e.last_boundary[0] or piece.offsets[0] != (0, e.covered - base)
+            not ids or ids[0] != e.last_boundary[0] or piece.token_to_chars(0) != (0, e.covered - base)
         ):
             return False
         if cut:
             assert self.boundaries is not None
-            if not piece.ids or piece.ids[-1] not in self.boundaries.ids or piece.offsets[-1][1] != length:
+            if (
+                not ids
+                or ids[-1] not in self.boundaries.ids
+                or piece.token_to_chars(len(ids) - 1)[1] != length
+            ):
                 return False
         return True
