@@ -13,6 +13,7 @@ away lets its start-up overlap everything this process does before the flow star
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import secrets
@@ -23,6 +24,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import IO
 
 from sftmix.stopping import (
@@ -47,6 +49,14 @@ def _warm_imports() -> None:
     import datasets  # noqa: F401
 
 
+def _prefect_app_dir() -> str:
+    """Where the ``prefect`` package lives (uvicorn's ``--app-dir``), found without importing it."""
+    spec = importlib.util.find_spec("prefect")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("Prefect is not installed")
+    return str(Path(spec.origin).parent.parent)
+
+
 def _free_port() -> int:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -54,9 +64,14 @@ def _free_port() -> int:
 
 
 class TemporaryServer:
-    """Prefect's ephemeral API server in a subprocess (what ``SubprocessASGIServer`` starts)."""
+    """Prefect's ephemeral API server in a subprocess (what ``SubprocessASGIServer`` starts).
 
-    def __init__(self) -> None:
+    ``pass_settings``: hand it this process's Prefect settings, as Prefect does, for settings made in
+    this process (a test's temporary settings); without, the server reads the same profile, files and
+    environment as this process, and this process need not import Prefect before launching it."""
+
+    def __init__(self, pass_settings: bool = True) -> None:
+        self.pass_settings = pass_settings
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
         self.auth_string = secrets.token_urlsafe(24)
@@ -73,10 +88,14 @@ class TemporaryServer:
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/api"
 
-    def launch(self) -> None:
-        import prefect
+    def _settings(self) -> dict[str, str]:
+        if not self.pass_settings:
+            return {}
         from prefect.settings import get_current_settings
 
+        return get_current_settings().to_environment_variables(exclude_unset=True)
+
+    def launch(self) -> None:
         self.port = _free_port()
         logger.info("starting a temporary Prefect API server on http://127.0.0.1:%d", self.port)
         env = {
@@ -84,7 +103,7 @@ class TemporaryServer:
             "PREFECT_UI_ENABLED": "0",
             "PREFECT__SERVER_EPHEMERAL": "1",
             "PREFECT__SERVER_FINAL": "1",
-            **get_current_settings().to_environment_variables(exclude_unset=True),
+            **self._settings(),
             # Only this command and its workers (which inherit PREFECT_API_AUTH_STRING) may use it: a
             # web page the user visits cannot call a loopback API it does not know the secret of.
             "PREFECT_SERVER_API_AUTH_STRING": self.auth_string,
@@ -100,7 +119,7 @@ class TemporaryServer:
                 "-m",
                 "uvicorn",
                 "--app-dir",
-                str(prefect.__module_path__.parent),
+                _prefect_app_dir(),
                 "--factory",
                 "prefect.server.api.server:create_app",
                 "--host",
@@ -200,30 +219,39 @@ def _set_api_url(url: str | None, auth_string: str | None = None) -> None:
 
 
 @contextlib.contextmanager
-def prefect_api(prepare: Callable[[], None] | None = None) -> Iterator[str]:
+def prefect_api(prepare: Callable[[], None] | None = None, launch_first: bool = False) -> Iterator[str]:
     """Yield the API URL in use: the configured server, or a temporary one for this command.
 
-    ``prepare`` runs while the temporary server starts (work that fills caches the run uses next)."""
+    ``prepare`` runs while the temporary server starts (work that fills caches the run uses next).
+    ``launch_first`` (the command, one run per process): the temporary server is launched before this
+    process imports Prefect (about 1 s), unless the environment names an API; should a Prefect profile
+    name one, it is stopped again."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    import prefect.settings
-    from prefect.settings import (
-        PREFECT_API_AUTH_STRING,
-        PREFECT_API_URL,
-        PREFECT_CLIENT_MAX_RETRIES,
-        PREFECT_UI_URL,
-        temporary_settings,
-    )
-
-    configured = PREFECT_API_URL.value()
-    if configured:
-        yield configured
-        return
-    # Prefect's default 20 s is too short on a busy machine; a slow start is not a reason to fail.
-    timeout = int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
-    server = TemporaryServer()
+    server = TemporaryServer(pass_settings=not launch_first)
+    if launch_first and not os.environ.get("PREFECT_API_URL"):
+        server.launch()
     fallback = None
     try:
-        server.launch()
+        import prefect.settings
+        from prefect.settings import (
+            PREFECT_API_AUTH_STRING,
+            PREFECT_API_URL,
+            PREFECT_CLIENT_MAX_RETRIES,
+            PREFECT_UI_URL,
+            temporary_settings,
+        )
+
+        configured = PREFECT_API_URL.value()
+        if configured:
+            if server.process is not None:
+                logger.info("the Prefect profile names an API, %s: the run uses it", configured)
+                server.stop()
+            yield configured
+            return
+        # Prefect's default 20 s is too short on a busy machine; a slow start is not a reason to fail.
+        timeout = int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
+        if server.process is None:
+            server.launch()
         _warm_imports()  # the heavy imports of the run overlap the server's start-up
         if prepare is not None:
             prepare()

@@ -352,7 +352,7 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
 
         fork_workers_from_server()
         start_worker_server(mixer, run)
-    with head_start_scope(), prefect_api(prepare=prepare), _progress_bar():
+    with head_start_scope(), prefect_api(prepare, launch_first=_one_run_per_process), _progress_bar():
         # Imported here, not above: with a temporary API server, the import overlaps its start-up.
         from flows.tokenize_mixer import tokenize_mixer
 
