@@ -4,7 +4,7 @@
   their slices were unfinished and a rerun recomputes them from scratch.
 - A worker that dies (the OOM killer's SIGKILL) breaks a ``ProcessPoolExecutor`` and fails every
   slice in flight with ``BrokenProcessPool``; :func:`worker_died` tells those failures apart so the
-  flow can rebuild the pool and retry them.
+  flow can rebuild the pool and retry them. The broken pool's other workers are killed.
 - A pool started ahead of the flow (``flows.head_start``) is handed to it already running.
 - Each worker keeps one Prefect client for all its task runs (:class:`_ClientKeepingExecutor`).
 - In the command, workers are forked from a server that imported their modules once
@@ -142,9 +142,21 @@ class ProcessPool(ProcessPoolTaskRunner):
             with contextlib.suppress(Exception):
                 process.kill()
 
+    def broken(self) -> bool:
+        """A worker died. Python then fails every call in flight, asks the other workers to terminate
+        (SIGTERM, which workers ignore: ``init_worker``) and waits for them to end: after their current
+        slice, whose result nobody takes, or never, when the dead one held the lock of a queue they
+        must flush before they exit (seen: a command that hung for good after a worker was killed)."""
+        return bool(getattr(self._executor, "_broken", False))
+
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        if exc_type is not None:
+        if exc_type is not None or self.broken():
             self.kill_workers()
+            if self._subprocess_message_queue is not None:
+                # A worker killed while writing a log line to Prefect's queue keeps its lock for ever:
+                # Prefect's last message to the queue then never leaves, and this process must not
+                # wait for it at its exit.
+                self._subprocess_message_queue.cancel_join_thread()
         super().__exit__(exc_type, exc_value, traceback)
 
 
