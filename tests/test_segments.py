@@ -66,3 +66,37 @@ def test_rows_dropped_early_are_the_rows_the_whole_check_drops(convs, tokenizer,
         assert (a.status, a.detail) == (b.status, b.detail)
         if a.status == 0:
             assert np.array_equal(a.ids, b.ids) and np.array_equal(a.mask, b.mask)
+
+
+def test_segments_are_independent_only_without_a_normalizer_or_a_prefix_space():
+    """``boundaries_of`` reads the normalizer and the pre-tokenizer's own JSON, never the whole
+    tokenizer's; this is what the whole JSON says for each kind."""
+    from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers
+
+    from sftmix.tokenizer import boundaries_of
+
+    def build(normalizer=None, pre=None) -> Tokenizer:
+        tok = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+        if normalizer is not None:
+            tok.normalizer = normalizer
+        if pre is not None:
+            tok.pre_tokenizer = pre
+        tok.add_special_tokens([AddedToken("<|end|>", special=True), AddedToken("<x>", lstrip=True)])
+        return tok
+
+    split = pre_tokenizers.Split(Regex(r"\s+"), behavior="isolated")
+    dependent = [
+        build(normalizers.NFC(), pre_tokenizers.Whitespace()),
+        build(pre=pre_tokenizers.Metaspace()),
+        build(pre=pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=True)])),
+    ]
+    for tok in dependent:
+        assert boundaries_of(tok) is None, tok.to_str()[:300]
+    for tok in (
+        build(),
+        build(pre=pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False)])),
+    ):
+        found = boundaries_of(tok)
+        assert found is not None
+        assert found.contents == ("<|end|>",)  # <x> strips spaces around it: no boundary
+        assert found.every == ("<x>", "<|end|>")
