@@ -17,11 +17,6 @@ from flows.pool import process_pool
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _pid_after(seconds: float) -> int:
-    time.sleep(seconds)
-    return os.getpid()
-
-
 @pytest.mark.slow
 def test_a_broken_pool_ends_at_once_with_its_other_workers_killed():
     """A worker killed outright breaks the pool; the others ignore the SIGTERM Python sends them (as
@@ -29,7 +24,7 @@ def test_a_broken_pool_ends_at_once_with_its_other_workers_killed():
     their work to end."""
     pool = process_pool(2)
     with pool:
-        busy = [pool._executor.submit(_pid_after, 600) for _ in range(2)]
+        busy = [pool._executor.submit(time.sleep, 600) for _ in range(2)]
         deadline = time.monotonic() + 120
         while len(pool._executor._processes) < 2 or any(
             not p.is_alive() for p in pool._executor._processes.values()

@@ -16,13 +16,13 @@ from flows.worker_start import MIN_FORKED_WORKERS, START_METHOD_ENV
 from sftmix.digest import compare
 from tests.cli_runs import cli_env, convert_command
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
 from generate_demo_data import arithmetic  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 FORKED = "workers forked from a preloaded server"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _convert(data: Path, root: Path, workers: int = 4, **env: str) -> subprocess.CompletedProcess:
