@@ -2,53 +2,31 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
 import os
-import queue
 import time
 import uuid
-from collections.abc import Callable
-from concurrent.futures import Future
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.states import Cancelled, Failed
-from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.artifacts import publish_artifacts
-from flows.head_start import HeadStart, take_head_start
-from flows.pool import (
-    pool_size,
-    process_pool,
-    run_order,
-    runner_name,
-    slices_to_compute,
-    was_running,
-    worker_died,
-)
-from flows.progress import SliceProgress
+from flows.fanout import SliceOutcome, run_slice_specs
 from flows.watch import StopWatch, report_crashed
 from sftmix.check import check_output
 from sftmix.config import MixerConfig, RunOptions
 from sftmix.digest import RUN_REPORT
-from sftmix.errors import CheckFailedError, MixerError, SliceFailuresError, WorkerDiedError
+from sftmix.errors import CheckFailedError, MixerError
 from sftmix.plan import Plan
 from sftmix.publish import check_output_free, paths_to_protect, staging_dir
 from sftmix.report import COMMAND_CLOCK, DatasetReport, RunReport
 from sftmix.report_page import REPORT_PNG, write_report
 from sftmix.roots import check_allowed_roots
-from sftmix.slices import (
-    SliceManifest,
-    SliceSpec,
-    TokenizeContext,
-    push_worker_tokenizer,
-    verify_slice,
-)
 from sftmix.stopping import EXIT_CANCELLED, RunStopped, follow_supervisor
 from sftmix.storage import atomic_write_bytes, is_remote, remove_tree
 from sftmix.templates import template_drift
@@ -56,320 +34,16 @@ from sftmix.tokenizer import TokenizerKey, own_chat_template
 from tasks.assemble import assemble_output
 from tasks.plan import plan_mixer
 from tasks.publish import publish_output
-from tasks.tokenize import slice_task_for
 from tasks.validate import validate_output
 
 
-@dataclass
-class SliceOutcome:
-    manifests: list[SliceManifest]
-    computed: int
-    reused: int
-    rechecked: int
-    seconds: float
-    steady_seconds: float
-    steady_tokens_per_second: float
-    computed_tokens: int = 0  # tokens of the slices computed in this run (not reused)
-
-    @classmethod
-    def of(
-        cls, manifests: list[SliceManifest], reused: list[bool], seconds: float, rechecked: int = 0
-    ) -> SliceOutcome:
-        """The outcome of ``manifests`` (in plan order), ``reused[i]`` telling the ones not computed now;
-        the steady window spans the computed ones."""
-        fresh = [m for m, r in zip(manifests, reused, strict=True) if not r]
-        span = max((m.finished_at for m in fresh), default=0.0) - min(
-            (m.started_at for m in fresh), default=0.0
-        )
-        return cls(
-            manifests=manifests,
-            computed=len(fresh),
-            reused=len(manifests) - len(fresh),
-            rechecked=rechecked,
-            seconds=seconds,
-            steady_seconds=round(max(span, 0.0), 3),
-            steady_tokens_per_second=round(sum(m.tokens for m in fresh) / span, 1) if span > 0 else 0.0,
-            computed_tokens=sum(m.tokens for m in fresh),
-        )
-
-
-RunnerFactory = Callable[[int], Any]
-
-
-def _runner(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOptions) -> tuple[RunnerFactory, int]:
-    """A factory of task runners of N workers (so a pool broken by a dead worker can be rebuilt), and N."""
-    workers, processes = pool_size(slices_to_compute(specs, ctx, run), run)
-    if run.runner == "dask":
-        return (lambda n: _dask_runner(run, n)), workers
-    if processes:
-        return process_pool, workers
-    return (lambda n: ThreadPoolTaskRunner(max_workers=1)), 1
-
-
-def _dask_runner(run: RunOptions, workers: int):
-    from prefect_dask import DaskTaskRunner
-
-    if run.dask_address:
-        return DaskTaskRunner(address=run.dask_address)
-    return DaskTaskRunner(
-        cluster_kwargs={
-            "n_workers": workers,
-            "threads_per_worker": 1,
-            "processes": True,
-            "env": {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"},
-        }
-    )
-
-
-#: A slice in flight when this many workers died is retried alone, in a pool of one worker: a slice
-#: that kills its worker by itself (one row needing more memory than there is) is then named.
-SUSPECT_AFTER_DEATHS = 2
-
-
-class _Slices:
-    """What is known of each slice while the pool runs: its manifest, whether it was a cache hit, its
-    failure, how many dead workers it was a casualty of."""
-
-    def __init__(self, specs: list[SliceSpec], started_at: float | None = None) -> None:
-        n = max((s.index for s in specs), default=-1) + 1  # indices are the plan's
-        self.manifests: list[SliceManifest | None] = [None] * n
-        self.cached = [False] * n
-        self.errors: list[tuple[SliceSpec, BaseException]] = []
-        self.deaths = [0] * n
-        self.progress = SliceProgress(len(specs))
-        self.done = 0
-        # a slice whose manifest is older than this was reused, not computed by this command
-        self.started_at = time.time() if started_at is None else started_at
-
-
-def _run_batch(
-    specs: list[SliceSpec],
-    task: Any,
-    runner: Any,
-    ctx: Any,
-    state: _Slices,
-    watch: StopWatch,
-    reuse: bool,
-    ahead: dict[str, Future] | None = None,
-) -> list[SliceSpec]:
-    """Run ``specs`` on ``runner``; returns the slices lost to a dead worker (to retry). ``ahead``: the
-    head start's slices, by key (their task runs are submitted once they end)."""
-    lost: list[SliceSpec] = []
-    with runner:
-        params = {"ctx": ctx, "reuse": reuse}
-        finished: queue.SimpleQueue = queue.SimpleQueue()
-
-        def submit(spec: SliceSpec) -> Any:
-            fut = runner.submit(task, parameters={"spec": spec, **params})
-            fut.add_done_callback(finished.put)
-            return fut
-
-        pending: dict = {}
-        waiting: dict[Future, SliceSpec] = {}  # head-start slices still being tokenized
-        for s in specs:
-            early = (ahead or {}).get(s.key)
-            if early is not None and not early.done():
-                waiting[early] = s
-            else:
-                pending[submit(s)] = s
-        for early in waiting:
-            early.add_done_callback(finished.put)
-        try:
-            _collect(pending, finished, state, watch, lost, waiting, submit)
-        except BaseException:
-            if isinstance(runner, ThreadPoolTaskRunner):  # its exit would run every queued slice first
-                for fut in pending:  # (a process pool's workers are killed instead: flows.pool)
-                    with contextlib.suppress(Exception):
-                        fut.wrapped_future.cancel()
-            raise
-    return lost
-
-
-def _collect(
-    pending: dict,
-    finished: queue.SimpleQueue,
-    state: _Slices,
-    watch: StopWatch,
-    lost: list[SliceSpec],
-    waiting: dict[Future, SliceSpec],
-    submit: Callable[[SliceSpec], Any],
-) -> None:
-    """Take finished slices as they come: record manifests, failures, and slices lost to dead workers;
-    a head-start slice that ends gets its task run (which finds its checkpoint)."""
-    logger = get_run_logger()
-    total = state.progress.total
-    while pending or waiting:
-        # Wake every couple of seconds to look for a cancel (no alarm-based timeout here: an
-        # alarm would fire inside the work done for a finished slice)
-        try:
-            fut = finished.get(timeout=watch.every)
-        except queue.Empty:
-            watch.check()
-            continue
-        if fut in waiting:
-            spec = waiting.pop(fut)
-            exc = None if fut.cancelled() else fut.exception()
-            if exc is not None and worker_died(exc):
-                lost.append(spec)
-                state.deaths[spec.index] += 1
-            else:  # done, or failed: the task run reuses it, or meets the failure and reports it
-                pending[submit(spec)] = spec
-            continue
-        spec = pending.pop(fut)
-        try:
-            m = SliceManifest.model_validate(fut.result())
-        except Exception as exc:  # collected: finished slices stay checkpointed
-            if worker_died(exc):
-                lost.append(spec)
-                if was_running(fut):  # queued slices were not in the dead worker's hands
-                    state.deaths[spec.index] += 1
-                continue
-            state.errors.append((spec, exc))
-            logger.error("slice %s failed: %s", spec.describe(), exc)
-            continue
-        state.done += 1
-        state.manifests[spec.index] = m
-        # reused: Prefect's cache answered, or the slice's own manifest from an earlier run did
-        state.cached[spec.index] = fut.state.name == "Cached" or m.finished_at < state.started_at
-        state.progress.advance(m.rows, m.tokens, spec.describe(), reused=state.cached[spec.index])
-        verb = (
-            "reused"
-            if state.cached[spec.index]
-            else f"done in {m.seconds:.1f}s ({m.tokens / max(m.seconds, 1e-9):,.0f} tok/s)"
-        )
-        logger.info(
-            "[%d/%d] %s: %d rows, %d tokens, %s",
-            state.done,
-            total,
-            spec.describe(),
-            m.rows,
-            m.tokens,
-            verb,
-        )
-        watch.check()
-
-
-def _run_all(
-    specs: list[SliceSpec],
-    task: Any,
-    make_runner: RunnerFactory,
-    workers: int,
-    ctx: TokenizeContext,
-    state: _Slices,
-    reuse: bool = True,
-    head: HeadStart | None = None,
-) -> None:
-    """Run ``specs``, rebuilding the pool when a worker dies; a slice lost to dead workers twice runs
-    alone, and one that kills its worker alone fails the run, named. The first pool is ``head``'s
-    when there is one."""
-    logger = get_run_logger()
-    watch = StopWatch()
-    todo = specs
-    while todo:
-        suspects = [s for s in todo if state.deaths[s.index] >= SUSPECT_AFTER_DEATHS]
-        others = [s for s in todo if state.deaths[s.index] < SUSPECT_AFTER_DEATHS]
-        todo = []
-        for spec in suspects:
-            if _run_batch([spec], task, make_runner(1), ctx, state, watch, reuse):
-                state.errors.append((spec, WorkerDiedError(
-                    f"slice {spec.describe()} killed the worker process tokenizing it "
-                    f"{state.deaths[spec.index]} times, the last time alone (out of memory? a row "
-                    "of it needs more than this machine has; the system log names the killer)"
-                )))  # fmt: skip
-        if others:
-            if head is not None:
-                runner, ahead, head = head.pool, head.claim(), None
-            else:
-                runner, ahead = make_runner(workers), None
-            lost = _run_batch(others, task, runner, ctx, state, watch, reuse, ahead)
-            if lost:
-                logger.warning(
-                    "a worker process died (killed, or out of memory); rebuilding the pool and retrying "
-                    "the %d unfinished slice(s): %s",
-                    len(lost),
-                    ", ".join(s.describe() for s in lost[:5]) + (" ..." if len(lost) > 5 else ""),
-                )
-                todo = run_order(lost)
-
-
 def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
+    """The plan's slices, on this run's pool or, for ``runner: work_pool``, as batch runs elsewhere."""
     if run.runner == "work_pool":
         from flows.work_pool import run_on_work_pool
 
         return run_on_work_pool(plan, run)
     return run_slice_specs(plan.slices, plan.context, run)
-
-
-def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOptions) -> SliceOutcome:
-    """Tokenize every slice (reusing finished ones), distrusting cached files until they verify."""
-    logger = get_run_logger()
-    push_worker_tokenizer(ctx)  # workers on other machines read it from the remote work directory
-    head = take_head_start(specs, ctx, run)
-    if head is not None:
-        make_runner: RunnerFactory = process_pool
-        workers = head.workers
-        begun = sum(f.running() or f.done() for f in head.futures.values())
-        logger.info(
-            "%d slices on %d worker(s) (%s), %d begun while the Prefect API started",
-            len(specs),
-            workers,
-            runner_name(head.pool),
-            begun,
-        )
-    else:
-        make_runner, workers = _runner(specs, ctx, run)
-        logger.info("%d slices on %d worker(s) (%s)", len(specs), workers, runner_name(make_runner(workers)))
-    started = time.perf_counter()
-    state = _Slices(specs, started_at=head.started_at if head is not None else None)
-    task = slice_task_for(ctx, refresh=run.force_recache, cache=not run.disable_cache)
-    _run_all(
-        run_order(specs),
-        task,
-        make_runner,
-        workers,
-        ctx,
-        state,
-        reuse=not run.force_recache,
-        head=head,
-    )
-    if state.errors:
-        spec, first = state.errors[0]
-        n = len(specs)
-        raise SliceFailuresError(
-            f"{len(state.errors)} of {n} slices failed; the {n - len(state.errors)} others are "
-            f"checkpointed and a rerun recomputes only the failed ones. First failure, {spec.describe()}: "
-            + (str(first) if isinstance(first, MixerError) else f"{type(first).__name__}: {first}")
-        ) from first
-    manifests = state.manifests
-    stale = []
-    for spec in specs:
-        m = manifests[spec.index]
-        # Cached slices are distrusted until their files verify; with a remote work directory, a
-        # slice computed on another machine is fetched here (its digests checked on the way).
-        if not state.cached[spec.index] and ctx.remote_work_dir is None:
-            continue
-        problem = verify_slice(ctx.work_dir, m, ctx.remote_work_dir, hash_files=state.cached[spec.index])
-        if problem is not None:
-            logger.warning("cached slice %s is not trustworthy (%s): recomputing", spec.describe(), problem)
-            stale.append(spec)
-    if stale:
-        for spec in stale:
-            manifests[spec.index] = None
-        _run_all(stale, slice_task_for(ctx, refresh=True), make_runner, workers, ctx, state, reuse=False)
-        if state.errors:
-            spec, first = state.errors[0]
-            raise SliceFailuresError(
-                f"recomputing untrustworthy slice {spec.describe()} failed: {first}"
-            ) from first
-        for spec in stale:
-            state.cached[spec.index] = False
-    done = [s for s in sorted(specs, key=lambda s: s.index) if manifests[s.index] is not None]
-    return SliceOutcome.of(
-        [manifests[s.index] for s in done],  # type: ignore[misc]
-        [state.cached[s.index] for s in done],
-        time.perf_counter() - started,
-        rechecked=len(stale),
-    )
 
 
 def _documents_path(plan: Plan) -> Path:

@@ -10,7 +10,7 @@ import os
 from prefect import flow
 from prefect.states import Cancelled, Failed
 
-from flows.tokenize_mixer import run_slice_specs
+from flows.fanout import run_slice_specs
 from flows.watch import report_crashed
 from sftmix.config import RunOptions
 from sftmix.errors import MixerError

@@ -21,6 +21,7 @@ from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
 from prefect.states import Cancelling
 
+from flows.fanout import SliceOutcome
 from flows.pool import run_order
 from flows.watch import StopWatch
 from sftmix.config import RunOptions
@@ -32,9 +33,7 @@ from sftmix.slices import SliceManifest, SliceSpec, push_worker_tokenizer, read_
 MAX_LOSSES = 3
 
 
-def run_on_work_pool(plan: Plan, run: RunOptions):  # -> SliceOutcome (flows.tokenize_mixer)
-    from flows.tokenize_mixer import SliceOutcome
-
+def run_on_work_pool(plan: Plan, run: RunOptions) -> SliceOutcome:
     logger = get_run_logger()
     ctx = plan.context
     if ctx.remote_work_dir is None:
