@@ -21,6 +21,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows.head_start import HeadStart, take_head_start
 from flows.pool import (
     pool_size,
+    pool_stalled,
     process_pool,
     run_order,
     runner_name,
@@ -107,6 +108,9 @@ def _dask_runner(run: RunOptions, workers: int):
 #: that kills its worker by itself (one row needing more memory than there is) is then named.
 SUSPECT_AFTER_DEATHS = 2
 
+#: A run whose pools stop handing back results (:func:`flows.pool.pool_stalled`) this many times fails.
+MAX_STALLS = 3
+
 
 class _Slices:
     """What is known of each slice while the pool runs: its manifest, whether it was a cache hit, its
@@ -118,6 +122,7 @@ class _Slices:
         self.cached = [False] * n
         self.errors: list[tuple[SliceSpec, BaseException]] = []
         self.deaths = [0] * n
+        self.stalls = 0  # pools whose management thread ended under them
         self.progress = SliceProgress(len(specs))
         self.done = 0
         # a slice whose manifest is older than this was reused, not computed by this command
@@ -157,7 +162,7 @@ def _run_batch(
         for early in waiting:
             early.add_done_callback(finished.put)
         try:
-            _collect(pending, finished, state, watch, lost, waiting, submit)
+            _collect(pending, finished, state, watch, lost, waiting, submit, runner)
         except BaseException:
             if isinstance(runner, ThreadPoolTaskRunner):  # its exit would run every queued slice first
                 for fut in pending:  # (a process pool's workers are killed instead: flows.pool)
@@ -175,19 +180,34 @@ def _collect(
     lost: list[SliceSpec],
     waiting: dict[Future, SliceSpec],
     submit: Callable[[SliceSpec], Any],
+    runner: Any = None,
 ) -> None:
-    """Take finished slices as they come: record manifests, failures, and slices lost to dead workers;
-    a head-start slice that ends gets its task run (which finds its checkpoint)."""
+    """Take finished slices as they come: record manifests, failures, and slices lost to dead workers
+    or to a pool that stopped answering; a head-start slice that ends gets its task run (which finds
+    its checkpoint)."""
     logger = get_run_logger()
     total = state.progress.total
     while pending or waiting:
-        # Wake every couple of seconds to look for a cancel (no alarm-based timeout here: an
-        # alarm would fire inside the work done for a finished slice)
+        # Wake every couple of seconds to look for a cancel and a stalled pool (no alarm-based timeout
+        # here: an alarm would fire inside the work done for a finished slice)
         try:
             fut = finished.get(timeout=watch.every)
         except queue.Empty:
             watch.check()
-            continue
+            if pool_stalled(runner):
+                try:  # what the pool handed back before its thread ended
+                    fut = finished.get(timeout=0.2)
+                except queue.Empty:
+                    state.stalls += 1
+                    logger.warning(
+                        "the worker pool stopped handing back results (its management thread ended); "
+                        "its %d unfinished slice(s) go to a new pool",
+                        len(pending) + len(waiting),
+                    )
+                    lost += [*pending.values(), *waiting.values()]
+                    return
+            else:
+                continue
         if fut in waiting:
             spec = waiting.pop(fut)
             exc = None if fut.cancelled() else fut.exception()
@@ -251,27 +271,41 @@ def _run_all(
         suspects = [s for s in todo if state.deaths[s.index] >= SUSPECT_AFTER_DEATHS]
         others = [s for s in todo if state.deaths[s.index] < SUSPECT_AFTER_DEATHS]
         todo = []
+        if state.stalls >= MAX_STALLS:
+            raise SliceFailuresError(
+                f"the worker pool stopped handing back results {state.stalls} times; the finished slices "
+                "are checkpointed and a rerun recomputes only the others"
+            )
         for spec in suspects:
-            if _run_batch([spec], task, make_runner(1), ctx, state, watch, reuse):
-                state.errors.append((spec, WorkerDiedError(
-                    f"slice {spec.describe()} killed the worker process tokenizing it "
-                    f"{state.deaths[spec.index]} times, the last time alone (out of memory? a row "
-                    "of it needs more than this machine has; the system log names the killer)"
-                )))  # fmt: skip
+            deaths = state.deaths[spec.index]
+            if not _run_batch([spec], task, make_runner(1), ctx, state, watch, reuse):
+                continue
+            if state.deaths[spec.index] == deaths:  # the pool stalled: not this slice's doing
+                todo.append(spec)
+                continue
+            state.errors.append((spec, WorkerDiedError(
+                f"slice {spec.describe()} killed the worker process tokenizing it "
+                f"{state.deaths[spec.index]} times, the last time alone (out of memory? a row "
+                "of it needs more than this machine has; the system log names the killer)"
+            )))  # fmt: skip
         if others:
             if head is not None:
                 runner, ahead, head = head.pool, head.claim(), None
             else:
                 runner, ahead = make_runner(workers), None
+            stalls = state.stalls
             lost = _run_batch(others, task, runner, ctx, state, watch, reuse, ahead)
             if lost:
                 logger.warning(
-                    "a worker process died (killed, or out of memory); rebuilding the pool and retrying "
-                    "the %d unfinished slice(s): %s",
+                    "%s; rebuilding the pool and retrying the %d unfinished slice(s): %s",
+                    "the pool stopped answering"
+                    if state.stalls > stalls
+                    else "a worker process died (killed, or out of memory)",
                     len(lost),
                     ", ".join(s.describe() for s in lost[:5]) + (" ..." if len(lost) > 5 else ""),
                 )
-                todo = run_order(lost)
+                todo += lost
+        todo = run_order(todo)
 
 
 def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOptions) -> SliceOutcome:

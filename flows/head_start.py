@@ -58,7 +58,7 @@ class HeadStart:
             self.futures[s.key] = executor.submit(tokenize_ahead, s, ctx)
 
     def broken(self) -> bool:
-        return bool(getattr(self.pool._executor, "_broken", False))
+        return self.pool.broken()
 
     def claim(self) -> dict[str, Future]:
         """Stop here: slices not begun are cancelled (the flow runs them); returns the others by key,
@@ -119,9 +119,15 @@ def take_head_start(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
     head = _take_pending()
     if head is None:
         return None
-    if head.ctx == ctx and head.keys <= {s.key for s in specs} and _applies(run) and not head.broken():
+    if head.broken():
+        logger.warning(
+            "a worker process of the start-up pool died (killed, or out of memory): that pool is closed, "
+            "its finished slices are reused and the others run on a new pool"
+        )
+    elif head.ctx == ctx and head.keys <= {s.key for s in specs} and _applies(run):
         return head
-    logger.info("the slices tokenized during start-up do not match this run's plan: discarded")
+    else:
+        logger.info("the slices tokenized during start-up do not match this run's plan: discarded")
     head.close()
     return None
 

@@ -88,7 +88,19 @@ def _with_worker_client(api: Api, fn: Callable[..., Any], *args: Any, **kwargs: 
             context = SyncClientContext()
             context.__enter__()  # current for the rest of this process (its task runs are in this thread)
         _worker_client = (api, context)
-    return fn(*args, **kwargs)
+    try:
+        return fn(*args, **kwargs)
+    except Exception:
+        raise
+    except BaseException as exc:  # SystemExit, KeyboardInterrupt: this slice's failure, nothing more
+        raise WorkerCallInterrupted(f"the worker's call ended with {type(exc).__name__}: {exc}") from None
+
+
+class WorkerCallInterrupted(RuntimeError):
+    """A worker's call ended with a ``BaseException`` (``SystemExit``: Prefect's ``exit()`` on an abort,
+    ``rich`` on a closed pipe). Carried back as it is, it would be re-raised in the callbacks of the
+    command's futures, which let only ``Exception`` pass: it ended the pool's management thread without
+    a word, and no slice ever completed again."""
 
 
 class _ClientKeepingExecutor:
@@ -143,11 +155,12 @@ class ProcessPool(ProcessPoolTaskRunner):
                 process.kill()
 
     def broken(self) -> bool:
-        """A worker died. Python then fails every call in flight, asks the other workers to terminate
-        (SIGTERM, which workers ignore: ``init_worker``) and waits for them to end: after their current
-        slice, whose result nobody takes, or never, when the dead one held the lock of a queue they
-        must flush before they exit (seen: a command that hung for good after a worker was killed)."""
-        return bool(getattr(self._executor, "_broken", False))
+        """A worker died, or the pool's management thread ended (:func:`pool_stalled`). Python then fails
+        every call in flight, asks the other workers to terminate (SIGTERM, which workers ignore:
+        ``init_worker``) and waits for them to end: after their current slice, whose result nobody
+        takes, or never, when the dead one held the lock of a queue they must flush before they exit
+        (seen: a command that hung for good after a worker was killed)."""
+        return bool(getattr(self._executor, "_broken", False)) or pool_stalled(self)
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         if exc_type is not None or self.broken():
@@ -173,6 +186,15 @@ def process_pool(workers: int) -> ProcessPool:
     from tasks.tokenize import init_worker
 
     return ProcessPool(max_workers=workers, initializer=init_worker)
+
+
+def pool_stalled(runner: Any) -> bool:
+    """Whether a started process pool's management thread has ended: the thread that hands back every
+    result and notices dead workers. Without it no slice in flight ever completes; threads die
+    without a word, so the collector asks."""
+    executor = getattr(runner, "_executor", None)
+    thread = getattr(executor, "_executor_manager_thread", None)
+    return thread is not None and not thread.is_alive() and not getattr(executor, "_shutdown_thread", False)
 
 
 def worker_died(exc: BaseException) -> bool:

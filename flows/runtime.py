@@ -17,6 +17,7 @@ import importlib.util
 import logging
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -76,6 +77,8 @@ class TemporaryServer:
         self.process: subprocess.Popen[bytes] | None = None
         self.auth_string = secrets.token_urlsafe(24)
         self.log: IO[bytes] | None = None
+        self.ready = False  # it answered its health check
+        self._watched = False
 
     def log_tail(self, nbytes: int = 2000) -> str:
         if self.log is None:
@@ -141,7 +144,7 @@ class TemporaryServer:
 
     def wait_ready(self, timeout: float) -> None:
         """Return once the API answers its health check; relaunch on another port if this one was
-        taken meanwhile."""
+        taken meanwhile. A server killed before it answered stops the run (:meth:`died`)."""
         import httpx
 
         deadline = time.monotonic() + timeout
@@ -151,36 +154,47 @@ class TemporaryServer:
                 code = self.process.poll()
                 if code == _UVICORN_STARTUP_FAILURE:
                     self.launch()
+                    if self._watched:
+                        self.watch()
                     continue
+                if code is not None and code < 0:
+                    raise record_stop(self.died(code))
                 if code is not None:
                     raise RuntimeError(
                         f"the temporary Prefect API server exited with status {code}: {self.log_tail()}"
                     )
                 try:
                     if client.get(f"{self.api_url}/health").status_code == 200:
+                        self.ready = True
                         return
                 except httpx.TransportError:
                     pass
                 time.sleep(0.1)
         raise RuntimeError(f"the temporary Prefect API server did not answer within {timeout:.0f} s")
 
+    def died(self, code: int) -> RunStopped:
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        when = "" if self.ready else " before it answered"
+        return RunStopped(f"stopped: the temporary Prefect API server died{when} ({how})", EXIT_API_LOST)
+
     def watch(self) -> None:
-        """End the run at once if this server dies under it: it does not come back, and the run
-        cannot report, so waiting on Prefect's retries would only delay the same end."""
+        """Stop the run at once if this server dies under it, from the moment it is launched: it does
+        not come back, and the run cannot report, so waiting on Prefect's retries would only delay the
+        same end. Before it answers, only a kill counts (a server that could not start is
+        :meth:`wait_ready`'s to relaunch, or to replace with one started Prefect's way)."""
         process = self.process
+        self._watched = True
 
         def wait_for_exit() -> None:
             assert process is not None
             code = process.wait()
-            if self.process is process:  # not stopped by us
-                exit_now(
-                    record_stop(
-                        RunStopped(
-                            f"stopped: the temporary Prefect API server died (exit status {code})",
-                            EXIT_API_LOST,
-                        )
-                    )
-                )
+            if self.process is not process:  # stopped by us, or relaunched
+                return
+            if not self.ready and code >= 0:
+                return
+            # At once, from here: the main thread would first report the crash to the API that is
+            # gone (seconds of retries). What the unwinding would clean up is cleaned up here.
+            exit_now(record_stop(self.died(code)), forced=True)
 
         threading.Thread(target=wait_for_exit, name="temporary-api-watch", daemon=True).start()
 
@@ -230,6 +244,7 @@ def prefect_api(prepare: Callable[[], None] | None = None, launch_first: bool = 
     server = TemporaryServer(pass_settings=not launch_first)
     if launch_first and not os.environ.get("PREFECT_API_URL"):
         server.launch()
+        server.watch()
     fallback = None
     try:
         import prefect.settings
@@ -252,6 +267,7 @@ def prefect_api(prepare: Callable[[], None] | None = None, launch_first: bool = 
         timeout = int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
         if server.process is None:
             server.launch()
+            server.watch()
         _warm_imports()  # the heavy imports of the run overlap the server's start-up
         if prepare is not None:
             prepare()
@@ -261,7 +277,6 @@ def prefect_api(prepare: Callable[[], None] | None = None, launch_first: bool = 
         try:
             server.wait_ready(timeout)
             api_url, auth_string = server.api_url, server.auth_string
-            server.watch()
         except RuntimeError as exc:  # e.g. a Prefect whose server is launched differently: its own way
             logger.warning("%s; starting it the way Prefect does", exc)
             server.stop()

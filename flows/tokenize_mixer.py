@@ -27,7 +27,7 @@ from sftmix.publish import check_output_free, paths_to_protect, staging_dir
 from sftmix.report import COMMAND_CLOCK, DatasetReport, RunReport
 from sftmix.report_page import REPORT_PNG, write_report
 from sftmix.roots import check_allowed_roots
-from sftmix.stopping import EXIT_CANCELLED, RunStopped, follow_supervisor
+from sftmix.stopping import EXIT_CANCELLED, RunStopped, first_stop, follow_supervisor
 from sftmix.storage import atomic_write_bytes, is_remote, remove_tree
 from sftmix.templates import template_drift
 from sftmix.tokenizer import TokenizerKey, own_chat_template
@@ -69,7 +69,12 @@ def tokenize_mixer(mixer: MixerConfig, run: RunOptions = RunOptions()) -> dict: 
             before_exit=functools.partial(report_crashed, flow_run_id),
         )
     try:
-        return _tokenize_mixer(mixer, run)
+        try:
+            return _tokenize_mixer(mixer, run)
+        except Exception:
+            if first_stop() is not None:  # what a library made of the stop raised into it (a pydantic
+                raise first_stop() from None  # serializer wraps it in an error of its own): the stop
+            raise
     except MixerError as exc:
         return Failed(message=str(exc), data=exc)
     except RunStopped as exc:

@@ -72,8 +72,11 @@ def start_worker_server(mixer: MixerConfig, run: RunOptions) -> None:
         return
     if not local:  # a hub or remote dataset that workers may read through datasets
         multiprocessing.get_context("forkserver").set_forkserver_preload([*WORKER_PRELOAD, "datasets"])
-    # The server needs multiprocessing's resource tracker, whose start unblocks SIGINT and SIGTERM in
-    # the calling thread: started first, so that the block below holds for the server's own start.
-    resource_tracker.ensure_running()
+    # The server needs multiprocessing's resource tracker. It ignores SIGINT and SIGTERM but not SIGHUP
+    # (a closed terminal, sent to the whole group): born with it blocked, it never sees one. Its start
+    # unblocks SIGINT and SIGTERM in the calling thread: started in a block of its own first, so that
+    # the server's block holds for the server's whole start.
+    with stop_signals_blocked():
+        resource_tracker.ensure_running()
     with stop_signals_blocked():  # the server, and each worker it forks, is born deaf to Ctrl-C
         multiprocessing.forkserver.ensure_running()

@@ -25,13 +25,18 @@ from .stopping import (
     EXIT_API_LOST,
     EXIT_CANCELLED,
     EXIT_WORKERS_DIED,
+    RUN_STOP_NOTE,
     RunStopped,
+    arm_watchdog,
     exit_now,
     finish,
     first_stop,
     guard_std_streams,
     install_signal_handlers,
+    quiet_after_stop,
     record_stop,
+    set_stop_note,
+    watch_output_pipes,
 )
 
 logger = logging.getLogger("sftmix")
@@ -456,14 +461,21 @@ def _as_stop(exc: BaseException) -> RunStopped | None:
     return None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    COMMAND_CLOCK.started = time.time()
+def main(argv: Sequence[str] | None = None, started: float | None = None) -> int:
+    COMMAND_CLOCK.started = time.time() if started is None else started
     guard_std_streams()
-    args = build_parser().parse_args(argv)
-    _configure_logging(args.verbose)
-    if args.command in ("convert", "run"):
+    if _one_run_per_process:  # (in-process callers keep their own Ctrl-C, except for a run)
         install_signal_handlers()
     try:
+        args = build_parser().parse_args(argv)
+        _configure_logging(args.verbose)
+        if args.command in ("convert", "run"):
+            install_signal_handlers()
+            set_stop_note(RUN_STOP_NOTE)
+            if _one_run_per_process:
+                watch_output_pipes()
+                if not args.verbose:
+                    quiet_after_stop()
         return _main(args)
     except BaseException as exc:
         stop = _as_stop(exc)
@@ -541,11 +553,14 @@ def _main(args: argparse.Namespace) -> int:
 _one_run_per_process = False  # set by entry: this process ends with the run
 
 
-def entry() -> None:
-    """The ``tokenize-mixer`` command (``main`` returns instead, for callers in this process)."""
+def entry(started: float | None = None) -> None:
+    """The command, one run per process (``main`` returns instead, for callers in this process); the
+    ``tokenize-mixer`` script enters through :mod:`sftmix.command`, which installs the stop handling
+    before this module's imports."""
     global _one_run_per_process
     _one_run_per_process = True
-    finish(main())
+    arm_watchdog()
+    finish(main(started=started))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ them; :func:`refuse_dangerous_output` checks that before any work.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .errors import ConfigError, OutputConflictError
+from .stopping import on_forced_exit
 from .storage import TMP_MARK, atomic_write_bytes, boot_id, remove_tree, writer_tag
 
 logger = logging.getLogger(__name__)
@@ -225,9 +227,11 @@ def leased(directory: Path) -> Iterator[Path]:
     directory.mkdir()
     write_lease(directory)
     HEARTBEAT.add(directory)
+    on_forced_exit(id(directory), functools.partial(remove_tree, directory))
     try:
         yield directory
     finally:
+        on_forced_exit(id(directory), None)
         HEARTBEAT.discard(directory)
         remove_tree(directory)
 

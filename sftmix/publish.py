@@ -28,6 +28,7 @@ from .ownership import (
     write_lease,
     write_output_marker,
 )
+from .stopping import mark_published, stops_deferred
 from .storage import (
     TMP_MARK,
     atomic_write_bytes,
@@ -171,20 +172,24 @@ def publish_local(staging: Path, output: str | Path, overwrite: bool, seen_id: s
                 status = "overwritten"
         write_output_marker(staging)
         stamp_report(staging, status)
-        if not out.exists():
-            os.rename(staging, out)
-        else:
-            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
-            write_lease(out)  # travels with the old output, so a kill mid-swap leaves it removable
-            try:
-                os.rename(out, old)
-            except OSError:
-                (out / LEASE_MARKER).unlink(missing_ok=True)
-                raise
-            os.rename(staging, out)
-            remove_tree(old)
-        (out / LEASE_MARKER).unlink(missing_ok=True)
-        fsync_dir(out.parent)
+        old: Path | None = None
+        with stops_deferred():  # published or not, never half-way (a stop meanwhile is raised after)
+            if not out.exists():
+                os.rename(staging, out)
+            else:
+                old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
+                write_lease(out)  # travels with the old output, so a kill mid-swap leaves it removable
+                try:
+                    os.rename(out, old)
+                except OSError:
+                    (out / LEASE_MARKER).unlink(missing_ok=True)
+                    raise
+                os.rename(staging, out)
+            mark_published(out)
+            (out / LEASE_MARKER).unlink(missing_ok=True)
+            fsync_dir(out.parent)
+            if old is not None:  # (ours: it held our marker and nothing else, check_replaceable)
+                remove_tree(old)
     return status
 
 
@@ -304,9 +309,11 @@ def publish_remote(staging: Path, url: str, overwrite: bool) -> str:
         "files": entries,
         "digests": digests,
     }
-    write_remote_bytes(
-        join_url(url, OUTPUT_MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode()
-    )
+    with stops_deferred():  # the manifest makes the output complete: written whole, then known as such
+        write_remote_bytes(
+            join_url(url, OUTPUT_MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode()
+        )
+        mark_published(url)
     fs.rm_file(join_url(url, PUBLISHING_MARKER))
     logger.info(
         "published %s: %d objects uploaded, %d unchanged", url, len(todo_local), len(files) - len(todo_local)

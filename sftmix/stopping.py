@@ -14,7 +14,9 @@ import errno
 import io
 import logging
 import os
+import select
 import signal
+import stat
 import sys
 import threading
 import time
@@ -47,32 +49,196 @@ class RunStopped(BaseException):
 
 
 _first_stop: RunStopped | None = None
+_stop_lock = threading.RLock()  # reentrant: the signal handler runs in the main thread, maybe inside
+_stopped = threading.Event()
 
 
 def record_stop(stop: RunStopped) -> RunStopped:
-    """Remember the first reason a run was stopped (later ones are consequences of it)."""
+    """Remember the first reason a run was stopped (later ones are consequences of it); in a process
+    with a watchdog armed, the first one starts its countdown."""
     global _first_stop
-    if _first_stop is None:
-        _first_stop = stop
-    return _first_stop
+    with _stop_lock:
+        first = _first_stop is None
+        if first:
+            _first_stop = stop
+    if first:  # once: a signal handler that runs meanwhile in this thread finds it recorded
+        _stopped.set()
+    return _first_stop  # type: ignore[return-value]
+
+
+# ---- the last resort: a recorded stop ends the process in bounded time ---------------------------------
+
+_cleanups: dict[int, Callable[[], None]] = {}
+
+
+def arm_watchdog(seconds: float = 7.0) -> None:
+    """In a process that ends with its run (the command): once a stop is recorded, the process ends
+    within ``seconds`` (plus a bounded clean-up) with the stop's exit code, even if a thread is wedged
+    and the stop never reaches the place that would end the run. A thread that dies or waits for ever
+    can freeze a run that was told to stop; this cannot. (Its thread starts now: starting one from a
+    signal handler could wait on a lock the interrupted code holds.)"""
+    global _watchdog_armed
+    if _watchdog_armed:
+        return
+    _watchdog_armed = True
+
+    def watch() -> None:
+        _stopped.wait()
+        time.sleep(seconds)
+        stop = first_stop()
+        if stop is not None:
+            exit_now(stop, forced=True)
+
+    threading.Thread(target=watch, name="stop-watchdog", daemon=True).start()
+
+
+_watchdog_armed = False
+
+
+def on_forced_exit(key: int, cleanup: Callable[[], None] | None) -> None:
+    """Register (or, with ``None``, drop) a clean-up for an exit that skips the usual unwinding (the
+    watchdog's): e.g. removing this run's staging directory."""
+    if cleanup is None:
+        _cleanups.pop(key, None)
+    else:
+        _cleanups[key] = cleanup
+
+
+def _run_cleanups(within: float = 2.0) -> None:
+    def run_all() -> None:
+        for cleanup in list(_cleanups.values()):
+            with contextlib.suppress(Exception):
+                cleanup()
+
+    worker = threading.Thread(target=run_all, name="forced-exit-cleanup", daemon=True)
+    worker.start()
+    worker.join(within)
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """The processes started by ``pid`` (this process) and theirs, from /proc (Linux; elsewhere none)."""
+    found: list[int] = []
+    parents = [os.getpid() if pid is None else pid]
+    while parents:
+        parent = parents.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as fh:
+                    children = [int(c) for c in fh.read().split()]
+            except (OSError, ValueError):
+                continue
+            found += children
+            parents += children
+    return found
+
+
+def kill_descendants() -> None:
+    """SIGKILL every process this one started, and theirs (workers, the fork server, the API server):
+    their work is unfinished and a rerun redoes it."""
+    for pid in descendants():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def first_stop() -> RunStopped | None:
     return _first_stop
 
 
+_deferring = 0  # > 0 inside stops_deferred(): a stop is recorded, and raised when the step is done
+_deferred_stop = False
+
+
 def _on_signal(signum: int, frame: Any) -> None:
+    global _deferred_stop
     name = signal.Signals(signum).name
-    raise record_stop(RunStopped(f"stopped by {name}", 128 + signum))
+    stop = record_stop(RunStopped(f"stopped by {name}", 128 + signum))
+    if _deferring:
+        _deferred_stop = True
+        return
+    raise stop
+
+
+@contextlib.contextmanager
+def stops_deferred() -> Iterator[None]:
+    """Around a step that must either happen whole or not at all, and takes no time (the renames that
+    publish an output): a stop that comes meanwhile is raised once the step is done."""
+    global _deferring, _deferred_stop
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+    if not _deferring and _deferred_stop:
+        _deferred_stop = False
+        stop = first_stop()
+        if stop is not None:
+            raise stop
+
+
+_published: str | None = None
+
+
+def mark_published(output: str | os.PathLike[str]) -> None:
+    """The output is in place: a stop from here on does not undo it, and the command says so (exit 0)."""
+    global _published
+    _published = str(output)
+
+
+def published_output() -> str | None:
+    return _published
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def stop_run(stop: RunStopped) -> None:
+    """Record ``stop`` and make the main thread raise it now: at once when called there, else by a real
+    signal, which wakes it from any wait (its handler raises the first recorded stop). In a process
+    without our handlers (a caller of the flow in-process), the process ends here instead."""
+    global _deferred_stop
+    stop = record_stop(stop)
+    if threading.current_thread() is threading.main_thread():
+        if _deferring:
+            _deferred_stop = True
+            return
+        raise stop
+    if signal.getsignal(signal.SIGINT) is _on_signal:
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
+    else:
+        exit_now(stop)
 
 
 def install_signal_handlers() -> None:
     """SIGINT, SIGTERM and SIGHUP raise :class:`RunStopped` in the main thread."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, _on_signal)
+    if sys.unraisablehook is not _unraisable:
+        global _default_unraisable
+        _default_unraisable = sys.unraisablehook
+        sys.unraisablehook = _unraisable
+
+
+_default_unraisable = sys.unraisablehook
+
+
+def _unraisable(unraisable: Any) -> None:
+    """A stop raised while the main thread ran a finalizer or a weakref callback (importlib's module
+    locks have one) cannot leave it: Python prints it as "Exception ignored in ..." and goes on. It is
+    recorded; it is raised again a moment later, from wherever the main thread is then."""
+    if not isinstance(unraisable.exc_value, RunStopped):
+        _default_unraisable(unraisable)
+        return
+
+    def again() -> None:
+        time.sleep(0.05)
+        with contextlib.suppress(Exception):
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
+
+    threading.Thread(target=again, name="stop-again", daemon=True).start()
 
 
 # ---- a closed stdout or stderr ----------------------------------------------------------------------
@@ -80,28 +246,54 @@ def install_signal_handlers() -> None:
 
 class _PipeGuard(io.TextIOBase):
     """A stdout/stderr that turns a closed pipe (``cmd | head``) into a stop of the run, once, and then
-    discards what is written instead of failing every later log line."""
+    discards what is written instead of failing every later log line.
 
-    def __init__(self, stream: TextIO) -> None:
+    ``stops_run=False`` (a worker process): the closed pipe is only silenced. A worker's output is not
+    the user's terminal, and a worker must never end its task run over it: ``rich``, through which
+    Prefect prints, answers a closed pipe with ``SystemExit``, which crossed back into the command as
+    a slice's outcome and silently ended its pool's management thread (a run frozen for good). The
+    command notices the closed pipe itself (:func:`watch_output_pipes`)."""
+
+    def __init__(self, stream: TextIO, stops_run: bool = True) -> None:
         self._stream = stream
         self._closed_pipe = False
+        self._stops_run = stops_run
+        self._lock = threading.Lock()
+        #: Once the run is stopped, nothing more is printed: what follows a stop is its consequences
+        #: (a task's crash, an exception a library made of the stop), not news.
+        self.quiet_after_stop = False
+
+    def reader_gone(self) -> bool:
+        """Whether this stream is a pipe (or socket) nobody reads any more, without writing to it."""
+        if self._closed_pipe:
+            return False
+        try:
+            fd = self._stream.fileno()
+            if not (stat.S_ISFIFO(os.fstat(fd).st_mode) or stat.S_ISSOCK(os.fstat(fd).st_mode)):
+                return False
+            poller = select.poll()
+            poller.register(fd, 0)  # no events asked: only an error or a hang-up is reported
+            return any(mask & (select.POLLERR | select.POLLHUP) for _, mask in poller.poll(0))
+        except (OSError, ValueError):
+            return False
 
     def _broken(self) -> None:
-        if self._closed_pipe:
+        with self._lock:
+            if self._closed_pipe:
+                return
+            self._closed_pipe = True
+            with contextlib.suppress(OSError, ValueError):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self._stream.fileno())  # children write to the same fd
+                os.close(devnull)
+            self._stream = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
+        if not self._stops_run:
             return
-        self._closed_pipe = True
-        with contextlib.suppress(OSError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self._stream.fileno())  # workers and children write to the same fd
-            os.close(devnull)
-        self._stream = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
-        record_stop(RunStopped("stopped: the output pipe was closed", EXIT_CLOSED_PIPE))
-        if threading.current_thread() is threading.main_thread():
-            raise first_stop()  # type: ignore[misc]
-        # A real signal wakes the main thread from any wait; its handler raises the recorded stop.
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
+        stop_run(RunStopped("stopped: the output pipe was closed", EXIT_CLOSED_PIPE))
 
     def write(self, text: str) -> int:
+        if self.quiet_after_stop and _first_stop is not None:
+            return len(text)  # the stop's one line says it all (exit_now writes it past this guard)
         try:
             return self._stream.write(text)
         except OSError as exc:
@@ -137,6 +329,48 @@ def guard_std_streams() -> None:
         stream = getattr(sys, name)
         if stream is not None and not isinstance(stream, _PipeGuard):
             setattr(sys, name, _PipeGuard(stream))
+
+
+def quiet_after_stop() -> None:
+    """In the command: once a stop is recorded, stdout and stderr print nothing more but its line."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, _PipeGuard):
+            stream.quiet_after_stop = True
+
+
+def watch_output_pipes(poll_seconds: float = 0.25) -> None:
+    """In the command: stop the run as soon as the reader of its stdout or stderr is gone (``| grep -m1``,
+    ``| head``), not at its next write, which may come only after hours of tokenizing or assembling."""
+
+    def watch() -> None:
+        while first_stop() is None:
+            for stream in (sys.stdout, sys.stderr):
+                if isinstance(stream, _PipeGuard) and stream.reader_gone():
+                    stream._broken()
+            time.sleep(poll_seconds)
+
+    threading.Thread(target=watch, name="output-pipe-watch", daemon=True).start()
+
+
+def silence_closed_pipes() -> None:
+    """In a worker process: a closed stdout or stderr is silenced, never raised (see :class:`_PipeGuard`).
+    Log handlers made before (Prefect's console handler, which prints through ``rich``) are pointed at
+    the guarded streams too."""
+    replaced = {}
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _PipeGuard):
+            replaced[id(stream)] = guard = _PipeGuard(stream, stops_run=False)
+            setattr(sys, name, guard)
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for log in loggers:
+        for handler in getattr(log, "handlers", []):
+            stream = getattr(handler, "stream", None)
+            if id(stream) in replaced:
+                handler.stream = replaced[id(stream)]
+            console = getattr(handler, "console", None)  # a rich Console keeps its own reference
+            if console is not None and id(getattr(console, "file", None)) in replaced:
+                console.file = replaced[id(console.file)]
 
 
 # ---- children that die with their parent --------------------------------------------------------------
@@ -289,15 +523,51 @@ def finish(code: int) -> None:
     os._exit(code)
 
 
-def exit_now(stop: RunStopped) -> None:
-    """Print the stop's one line and end the process at once, skipping at-exit work: workers and
-    servers we started follow us out (``follow_parent``, PDEATHSIG), staging is left with a lease
-    that shows it abandoned, and Prefect's at-exit drains would retry against an API that is gone."""
-    logging.disable(logging.CRITICAL)
-    line = (
-        f"error: {stop.reason}; nothing was published, finished slices are checkpointed: "
-        "rerun the same command to resume\n"
-    )
-    with contextlib.suppress(OSError):
+_exit_lock = threading.Lock()
+
+#: What the stop line adds after the reason, for the command that runs: set with :func:`set_stop_note`.
+_stop_note = ""
+
+RUN_STOP_NOTE = "nothing was published, finished slices are checkpointed: rerun the same command to resume"
+
+
+def set_stop_note(note: str) -> None:
+    global _stop_note
+    _stop_note = note
+
+
+def _remove_multiprocessing_tempdir() -> None:
+    """multiprocessing's ``pymp-*`` directory of this process (the fork server's socket): removed by a
+    finalizer at a normal exit, which :func:`exit_now` skips."""
+    process = sys.modules.get("multiprocessing.process")
+    tempdir = getattr(process.current_process(), "_config", {}).get("tempdir") if process else None
+    if tempdir:
+        import shutil
+
+        shutil.rmtree(tempdir, ignore_errors=True)
+
+
+def exit_now(stop: RunStopped, forced: bool = False) -> None:
+    """Print the stop's one line and end the process at once, skipping at-exit work (Prefect's at-exit
+    drains would retry against an API that may be gone). The processes it started are killed (they
+    also follow it out by themselves: ``follow_parent``, PDEATHSIG). ``forced`` (the watchdog): the
+    run did not unwind, so the clean-ups registered for that (its staging directory) run first.
+
+    A stop after the output was published does not undo it: exit 0, and the line says so."""
+    # One line, one exit, whichever thread comes first; the others wait for ever. No other lock is
+    # taken here (not logging's: a stop raised into the main thread while it held it keeps it for good).
+    _exit_lock.acquire()
+    if forced:
+        _run_cleanups()
+    kill_descendants()
+    _remove_multiprocessing_tempdir()
+    output = published_output()
+    if output is not None:
+        line = f"note: {stop.reason} after the output was published: {output} is complete\n"
+        code = 0
+    else:
+        line = f"error: {stop.reason}" + (f"; {_stop_note}" if _stop_note else "") + "\n"
+        code = stop.exit_code
+    with contextlib.suppress(OSError):  # (a closed stderr was pointed at /dev/null)
         os.write(2, line.encode("utf-8", "replace"))
-    os._exit(stop.exit_code)
+    os._exit(code)

@@ -17,7 +17,7 @@ from prefect.states import State
 
 from sftmix.errors import MixerError
 from sftmix.slices import SliceSpec, TokenizeContext, tokenize_slice
-from sftmix.stopping import follow_parent, ignore_stop_signals
+from sftmix.stopping import follow_parent, ignore_stop_signals, silence_closed_pipes
 from sftmix.storage import join_url
 from tasks import fail_cleanly
 
@@ -83,6 +83,7 @@ def init_worker() -> None:
     os.environ["RAYON_NUM_THREADS"] = "1"
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     ignore_stop_signals()  # the run stops its workers itself
+    silence_closed_pipes()  # and notices a closed output pipe itself
     follow_parent()  # and none outlives a run killed outright
     atexit.register(_end_without_teardown)
 

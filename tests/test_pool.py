@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.pool import process_pool
+from flows.pool import WorkerCallInterrupted, pool_stalled, process_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,7 +48,7 @@ def test_a_broken_pool_ends_at_once_with_its_other_workers_killed():
 POISONED_QUEUE = """
 import os, signal, time
 from concurrent.futures import wait
-from flows.pool import process_pool
+from flows.pool import WorkerCallInterrupted, pool_stalled, process_pool
 
 pool = process_pool(2)
 with pool:
@@ -70,3 +71,58 @@ def test_a_worker_killed_holding_the_log_queue_lock_does_not_hang_the_exit():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "left the pool" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_base_exception_in_a_worker_is_that_calls_failure_and_the_pool_goes_on():
+    """``SystemExit`` in a worker (what ``rich`` raises on a closed pipe, Prefect on an abort) comes back
+    as an ordinary exception: carried back as it was, it ended the pool's management thread."""
+    pool = process_pool(2)
+    with pool:
+        failed = pool._executor.submit(sys.exit, 1)
+        assert isinstance(failed.exception(timeout=120), WorkerCallInterrupted)
+        assert "SystemExit" in str(failed.exception())
+        assert pool._executor.submit(os.getpid).result(timeout=60) > 0
+        assert not pool_stalled(pool) and not pool.broken()
+
+
+def _end_this_thread(future) -> None:
+    raise SystemExit(1)  # as a re-raised outcome did, in the pool's management thread
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_the_collector_hands_back_the_slices_of_a_pool_whose_management_thread_ended(prefect_api):
+    """Threads die without a word: the collector looks at every wake-up, and the pool's unfinished slices
+    go to a new pool (here: come back as lost) instead of being waited for for ever."""
+    from prefect import flow
+
+    from flows.fanout import _collect, _Slices
+    from flows.watch import StopWatch
+    from sftmix.slices import SliceSpec
+
+    specs = [
+        SliceSpec(
+            key=f"k{i}", index=i, dataset_index=0, dataset="d", split="train", row_start=i, row_end=i + 1
+        )
+        for i in range(2)
+    ]
+
+    @flow
+    def collect_from_a_stalled_pool() -> tuple[list[str], int, bool]:
+        pool = process_pool(1)
+        with pool:
+            trigger = pool._executor.submit(time.sleep, 1)
+            trigger.add_done_callback(_end_this_thread)
+            stuck = pool._executor.submit(time.sleep, 600)
+            pending = {stuck: specs[0], trigger: specs[1]}
+            state = _Slices(specs)
+            lost: list = []
+            _collect(pending, queue.SimpleQueue(), state, StopWatch(every_seconds=0.5), lost, {}, None, pool)
+            stalled = pool.broken()
+        return [s.key for s in lost], state.stalls, stalled
+
+    since = time.monotonic()
+    lost, stalls, stalled = collect_from_a_stalled_pool()
+    assert sorted(lost) == ["k0", "k1"] and stalls == 1 and stalled
+    assert time.monotonic() - since < 60

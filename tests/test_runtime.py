@@ -16,12 +16,15 @@ SCRIPT = textwrap.dedent(
     import flows.runtime as runtime
 
     if sys.argv[1] == "broken":  # a Prefect whose server no longer starts the way we launch it
+        import subprocess
+
         real_launch = runtime.TemporaryServer.launch
 
-        def launch(self):
+        def launch(self):  # it exits by itself with an error (a server killed stops the run instead)
             real_launch(self)
             self.process.kill()
             self.process.wait()
+            self.process = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
 
         runtime.TemporaryServer.launch = launch
 

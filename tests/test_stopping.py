@@ -350,3 +350,76 @@ def test_a_process_whose_supervisor_dies_reports_it_and_ends(tmp_path):
     supervisor.wait()
     assert _gone([child], within=STOP_WITHIN)
     assert "the test's supervisor" in note.read_text() and "is gone" in note.read_text()
+
+
+WEDGED = """
+import os, subprocess, sys, time
+from pathlib import Path
+from sftmix.stopping import (
+    RUN_STOP_NOTE, arm_watchdog, install_signal_handlers, on_forced_exit, set_stop_note, mark_published,
+)
+install_signal_handlers()
+arm_watchdog()
+set_stop_note(RUN_STOP_NOTE)
+staging = Path(sys.argv[1])
+staging.mkdir()
+on_forced_exit(1, staging.rmdir)
+if sys.argv[2] == "published":
+    mark_published("out/x")
+child = None
+while True:  # a collector wedged for good: it swallows every stop raised into it
+    try:
+        if child is None:
+            child = subprocess.Popen(["sleep", "600"])
+            print(child.pid, flush=True)
+        time.sleep(1000)
+    except BaseException:
+        pass
+"""
+
+
+@pytest.mark.parametrize("published", [False, True], ids=["before-publishing", "after-publishing"])
+def test_a_stop_ends_the_process_within_seconds_even_when_the_run_is_wedged(tmp_path, published):
+    """The last resort: whatever thread is stuck, once a stop is recorded the process ends with that
+    stop's code (0 once the output is published), its children killed, its staging removed."""
+    staging = tmp_path / "staging"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WEDGED, str(staging), "published" if published else "-"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    child = int(proc.stdout.readline())
+    since = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - since < STOP_WITHIN
+    assert _gone([child]), "the stopped process left its child running"
+    assert not staging.exists()
+    if published:
+        assert proc.returncode == 0
+        assert err.strip() == "note: stopped by SIGTERM after the output was published: out/x is complete"
+    else:
+        assert proc.returncode == 143
+        _one_line_reason(err, "stopped by SIGTERM; nothing was published")
+
+
+def test_a_ctrl_c_at_any_moment_of_the_start_prints_one_line(tmp_path):
+    """From the command's first line on (sftmix.command), before its heavy imports: no traceback. The
+    interpreter's own start (about 50 ms) comes before any of our code and is left out."""
+    tool = Path(sys.executable).parent / "tokenize-mixer"
+    for delay in (0.08, 0.12, 0.2, 0.3, 0.5, 0.8):
+        proc = subprocess.Popen(
+            [str(tool), "convert", "--dataset_mixer_list", str(tmp_path / "x.jsonl"), "1.0",
+             "--output_dir", str(tmp_path / "out"), "--tokenizer_name_or_path", "examples/tokenizer"],
+            cwd=ROOT, env=cli_env(), start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        if proc.returncode == 2:  # it was quicker than the signal: refused the missing input
+            continue
+        assert proc.returncode == 130, (delay, err[-3000:])
+        _one_line_reason(err, "stopped by SIGINT")
