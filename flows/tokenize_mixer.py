@@ -27,7 +27,7 @@ from sftmix.publish import check_output_free, paths_to_protect, staging_dir
 from sftmix.report import COMMAND_CLOCK, DatasetReport, RunReport
 from sftmix.report_page import REPORT_PNG, write_report
 from sftmix.roots import check_allowed_roots
-from sftmix.stopping import EXIT_CANCELLED, RunStopped, first_stop, follow_supervisor
+from sftmix.stopping import EXIT_CANCELLED, RunStopped, first_stop, follow_supervisor, our_sigterm
 from sftmix.storage import atomic_write_bytes, is_remote, remove_tree
 from sftmix.templates import template_drift
 from sftmix.tokenizer import TokenizerKey, own_chat_template
@@ -70,7 +70,8 @@ def tokenize_mixer(mixer: MixerConfig, run: RunOptions = RunOptions()) -> dict: 
         )
     try:
         try:
-            return _tokenize_mixer(mixer, run)
+            with our_sigterm():
+                return _tokenize_mixer(mixer, run)
         except Exception:
             if first_stop() is not None:  # what a library made of the stop raised into it (a pydantic
                 raise first_stop() from None  # serializer wraps it in an error of its own): the stop

@@ -219,6 +219,25 @@ def install_signal_handlers() -> None:
     if sys.unraisablehook is not _unraisable:
         global _default_unraisable
         _default_unraisable = sys.unraisablehook
+
+
+@contextlib.contextmanager
+def our_sigterm() -> Iterator[None]:
+    """Inside a Prefect flow run of the command: SIGTERM is ours again. Prefect's flow engine swaps in a
+    handler of its own that raises ``TerminationSignal``, which records no stop; raised inside a
+    library call it can come out as another error (pydantic's serializer wraps it in one) and the run
+    ended with exit 1 and a traceback instead of 143. Elsewhere (a flow run a Prefect worker started,
+    which Prefect cancels with SIGTERM) nothing changes."""
+    swap = (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is _on_signal
+    )
+    previous = signal.signal(signal.SIGTERM, _on_signal) if swap else None
+    try:
+        yield
+    finally:
+        if swap and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         sys.unraisablehook = _unraisable
 
 
