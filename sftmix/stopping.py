@@ -213,12 +213,16 @@ def stop_run(stop: RunStopped) -> None:
 
 
 def install_signal_handlers() -> None:
-    """SIGINT, SIGTERM and SIGHUP raise :class:`RunStopped` in the main thread."""
+    """SIGINT, SIGTERM and SIGHUP raise :class:`RunStopped` in the main thread; SIGHUP not when this
+    process was started with it ignored (``nohup``: a closed terminal must not end the run)."""
     for sig in STOP_SIGNALS:
+        if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
+            continue
         signal.signal(sig, _on_signal)
     if sys.unraisablehook is not _unraisable:
         global _default_unraisable
         _default_unraisable = sys.unraisablehook
+        sys.unraisablehook = _unraisable
 
 
 @contextlib.contextmanager
@@ -238,7 +242,6 @@ def our_sigterm() -> Iterator[None]:
     finally:
         if swap and previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        sys.unraisablehook = _unraisable
 
 
 _default_unraisable = sys.unraisablehook

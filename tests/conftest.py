@@ -1,12 +1,20 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from tests.sharegpt import ensure_golden_sample
 from tests.tokenizer_fixtures import GOLDEN, ensure_dolma2
+
+# The commands the tests start get the signal dispositions of a terminal's foreground job, whatever
+# started the tests (a shell's background job ignores SIGINT; nohup ignores SIGHUP, which the command
+# then leaves ignored): the stop tests send both.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

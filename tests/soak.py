@@ -453,7 +453,7 @@ class SoakResult:
         """Per kind: trials, passes, each problem, and the slowest exit after a fault."""
         head = ["kind", "trials", "pass", *PROBLEMS, "max s to exit", "mean s/trial"]
         rows = [head, ["---"] * len(head)]
-        for kind in [*self.kinds, "all"]:
+        for kind in [*dict.fromkeys(self.kinds), "all"]:  # (a kind may be dealt twice per deck)
             recs = [r for r in self.records if kind in ("all", r.kind)]
             if not recs:
                 continue
@@ -1283,6 +1283,9 @@ def run_soak(
     index, kind)."""
     if trials is None and seconds is None:
         raise ValueError("give trials, seconds or both")
+    # Trials run as a terminal's foreground job: SIGINT not ignored (a shell ignores it for the
+    # background job this may be; a Ctrl-C drawn before the command's first line was then lost).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     soak = Soak(seed, kinds, server, log)
     result = SoakResult(seed=seed, kinds=soak.kinds, setup=soak.setup)
     deck_rng = random.Random(seed)
