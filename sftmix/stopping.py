@@ -153,9 +153,13 @@ _deferred_stop = False
 
 
 def _on_signal(signum: int, frame: Any) -> None:
-    global _deferred_stop
     name = signal.Signals(signum).name
-    stop = record_stop(RunStopped(f"stopped by {name}", 128 + signum))
+    _raise_unless_deferred(record_stop(RunStopped(f"stopped by {name}", 128 + signum)))
+
+
+def _raise_unless_deferred(stop: RunStopped) -> None:
+    """In the main thread: raise ``stop`` now, or, inside :func:`stops_deferred`, when its step is done."""
+    global _deferred_stop
     if _deferring:
         _deferred_stop = True
         return
@@ -199,13 +203,10 @@ def stop_run(stop: RunStopped) -> None:
     """Record ``stop`` and make the main thread raise it now: at once when called there, else by a real
     signal, which wakes it from any wait (its handler raises the first recorded stop). In a process
     without our handlers (a caller of the flow in-process), the process ends here instead."""
-    global _deferred_stop
     stop = record_stop(stop)
     if threading.current_thread() is threading.main_thread():
-        if _deferring:
-            _deferred_stop = True
-            return
-        raise stop
+        _raise_unless_deferred(stop)
+        return
     if signal.getsignal(signal.SIGINT) is _on_signal:
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
     else:
@@ -291,7 +292,8 @@ class _PipeGuard(io.TextIOBase):
             return False
         try:
             fd = self._stream.fileno()
-            if not (stat.S_ISFIFO(os.fstat(fd).st_mode) or stat.S_ISSOCK(os.fstat(fd).st_mode)):
+            mode = os.fstat(fd).st_mode
+            if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
                 return False
             poller = select.poll()
             poller.register(fd, 0)  # no events asked: only an error or a hang-up is reported

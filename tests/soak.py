@@ -372,21 +372,21 @@ class Command:
             self.ended = time.monotonic()
         return False
 
-    def wait(self, deadline: float) -> bool:
-        """Poll (20 ms) until the command exits or ``deadline`` passes: True when it exited."""
-        while self.running():
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.02)
-        return True
-
-    def sleep_until(self, when: float) -> bool:
-        """Sleep until ``when`` while the command runs: False when it exited first."""
+    def _reached(self, when: float, period: float) -> bool:
+        """Poll every ``period`` while the command runs: True when ``when`` came, False when it exited."""
         while self.running():
             if time.monotonic() >= when:
                 return True
-            time.sleep(0.005)
+            time.sleep(period)
         return False
+
+    def wait(self, deadline: float) -> bool:
+        """Poll (20 ms) until the command exits or ``deadline`` passes: True when it exited."""
+        return not self._reached(deadline, 0.02)
+
+    def sleep_until(self, when: float) -> bool:
+        """Sleep until ``when`` while the command runs: False when it exited first."""
+        return self._reached(when, 0.005)
 
     def kill_group(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
