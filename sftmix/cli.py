@@ -113,6 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(conv, "num_examples", type=int, default=0)
     _flag(conv, "shuffle_seed", type=int, default=42)
     _flag(conv, "output_dir", required=True)
+    _flag(
+        conv,
+        "encoder",
+        choices=["auto", "hf", "fast"],
+        default="auto",
+        help="BPE encoder: tiktoken where proven the same tokenizer (auto), the tokenizers library (hf), or "
+        "tiktoken or refuse (fast)",
+    )
     _flag(conv, "overwrite", action="store_true", help="replace an output directory holding different shards")
     _flag(
         conv,
@@ -239,6 +247,7 @@ def mixer_from_convert_args(args: argparse.Namespace) -> MixerConfig:
             chat_template=args.chat_template_name,
             add_bos=args.add_bos,
             unknown_template="fallback",
+            encoder=args.encoder,
         ),
         max_seq_length=args.max_seq_length,
         shuffle_seed=args.shuffle_seed,

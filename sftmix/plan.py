@@ -18,21 +18,33 @@ import numpy as np
 from pydantic import BaseModel
 
 from .config import MixerConfig, RunOptions, TokenizerSpec, default_work_dir, local_mirror
-from .errors import DatasetError, TemplateError
-from .formats import MESSAGES_KEY, detect_format
+from .encoders import FastEncoder, same_encodings
+from .errors import ConfigError, DatasetError, TemplateError
+from .formats import MESSAGES_KEY, Conversation, RowFormatError, conversation_from_row, detect_format
 from .parallel import memory_limit
 from .selection import selected_source_rows, selection_problem, small_count_warning, target_rows
 from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext
-from .sources import RowsFingerprinter, arrow_cache_files, describe, hash_ahead, release_mapped_data
+from .sources import (
+    RowsFingerprinter,
+    arrow_cache_files,
+    describe,
+    hash_ahead,
+    read_rows,
+    release_mapped_data,
+)
 from .storage import atomic_write_bytes, is_remote, storage_errors
-from .templates import ResolvedTemplate, has_generation_tags, resolve_template
+from .templates import ChatRenderer, ResolvedTemplate, has_generation_tags, resolve_template
 from .tokenizer import (
     TokenizerKey,
     choose_token_dtype,
+    fast_analysis,
     load_hf_tokenizer,
     own_chat_template,
+    rust_tokenizer,
     save_worker_tokenizer,
+    special_tokens,
     tokenizer_fingerprint,
+    worker_fast_analysis,
 )
 
 logger = logging.getLogger(__name__)
@@ -199,6 +211,70 @@ def resolve_tokenizer(spec: TokenizerSpec) -> tuple[TokenizerKey, Any, ResolvedT
     return tk, hf, template
 
 
+#: Rows of each dataset that the plan encodes with both encoders before trusting the fast one.
+SAMPLE_ROWS = 32
+
+
+def _sample_rows(spec: SliceSpec, datasets_cache: Path) -> list[Conversation]:
+    """The first rows of a dataset's first slice, as conversations (malformed ones are the slices' to
+    report)."""
+    rows = (spec.rows or list(range(spec.row_start, spec.row_end)))[:SAMPLE_ROWS]
+    records = read_rows(spec.dataset, spec.split, spec.revision, str(datasets_cache), rows, spec.arrow_files)
+    out = []
+    for record in records:
+        try:
+            out.append(conversation_from_row(record, spec.row_format, spec.messages_key))  # type: ignore[arg-type]
+        except RowFormatError:
+            continue
+    return out
+
+
+def choose_encoder(
+    spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, samples: list[Conversation]
+) -> str:
+    """``fast`` where tiktoken is proven this tokenizer (its analysis, then the run's own sample rows
+    encoded both ways, ids and offsets), else ``hf``; ``encoder: fast`` refuses the run instead."""
+    if spec.encoder == "hf":
+        return "hf"
+    renderer = ChatRenderer(ctx.template_text, special_tokens(load_hf_tokenizer(tk)))
+    texts = []
+    for conv in samples:
+        try:
+            texts.append(renderer.render(conv.messages, conv.tools, False))
+        except Exception:  # the slices report template errors, with the row
+            continue
+    asked = (tk, ctx.tokenizer_file, spec.encoder, _digest(texts))
+    if asked not in _ENCODER_CHOSEN:  # the head start and the plan task ask the same question
+        _ENCODER_CHOSEN[asked] = _prove_encoder(spec, tk, ctx, texts)
+    return _ENCODER_CHOSEN[asked]
+
+
+_ENCODER_CHOSEN: dict[tuple, str] = {}
+
+
+def _prove_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, texts: list[str]) -> str:
+    found = worker_fast_analysis(ctx.tokenizer_file) if ctx.tokenizer_file else fast_analysis(tk)
+    problem = found if isinstance(found, str) else None
+    if problem is None:
+        assert not isinstance(found, str)
+        rust = rust_tokenizer(tk)
+        if (differ := same_encodings(rust, FastEncoder(rust, found), texts)) is not None:
+            problem = f"the two encoders disagree on a sample row of this run ({differ})"
+    if problem is None:
+        logger.info(
+            "encoder: tiktoken, proven the same tokenizer as %s (%s)",
+            tk.name_or_path,
+            "every token checked"
+            if found.one_merge_per_token and not found.unsafe  # type: ignore[union-attr]
+            else f"texts with any of {len(found.unsafe)} tokens go to the tokenizers library",  # type: ignore[union-attr]
+        )
+        return "fast"
+    if spec.encoder == "fast":
+        raise ConfigError(f"tokenizer.encoder fast: tiktoken is not proven the same tokenizer: {problem}")
+    logger.info("encoder: the tokenizers library (tiktoken is not used: %s)", problem)
+    return "hf"
+
+
 def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
     work_dir, remote = _work_dir(run)
     datasets_cache = work_dir / "datasets-cache"
@@ -247,6 +323,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
     datasets: list[DatasetPlan] = []
     slices: list[SliceSpec] = []
     selected_total, memory = 0, memory_limit()
+    samples: list[Conversation] = []
     hash_ahead([entry.path for entry in mixer.datasets])
     for index, entry in enumerate(mixer.datasets):
         info = describe(entry.path, entry.split, entry.revision, str(datasets_cache))
@@ -311,6 +388,8 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
             )
         memo.save()
         fingerprint_rows.close()
+        if mixer.tokenizer.encoder != "hf":
+            samples += _sample_rows(slices[ids[0]], datasets_cache)
         datasets.append(
             DatasetPlan(
                 index=index,
@@ -323,6 +402,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
                 slices=ids,
             )
         )
+    ctx.encoder = choose_encoder(mixer.tokenizer, tk, ctx, samples)
     release_mapped_data(datasets_too=True)  # every row was read to fingerprint it; workers map their own
     return Plan(
         mixer=mixer,

@@ -125,7 +125,7 @@ class Encoded:
     each piece, the same first token the whole text has."""
 
     text: str
-    pieces: list[Any] = field(default_factory=list)  # tokenizers.Encoding of each piece
+    pieces: list[Any] = field(default_factory=list)  # tokenizers.Encoding (or FastEncoding) of each piece
     piece_ids: list[list[int]] = field(default_factory=list)  # each piece's ids, read from it once
     bases: list[int] = field(default_factory=list)  # where each piece starts in ``text``
     skips: list[int] = field(default_factory=list)  # leading tokens of each piece that are not its own
@@ -172,9 +172,10 @@ class Encoded:
             if left <= 0:
                 break
             n = min(left, len(ids) - skip)
-            pairs = piece.offsets[skip : skip + n]
-            flat = np.fromiter(chain.from_iterable(pairs), dtype=np.int64, count=2 * n)
-            out.append(flat.reshape(-1, 2) + base)
+            pairs = piece.offsets[skip : skip + n]  # a list of tuples, or the fast encoder's array
+            if not isinstance(pairs, np.ndarray):
+                pairs = np.fromiter(chain.from_iterable(pairs), dtype=np.int64, count=2 * n).reshape(-1, 2)
+            out.append(pairs + base)
             left -= n
         return np.concatenate(out) if out else np.zeros((0, 2), dtype=np.int64)
 

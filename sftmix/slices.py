@@ -17,18 +17,29 @@ import logging
 import os
 import time
 from collections import Counter
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 from pydantic import BaseModel, Field
 
 from .config import local_mirror
-from .errors import BadRowError, ChecksumError, DatasetError, MixerError, TemplateError, row_label
+from .encoders import FastEncoder
+from .errors import (
+    BadRowError,
+    ChecksumError,
+    ConfigError,
+    DatasetError,
+    MixerError,
+    TemplateError,
+    row_label,
+)
 from .formats import Conversation, RowFormatError, conversation_from_row
 from .labels import DROP_REASONS, UNTRAINABLE, LabelMasker, MaskPolicy, RenderError, RowStatus, TokenizedRow
 from .ownership import remove_abandoned_temps
+from .segments import SegmentBoundaries
 from .sources import read_rows, release_mapped_data, row_line
 from .storage import (
     atomic_write_bytes,
@@ -45,6 +56,7 @@ from .templates import ChatRenderer
 from .tokenizer import (
     TokenizerKey,
     check_ids_fit,
+    fast_analysis,
     load_hf_tokenizer,
     load_worker_tokenizer,
     rust_tokenizer,
@@ -88,6 +100,7 @@ class TokenizeContext(BaseModel):
     drop_untrainable: bool = True
     template_source: str = ""
     batch_size: int = 256
+    encoder: str = "hf"  # "fast": tiktoken, proven the same tokenizer by the plan (sftmix/encoders.py)
 
 
 class SliceSpec(BaseModel):
@@ -150,6 +163,13 @@ class SliceManifest(BaseModel):
     )
     finished_at: float = 0.0
     format_version: str = SLICE_FORMAT_VERSION
+    encoder: str = Field(
+        "hf",
+        description="What made the ids: 'hf' (the tokenizers library) or 'fast' (tiktoken, proven the same).",
+    )
+    library_texts: int = Field(
+        0, description="With the fast encoder: texts it handed to the tokenizers library (an unproven token)."
+    )
 
 
 def slice_dir(work_dir: str | Path, key: str) -> Path:
@@ -254,9 +274,7 @@ def _masker(ctx: TokenizeContext) -> LabelMasker:
     """One masker per worker process and run settings: its template and pasted-prefix shapes are
     reused by every slice the process tokenizes."""
     return _cached_masker(
-        ctx.tokenizer,
-        ctx.tokenizer_revision,
-        ctx.tokenizer_file,
+        _encoding_for(ctx),
         ctx.template_text,
         ctx.max_seq_length,
         ctx.mask,
@@ -266,11 +284,57 @@ def _masker(ctx: TokenizeContext) -> LabelMasker:
     )
 
 
+@dataclass(frozen=True, eq=False)
+class _Encoding:
+    """The tokenizer as a worker uses it: the library's Rust tokenizer, and tiktoken where proven."""
+
+    rust: Any
+    special_tokens: dict[str, str]
+    boundaries: SegmentBoundaries | None
+    fast: FastEncoder | None
+
+    def encode_batch(self, texts: list[str]) -> list:
+        if self.fast is not None:
+            return self.fast.encode_batch(texts)
+        return self.rust.encode_batch(texts, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.rust.decode(ids, skip_special_tokens=False)  # what hf.decode does for fast tokenizers
+
+    @property
+    def fallbacks(self) -> int:
+        """Texts the fast encoder handed to the library so far (in this process)."""
+        return 0 if self.fast is None else self.fast.fallbacks
+
+
+def _encoding_for(ctx: TokenizeContext) -> _Encoding:
+    return _cached_encoding(ctx.tokenizer, ctx.tokenizer_revision, ctx.tokenizer_file, ctx.encoder)
+
+
+@lru_cache(maxsize=4)
+def _cached_encoding(
+    tokenizer: str, revision: str | None, tokenizer_file: str | None, encoder: str
+) -> _Encoding:
+    if tokenizer_file and os.path.isfile(tokenizer_file):
+        loaded = load_worker_tokenizer(tokenizer_file)
+        rust, specials, boundaries, found = loaded.rust, loaded.special_tokens, loaded.boundaries, loaded.fast
+    else:  # e.g. another machine of a remote work directory: load it as the plan did
+        key = TokenizerKey.of(tokenizer, revision)
+        rust, boundaries, found = rust_tokenizer(key), segment_boundaries(key), fast_analysis(key)
+        specials = special_tokens(load_hf_tokenizer(key))
+    fast = None
+    if encoder == "fast":
+        if isinstance(found, str):  # the plan proved it with the same tokenizer: its files changed since
+            raise ConfigError(
+                f"tokenizer {tokenizer!r} changed after the plan: tiktoken is not proven ({found})"
+            )
+        fast = FastEncoder(rust, found)
+    return _Encoding(rust, specials, boundaries, fast)
+
+
 @lru_cache(maxsize=4)
 def _cached_masker(
-    tokenizer: str,
-    revision: str | None,
-    tokenizer_file: str | None,
+    encoding: _Encoding,
     template_text: str,
     max_seq_length: int | None,
     mask: str,
@@ -278,22 +342,13 @@ def _cached_masker(
     drop_untrainable: bool = False,
     policy: MaskPolicy | None = None,
 ) -> LabelMasker:
-    if tokenizer_file and os.path.isfile(tokenizer_file):
-        loaded = load_worker_tokenizer(tokenizer_file)
-        rust, specials, boundaries = loaded.rust, loaded.special_tokens, loaded.boundaries
-    else:  # e.g. another machine of a remote work directory: load it as the plan did
-        key = TokenizerKey.of(tokenizer, revision)
-        rust, boundaries = rust_tokenizer(key), segment_boundaries(key)
-        specials = special_tokens(load_hf_tokenizer(key))
-    renderer = ChatRenderer(template_text, specials)
+    renderer = ChatRenderer(template_text, encoding.special_tokens)
     return LabelMasker(
         renderer=renderer,
-        encode_batch=lambda texts: rust.encode_batch(texts, add_special_tokens=False),
-        decode=lambda ids: rust.decode(
-            ids, skip_special_tokens=False
-        ),  # what hf.decode does for fast tokenizers
+        encode_batch=encoding.encode_batch,
+        decode=encoding.decode,
         max_seq_length=max_seq_length,
-        boundaries=boundaries,
+        boundaries=encoding.boundaries,
         mode=mask,
         spans=spans,
         drop_untrainable=drop_untrainable,
@@ -412,6 +467,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
     rows = spec.row_list()
     dtype = np.dtype(ctx.token_dtype)
     masker = _masker(ctx)
+    fallbacks_before = _encoding_for(ctx).fallbacks
     token_chunks: list[np.ndarray] = []
     mask_chunks: list[np.ndarray] = []
     records = np.zeros(len(rows), dtype=ROW_DTYPE)
@@ -500,6 +556,8 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
         seconds=round(time.perf_counter() - started, 3),
         started_at=started_at,
         finished_at=time.time(),
+        encoder=ctx.encoder,
+        library_texts=_encoding_for(ctx).fallbacks - fallbacks_before,
     )
     with storage_errors(where):
         atomic_write_bytes(root / MANIFEST, json.dumps(manifest.model_dump(), indent=1).encode("utf-8"))

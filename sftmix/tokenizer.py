@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .encoders import FastAnalysis, Unproven, analyse
 from .errors import ConfigError, TokenDtypeError
 from .hub import unreachable_hub_problem
 from .segments import SegmentBoundaries
@@ -173,25 +174,53 @@ def boundaries_of(rust: Any) -> SegmentBoundaries | None:
     )
 
 
+@lru_cache(maxsize=4)
+def fast_analysis(key: TokenizerKey) -> FastAnalysis | str:
+    """The proof that tiktoken encodes as this tokenizer does, or why there is none (1-3 s: every token
+    is checked; written with the workers' copy so that a work directory pays it once)."""
+    try:
+        return analyse(rust_tokenizer(key).to_str())
+    except Unproven as exc:
+        return str(exc)
+
+
+def analysis_json(found: FastAnalysis | str) -> dict[str, Any]:
+    return {"unproven": found} if isinstance(found, str) else found.to_json()
+
+
+def analysis_from_json(data: dict[str, Any]) -> FastAnalysis | str:
+    return str(data["unproven"]) if "unproven" in data else FastAnalysis.from_json(data)
+
+
 @dataclass(frozen=True)
 class WorkerTokenizer:
     """All a slice worker needs from the tokenizer, without importing transformers (seconds of start-up
-    and hundreds of MB per worker): the exact Rust tokenizer the plan loaded and the special tokens."""
+    and hundreds of MB per worker): the exact Rust tokenizer the plan loaded, the special tokens and the
+    fast encoder's proof (or why there is none)."""
 
     rust: Any
     special_tokens: dict[str, str]
     boundaries: SegmentBoundaries | None
+    fast: FastAnalysis | str
 
 
 def save_worker_tokenizer(key: TokenizerKey, directory: str | os.PathLike[str], fingerprint: str) -> str:
-    """Write (once) what :func:`load_worker_tokenizer` reads; returns its path."""
+    """Write (once) what :func:`load_worker_tokenizer` reads; returns its path. A copy written before the
+    fast encoder existed (no ``fast`` entry) is written again."""
     from .storage import atomic_write_bytes
 
     path = os.path.join(directory, f"{fingerprint}.json")
-    if not os.path.isfile(path):
-        tok = load_hf_tokenizer(key)
-        data = {"backend": rust_tokenizer(key).to_str(), "special_tokens": special_tokens(tok)}
-        atomic_write_bytes(path, json.dumps(data).encode("utf-8"))
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as fh:
+            if "fast" in json.load(fh):
+                return path
+    tok = load_hf_tokenizer(key)
+    data = {
+        "backend": rust_tokenizer(key).to_str(),
+        "special_tokens": special_tokens(tok),
+        "fast": analysis_json(fast_analysis(key)),
+    }
+    atomic_write_bytes(path, json.dumps(data).encode("utf-8"))
     return path
 
 
@@ -204,7 +233,15 @@ def load_worker_tokenizer(path: str) -> WorkerTokenizer:
     rust = Tokenizer.from_str(data["backend"])
     rust.no_truncation()
     rust.no_padding()
-    return WorkerTokenizer(rust, dict(data["special_tokens"]), boundaries_of(rust))
+    return WorkerTokenizer(
+        rust, dict(data["special_tokens"]), boundaries_of(rust), analysis_from_json(data["fast"])
+    )
+
+
+def worker_fast_analysis(path: str) -> FastAnalysis | str:
+    """The proof from the workers' copy alone (the plan's process need not parse the vocabulary again)."""
+    with open(path, encoding="utf-8") as fh:
+        return analysis_from_json(json.load(fh)["fast"])
 
 
 @lru_cache(maxsize=4)  # like the tokenizer it hashes: prepare_plan and build_plan both ask

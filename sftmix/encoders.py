@@ -1,0 +1,395 @@
+"""Two encoders for one tokenizer: the tokenizers library (the oracle) and tiktoken, used only where proven.
+
+tiktoken implements byte-level BPE as "merge the adjacent pair whose concatenation has the lowest rank,
+leftmost first", over pieces found by a regex, after splitting at special tokens. The tokenizers library
+merges "the adjacent pair earliest in the merges list, leftmost first". :func:`analyse` proves from
+``tokenizer.json`` where the two are the same tokenizer:
+
+- structure: a BPE model on bytes (no normalizer, dropout, byte fallback or word affixes), one of the
+  regexes we test in both regex engines as a Split that keeps every match (the regex matches every
+  character, so no text falls between pieces), a post-processor that adds nothing when special tokens are off
+  (a ByteLevel one's offset trimming is done here as it does it), and added tokens matched as plain text (no strip, no single-word,
+  none a prefix of another, so first-match and longest-match agree);
+- merges: every merge makes a vocabulary token, in the order of their ids (so "earliest merge" is
+  "lowest rank" up to ties among merges that make the same token);
+- every token, alone: its bytes run through both merge rules step by step. A token is *safe* when both
+  pick the same pair at every step and end at the token. Inside one output token the merges made in
+  context are exactly those made on its bytes alone, so an output whose tokens are all safe came from
+  merges both rules make in the same order. Where each token is made by one merge (dolma2) that is a
+  proof for every text; :class:`FastEncoder` re-encodes with the tokenizers library any text whose
+  output holds an unsafe token (Llama-3's vocabulary, made by merging any split of each token, has 588).
+  Where one token is made by several merges, ties between equal-rank merges in two different output
+  tokens are the one case not decided here: the run's sample check and the tests compare both.
+
+Offsets come from token byte lengths (a cumulative sum) mapped to characters; a token that ends inside a
+multi-byte character reaches that character's end, as the tokenizers library reports it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Literal
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+EncoderChoice = Literal["auto", "hf", "fast"]
+
+_CL100K = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+#: Split regexes that match every character and that the tokenizers library (Oniguruma) and tiktoken
+#: (fancy-regex) split identically: each is compared on random text in tests/test_encoders.py.
+PROVEN_PATTERNS = {"cl100k": _CL100K, "qwen2": _QWEN2}
+#: The regex of a ByteLevel pre-tokenizer with ``use_regex`` (GPT-2's).
+BYTE_LEVEL_PATTERN = _GPT2
+
+
+@lru_cache(maxsize=1)
+def byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in for each byte (the GPT-2 table), character -> byte."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars, extra = {b: chr(b) for b in printable}, 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return {c: b for b, c in chars.items()}
+
+
+@dataclass(frozen=True)
+class FastAnalysis:
+    """What :func:`analyse` proved: enough to build the fast encoder without proving again."""
+
+    pattern: str
+    unsafe: tuple[int, ...]  # tokens whose merges the two rules make differently (see the module doc)
+    one_merge_per_token: bool  # then every text with only safe tokens is proven, ties included
+    trim: Trim | None = None  # a ByteLevel post-processor's offset trimming, done as it does it
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pattern": self.pattern,
+            "unsafe": list(self.unsafe),
+            "one_merge_per_token": self.one_merge_per_token,
+            "trim": None if self.trim is None else {"keep_first_space": self.trim.keep_first_space},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FastAnalysis:
+        trim = data.get("trim")
+        return cls(
+            str(data["pattern"]),
+            tuple(int(i) for i in data["unsafe"]),
+            bool(data["one_merge_per_token"]),
+            None if trim is None else Trim(bool(trim["keep_first_space"])),
+        )
+
+
+@dataclass(frozen=True)
+class Trim:
+    """The ByteLevel post-processor's ``trim_offsets``: a token's offsets leave out its leading and
+    trailing spaces, except one leading space of the text's first token with ``add_prefix_space``."""
+
+    keep_first_space: bool
+
+
+class Unproven(Exception):
+    """Why the fast encoder is not the same tokenizer (the message is shown to people)."""
+
+
+def analyse(tokenizer_json: str | dict[str, Any]) -> FastAnalysis:
+    """Prove the fast encoder equals this tokenizer (see the module docstring), or raise :class:`Unproven`."""
+    data = json.loads(tokenizer_json) if isinstance(tokenizer_json, str) else tokenizer_json
+    model = data.get("model") or {}
+    if model.get("type") != "BPE":
+        raise Unproven(f"its model is {model.get('type')!r}, not BPE")
+    if model.get("dropout") not in (None, 0, 0.0):
+        raise Unproven("its BPE has dropout")
+    if model.get("byte_fallback"):
+        raise Unproven("its BPE falls back to byte tokens")
+    if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        raise Unproven("its BPE marks word pieces with a prefix or suffix")
+    if data.get("normalizer") is not None:
+        raise Unproven(f"it has a normalizer ({_kind(data['normalizer'])})")
+    pattern = _pattern(data.get("pre_tokenizer"))
+    trims = _post_processor_trims(data.get("post_processor"))
+    added = _added_tokens(data.get("added_tokens") or [])
+    if trims and any(t[:1].isspace() or t[-1:].isspace() for t in added):
+        raise Unproven("its post-processor trims offsets and an added token starts or ends with whitespace")
+    ranks = _ranks(model.get("vocab") or {}, added)
+    merges = _merges(model.get("merges") or [])
+    index, one_merge = _merge_index(merges, ranks)
+    trim = None if not trims else Trim(keep_first_space=trims[0])
+    return FastAnalysis(pattern, tuple(_unsafe_tokens(ranks, index)), one_merge, trim)
+
+
+def _kind(node: Any) -> str:
+    return str(node.get("type")) if isinstance(node, dict) else type(node).__name__
+
+
+def _pattern(pre: Any) -> str:
+    """The regex tiktoken must split with, from a pre-tokenizer that amounts to its find-all."""
+    steps = pre.get("pretokenizers", []) if isinstance(pre, dict) and pre.get("type") == "Sequence" else [pre]
+    if len(steps) == 1 and isinstance(steps[0], dict) and steps[0].get("type") == "ByteLevel":
+        level = steps[0]
+        if level.get("add_prefix_space") or not level.get("use_regex", True):
+            raise Unproven("its ByteLevel pre-tokenizer adds a prefix space or splits with no regex")
+        return BYTE_LEVEL_PATTERN
+    if len(steps) != 2 or not all(isinstance(s, dict) for s in steps):
+        raise Unproven(f"its pre-tokenizer is not a Split then ByteLevel ({_kind(pre)})")
+    split, level = steps
+    if split.get("type") != "Split" or level.get("type") != "ByteLevel":
+        raise Unproven(f"its pre-tokenizer is {_kind(split)} then {_kind(level)}, not Split then ByteLevel")
+    if level.get("add_prefix_space") or level.get("use_regex"):
+        raise Unproven("its ByteLevel step adds a prefix space or splits again with GPT-2's regex")
+    keeps_matches = (split.get("behavior"), bool(split.get("invert"))) in {
+        ("Isolated", False),
+        ("Removed", True),
+    }
+    if not keeps_matches:
+        raise Unproven(f"its Split keeps pieces as {split.get('behavior')!r} (invert {split.get('invert')})")
+    regex = (split.get("pattern") or {}).get("Regex")
+    if regex not in PROVEN_PATTERNS.values():
+        raise Unproven("its Split regex is not one proven to split the same in both regex engines")
+    return regex
+
+
+def _post_processor_trims(node: Any) -> list[bool]:
+    """The ByteLevel offset trims the post-processor makes with special tokens off (each one's
+    ``add_prefix_space``); anything else it does there must change neither ids nor offsets."""
+    if node is None:
+        return []
+    kind = node.get("type")
+    if kind == "Sequence":
+        trims = [t for step in node.get("processors", []) for t in _post_processor_trims(step)]
+        if len(trims) > 1:
+            raise Unproven("its post-processor trims offsets twice")
+        return trims
+    if kind == "ByteLevel":
+        return [bool(node.get("add_prefix_space", True))] if node.get("trim_offsets", True) else []
+    if kind == "TemplateProcessing":  # adds its tokens only with special tokens on
+        return []
+    raise Unproven(f"its post-processor is {kind!r}")
+
+
+def _added_tokens(tokens: list[dict[str, Any]]) -> dict[str, int]:
+    added: dict[str, int] = {}
+    for t in tokens:
+        content = t.get("content", "")
+        if not content:
+            raise Unproven("an added token is empty")
+        for flag in ("lstrip", "rstrip", "single_word", "normalized"):
+            if t.get(flag):
+                raise Unproven(f"added token {content!r} is {flag}")
+        added[content] = int(t["id"])
+    ordered = sorted(added)
+    for a, b in zip(ordered, ordered[1:], strict=False):
+        if b.startswith(a):
+            raise Unproven(f"added token {a!r} is a prefix of {b!r} (first and longest match may differ)")
+    return added
+
+
+def _ranks(vocab: dict[str, int], added: dict[str, int]) -> dict[bytes, int]:
+    alphabet = byte_alphabet()
+    ranks: dict[bytes, int] = {}
+    for text, i in vocab.items():
+        if added.get(text) == i:
+            continue
+        try:
+            ranks[bytes(alphabet[c] for c in text)] = i
+        except KeyError:
+            raise Unproven(f"vocabulary entry {text!r} is not byte-level") from None
+    if len(ranks) != len(vocab) - sum(1 for t, i in added.items() if vocab.get(t) == i):
+        raise Unproven("two vocabulary entries are the same bytes")
+    if any(bytes([b]) not in ranks for b in range(256)):
+        raise Unproven("its vocabulary lacks some of the 256 bytes")
+    if set(ranks.values()) & set(added.values()):
+        raise Unproven("an added token shares its id with a vocabulary entry of other text")
+    return ranks
+
+
+def _merges(raw: list[Any]) -> list[tuple[str, str]]:
+    out = []
+    for m in raw:
+        pair = tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m)
+        if len(pair) != 2:
+            raise Unproven(f"merge {m!r} is not a pair")
+        out.append((str(pair[0]), str(pair[1])))
+    return out
+
+
+def _merge_index(
+    merges: list[tuple[str, str]], ranks: dict[bytes, int]
+) -> tuple[dict[tuple[bytes, bytes], int], bool]:
+    """Each merge (as bytes) -> its place in the list, after checking the list is in rank order."""
+    alphabet = byte_alphabet()
+    index: dict[tuple[bytes, bytes], int] = {}
+    made: set[int] = set()
+    one_merge, last = True, -1
+    for k, (a, b) in enumerate(merges):
+        left, right = bytes(alphabet[c] for c in a), bytes(alphabet[c] for c in b)
+        rank = ranks.get(left + right)
+        if rank is None or left not in ranks or right not in ranks:
+            raise Unproven(f"merge {a!r} + {b!r} uses or makes a token outside the vocabulary")
+        if rank < last:
+            raise Unproven(f"merge {k} ({a!r} + {b!r}) comes after a merge that makes a later token")
+        if rank in made:
+            one_merge = False
+        made.add(rank)
+        last = rank
+        index.setdefault((left, right), k)
+    return index, one_merge
+
+
+def _unsafe_tokens(ranks: dict[bytes, int], index: dict[tuple[bytes, bytes], int]) -> list[int]:
+    """Tokens whose bytes, alone, the two merge rules take through different steps (module docstring)."""
+    unsafe = []
+    for token, rank in ranks.items():
+        if len(token) > 1 and not _same_steps(token, ranks, index):
+            unsafe.append(rank)
+    return sorted(unsafe)
+
+
+def _same_steps(token: bytes, ranks: dict[bytes, int], index: dict[tuple[bytes, bytes], int]) -> bool:
+    parts = [token[i : i + 1] for i in range(len(token))]
+    while len(parts) > 1:
+        by_rank = by_merge = -1
+        best_rank = best_merge = None
+        for i in range(len(parts) - 1):
+            pair = (parts[i], parts[i + 1])
+            r = ranks.get(pair[0] + pair[1])
+            if r is not None and (best_rank is None or r < best_rank):
+                best_rank, by_rank = r, i
+            k = index.get(pair)
+            if k is not None and (best_merge is None or k < best_merge):
+                best_merge, by_merge = k, i
+        if by_rank < 0 or by_rank != by_merge:
+            return False
+        parts[by_rank : by_rank + 2] = [parts[by_rank] + parts[by_rank + 1]]
+    return True
+
+
+class FastEncoding:
+    """The part of ``tokenizers.Encoding`` the engine reads, computed from tiktoken's ids when asked."""
+
+    __slots__ = ("_encoder", "_offsets", "_text", "ids")
+
+    def __init__(self, text: str, ids: list[int], encoder: FastEncoder) -> None:
+        self.ids = ids
+        self._text = text
+        self._encoder = encoder
+        self._offsets: np.ndarray | None = None
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """(start, end) character offsets of every token, as an (n, 2) array."""
+        if self._offsets is None:
+            self._offsets = self._encoder.offsets(self._text, np.asarray(self.ids, dtype=np.int64))
+        return self._offsets
+
+    def token_to_chars(self, i: int) -> tuple[int, int]:
+        start, end = self.offsets[i]
+        return int(start), int(end)
+
+
+def char_offsets(text: str, token_bytes: np.ndarray) -> np.ndarray:
+    """Character (start, end) of consecutive tokens of ``token_bytes`` bytes each that cover ``text``."""
+    ends = np.cumsum(token_bytes, dtype=np.int64)
+    out = np.empty((ends.shape[0], 2), dtype=np.int64)
+    if text.isascii():
+        out[:, 1] = ends
+        out[:, 0] = ends - token_bytes
+        return out
+    data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    char_of_byte = np.cumsum((data & 0xC0) != 0x80, dtype=np.int64) - 1
+    out[:, 0] = char_of_byte[ends - token_bytes]
+    out[:, 1] = char_of_byte[ends - 1] + 1
+    return out
+
+
+class FastEncoder:
+    """``encode_batch`` with tiktoken, exact per the analysis; any text it cannot vouch for goes to the
+    tokenizers library (an unsafe token in the output, or text tiktoken will not take)."""
+
+    def __init__(self, rust: Any, analysis: FastAnalysis) -> None:
+        import tiktoken
+
+        data = json.loads(rust.to_str())
+        added = {t["content"]: int(t["id"]) for t in data.get("added_tokens") or []}
+        ranks = _ranks(data["model"]["vocab"], added)
+        self.rust = rust
+        self.unsafe = frozenset(analysis.unsafe)
+        self.encoding = tiktoken.Encoding(
+            "tokenize-mixer", pat_str=analysis.pattern, mergeable_ranks=ranks, special_tokens=added
+        )
+        self._core = self.encoding._core_bpe  # the per-text call, without encode()'s checks per text
+        self._allowed = set(added)
+        size = max([*ranks.values(), *added.values()]) + 1
+        self.lengths = np.zeros(size, dtype=np.int64)
+        self.trim = analysis.trim
+        self.leading, self.trailing = np.zeros(size, np.int64), np.zeros(size, np.int64)
+        for token, i in ranks.items():
+            self.lengths[i] = len(token)
+            self.leading[i] = len(token) - len(token.lstrip(b" "))
+            self.trailing[i] = len(token) - len(token.rstrip(b" "))
+        for text, i in added.items():
+            self.lengths[i] = len(text.encode("utf-8"))
+        self.fallbacks = 0  # texts the tokenizers library encoded
+
+    def offsets(self, text: str, ids: np.ndarray) -> np.ndarray:
+        out = char_offsets(text, self.lengths[ids])
+        if self.trim is not None and ids.shape[0]:
+            start, end = out[:, 0], out[:, 1]
+            lead, trail = self.leading[ids], self.trailing[ids]
+            if self.trim.keep_first_space:
+                first = start == 0
+                first[0] = True
+                lead = np.where(first & (lead == 1), 0, lead)
+            start = np.minimum(start + lead, end)
+            out = np.stack([start, np.where(end >= trail, np.maximum(end - trail, start), end)], axis=1)
+        return out
+
+    def encode_batch(self, texts: Sequence[str]) -> list[Any]:
+        out: list[Any] = []
+        for text in texts:
+            try:
+                ids = self._core.encode(text, self._allowed)
+            except (UnicodeEncodeError, ValueError):  # lone surrogates: whatever the oracle does with them
+                ids = None
+            if ids is None or (self.unsafe and not self.unsafe.isdisjoint(ids)):
+                self.fallbacks += 1
+                out.append(self.rust.encode(text, add_special_tokens=False))
+            else:
+                out.append(FastEncoding(text, ids, self))
+        return out
+
+
+def same_encodings(rust: Any, fast: FastEncoder, texts: Sequence[str]) -> str | None:
+    """The first text the two encoders disagree on (ids or offsets), described; None when all agree."""
+    for n, (a, b) in enumerate(
+        zip(rust.encode_batch(list(texts), add_special_tokens=False), fast.encode_batch(texts), strict=True)
+    ):
+        if list(a.ids) != list(b.ids):
+            return f"text {n}: ids differ"
+        if not np.array_equal(
+            np.asarray(a.offsets, dtype=np.int64).reshape(-1, 2),
+            np.asarray(b.offsets, dtype=np.int64).reshape(-1, 2),
+        ):
+            return f"text {n}: offsets differ"
+    return None
