@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.run import _limit_chunk, _pool_run, run_ours  # noqa: E402
+from bench.run import _fast_limit_chunk, _limit_chunk, _pool_run, run_ours  # noqa: E402
 from sftmix.parallel import available_cpus  # noqa: E402
 
 
@@ -69,6 +69,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0, help="0: every CPU this process may use")
     ap.add_argument("--out", type=Path, default=None, help="write the rows here as JSON")
     ap.add_argument("--logs", type=Path, default=None, help="keep each convert's log (timed lines) here")
+    ap.add_argument(
+        "--library-too",
+        action="store_true",
+        help="also run ours with --encoder hf (the tokenizers library) on the same file, and compare bytes",
+    )
     args = ap.parse_args()
 
     from sftmix.templates import named_template
@@ -96,7 +101,24 @@ def main() -> None:
             data = write_copies(chats, copies, scratch / f"chats-{copies}.jsonl")
             every = [copy_of(c, j) for j in range(copies) for c in chats]
             limit_wall, limit_tokens = _pool_run(_limit_chunk, every, (template,), tokenizer, workers)
+            fast_wall, fast_tokens = _pool_run(_fast_limit_chunk, every, (template,), tokenizer, workers)
+            assert fast_tokens == limit_tokens, (fast_tokens, limit_tokens)
             del every
+            library = {}
+            if args.library_too:  # ours with the tokenizers library, for the encoder's share
+                library = run_ours(
+                    data,
+                    tokenizer,
+                    args.template,
+                    args.max_seq_length,
+                    scratch / f"work-{copies}-hf",
+                    scratch / f"out-{copies}-hf",
+                    "--workers",
+                    str(workers),
+                    "--encoder",
+                    "hf",
+                )
+                shutil.rmtree(scratch / f"work-{copies}-hf", ignore_errors=True)
             ours = run_ours(
                 data,
                 tokenizer,
@@ -127,7 +149,20 @@ def main() -> None:
                 "peak_private_mib": round(ours["peak_private"] / 2**20),
                 "peak_anonymous_mib": round(ours["peak_anonymous"] / 2**20),
                 "ours_over_limit": round(ours["wall"] / limit_wall, 3),
+                "fast_limit_seconds": round(fast_wall, 2),
+                "ours_over_fast_limit": round(ours["wall"] / fast_wall, 3),
+                **(
+                    {
+                        "ours_library_seconds": round(library["wall"], 2),
+                        "ours_library_tokenize_seconds": library["tokenize_seconds"],
+                        "same_bytes": (scratch / f"out-{copies}-hf" / "token_ids_part_0000.npy").read_bytes()
+                        == (scratch / f"out-{copies}" / "token_ids_part_0000.npy").read_bytes(),
+                    }
+                    if library
+                    else {}
+                ),
             }
+            shutil.rmtree(scratch / f"out-{copies}-hf", ignore_errors=True)
             rows.append(row)
             print(json.dumps(row), flush=True)
             data.unlink()
@@ -138,11 +173,11 @@ def main() -> None:
 
     base = rows[0]
     per_token = base["ours_seconds"] / base["ours_tokens"]
-    line = "{:>6} {:>8} {:>9} {:>9} {:>11} {:>9} {:>12} {:>7} {:>11} {:>9} {:>9} {:>12} {:>12} {:>9} {:>9}"
+    line = "{:>6} {:>8} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>12} {:>7} {:>11} {:>9} {:>9} {:>12} {:>12} {:>9} {:>9}"
     print()
     print(
         line.format(
-            "copies", "chats", "input MiB", "limit s", "ours s", "ours/lim", "ours tok/s", "tail %",
+            "copies", "chats", "input MiB", "limit s", "fast lim", "ours s", "ours/lim", "ours/fast", "ours tok/s", "tail %",
             "s/token rel", "peak MiB", "peak rel", "private MiB", "private rel", "anon MiB", "anon rel",
         )
     )  # fmt: skip
@@ -153,8 +188,10 @@ def main() -> None:
                 f"{r['chats']:,}",
                 f"{r['input_mib']:,.0f}",
                 f"{r['limit_seconds']:.1f}",
+                f"{r['fast_limit_seconds']:.1f}",
                 f"{r['ours_seconds']:.1f}",
                 f"{r['ours_over_limit']:.2f}x",
+                f"{r['ours_over_fast_limit']:.2f}x",
                 f"{r['ours_tokens'] / r['ours_seconds']:,.0f}",
                 f"{100 * r['tail_seconds'] / r['ours_seconds']:.1f}",
                 f"{(r['ours_seconds'] / r['ours_tokens']) / per_token:.3f}",
@@ -167,7 +204,8 @@ def main() -> None:
             )
         )
     print(
-        "\nours s: the whole command (start-up, tokenizing, assemble/validate/check, publish, exit); "
+        "\nlimit: render + the tokenizers library's encode_batch; fast lim: render + tiktoken (the fast encoder); "
+        "ours s: the whole command (start-up, tokenizing, assemble/validate/check, publish, exit); "
         "tail: the rest of it after start-up (by the command's own clock) and tokenizing, i.e. assemble, "
         "validate, check, publish, exit and the interpreter's own start; ours tokens are after truncation and drops, the limit's before; "
         "peak: summed RSS of the process tree; private: the same less shared file-backed pages (the page cache of "

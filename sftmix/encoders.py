@@ -81,6 +81,7 @@ class FastAnalysis:
     unsafe: tuple[int, ...]  # tokens whose merges the two rules make differently (see the module doc)
     one_merge_per_token: bool  # then every text with only safe tokens is proven, ties included
     trim: Trim | None = None  # a ByteLevel post-processor's offset trimming, done as it does it
+    decodes: bool = False  # tiktoken's decode (bytes, then UTF-8 with replacement) is the library's too
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,6 +89,7 @@ class FastAnalysis:
             "unsafe": list(self.unsafe),
             "one_merge_per_token": self.one_merge_per_token,
             "trim": None if self.trim is None else {"keep_first_space": self.trim.keep_first_space},
+            "decodes": self.decodes,
         }
 
     @classmethod
@@ -98,6 +100,7 @@ class FastAnalysis:
             tuple(int(i) for i in data["unsafe"]),
             bool(data["one_merge_per_token"]),
             None if trim is None else Trim(bool(trim["keep_first_space"])),
+            bool(data.get("decodes", False)),
         )
 
 
@@ -136,7 +139,21 @@ def analyse(tokenizer_json: str | dict[str, Any]) -> FastAnalysis:
     merges = _merges(model.get("merges") or [])
     index, one_merge = _merge_index(merges, ranks)
     trim = None if not trims else Trim(keep_first_space=trims[0])
-    return FastAnalysis(pattern, tuple(_unsafe_tokens(ranks, index)), one_merge, trim)
+    decodes = _decodes_as_bytes(data.get("decoder"), added)
+    return FastAnalysis(pattern, tuple(_unsafe_tokens(ranks, index)), one_merge, trim, decodes)
+
+
+def _decodes_as_bytes(decoder: Any, added: dict[str, int]) -> bool:
+    """Whether the library's decode is "every token's bytes, then UTF-8 with replacement": a ByteLevel
+    decoder, and added tokens whose text it maps to their own UTF-8 (it maps text made only of its
+    byte alphabet to those bytes, so ``é`` alone would become the byte 0xE9)."""
+    if not isinstance(decoder, dict) or decoder.get("type") != "ByteLevel":
+        return False
+    alphabet = byte_alphabet()
+    for text in added:
+        if all(c in alphabet for c in text) and bytes(alphabet[c] for c in text) != text.encode("utf-8"):
+            return False
+    return True
 
 
 def _kind(node: Any) -> str:
@@ -323,17 +340,52 @@ def char_offsets(text: str, token_bytes: np.ndarray) -> np.ndarray:
     return out
 
 
+#: Bump when :func:`analyse` proves something else: cached proofs of the old one are not used.
+ANALYSIS_VERSION = 1
+
+
+def vocabulary(rust: Any) -> tuple[dict[bytes, int], dict[str, int]]:
+    """The BPE vocabulary as tiktoken's ranks (token bytes -> id) and the added tokens (text -> id)."""
+    data = json.loads(rust.to_str())
+    added = {t["content"]: int(t["id"]) for t in data.get("added_tokens") or []}
+    return _ranks(data["model"]["vocab"], added), added
+
+
+def pack_vocabulary(ranks: dict[bytes, int], added: dict[str, int]) -> dict[str, Any]:
+    """:func:`vocabulary` as JSON that loads in milliseconds (one string of every token's bytes)."""
+    items = sorted(ranks.items(), key=lambda kv: kv[1])
+    return {
+        "bytes": b"".join(t for t, _ in items).decode("latin-1"),
+        "lengths": [len(t) for t, _ in items],
+        "ids": [i for _, i in items],
+        "added": added,
+    }
+
+
+def unpack_vocabulary(packed: dict[str, Any]) -> tuple[dict[bytes, int], dict[str, int]]:
+    blob = packed["bytes"].encode("latin-1")
+    ranks, at = {}, 0
+    for length, i in zip(packed["lengths"], packed["ids"], strict=True):
+        ranks[blob[at : at + length]] = i
+        at += length
+    return ranks, {str(k): int(v) for k, v in packed["added"].items()}
+
+
 class FastEncoder:
     """``encode_batch`` with tiktoken, exact per the analysis; any text it cannot vouch for goes to the
     tokenizers library (an unsafe token in the output, or text tiktoken will not take)."""
 
-    def __init__(self, rust: Any, analysis: FastAnalysis) -> None:
+    def __init__(
+        self,
+        rust: Any,
+        analysis: FastAnalysis,
+        vocab: tuple[dict[bytes, int], dict[str, int]] | None = None,
+    ) -> None:
         import tiktoken
 
-        data = json.loads(rust.to_str())
-        added = {t["content"]: int(t["id"]) for t in data.get("added_tokens") or []}
-        ranks = _ranks(data["model"]["vocab"], added)
+        ranks, added = vocab if vocab is not None else vocabulary(rust)
         self.rust = rust
+        self.analysis = analysis
         self.unsafe = frozenset(analysis.unsafe)
         self.encoding = tiktoken.Encoding(
             "tokenize-mixer", pat_str=analysis.pattern, mergeable_ranks=ranks, special_tokens=added
@@ -364,6 +416,12 @@ class FastEncoder:
             start = np.minimum(start + lead, end)
             out = np.stack([start, np.where(end >= trail, np.maximum(end - trail, start), end)], axis=1)
         return out
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The library's ``decode(ids, skip_special_tokens=False)`` where the analysis proved it the same."""
+        if not self.analysis.decodes:
+            return self.rust.decode(list(ids), skip_special_tokens=False)
+        return self.encoding.decode_bytes(ids).decode("utf-8", errors="replace")
 
     def encode_batch(self, texts: Sequence[str]) -> list[Any]:
         out: list[Any] = []

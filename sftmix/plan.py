@@ -18,12 +18,12 @@ import numpy as np
 from pydantic import BaseModel
 
 from .config import MixerConfig, RunOptions, TokenizerSpec, default_work_dir, local_mirror
-from .encoders import FastEncoder, same_encodings
+from .encoders import same_encodings
 from .errors import ConfigError, DatasetError, TemplateError
 from .formats import MESSAGES_KEY, Conversation, RowFormatError, conversation_from_row, detect_format
 from .parallel import memory_limit
 from .selection import selected_source_rows, selection_problem, small_count_warning, target_rows
-from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext
+from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext, worker_encoding
 from .sources import (
     RowsFingerprinter,
     arrow_cache_files,
@@ -39,12 +39,11 @@ from .tokenizer import (
     choose_token_dtype,
     fast_analysis,
     load_hf_tokenizer,
+    load_worker_tokenizer,
     own_chat_template,
-    rust_tokenizer,
     save_worker_tokenizer,
     special_tokens,
     tokenizer_fingerprint,
-    worker_fast_analysis,
 )
 
 logger = logging.getLogger(__name__)
@@ -253,12 +252,12 @@ _ENCODER_CHOSEN: dict[tuple, str] = {}
 
 
 def _prove_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, texts: list[str]) -> str:
-    found = worker_fast_analysis(ctx.tokenizer_file) if ctx.tokenizer_file else fast_analysis(tk)
+    found = load_worker_tokenizer(ctx.tokenizer_file).fast if ctx.tokenizer_file else fast_analysis(tk)
     problem = found if isinstance(found, str) else None
     if problem is None:
-        assert not isinstance(found, str)
-        rust = rust_tokenizer(tk)
-        if (differ := same_encodings(rust, FastEncoder(rust, found), texts)) is not None:
+        encoding = worker_encoding(ctx.tokenizer, ctx.tokenizer_revision, ctx.tokenizer_file, "fast")
+        assert encoding.fast is not None
+        if (differ := same_encodings(encoding.rust, encoding.fast, texts)) is not None:
             problem = f"the two encoders disagree on a sample row of this run ({differ})"
     if problem is None:
         logger.info(

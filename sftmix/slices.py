@@ -285,7 +285,7 @@ def _masker(ctx: TokenizeContext) -> LabelMasker:
 
 
 @dataclass(frozen=True, eq=False)
-class _Encoding:
+class WorkerEncoding:
     """The tokenizer as a worker uses it: the library's Rust tokenizer, and tiktoken where proven."""
 
     rust: Any
@@ -299,6 +299,8 @@ class _Encoding:
         return self.rust.encode_batch(texts, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
+        if self.fast is not None:
+            return self.fast.decode(ids)
         return self.rust.decode(ids, skip_special_tokens=False)  # what hf.decode does for fast tokenizers
 
     @property
@@ -307,34 +309,36 @@ class _Encoding:
         return 0 if self.fast is None else self.fast.fallbacks
 
 
-def _encoding_for(ctx: TokenizeContext) -> _Encoding:
-    return _cached_encoding(ctx.tokenizer, ctx.tokenizer_revision, ctx.tokenizer_file, ctx.encoder)
+def _encoding_for(ctx: TokenizeContext) -> WorkerEncoding:
+    return worker_encoding(ctx.tokenizer, ctx.tokenizer_revision, ctx.tokenizer_file, ctx.encoder)
 
 
-@lru_cache(maxsize=4)
-def _cached_encoding(
+@lru_cache(maxsize=4)  # one per process: the plan's sample check and in-process slices share it
+def worker_encoding(
     tokenizer: str, revision: str | None, tokenizer_file: str | None, encoder: str
-) -> _Encoding:
+) -> WorkerEncoding:
     if tokenizer_file and os.path.isfile(tokenizer_file):
         loaded = load_worker_tokenizer(tokenizer_file)
         rust, specials, boundaries, found = loaded.rust, loaded.special_tokens, loaded.boundaries, loaded.fast
+        vocab = loaded.vocab
     else:  # e.g. another machine of a remote work directory: load it as the plan did
         key = TokenizerKey.of(tokenizer, revision)
         rust, boundaries, found = rust_tokenizer(key), segment_boundaries(key), fast_analysis(key)
         specials = special_tokens(load_hf_tokenizer(key))
+        vocab = None
     fast = None
     if encoder == "fast":
         if isinstance(found, str):  # the plan proved it with the same tokenizer: its files changed since
             raise ConfigError(
                 f"tokenizer {tokenizer!r} changed after the plan: tiktoken is not proven ({found})"
             )
-        fast = FastEncoder(rust, found)
-    return _Encoding(rust, specials, boundaries, fast)
+        fast = FastEncoder(rust, found, vocab)
+    return WorkerEncoding(rust, specials, boundaries, fast)
 
 
 @lru_cache(maxsize=4)
 def _cached_masker(
-    encoding: _Encoding,
+    encoding: WorkerEncoding,
     template_text: str,
     max_seq_length: int | None,
     mask: str,

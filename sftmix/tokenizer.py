@@ -14,11 +14,20 @@ import os
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .encoders import FastAnalysis, Unproven, analyse
+from .encoders import (
+    ANALYSIS_VERSION,
+    FastAnalysis,
+    Unproven,
+    analyse,
+    pack_vocabulary,
+    unpack_vocabulary,
+    vocabulary,
+)
 from .errors import ConfigError, TokenDtypeError
 from .hub import unreachable_hub_problem
 from .segments import SegmentBoundaries
@@ -176,12 +185,34 @@ def boundaries_of(rust: Any) -> SegmentBoundaries | None:
 
 @lru_cache(maxsize=4)
 def fast_analysis(key: TokenizerKey) -> FastAnalysis | str:
-    """The proof that tiktoken encodes as this tokenizer does, or why there is none (1-3 s: every token
-    is checked; written with the workers' copy so that a work directory pays it once)."""
+    """The proof that tiktoken encodes as this tokenizer does, or why there is none. Proving checks every
+    token (1-3 s), so the result is kept in the user's cache under the tokenizer's fingerprint, the
+    proof's version and tiktoken's: a machine proves each tokenizer once."""
+    import tiktoken
+
+    from .storage import atomic_write_bytes
+
+    name = f"{tokenizer_fingerprint(key)}-v{ANALYSIS_VERSION}-tiktoken{tiktoken.__version__}.json"
+    cached = proofs_dir() / name
     try:
-        return analyse(rust_tokenizer(key).to_str())
+        return analysis_from_json(json.loads(cached.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        found: FastAnalysis | str = analyse(rust_tokenizer(key).to_str())
     except Unproven as exc:
-        return str(exc)
+        found = str(exc)
+    try:
+        atomic_write_bytes(cached, json.dumps(analysis_json(found)).encode("utf-8"))
+    except OSError as exc:  # a read-only home: prove again next time
+        logger.debug("cannot keep the encoder proof in %s: %s", cached, exc)
+    return found
+
+
+def proofs_dir() -> Path:
+    """``$XDG_CACHE_HOME/tokenize-mixer/encoder-proofs`` (not the work directory: proofs outlive it)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tokenize-mixer" / "encoder-proofs"
 
 
 def analysis_json(found: FastAnalysis | str) -> dict[str, Any]:
@@ -202,6 +233,7 @@ class WorkerTokenizer:
     special_tokens: dict[str, str]
     boundaries: SegmentBoundaries | None
     fast: FastAnalysis | str
+    vocab: tuple[dict[bytes, int], dict[str, int]] | None = None  # tiktoken's, where proven
 
 
 def save_worker_tokenizer(key: TokenizerKey, directory: str | os.PathLike[str], fingerprint: str) -> str:
@@ -215,11 +247,14 @@ def save_worker_tokenizer(key: TokenizerKey, directory: str | os.PathLike[str], 
             if "fast" in json.load(fh):
                 return path
     tok = load_hf_tokenizer(key)
+    found = fast_analysis(key)
     data = {
         "backend": rust_tokenizer(key).to_str(),
         "special_tokens": special_tokens(tok),
-        "fast": analysis_json(fast_analysis(key)),
+        "fast": analysis_json(found),
     }
+    if not isinstance(found, str):
+        data["fast_vocabulary"] = pack_vocabulary(*vocabulary(rust_tokenizer(key)))
     atomic_write_bytes(path, json.dumps(data).encode("utf-8"))
     return path
 
@@ -233,15 +268,14 @@ def load_worker_tokenizer(path: str) -> WorkerTokenizer:
     rust = Tokenizer.from_str(data["backend"])
     rust.no_truncation()
     rust.no_padding()
+    packed = data.get("fast_vocabulary")
     return WorkerTokenizer(
-        rust, dict(data["special_tokens"]), boundaries_of(rust), analysis_from_json(data["fast"])
+        rust,
+        dict(data["special_tokens"]),
+        boundaries_of(rust),
+        analysis_from_json(data["fast"]),
+        None if packed is None else unpack_vocabulary(packed),
     )
-
-
-def worker_fast_analysis(path: str) -> FastAnalysis | str:
-    """The proof from the workers' copy alone (the plan's process need not parse the vocabulary again)."""
-    with open(path, encoding="utf-8") as fh:
-        return analysis_from_json(json.load(fh)["fast"])
 
 
 @lru_cache(maxsize=4)  # like the tokenizer it hashes: prepare_plan and build_plan both ask

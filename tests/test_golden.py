@@ -26,13 +26,21 @@ CASES = {name: c for name, c in ALL_CASES.items() if name not in FAILING}
 VARIANTS = {
     "whole": {"slice_rows": 100_000, "runner": "thread"},
     "slices-of-3": {"slice_rows": 3, "runner": "thread"},
+    "library-encoder": {"slice_rows": 3, "runner": "thread", "encoder": "hf"},
 }
 PROCESS_VARIANT = {"slice_rows": 4, "runner": "process", "workers": 2}
 
 
-def run_case(name: str, out: Path, work: Path, **options) -> dict:
-    args = build_parser().parse_args(["convert", *ALL_CASES[name]["args"], "--output_dir", str(out)])
+def run_case(name: str, out: Path, work: Path, encoder: str = "auto", **options) -> dict:
+    args = build_parser().parse_args(
+        ["convert", *ALL_CASES[name]["args"], "--output_dir", str(out), "--encoder", encoder]
+    )
     return tokenize_mixer(mixer=mixer_from_convert_args(args), run=RunOptions(work_dir=str(work), **options))
+
+
+def encoders_used(work: Path) -> set[str]:
+    """Which encoder made each slice (from the manifests)."""
+    return {json.loads(p.read_text())["encoder"] for p in work.glob("slices/*/*/manifest.json")}
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -46,6 +54,8 @@ def test_matches_reference(case, variant, golden_dir, prefect_api, tmp_path, mon
     assert not integrity, integrity
     # computed here, not found in a cache (a dataset listed twice, as jsonl and parquet, computes once)
     assert report["slices_computed"] >= 1 and report["slices_reused"] < report["slices_total"]
+    # both golden tokenizers (dolma2 and the tiny one) are proven for tiktoken: auto uses it
+    assert encoders_used(tmp_path / "work") == {VARIANTS[variant].get("encoder", "fast")}
 
 
 @pytest.mark.parametrize("case", sorted(FAILING))

@@ -1,0 +1,366 @@
+"""The fast encoder against the tokenizers library, the oracle: same ids and offsets on random text for
+every tokenizer in the repository, the engine's piecewise encodes included; and refused wherever the
+tokenizer is not provably the one tiktoken implements."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer
+
+from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.encoders import (
+    BYTE_LEVEL_PATTERN,
+    PROVEN_PATTERNS,
+    FastEncoder,
+    Unproven,
+    analyse,
+    char_offsets,
+    same_encodings,
+)
+from sftmix.errors import ConfigError
+from sftmix.formats import Conversation
+from sftmix.labels import LabelMasker
+from sftmix.plan import build_plan
+from sftmix.segments import PrefixEncoder
+from sftmix.templates import ChatRenderer
+from sftmix.tokenizer import boundaries_of
+from tests.tokenizer_fixtures import DOLMA2_DIR, GOLDEN, ensure_dolma2, llama3_dir
+
+TINY_DIR = GOLDEN / "tokenizers" / "tiny"
+
+
+def _dolma2_json() -> dict:
+    ensure_dolma2()
+    return json.loads((DOLMA2_DIR / "tokenizer.json").read_text(encoding="utf-8"))
+
+
+def _variant(name: str) -> dict:
+    """dolma2's vocabulary behind each pre-tokenizer we prove (both encoders read the same vocabulary)."""
+    data = _dolma2_json()
+    if name == "qwen2-regex":
+        data["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = PROVEN_PATTERNS["qwen2"]
+    elif name == "gpt2-byte-level":
+        data["pre_tokenizer"] = {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": True,
+            "use_regex": True,
+        }
+    elif name == "isolated-split":
+        data["pre_tokenizer"]["pretokenizers"][0].update(behavior="Isolated", invert=False)
+    elif name == "trimming-post-processor":
+        data["post_processor"] = {
+            "type": "ByteLevel",
+            "add_prefix_space": True,
+            "trim_offsets": True,
+            "use_regex": True,
+        }
+    return data
+
+
+TOKENIZERS = [
+    "dolma2",
+    "tiny",
+    "llama3",
+    "qwen2-regex",
+    "gpt2-byte-level",
+    "isolated-split",
+    "trimming-post-processor",
+]
+
+
+@cache
+def encoders(name: str) -> tuple[Tokenizer, FastEncoder]:
+    if name == "dolma2":
+        text = json.dumps(_dolma2_json())
+    elif name == "tiny":
+        text = (TINY_DIR / "tokenizer.json").read_text(encoding="utf-8")
+    elif name == "llama3":
+        text = (llama3_dir() / "tokenizer.json").read_text(encoding="utf-8")
+    else:
+        text = json.dumps(_variant(name))
+    rust = Tokenizer.from_str(text)
+    rust.no_truncation()
+    rust.no_padding()
+    return rust, FastEncoder(rust, analyse(text))
+
+
+def added_texts(rust: Tokenizer) -> list[str]:
+    return sorted(t.content for t in rust.get_added_tokens_decoder().values())[:12]
+
+
+FRAGMENTS = [
+    "Hello",
+    " world",
+    "  spaced",
+    "\t",
+    "\n",
+    "\r\n",
+    "\r\n\r\n",
+    "   \n ",
+    " \u00a0",
+    "\u0085",
+    "\u2028",
+    "'s",
+    "'T",
+    "'LL",
+    "don't",
+    "12345",
+    " 3.14159",
+    "１２３",
+    "Ⅻ",
+    "é",
+    "e\u0301",
+    "a\u0308\u0301",
+    "中文字符",
+    " 日本語",
+    "한국어",
+    "русский",
+    "العربية",
+    "עברית",
+    "😀",
+    "👍🏽",
+    "👩\u200d💻",
+    "🏳️\u200d🌈",
+    "```python\n",
+    "    return x\n",
+    "<|",
+    "|>",
+    "<",
+    "@@",
+    "\x00",
+    "\x7f",
+    "\ufeff",
+    "ﬁ",
+    "ß",
+    "İ",
+]
+
+
+def texts_for(rust: Tokenizer) -> st.SearchStrategy[str]:
+    pieces = st.one_of(
+        st.sampled_from(FRAGMENTS + added_texts(rust)),
+        st.text(max_size=8),
+        st.text(alphabet=st.characters(codec="utf-8"), max_size=6),
+    )
+    return st.lists(pieces, max_size=24).map("".join)
+
+
+def assert_same(rust: Tokenizer, fast: FastEncoder, texts: list[str]) -> None:
+    assert same_encodings(rust, fast, texts) is None, [t for t in texts if same_encodings(rust, fast, [t])]
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_same_ids_and_offsets_on_random_text(name):
+    rust, fast = encoders(name)
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(st.lists(texts_for(rust), min_size=1, max_size=4))
+    def check(texts):
+        assert_same(rust, fast, texts)
+
+    check()
+    assert_same(rust, fast, ["", " ", "\r\n", *added_texts(rust), "".join(added_texts(rust))])
+
+
+@pytest.mark.parametrize("name", ["dolma2", "tiny", "llama3"])
+def test_the_tiktoken_path_itself_is_compared(name):
+    """Texts handed to the library would compare equal trivially: on these, dolma2 and the tiny
+    tokenizer hand over none, Llama-3 only texts with one of its few unproven tokens."""
+    rust, fast = encoders(name)
+    before = fast.fallbacks
+    texts = [" ".join(FRAGMENTS[i:] + FRAGMENTS[:i]) for i in range(len(FRAGMENTS))]
+    assert_same(rust, fast, texts)
+    assert fast.fallbacks - before <= (len(texts) if name == "llama3" else 0)
+    if name != "llama3":
+        assert not fast.unsafe
+
+
+def test_a_text_with_an_unproven_token_goes_to_the_library():
+    rust, fast = encoders("llama3")
+    token = min(fast.unsafe)
+    text = rust.decode([token])
+    before = fast.fallbacks
+    [enc] = fast.encode_batch([text])
+    assert fast.fallbacks == before + 1 and list(enc.ids) == rust.encode(text, add_special_tokens=False).ids
+
+
+def test_offsets_of_a_token_that_ends_inside_a_character():
+    # "😀" is four bytes: a two-byte token then another reaches the character's end from both sides
+    assert char_offsets("a😀b", np.array([1, 2, 2, 1])).tolist() == [[0, 1], [1, 2], [1, 2], [2, 3]]
+    assert char_offsets("abc", np.array([2, 1])).tolist() == [[0, 2], [2, 3]]
+
+
+@pytest.mark.parametrize("name", ["dolma2", "tiny", "llama3"])
+def test_piecewise_encodes_match(name):
+    """The engine's cut-at-added-token encodes (sftmix/segments.py) give the same tokens and offsets."""
+    rust, fast = encoders(name)
+    boundaries = boundaries_of(rust)
+    if boundaries is None:
+        pytest.skip("no segment boundaries for this tokenizer")
+    sep = boundaries.contents[0]
+    texts = [sep.join(FRAGMENTS[i : i + 9]) + sep for i in range(0, len(FRAGMENTS), 3)]
+    results = []
+    for encode in (lambda t: rust.encode_batch(t, add_special_tokens=False), fast.encode_batch):
+        encoder = PrefixEncoder(encode, boundaries)
+        encs = encoder.start(texts)
+        encoder.grow(encs, [5] * len(encs))  # a few tokens first: pieces cut at boundaries
+        encoder.grow(encs, [None] * len(encs))
+        results.append([(e.ids.tolist(), e.offsets().tolist()) for e in encs])
+    assert results[0] == results[1]
+
+
+def test_label_masks_match_on_multi_turn_chats():
+    rust, fast = encoders("dolma2")
+    renderer = ChatRenderer((Path("sftmix/templates/olmo.jinja")).read_text(), {"eos_token": "<|endoftext|>"})
+    chats = [
+        Conversation(
+            [
+                {"role": "user", "content": FRAGMENTS[i % len(FRAGMENTS)] * 3},
+                {"role": "assistant", "content": " ".join(FRAGMENTS[i : i + 7])},
+                {"role": "user", "content": "and then?"},
+                {"role": "assistant", "content": "".join(FRAGMENTS[: i + 3])},
+            ],
+            None,
+        )
+        for i in range(0, len(FRAGMENTS), 4)
+    ]
+    rows = []
+    for encode in (lambda t: rust.encode_batch(t, add_special_tokens=False), fast.encode_batch):
+        masker = LabelMasker(
+            renderer, encode, lambda ids: rust.decode(ids, skip_special_tokens=False), 64, boundaries_of(rust)
+        )
+        rows.append([(r.ids.tolist(), r.mask.tolist(), r.status) for r in masker.tokenize(chats)])
+    assert rows[0] == rows[1]
+
+
+def _broken(change) -> dict:
+    data = copy.deepcopy(_dolma2_json())
+    change(data)
+    return data
+
+
+REFUSED = {
+    "a normalizer": (lambda d: d.update(normalizer={"type": "NFC"}), "normalizer"),
+    "Metaspace (SentencePiece)": (
+        lambda d: d.update(
+            pre_tokenizer={"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always"}
+        ),
+        "pre-tokenizer",
+    ),
+    "an lstrip added token": (lambda d: d["added_tokens"][1].update(lstrip=True), "lstrip"),
+    "a normalized added token": (lambda d: d["added_tokens"][1].update(normalized=True), "normalized"),
+    "another regex": (
+        lambda d: d["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex=r"\w+|\s+|[^\w\s]+"),
+        "regex",
+    ),
+    "a split that keeps text between matches": (
+        lambda d: d["pre_tokenizer"]["pretokenizers"][0].update(behavior="Removed", invert=False),
+        "Split",
+    ),
+    "GPT-2's regex again after the split": (
+        lambda d: d["pre_tokenizer"]["pretokenizers"][1].update(use_regex=True),
+        "ByteLevel",
+    ),
+    "a prefix space": (
+        lambda d: d["pre_tokenizer"]["pretokenizers"][1].update(add_prefix_space=True),
+        "prefix",
+    ),
+    "merges out of rank order": (
+        lambda d: d["model"].update(
+            merges=[d["model"]["merges"][5], *d["model"]["merges"][:5], *d["model"]["merges"][6:]]
+        ),
+        "merge",
+    ),
+    "byte fallback": (lambda d: d["model"].update(byte_fallback=True), "byte"),
+    "dropout": (lambda d: d["model"].update(dropout=0.1), "dropout"),
+    "a WordPiece model": (lambda d: d["model"].update(type="WordPiece"), "WordPiece"),
+    "a Roberta post-processor": (
+        lambda d: d.update(
+            post_processor={"type": "RobertaProcessing", "sep": ["</s>", 2], "cls": ["<s>", 0]}
+        ),
+        "post-processor",
+    ),
+    "an added token inside another": (
+        lambda d: d["added_tokens"].append(
+            {**d["added_tokens"][1], "id": 200000, "content": "<|endoftext|>x"}
+        ),
+        "prefix",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_tokenizers_that_are_not_tiktokens_are_refused(case):
+    change, words = REFUSED[case]
+    with pytest.raises(Unproven, match=words):
+        analyse(_broken(change))
+
+
+def test_encoder_fast_refuses_before_work_and_auto_falls_back(tmp_path, caplog):
+    folder = tmp_path / "tok"
+    shutil.copytree(DOLMA2_DIR, folder)
+    data = _dolma2_json()
+    data["normalizer"] = {"type": "NFC"}
+    (folder / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    # GPT2Tokenizer rebuilds its own pipeline from the vocabulary; this class keeps tokenizer.json's
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+        + "\n"
+    )
+
+    def plan(encoder: str):
+        mixer = MixerConfig(
+            datasets=[DatasetEntry(path=str(rows), amount=1.0)],
+            tokenizer=TokenizerSpec(name_or_path=str(folder), chat_template="olmo", encoder=encoder),
+            output=OutputSpec(path=str(tmp_path / "out")),
+        )
+        return build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work")))
+
+    with pytest.raises(ConfigError, match="tiktoken is not proven the same tokenizer: it has a normalizer"):
+        plan("fast")
+    with caplog.at_level("INFO", logger="sftmix.plan"):
+        assert plan("auto").context.encoder == "hf"
+    assert "tiktoken is not used: it has a normalizer" in caplog.text
+    assert plan("hf").context.encoder == "hf"
+
+
+def test_the_patterns_proven_are_the_ones_tested():
+    assert set(PROVEN_PATTERNS) == {"cl100k", "qwen2"} and BYTE_LEVEL_PATTERN.startswith("'s|'t")
+
+
+@pytest.mark.parametrize("name", ["dolma2", "tiny", "llama3"])
+def test_decode_matches_the_library(name):
+    """Any ids, split multi-byte characters and added tokens included: the same text (and the same
+    replacement characters for bytes that are not UTF-8)."""
+    rust, fast = encoders(name)
+    assert fast.analysis.decodes
+    top = rust.get_vocab_size(with_added_tokens=True)
+    added = sorted(rust.get_added_tokens_decoder())
+
+    @settings(max_examples=400, deadline=None, derandomize=True)
+    @given(st.lists(st.one_of(st.integers(0, min(top, 100_000) - 1), st.sampled_from(added)), max_size=30))
+    def check(ids):
+        assert fast.decode(ids) == rust.decode(ids, skip_special_tokens=False)
+
+    check()
+
+
+def test_decode_is_left_to_the_library_where_it_maps_added_text_to_bytes():
+    data = _dolma2_json()
+    data["added_tokens"].append({**data["added_tokens"][1], "id": 200001, "content": "é"})
+    assert not analyse(data).decodes
+    assert analyse(_dolma2_json()).decodes
