@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from .encoders import FastEncoding
 from .prefix_renders import common_prefix_length
 
 
@@ -181,15 +182,22 @@ class Encoded:
 
     def boundary_tokens(self, boundaries: SegmentBoundaries) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(starts, ends, positions) of the boundary tokens among the tokens so far."""
-        at = np.flatnonzero(np.isin(self.ids, boundaries.id_array))
+        at = np.flatnonzero(np.isin(self.ids, boundaries.id_array, kind="table"))
         chars = np.zeros((at.shape[0], 2), dtype=np.int64)
         first = 0
         k = 0
         for piece, ids, base, skip in zip(self.pieces, self.piece_ids, self.bases, self.skips, strict=True):
             last = first + len(ids) - skip
-            while k < at.shape[0] and at[k] < last:
-                chars[k] = np.asarray(piece.token_to_chars(int(at[k]) - first + skip)) + base
-                k += 1
+            end = int(np.searchsorted(at, last))
+            if end > k:
+                local = at[k:end] - first + skip
+                if isinstance(piece, FastEncoding):  # its offsets are one array, built once
+                    chars[k:end] = piece.offsets[local] + base
+                else:  # the library builds every token's offsets at a read of .offsets: ask for these only
+                    for j, t in enumerate(local.tolist()):
+                        chars[k + j] = piece.token_to_chars(t)
+                    chars[k:end] += base
+                k = end
             first = last
         return chars[:, 0], chars[:, 1], at
 
