@@ -364,3 +364,27 @@ def test_decode_is_left_to_the_library_where_it_maps_added_text_to_bytes():
     data["added_tokens"].append({**data["added_tokens"][1], "id": 200001, "content": "é"})
     assert not analyse(data).decodes
     assert analyse(_dolma2_json()).decodes
+
+
+def test_the_default_run_on_llama3_uses_the_fast_encoder(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": f"q{i} é 😀"},
+                        {"role": "assistant", "content": f"a{i}"},
+                    ]
+                }
+            )
+            + "\n"
+            for i in range(40)
+        )
+    )
+    mixer = MixerConfig(
+        datasets=[DatasetEntry(path=str(rows), amount=1.0)],
+        tokenizer=TokenizerSpec(name_or_path=str(llama3_dir()), chat_template="tulu"),
+        output=OutputSpec(path=str(tmp_path / "out")),
+    )
+    assert build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work"))).context.encoder == "fast"
