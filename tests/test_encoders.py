@@ -388,3 +388,30 @@ def test_the_default_run_on_llama3_uses_the_fast_encoder(tmp_path):
         output=OutputSpec(path=str(tmp_path / "out")),
     )
     assert build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work"))).context.encoder == "fast"
+
+
+def test_a_proof_is_kept_per_tokenizer_and_a_spoiled_one_is_proved_again(tmp_path, monkeypatch):
+    from sftmix import tokenizer as tk_module
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    key = tk_module.TokenizerKey.of(str(TINY_DIR), None)
+    tk_module.fast_analysis.cache_clear()
+    first = tk_module.fast_analysis(key)
+    [kept] = list(tk_module.proofs_dir().iterdir())
+    assert not isinstance(first, str) and json.loads(kept.read_text()) == tk_module.analysis_json(first)
+    kept.write_text("{not json")
+    tk_module.fast_analysis.cache_clear()
+    assert tk_module.fast_analysis(key) == first
+    tk_module.fast_analysis.cache_clear()
+
+
+def test_a_workers_copy_from_before_the_fast_encoder_is_written_again(tmp_path):
+    from sftmix import tokenizer as tk_module
+
+    key = tk_module.TokenizerKey.of(str(TINY_DIR), None)
+    fingerprint = tk_module.tokenizer_fingerprint(key)
+    old = tmp_path / f"{fingerprint}.json"
+    old.write_text(json.dumps({"backend": tk_module.rust_tokenizer(key).to_str(), "special_tokens": {}}))
+    path = tk_module.save_worker_tokenizer(key, tmp_path, fingerprint)
+    loaded = tk_module.load_worker_tokenizer(path)
+    assert not isinstance(loaded.fast, str) and loaded.vocab is not None
