@@ -67,7 +67,8 @@ def main() -> None:
         differ = sum(
             1
             for a, b in zip(library, ours, strict=True)
-            if list(a.ids) != list(b.ids) or [tuple(o) for o in a.offsets] != [tuple(map(int, o)) for o in b.offsets]
+            if list(a.ids) != list(b.ids)
+            or [tuple(o) for o in a.offsets] != [tuple(map(int, o)) for o in b.offsets]
         )
         chars = sum(map(len, texts))
         row = {
@@ -89,7 +90,21 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     print()
     line = "{:<8} {:>7} {:>11} {:>12} {:>8} {:>9} {:>9} {:>8} {:>12} {:>12} {:>8}"
-    print(line.format("tok", "chats", "chars", "tokens", "prove s", "unproven", "to lib", "differ", "lib char/s", "fast char/s", "speedup"))
+    print(
+        line.format(
+            "tok",
+            "chats",
+            "chars",
+            "tokens",
+            "prove s",
+            "unproven",
+            "to lib",
+            "differ",
+            "lib char/s",
+            "fast char/s",
+            "speedup",
+        )
+    )
     for r in rows:
         print(
             line.format(
