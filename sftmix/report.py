@@ -15,6 +15,26 @@ class _CommandClock:
 COMMAND_CLOCK = _CommandClock()
 
 
+#: Why a row is dropped, in words (the keys are the reasons in run_report.json and the statistics).
+DROP_WORDS = {
+    "assistant_span_unverified": "the reference's check that an assistant turn's tokens start at and cover "
+    "its text failed (most often a chat that opens with an assistant turn); the reference drops these "
+    "too, and `spans: exact` keeps them",
+    "no_trainable_tokens": "no assistant token is left to train on (no assistant turn, or all of it past "
+    "max_seq_length)",
+    "bad_row": "malformed and skipped (on_bad_row: skip); run_report.json names examples",
+}
+
+
+def drop_lines(selected: int, dropped: dict[str, int], indent: str = "    ") -> list[str]:
+    """One line per drop reason: the count, its share of the rows and the reason in words."""
+    return [
+        f"{indent}{n:,} ({100 * n / max(selected, 1):.1f}%) {reason}: {DROP_WORDS.get(reason, reason)}"
+        for reason, n in sorted(dropped.items(), key=lambda kv: -kv[1])
+        if n
+    ]
+
+
 class DatasetReport(BaseModel):
     name: str
     selected: int
@@ -102,18 +122,11 @@ class RunReport(BaseModel):
         return f"{total:.1f} s: " + ", ".join(parts)
 
     def render(self) -> str:
-        dropped = ", ".join(f"{k} {v}" for k, v in self.rows_dropped.items()) or "none"
         lines = [
             f"output      {self.output_dir} ({self.publish})",
             f"slices      {self.slices_total} total: {self.slices_computed} computed, {self.slices_reused} reused"
             + (f", {self.slices_rechecked} recomputed after a failed check" if self.slices_rechecked else ""),
-            f"rows        {self.rows_in} in, {self.rows_kept} kept"
-            + (
-                f" ({self.untrainable_documents} with no trainable token)"
-                if self.untrainable_documents
-                else ""
-            )
-            + f", dropped: {dropped}",
+            *self._rows_lines(),
             f"documents   {self.documents} in {self.parts} part(s), {self.tokens:,} tokens "
             f"({self.trainable_tokens:,} trainable), dtype {self.token_dtype}",
             "time        " + self.time_line(),
@@ -122,3 +135,19 @@ class RunReport(BaseModel):
             verdict = "MATCHES" if self.validation.matches else "DIFFERS"
             lines.append(f"reference   {self.validation.reference}: {verdict}")
         return "\n".join(lines)
+
+    def _rows_lines(self) -> list[str]:
+        """Rows in, kept and dropped; then, per dataset with drops, each reason in words with its share."""
+        dropped = sum(self.rows_dropped.values())
+        line = f"rows        {self.rows_in:,} in, {self.rows_kept:,} kept"
+        if self.untrainable_documents:
+            line += f" ({self.untrainable_documents:,} with no trainable token)"
+        line += f", {dropped:,} dropped" + (" (why, per dataset, below)" if dropped else "")
+        lines = [line]
+        for d in self.per_dataset:
+            if not any(d.dropped.values()):
+                continue
+            share = 100 * d.kept / max(d.selected, 1)
+            lines.append(f"  {d.name}: {d.selected:,} in, {d.kept:,} kept ({share:.1f}%)")
+            lines += drop_lines(d.selected, d.dropped)
+        return lines

@@ -102,3 +102,12 @@ def test_the_flow_keeps_and_reports_rows_with_exact_spans(golden_dir, prefect_ap
     assert exact["rows_kept"] > reference["rows_kept"]
     assert exact["rows_kept_by_exact_spans"] == exact["rows_kept"] - reference["rows_kept"]
     assert reference["rows_kept_by_exact_spans"] == 0
+    # the summary names the reason in words, its share, that the reference drops them too and the way out
+    from sftmix.report import RunReport
+
+    summary = RunReport.model_validate(reference).render()
+    dropped = reference["rows_dropped"]["assistant_span_unverified"]
+    share = 100 * dropped / reference["rows_in"]
+    assert f"  data/chat_think.jsonl: {reference['rows_in']:,} in, {reference['rows_kept']:,} kept" in summary
+    assert f"    {dropped:,} ({share:.1f}%) assistant_span_unverified: the reference's check" in summary
+    assert "the reference drops these too, and `spans: exact` keeps them" in summary
