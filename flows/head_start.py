@@ -97,9 +97,11 @@ def begin_head_start(mixer: MixerConfig, run: RunOptions) -> None:
         return
     from flows.pool import pool_size, slices_to_compute
     from sftmix.plan import build_plan
+    from sftmix.publish import refuse_different_output
 
     try:
         plan = build_plan(mixer, run)
+        refuse_different_output(mixer.output.path, mixer.output.overwrite, plan.recipe())
     except Exception as exc:
         logger.debug("no head start: planning failed (%s: %s)", type(exc).__name__, exc)
         return

@@ -23,7 +23,7 @@ from sftmix.config import MixerConfig, RunOptions
 from sftmix.digest import RUN_REPORT
 from sftmix.errors import CheckFailedError, MixerError
 from sftmix.plan import Plan
-from sftmix.publish import check_output_free, paths_to_protect, staging_dir
+from sftmix.publish import check_output_free, paths_to_protect, refuse_different_output, staging_dir
 from sftmix.report import COMMAND_CLOCK, DatasetReport, RunReport
 from sftmix.report_page import REPORT_PNG, write_report
 from sftmix.roots import check_allowed_roots
@@ -97,6 +97,7 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
     plan = _call(plan_mixer, mixer, run)
     for line in plan.summary().splitlines():
         logger.info(line)
+    refuse_different_output(mixer.output.path, mixer.output.overwrite, plan.recipe())
     documents = _documents_path(plan)
     scratch = None
     if run.disable_cache:  # slices still go through files, in a scratch directory removed below
@@ -206,7 +207,9 @@ def _assemble_and_publish(
     atomic_write_bytes(staging / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8"))
     StopWatch().check(force=True)  # a run cancelled while it assembled does not publish
     had_report = not is_remote(mixer.output.path) and (Path(mixer.output.path) / REPORT_PNG).exists()
-    report.publish = _call(publish_output, staging, mixer.output.path, mixer.output.overwrite, seen_id)
+    report.publish = _call(
+        publish_output, staging, mixer.output.path, mixer.output.overwrite, seen_id, plan.recipe()
+    )
     if had_report and not (Path(mixer.output.path) / REPORT_PNG).exists():
         try:  # a report the user made of the replaced output is made again for the new one
             write_report(mixer.output.path)

@@ -53,8 +53,9 @@ def _relative_files(root: Path) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir())
 
 
-def write_output_marker(staging: Path) -> str:
-    """Mark ``staging`` (about to be published) as our output; returns the publish id."""
+def write_output_marker(staging: Path, recipe: dict | None = None) -> str:
+    """Mark ``staging`` (about to be published) as our output; returns the publish id. ``recipe``: what
+    its bytes follow from (``Plan.recipe``), for the next run into it to compare before any work."""
     ident = uuid.uuid4().hex
     files = [f for f in _relative_files(staging) if f not in (OUTPUT_MARKER, LEASE_MARKER)]
     marker = {
@@ -62,6 +63,7 @@ def write_output_marker(staging: Path) -> str:
         "id": ident,
         "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "files": files,
+        **({} if recipe is None else {"recipe": recipe}),
     }
     atomic_write_bytes(staging / OUTPUT_MARKER, json.dumps(marker, indent=1).encode("utf-8"))
     return ident

@@ -74,6 +74,22 @@ class Plan(BaseModel):
     tokenizer_fingerprint: str
     warnings: list[str]
 
+    def recipe(self) -> dict[str, Any]:
+        """Everything the output's bytes follow from (and nothing they do not: run options, the
+        encoder, overwrite): written into the published output's marker, so that a rerun into it can
+        tell before any work whether it would make different shards."""
+        mixer = self.mixer.model_dump(
+            mode="json", exclude={"output": {"overwrite"}, "tokenizer": {"encoder"}}
+        )
+        return {
+            "format": SLICE_FORMAT_VERSION,
+            "mixer": mixer,
+            "data": [d.fingerprint for d in self.datasets],
+            "tokenizer": self.tokenizer_fingerprint,
+            "template": self.template_sha256,
+            "token_dtype": self.context.token_dtype,
+        }
+
     def summary(self) -> str:
         m = self.mixer
         lines = [

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from .config import MixerConfig, RunOptions, default_work_dir, local_mirror
 from .digest import OUTPUT_MANIFEST, RUN_REPORT, in_parallel, is_shard, output_digests, read_output_manifest
@@ -23,6 +24,7 @@ from .ownership import (
     check_replaceable,
     leased,
     output_id,
+    read_output_marker,
     refuse_dangerous_output,
     remove_abandoned,
     write_lease,
@@ -122,12 +124,66 @@ def check_output_free(output: str | Path, protected: Iterable[tuple[str, str | P
 UNCHECKED = "unchecked"
 
 
-def publish(staging: Path, output: str, overwrite: bool, seen_id: str | None = UNCHECKED) -> str:
+def publish(
+    staging: Path, output: str, overwrite: bool, seen_id: str | None = UNCHECKED, recipe: dict | None = None
+) -> str:
     """Make ``staging`` the output (local rename, or objects + manifest last); returns what happened."""
     if is_remote(output):
         return publish_remote(staging, output, overwrite)
     with storage_errors(f"cannot publish to {output}"):
-        return publish_local(staging, output, overwrite, seen_id)
+        return publish_local(staging, output, overwrite, seen_id, recipe)
+
+
+def refuse_different_output(output: str, overwrite: bool, recipe: dict) -> None:
+    """Before any work: an output we published from another recipe would hold different shards, which
+    publishing refuses without ``overwrite``; say so now, with what changed, not after hours of work.
+    (An output with no recipe, from an older version, is compared when publishing, as before.)"""
+    if overwrite or is_remote(output) or not Path(output).is_dir():
+        return
+    marker = read_output_marker(Path(output))
+    before = None if marker is None else marker.get("recipe")
+    if not isinstance(before, dict) or before == recipe:
+        return
+    changes = recipe_changes(before, recipe)
+    raise OutputConflictError(
+        f"output directory {output} already holds different shards, made with other settings or data ("
+        + "; ".join(changes[:3])
+        + (f"; {len(changes) - 3} more" if len(changes) > 3 else "")
+        + "); choose another directory, or set overwrite (--overwrite, or Output > Overwrite in the UI) "
+        "to replace them. Nothing was tokenized."
+    )
+
+
+def recipe_changes(before: Any, after: Any, where: str = "") -> list[str]:
+    """What differs between two recipes, as ``mixer.datasets[1].amount: 100 -> 50`` lines."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        return [
+            change
+            for key in sorted(set(before) | set(after), key=str)
+            for change in recipe_changes(
+                before.get(key), after.get(key), f"{where}.{key}" if where else str(key)
+            )
+        ]
+    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+        return [
+            c
+            for i, (a, b) in enumerate(zip(before, after, strict=True))
+            for c in recipe_changes(a, b, f"{where}[{i}]")
+        ]
+    if before == after:
+        return []
+    if where.startswith("data["):
+        return [f"the data of dataset {where[5:-1]} changed"]
+    if isinstance(before, list) and isinstance(after, list):
+        return [f"{where}: {len(before)} -> {len(after)} entries"]
+    if where in ("tokenizer", "template"):
+        return [f"the {where}'s content changed"]
+    return [f"{where}: {_short(before)} -> {_short(after)}"]
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @contextlib.contextmanager
@@ -142,7 +198,13 @@ def _publish_lock(out: Path) -> Iterator[None]:
         yield
 
 
-def publish_local(staging: Path, output: str | Path, overwrite: bool, seen_id: str | None = UNCHECKED) -> str:
+def publish_local(
+    staging: Path,
+    output: str | Path,
+    overwrite: bool,
+    seen_id: str | None = UNCHECKED,
+    recipe: dict | None = None,
+) -> str:
     """Rename ``staging`` to ``output``: 'created', 'replaced' (identical) or 'overwritten', or an error.
 
     ``seen_id`` is the output's publish id when the run started: an output published by another run
@@ -170,7 +232,7 @@ def publish_local(staging: Path, output: str | Path, overwrite: bool, seen_id: s
                         "or set overwrite (--overwrite, or Output > Overwrite in the UI) to replace them"
                     )
                 status = "overwritten"
-        write_output_marker(staging)
+        write_output_marker(staging, recipe)
         stamp_report(staging, status)
         old: Path | None = None
         with stops_deferred():  # published or not, never half-way (a stop meanwhile is raised after)

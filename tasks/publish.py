@@ -11,5 +11,7 @@ from tasks import fail_cleanly
 
 @task(name="publish", cache_policy=NO_CACHE, persist_result=False)
 @fail_cleanly
-def publish_output(staging: Path, output: str, overwrite: bool, seen_id: str | None = UNCHECKED) -> str:
-    return publish(staging, output, overwrite, seen_id)
+def publish_output(
+    staging: Path, output: str, overwrite: bool, seen_id: str | None = UNCHECKED, recipe: dict | None = None
+) -> str:
+    return publish(staging, output, overwrite, seen_id, recipe)

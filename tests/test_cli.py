@@ -61,6 +61,20 @@ def test_demo_runs_and_an_identical_rerun_reuses_everything(tmp_path):
     plan = cli("plan", "examples/mixer.yaml", "--work_dir", str(work)).stdout
     assert "examples/data/general.jsonl" in plan and "slices" in plan
 
+    # one amount changed, into the same output: refused before any slice is tokenized, naming the change
+    changed = tmp_path / "changed.yaml"
+    changed.write_text((ROOT / "examples" / "mixer.yaml").read_text().replace("amount: 100 ", "amount: 50 "))
+    slices_before = sorted(p.parent.name for p in work.glob("slices/*/*/manifest.json"))
+    refused = cli("run", str(changed), "--output_dir", str(out), "--work_dir", str(work), check=False)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "already holds different shards, made with other settings or data" in refused.stderr
+    assert (
+        "mixer.datasets[2].amount: 100 -> 50" in refused.stderr and "Nothing was tokenized" in refused.stderr
+    )
+    assert "Traceback" not in refused.stderr
+    assert sorted(p.parent.name for p in work.glob("slices/*/*/manifest.json")) == slices_before
+    assert json.loads((out / "run_report.json").read_text())["digests"] == digests
+
 
 @pytest.mark.slow
 def test_convert_validates_against_the_reference_and_compare_locates_a_difference(golden_dir, tmp_path):

@@ -190,6 +190,34 @@ def test_output_with_different_shards_is_not_clobbered(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [".out.tokenize-mixer-lock", "out"]
 
 
+def test_an_output_made_from_another_recipe_is_refused_before_any_work(tmp_path):
+    from sftmix.publish import refuse_different_output
+
+    recipe = {
+        "mixer": {"datasets": [{"path": "a.jsonl", "amount": "1.0"}], "max_seq_length": 4096},
+        "data": ["f0"],
+        "tokenizer": "t0",
+    }
+    out = tmp_path / "out"
+    with staging_dir(out, tmp_path) as first:
+        (first / "token_ids_part_0000.npy").write_bytes(b"\x01\x00")
+        assert publish_local(first, out, overwrite=False, recipe=recipe) == "created"
+    refuse_different_output(str(out), False, recipe)  # the same recipe: the same shards, go on
+    changed = {
+        "mixer": {"datasets": [{"path": "a.jsonl", "amount": "2.0"}], "max_seq_length": 2048},
+        "data": ["f1"],
+        "tokenizer": "t1",
+    }
+    with pytest.raises(OutputConflictError) as refused:
+        refuse_different_output(str(out), False, changed)
+    assert (
+        "made with other settings or data (the data of dataset 0 changed; mixer.datasets[0].amount: 1.0 -> 2.0; "
+        "mixer.max_seq_length: 4096 -> 2048; 1 more)" in str(refused.value)
+    )
+    refuse_different_output(str(out), True, changed)  # overwrite: publishing replaces it
+    refuse_different_output(str(tmp_path / "absent"), False, changed)
+
+
 def test_on_bad_row_skip_counts_each_skip_with_its_reason(tmp_path):
     rows = [
         GOOD,
