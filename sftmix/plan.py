@@ -76,10 +76,15 @@ class Plan(BaseModel):
 
     def recipe(self) -> dict[str, Any]:
         """Everything the output's bytes follow from (and nothing they do not: run options, the
-        encoder, overwrite): written into the published output's marker, so that a rerun into it can
+        encoder, overwrite, the output's own path): written into the published output's marker, so that a rerun into it can
         tell before any work whether it would make different shards."""
         mixer = self.mixer.model_dump(
-            mode="json", exclude={"output": {"overwrite"}, "tokenizer": {"encoder"}}
+            mode="json",
+            exclude={  # the output's path is not in its digests; on_bad_row only decides whether a run fails
+                "output": {"overwrite", "path"},
+                "tokenizer": {"encoder", "unknown_template"},
+                "on_bad_row": True,
+            },
         )
         return {
             "format": SLICE_FORMAT_VERSION,

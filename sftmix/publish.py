@@ -146,11 +146,11 @@ def refuse_different_output(output: str, overwrite: bool, recipe: dict) -> None:
         return
     changes = recipe_changes(before, recipe)
     raise OutputConflictError(
-        f"output directory {output} already holds different shards, made with other settings or data ("
+        f"output directory {output} holds shards made with other settings or data ("
         + "; ".join(changes[:3])
         + (f"; {len(changes) - 3} more" if len(changes) > 3 else "")
-        + "); choose another directory, or set overwrite (--overwrite, or Output > Overwrite in the UI) "
-        "to replace them. Nothing was tokenized."
+        + "): this run would replace them; choose another directory, or set overwrite (--overwrite, or "
+        "Output > Overwrite in the UI) to replace them. Nothing was tokenized."
     )
 
 
