@@ -29,6 +29,7 @@ from .errors import ConfigError
 from .olmo_fit import STRATEGIES, OlmoCoreFit
 from .olmo_format import BOUNDS_PART, MASK_PART, STATS_JSON, TOKENS_PART, read_boundaries
 from .parallel import available_cpus
+from .storage import open_npy
 
 #: Tokens read at once per part: bounded memory whatever the part size (about 60 MiB of arrays).
 CHUNK = 1 << 22
@@ -486,7 +487,7 @@ def _share_outliers(
     """Documents whose trainable share is far from the rest of their dataset's: a template that lost
     its markers on some rows, a conversation with a huge user turn, a mask that bled into a header."""
     try:
-        documents = np.load(documents_file, mmap_mode="r") if documents_file else None
+        documents = open_npy(documents_file) if documents_file else None
     except (OSError, ValueError):
         documents = None
     if documents is None or documents.shape[0] != shares.shape[0]:

@@ -23,7 +23,7 @@ import numpy as np
 from .errors import ConfigError
 from .olmo_format import BOUNDS_PART, STATS_JSON, STATS_TXT
 from .parallel import available_cpus
-from .storage import is_remote, is_temp, join_url, read_remote_bytes, remote_fs, sha256_stream
+from .storage import is_remote, is_temp, join_url, open_npy, read_remote_bytes, remote_fs, sha256_stream
 
 DIGESTS_FORMAT = "tokenize-mixer-digests/1"
 RUN_REPORT = "run_report.json"
@@ -206,7 +206,7 @@ def locate(directory: Path, part: int, token: int) -> str:
 def _dataset_row(directory: Path, global_token: int) -> str:
     try:
         data = json.loads((directory / RUN_REPORT).read_text(encoding="utf-8"))
-        documents = np.load(data["documents_file"], mmap_mode="r")
+        documents = open_npy(data["documents_file"])
         doc = int(np.searchsorted(documents["start"], global_token, side="right")) - 1
         rec = documents[doc]
         name = data["datasets"][int(rec["dataset"])]

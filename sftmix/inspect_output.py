@@ -15,6 +15,7 @@ import numpy as np
 from .digest import RUN_REPORT
 from .errors import ConfigError
 from .olmo_format import BOUNDS_PART, MASK_PART, TOKENS_PART, read_boundaries
+from .storage import open_npy
 
 
 @dataclass
@@ -70,7 +71,7 @@ def load_document(output: str | Path, index: int) -> Document:
 def _document_map(out: Path) -> tuple[np.ndarray, list[str]] | None:
     report = _report(out)
     try:
-        return np.load(report["documents_file"], mmap_mode="r"), list(report["datasets"])
+        return open_npy(report["documents_file"]), list(report["datasets"])
     except (OSError, KeyError, ValueError, TypeError):
         return None
 

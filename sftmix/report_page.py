@@ -16,6 +16,7 @@ from .digest import RUN_REPORT
 from .errors import ConfigError
 from .olmo_format import BOUNDS_PART, STATS_JSON, read_boundaries
 from .ownership import record_output_files
+from .storage import open_npy
 
 REPORT_PNG = "report.png"
 REPORT_MD = "report.md"
@@ -87,7 +88,7 @@ def collect(output: str | Path) -> list[DatasetView]:
         lengths = _hf_lengths(out, stats)
     try:
         report = json.loads((out / RUN_REPORT).read_text(encoding="utf-8"))
-        docmap = np.load(report["documents_file"], mmap_mode="r")
+        docmap = open_npy(report["documents_file"])
         names = list(report["datasets"])
         if docmap.shape[0] != lengths.shape[0]:
             raise ValueError("document map does not match")

@@ -46,6 +46,7 @@ from .storage import (
     atomic_write_with,
     download_file,
     join_url,
+    open_npy,
     read_remote_bytes,
     sha256_file,
     storage_errors,
@@ -249,9 +250,9 @@ def load_slice_arrays(
     """Memory-mapped tokens, mask and row records of a finished slice."""
     root = slice_dir(work_dir, manifest.key)
     try:
-        tokens = np.load(root / "tokens.npy", mmap_mode="r")
-        mask = np.load(root / "mask.npy", mmap_mode="r")
-        rows = np.load(root / "rows.npy", mmap_mode="r")
+        tokens = open_npy(root / "tokens.npy")
+        mask = open_npy(root / "mask.npy")
+        rows = open_npy(root / "rows.npy")
     except (OSError, ValueError) as exc:
         raise ChecksumError(f"slice {manifest.key[:12]} ({manifest.dataset}): unreadable: {exc}") from None
     return tokens, mask, rows

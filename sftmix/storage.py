@@ -9,10 +9,11 @@ import hashlib
 import os
 import shutil
 import socket
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from .errors import StorageError
 
@@ -99,6 +100,20 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]) -> None:
     with atomic_open(path) as fh:
         write(fh)
+
+
+_NPY_HEADERS = threading.Lock()
+
+
+def open_npy(path: str | os.PathLike[str]) -> Any:
+    """``np.load(path, mmap_mode="r")``, one thread at a time: numpy parses the header with
+    ``ast.literal_eval``, whose AST builder in CPython 3.11 keeps one recursion counter for every
+    thread (cf. CPython gh-106905). Threads of ``assemble`` failed a CI golden run with "SystemError:
+    AST constructor recursion depth mismatch (before=36, after=31)"."""
+    import numpy as np
+
+    with _NPY_HEADERS:
+        return np.load(path, mmap_mode="r")
 
 
 def sha256_stream(fh: BinaryIO, visit: Callable[[bytes], None] | None = None) -> str:
