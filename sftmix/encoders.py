@@ -7,9 +7,9 @@ merges "the adjacent pair earliest in the merges list, leftmost first". :func:`a
 
 - structure: a BPE model on bytes (no normalizer, dropout, byte fallback or word affixes), one of the
   regexes we test in both regex engines as a Split that keeps every match (the regex matches every
-  character, so no text falls between pieces), a post-processor that adds nothing when special tokens are off
-  (a ByteLevel one's offset trimming is done here as it does it), and added tokens matched as plain text (no strip, no single-word,
-  none a prefix of another, so first-match and longest-match agree);
+  character, so no text falls between pieces), a post-processor that adds nothing when special tokens
+  are off (a ByteLevel one's offset trimming is done here as it does it), and added tokens matched as
+  plain text (no strip, no single-word, none a prefix of another, so first and longest match agree);
 - merges: every merge makes a vocabulary token, in the order of their ids (so "earliest merge" is
   "lowest rank" up to ties among merges that make the same token);
 - every token, alone: its bytes run through both merge rules step by step. A token is *safe* when both
@@ -28,17 +28,12 @@ multi-byte character reaches that character's end, as the tokenizers library rep
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-
-logger = logging.getLogger(__name__)
-
-EncoderChoice = Literal["auto", "hf", "fast"]
 
 _CL100K = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
