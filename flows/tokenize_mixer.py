@@ -98,6 +98,7 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
     for line in plan.summary().splitlines():
         logger.info(line)
     refuse_different_output(mixer.output.path, mixer.output.overwrite, plan.recipe())
+    plan_seconds = round(time.perf_counter() - started, 3)
     documents = _documents_path(plan)
     scratch = None
     if run.disable_cache:  # slices still go through files, in a scratch directory removed below
@@ -106,7 +107,9 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
     try:
         outcome = run_slices(plan, run)
         with staging_dir(mixer.output.path, plan.context.work_dir) as staging:
-            report, result = _assemble_and_publish(plan, run, outcome, staging, documents, started, seen_id)
+            report, result = _assemble_and_publish(
+                plan, run, outcome, staging, documents, started, seen_id, plan_seconds
+            )
     finally:
         if scratch is not None:
             remove_tree(scratch)
@@ -127,6 +130,7 @@ def _assemble_and_publish(
     documents: Path,
     started: float,
     seen_id: str | None,
+    plan_seconds: float = 0.0,
 ) -> tuple[RunReport, Any]:
     mixer = plan.mixer
     result = _call(assemble_output, plan, outcome.manifests, staging, documents)
@@ -157,6 +161,7 @@ def _assemble_and_publish(
         parts=result.parts,
         token_dtype=plan.context.token_dtype,
         wall_seconds=0.0,
+        plan_seconds=plan_seconds,
         tokenize_seconds=round(outcome.seconds, 3),
         tokens_per_second=0.0,
         steady_seconds=outcome.steady_seconds,

@@ -77,6 +77,9 @@ class RunReport(BaseModel):
     command_seconds: float | None = Field(
         None, description="The whole CLI command, the temporary Prefect API's start-up included."
     )
+    plan_seconds: float = Field(
+        0.0, description="The flow's plan: the output checks and planning, from the flow's start."
+    )
     tokenize_seconds: float
     tokens_per_second: float = Field(
         description="Tokens of the slices computed in this run / tokenize_seconds (0 when every slice was reused)."
@@ -108,10 +111,11 @@ class RunReport(BaseModel):
     warnings: list[str] = Field(default_factory=list)
 
     def time_line(self) -> str:
-        tail = max(self.wall_seconds - self.tokenize_seconds, 0.0)
+        tail = max(self.wall_seconds - self.plan_seconds - self.tokenize_seconds, 0.0)
         parts = []
         if self.command_seconds is not None:
             parts.append(f"{self.command_seconds - self.wall_seconds:.1f} s start-up")
+        parts.append(f"{self.plan_seconds:.1f} s planning")
         parts.append(
             f"{self.tokenize_seconds:.1f} s tokenizing ({self.tokens_per_second:,.0f} tokens/s)"
             if self.tokens_per_second
