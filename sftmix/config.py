@@ -283,13 +283,17 @@ class RunOptions(BaseModel):
     )
 
 
+def user_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME``, else ``~/.cache``."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"))
+
+
 def default_work_dir() -> Path:
     """``$TOKENIZE_MIXER_WORK_DIR``, else the user cache directory."""
     env = os.environ.get("TOKENIZE_MIXER_WORK_DIR")
     if env:
         return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tokenize-mixer"
+    return user_cache_dir() / "tokenize-mixer"
 
 
 def local_mirror(remote_work_dir: str) -> Path:

