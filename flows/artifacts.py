@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from sftmix.check import Finding
 from sftmix.report import RunReport
 from sftmix.report_page import collect, markdown, upsampling_text
 from sftmix.storage import is_remote
@@ -52,11 +53,7 @@ def report_markdown(report: RunReport) -> str:
         lines.append(f"| reference | `{report.validation.reference}`: {verdict} |")
     if report.check_findings is not None:
         lines += ["", "## Check (tokenize-mixer check)", ""]
-        lines += [
-            f"- **{f['kind']}**: {f['what']}: {f['count']:,}"
-            + (f" (e.g. {', '.join(map(str, f['examples']))})" if f["examples"] else "")
-            for f in report.check_findings
-        ] or ["clean: no findings"]
+        lines += [f"- {Finding(**f).line()}" for f in report.check_findings] or ["clean: no findings"]
         if report.check_notes:
             lines += ["", "```", *report.check_notes, "```"]
     lines += ["", "## Digests (sha256)", "", "| file | sha256 |", "|---|---|"]

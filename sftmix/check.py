@@ -43,6 +43,13 @@ class Finding:
     what: str
     count: int
     examples: list[Any] = field(default_factory=list)
+    unit: str = ""  # what ``count`` counts (documents, parts, tokens ...); empty for a single fact
+
+    def line(self) -> str:
+        """The finding in one line, its count in words: ``[fit] ...: 3 documents (e.g. document 4)``."""
+        counted = f": {self.count:,} {self.unit}" if self.unit else ""
+        example = f" (e.g. {', '.join(map(str, self.examples))})" if self.examples else ""
+        return f"[{self.kind}] {self.what}{counted}{example}"
 
 
 @dataclass
@@ -60,9 +67,12 @@ class CheckReport:
     def clean(self) -> bool:
         return not self.findings
 
-    def add(self, kind: str, what: str, count: int, examples: list[Any] | None = None) -> None:
+    def add(self, kind: str, what: str, count: int, unit: str, examples: list[Any] | None = None) -> None:
+        """A finding of ``count`` ``unit`` (plural: documents, parts, tokens ...), when there are any."""
         if count:
-            self.findings.append(Finding(kind, what, int(count), list(examples or [])[:EXAMPLES]))
+            if count == 1 and unit.endswith("s"):
+                unit = unit[:-1]
+            self.findings.append(Finding(kind, what, int(count), list(examples or [])[:EXAMPLES], unit))
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "clean": self.clean}, indent=2)
@@ -74,7 +84,9 @@ class CheckReport:
             *_template_lines(self.template),
         ]
 
-    def render(self) -> str:
+    def render(self, template_diff: bool = False) -> str:
+        """The report as text; ``template_diff`` adds the diff of a template that differs from the
+        tokenizer's own (tokenizer's -> used)."""
         lines = [
             f"checked {self.output}: {self.documents:,} documents, {self.tokens:,} tokens "
             f"({self.trainable_tokens:,} trainable)"
@@ -82,11 +94,11 @@ class CheckReport:
         for name, pct in self.per_dataset_trainable_percent.items():
             lines.append(f"  trainable {pct:5.1f}%  {name}")
         lines += self.notes()
+        if template_diff and self.template is not None:
+            lines += [f"    {line}" for line in self.template.get("diff", [])]
         if self.clean:
             lines.append("clean: no findings")
-        for f in self.findings:
-            example = f" (e.g. {', '.join(map(str, f.examples))})" if f.examples else ""
-            lines.append(f"FINDING [{f.kind}] {f.what}: {f.count:,}{example}")
+        lines += [f"FINDING {f.line()}" for f in self.findings]
         return "\n".join(lines)
 
 
@@ -97,12 +109,12 @@ def _json(path: Path) -> dict:
         return {}
 
 
-def _tokenizer_facts(out: Path) -> tuple[int | None, int | None, set[int]]:
-    """(vocabulary size, eos id, ids of special added tokens other than eos) of ``tokenizer/``."""
+def _tokenizer_facts(out: Path) -> tuple[int | None, int | None, dict[int, str]]:
+    """(vocabulary size, eos id, special added tokens other than eos by id) of ``tokenizer/``."""
     config = _json(out / "tokenizer" / "tokenizer_config.json")
     spec = _json(out / "tokenizer" / "tokenizer.json")
     if not spec:
-        return None, None, set()
+        return None, None, {}
     vocab = spec.get("model", {}).get("vocab") or {}
     added = spec.get("added_tokens") or []
     ids = [int(v) for v in (vocab.values() if isinstance(vocab, dict) else range(len(vocab)))]
@@ -114,7 +126,7 @@ def _tokenizer_facts(out: Path) -> tuple[int | None, int | None, set[int]]:
     eos = next((int(t["id"]) for t in added if t.get("content") == eos_token), None)
     if eos is None and isinstance(vocab, dict) and eos_token in vocab:
         eos = int(vocab[eos_token])
-    special = {int(t["id"]) for t in added if t.get("special")} - {eos}
+    special = {int(t["id"]): str(t.get("content")) for t in added if t.get("special") and int(t["id"]) != eos}
     return size, eos, special
 
 
@@ -147,9 +159,9 @@ def check_output(
     vocab, eos, special = _tokenizer_facts(out)
     result = CheckReport(output=str(out), template=template or report_json.get("template_drift"))
     if vocab is None:
-        result.add("integrity", "tokenizer/ is missing or unreadable", 1)
+        result.add("integrity", "tokenizer/ is missing or unreadable", 1, "")
     elif vocab - 1 > np.iinfo(dtype).max:
-        result.add("integrity", f"vocabulary of {vocab:,} ids does not fit dtype {dtype.name}", 1)
+        result.add("integrity", f"vocabulary of {vocab:,} ids does not fit dtype {dtype.name}", 1, "")
 
     count = 0
     while (out / TOKENS_PART.format(count)).exists():
@@ -171,7 +183,7 @@ def check_output(
         facts = list(pool.map(check, range(count)))
     uneven, untiled, too_big, empty, long_docs, eos_inside = [], [], [], [], [], []
     no_final_eos, no_final_eos_examples = 0, []
-    special_trained: dict[int, int] = {}
+    special_trained: dict[int, list[int]] = {}  # documents, by special token id
     if sequence_length is not None:
         result.olmo_core = OlmoCoreFit(sequence_length, long_doc_strategy)
     doc_base = 0
@@ -186,30 +198,46 @@ def check_output(
         eos_inside += [doc_base + d for d in f.eos_inside]
         no_final_eos += f.no_final_eos
         no_final_eos_examples += [doc_base + d for d in f.no_final_eos_examples]
-        for tok_id, n in f.special_trained.items():
-            special_trained[tok_id] = special_trained.get(tok_id, 0) + n
+        for tok_id, docs in f.special_trained.items():
+            special_trained.setdefault(tok_id, []).extend(doc_base + d for d in docs)
         result.documents += f.documents
         result.tokens += f.tokens
         result.trainable_tokens += f.trainable_tokens
         doc_base += f.documents
 
-    result.add("integrity", "parts whose token and mask files differ in length", len(uneven), uneven)
-    result.add("integrity", "parts whose document boundaries do not tile the part", len(untiled), untiled)
-    result.add("integrity", "token ids beyond the tokenizer's vocabulary", len(too_big), too_big)
+    result.add("integrity", "parts whose token and mask files differ in length", len(uneven), "parts", uneven)
+    result.add(
+        "integrity", "parts whose document boundaries do not tile the part", len(untiled), "parts", untiled
+    )
+    result.add("integrity", "token ids beyond the tokenizer's vocabulary", len(too_big), "parts", too_big)
     recorded = report_json.get("digests")
     if digests and isinstance(recorded, dict) and recorded:
         actual = output_digests(out)
         differ = sorted(k for k in recorded if actual.get(k) != recorded[k])
-        result.add("integrity", "files whose digest differs from run_report.json", len(differ), differ)
-    result.add("masks", "documents with no trainable token", len(empty), [f"document {d}" for d in empty])
-    for tok_id, count in sorted(special_trained.items()):
         result.add(
-            "masks", f"special token id {tok_id} trained inside trainable text (a header or marker)", count
+            "integrity", "files whose digest differs from run_report.json", len(differ), "files", differ
+        )
+    result.add(
+        "masks",
+        "documents with no trainable token",
+        len(empty),
+        "documents",
+        [f"document {d}" for d in empty],
+    )
+    for tok_id, docs in sorted(special_trained.items()):
+        result.add(
+            "masks",
+            f"documents that train special token {special.get(tok_id, '?')} (id {tok_id}) inside trainable "
+            "text (a header or marker the model would learn to emit mid-answer)",
+            len(docs),
+            "documents",
+            [f"document {d}" for d in docs],
         )
     result.add(
         "fit",
         "documents with an EOS token before their end",
         len(eos_inside),
+        "documents",
         [f"document {d}" for d in eos_inside],
     )
     result.add(
@@ -217,6 +245,7 @@ def check_output(
         "documents that do not end with EOS (OLMo-core's default boundaries, by EOS, join each to the next "
         "document; truncated documents lose their EOS)",
         no_final_eos,
+        "documents",
         [f"document {d}" for d in no_final_eos_examples],
     )
     if sequence_length is not None:
@@ -224,6 +253,7 @@ def check_output(
             "fit",
             f"documents longer than sequence length {sequence_length}",
             len(long_docs),
+            "documents",
             [f"document {d}" for d in long_docs],
         )
     if result.olmo_core is not None:
@@ -262,7 +292,7 @@ class _PartFacts:
     eos_inside: list[int] = field(default_factory=list)
     no_final_eos: int = 0  # documents whose last token is not EOS
     no_final_eos_examples: list[int] = field(default_factory=list)
-    special_trained: dict[int, int] = field(default_factory=dict)
+    special_trained: dict[int, list[int]] = field(default_factory=dict)  # documents, by token id
     olmo_core: OlmoCoreFit | None = None
     trainable_share: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # per document
 
@@ -273,7 +303,7 @@ def _check_part(
     dtype: np.dtype,
     vocab: int | None,
     eos: int | None,
-    special: set[int],
+    special: dict[int, str],
     sequence_length: int | None,
     long_doc_strategy: str = "truncate",
     chunk_threads: int = 1,
@@ -316,6 +346,7 @@ def _check_part(
         np.array(sorted(special), dtype=np.int64),
     )
     carried = 0
+    special_docs: dict[int, set[int]] = {}
     eos_at: list[np.ndarray] = []  # where OLMo-core's default finds document ends
     spans = range(0, n, CHUNK)
     if chunk_threads > 1 and len(spans) > 1:  # on threads; their facts are added up in order below
@@ -333,8 +364,9 @@ def _check_part(
             f.eos_inside += c.eos_inside
             f.no_final_eos += int(c.unended.size)
             f.no_final_eos_examples += c.unended[: EXAMPLES - len(f.no_final_eos_examples)].tolist()
-        for tok_id, count in c.special_trained.items():
-            f.special_trained[tok_id] = f.special_trained.get(tok_id, 0) + count
+        for tok_id, docs in c.special_trained.items():  # a document cut by chunks is one document
+            special_docs.setdefault(tok_id, set()).update(docs)
+    f.special_trained = {tok_id: sorted(docs) for tok_id, docs in special_docs.items()}
     trainable = np.diff(done_trainable, prepend=0)
     f.trainable_share = (trainable / np.maximum(lengths, 1)).astype(np.float32)
     f.empty = [int(i) for i in np.flatnonzero(trainable == 0)]
@@ -358,7 +390,7 @@ class _ChunkFacts:
     eos_at: np.ndarray | None  # offsets of EOS tokens (None without an EOS)
     eos_inside: list[int]  # documents with an EOS before their end
     unended: np.ndarray  # documents ending here whose last token is not EOS
-    special_trained: dict[int, int]
+    special_trained: dict[int, list[int]]  # documents that train each special token mid-text
 
 
 def _check_chunk(
@@ -402,9 +434,10 @@ def _check_chunk(
         facts.unended = ending[t[ends[ending] - 1 - lo] != eos]
     if special_ids.size:  # trained and followed by trained text: a header or marker, not a turn's end
         follows = np.append(with_next[1:], False)[: hi - lo]
-        hit = m & follows & ~last & np.isin(t, special_ids, kind="table")
-        for tok_id, count in zip(*np.unique(t[hit], return_counts=True), strict=True):
-            facts.special_trained[int(tok_id)] = int(count)
+        at = np.flatnonzero(m & follows & ~last & np.isin(t, special_ids, kind="table"))
+        docs = np.searchsorted(ends, lo + at, side="right")
+        for tok_id in np.unique(t[at]).tolist():
+            facts.special_trained[int(tok_id)] = np.unique(docs[t[at] == tok_id]).tolist()
     return facts
 
 
@@ -438,20 +471,21 @@ def _fit_findings(result: CheckReport, fit: OlmoCoreFit) -> None:
             f"packed FSL instances of {L} would be {fit.packed.padding_percent(L):.1f}% padding "
             f"(more than {PADDING_FINDING_PERCENT:.0f}%)",
             fit.packed.instances,
+            "instances",
         )
     if fit.packed_by_eos.tokens_unread:
         result.add(
             "fit",
             "tokens after a part's last EOS: OLMo-core's default (boundaries by EOS) never reads them",
             fit.packed_by_eos.tokens_unread,
+            "tokens",
         )
 
 
-#: Lines of the template diff in the human report (the JSON report has the whole excerpt).
-DRIFT_LINES_SHOWN = 12
-
-
 def _template_lines(drift: dict[str, Any] | None) -> list[str]:
+    """One line: the template used, the tokenizer's own and their hashes. The diff stays out of the
+    run's log and the text report (a page of template source buries the findings): ``check --json``
+    keeps it and ``check --template_diff`` prints it."""
     if drift is None:
         return ["template: not recorded (an output made before tokenize-mixer recorded template drift)"]
     used = f"template: {drift.get('source')} (sha256 {str(drift.get('used_sha256'))[:12]})"
@@ -463,15 +497,9 @@ def _template_lines(drift: dict[str, Any] | None) -> list[str]:
             "which carries the one used"
         ]
     return [
-        f"{used} DIFFERS from the tokenizer's own chat_template (sha256 "
-        f"{str(drift.get('shipped_sha256'))[:12]}): a model evaluated with the tokenizer's template sees "
-        "prompts it was not trained on; this output's tokenizer/ carries the one used. Diff, tokenizer's -> used:",
-        *(f"    {line}" for line in drift.get("diff", [])[:DRIFT_LINES_SHOWN]),
-        *(
-            [f"    ... {len(drift['diff']) - DRIFT_LINES_SHOWN} more lines with --json"]
-            if len(drift.get("diff", [])) > DRIFT_LINES_SHOWN
-            else []
-        ),
+        f"{used} DIFFERS from the tokenizer's own chat_template (sha256 {str(drift.get('shipped_sha256'))[:12]}): "
+        "evaluate with this output's tokenizer/, which carries the one used (the diff: check --template_diff, "
+        "or --json FILE)"
     ]
 
 
@@ -510,4 +538,10 @@ def _share_outliers(
             f"{100 * float(q1):.0f}-{100 * float(q3):.0f}%)"
             for d in out[:EXAMPLES].tolist()
         ]
-    result.add("masks", "documents whose trainable share is an outlier for their dataset", found, examples)
+    result.add(
+        "masks",
+        "documents whose trainable share is an outlier for their dataset",
+        found,
+        "documents",
+        examples,
+    )

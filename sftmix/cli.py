@@ -213,6 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(its long_doc_strategy; default truncate)",
     )
     chk.add_argument("--json", help="also write the findings as JSON to this file")
+    _flag(
+        chk,
+        "template_diff",
+        action="store_true",
+        help="print the diff of a chat template that differs from the tokenizer's own (tokenizer's -> used)",
+    )
 
     rep = sub.add_parser(
         "report", help="write report.png and report.md: lengths, trainable %%, dataset shares"
@@ -533,7 +539,7 @@ def _main(args: argparse.Namespace) -> int:
             from .check import check_output
 
             result = check_output(args.output, args.sequence_length, long_doc_strategy=args.long_doc_strategy)
-            sys.stdout.write(result.render() + "\n")
+            sys.stdout.write(result.render(template_diff=args.template_diff) + "\n")
             if args.json:
                 Path(args.json).write_text(result.to_json(), encoding="utf-8")
             return 0 if result.clean else 1

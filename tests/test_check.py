@@ -120,6 +120,7 @@ def test_the_flow_checks_before_publishing(prefect_api, tmp_path):
     assert [f["what"] for f in report["check_findings"]] == ["documents with an EOS token before their end"]
     assert report["template_drift"]["shipped"] == "differs"  # and the UI's report shows it
     assert any("DIFFERS from the tokenizer's own chat_template" in line for line in report["check_notes"])
+    assert not any(line.lstrip().startswith(("---", "+++", "@@")) for line in report["check_notes"])
     strict = flow("strict", "strict")
     assert strict.is_failed() and "run.check is strict" in strict.message and "EOS" in strict.message
     assert not (tmp_path / "strict").exists()
@@ -213,3 +214,35 @@ def test_a_document_whose_trainable_share_is_far_from_its_datasets_is_found(pref
     findings = {f.what: f for f in check_output(out).findings}
     outlier = findings["documents whose trainable share is an outlier for their dataset"]
     assert outlier.count == 1 and "outlier.jsonl" in outlier.examples[0], outlier.examples
+
+
+def test_a_finding_counts_in_words_and_names_its_documents(prefect_api, tmp_path, capsys):
+    """Three role markers trained mid-answer in two documents: one finding of 2 documents that names
+    the token, said the same way in the report and in the flow's log line (``Finding.line``)."""
+    rows = [
+        chat("q1?", "a <|im_start|>user b <|im_start|>user c"),
+        chat("q2?", "fine."),
+        chat("q3?", "x <|im_start|>user y"),
+    ]
+    out = run(tmp_path, rows, "markers")
+    [found] = [f for f in check_output(out).findings if "special token" in f.what]
+    assert (found.count, found.unit, len(found.examples)) == (2, "documents", 2)
+    assert "<|im_start|> (id 1)" in found.what
+    assert found.line().startswith(f"[masks] {found.what}: 2 documents (e.g. document ")
+    assert main(["check", str(out)]) == 1
+    assert f"FINDING {found.line()}" in capsys.readouterr().out.splitlines()
+
+
+def test_a_differing_template_is_one_line_and_its_diff_is_asked_for(clean, tmp_path, capsys):
+    """The text report names both templates and their hashes in one line; the diff is in --json and
+    behind --template-diff."""
+    assert main(["check", str(clean), "--json", str(tmp_path / "check.json")]) == 0
+    text = capsys.readouterr().out
+    [line] = [t for t in text.splitlines() if t.startswith("template:")]
+    assert "tokenize-mixer:olmo (sha256 " in line and "DIFFERS" in line and line.count("sha256") == 2
+    assert "--template_diff" in line and "--json" in line
+    assert not any(t.lstrip().startswith(("---", "+++", "@@")) for t in text.splitlines())
+    diff = json.loads((tmp_path / "check.json").read_text())["template"]["diff"]
+    assert diff[0].startswith("--- tokenizer's chat_template")
+    assert main(["check", str(clean), "--template-diff"]) == 0
+    assert f"    {diff[1]}" in capsys.readouterr().out.splitlines()
