@@ -52,6 +52,10 @@ def test_demo_runs_and_an_identical_rerun_reuses_everything(tmp_path):
     assert f"{report['plan_seconds']:.1f} s planning" in first.stdout
     assert "View at" not in first.stdout + first.stderr  # the temporary server is gone afterwards
     assert "PyTorch" not in first.stdout + first.stderr
+    # a showcase: no warning in the run, and `check` at the demo's sequence length finds nothing
+    assert " WARNING " not in first.stderr, first.stderr
+    checked = cli("check", str(out), "--sequence_length", "512")
+    assert checked.returncode == 0 and "clean: no findings" in checked.stdout
     digests = report["digests"]
 
     rerun = cli("run", "examples/mixer.yaml", "--output_dir", str(out), "--work_dir", str(work))

@@ -131,9 +131,10 @@ def test_upsampled_rows_are_tokenized_once(prefect_api, tmp_path):
         }
     )
     first = tokenize_mixer(mixer=once, run=run)
-    second = tokenize_mixer(mixer=thrice, run=run)  # 22 rows x 6: the same one slice of 22 tokenized rows
+    rows = len((EXAMPLES / "data" / "general.jsonl").read_text().splitlines())
+    second = tokenize_mixer(mixer=thrice, run=run)  # rows x 6: the same one slice of its rows, tokenized once
     assert second["slices_total"] == 1 and second["slices_reused"] == 1
-    assert second["documents"] == 6 * 22 and first["documents"] == 2 * 22 + 120
+    assert second["documents"] == 6 * rows and first["documents"] == 2 * rows + 120
 
 
 def test_default_workers_are_the_cpus_this_process_may_use():
