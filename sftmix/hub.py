@@ -27,15 +27,13 @@ def _hub_host_problem() -> str | None:
     return None
 
 
-def unreachable_hub_problem(name: str, what: str) -> str | None:
-    """Why ``name`` (not a local path here) cannot be loaded from the hub right now, or ``None`` (the hub
-    resolves, or offline mode, where the cache answers at once)."""
+def unreachable_hub_problem() -> str | None:
+    """Why a name that is not a local path here cannot be loaded from the hub right now, or ``None``
+    (the hub resolves, or offline mode, where the cache answers at once). The reason does not repeat
+    the name: the error it goes into names it (``dataset 'x': is not ...``)."""
     if _offline():
         return None
     problem = _hub_host_problem()
     if problem is None:
         return None
-    return (
-        f"{what} {name!r} is not a local directory (relative to the current directory {os.getcwd()}), "
-        f"and {problem}"
-    )
+    return f"is not a local directory (relative to the current directory {os.getcwd()}), and {problem}"

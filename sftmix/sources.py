@@ -112,7 +112,7 @@ def _relative_note(path: str) -> str:
 
 
 def _missing(path: str, what: str = "file") -> str:
-    return f"no such local {what} {path!r}{_relative_note(path)}"
+    return f"no such local {what}{_relative_note(path)}"  # the error names the dataset, once
 
 
 def local_file_problem(path: str) -> str | None:
@@ -153,16 +153,37 @@ def _not_readable(path: str) -> str:
     return f"not a data file we read: we read {READABLE}"
 
 
-def hub_name_problem(path: str) -> str | None:
-    """Why a name without a data-file suffix cannot go to ``datasets.load_dataset``: it is a local file
-    we do not read, or a local path that does not exist. ``None`` for a local directory or a hub name."""
+def _local_name_problem(path: str) -> str | None:
+    """What the disk says of a name without a data-file suffix: a local file we do not read, or a local
+    path that does not exist. ``None`` for a local directory or a name that can only be the hub's."""
     if os.path.isdir(path):
         return None  # a local directory laid out as on the hub
     if os.path.lexists(path):
         return _not_readable(path)
     if looks_local(path):
         return _missing(path, "file" if path.lower().endswith(OTHER_DATA_SUFFIXES) else "file or directory")
-    return unreachable_hub_problem(path, "dataset")
+    return None
+
+
+def hub_name_problem(path: str) -> str | None:
+    """Why a name without a data-file suffix cannot go to ``datasets.load_dataset``: what the disk says
+    (:func:`_local_name_problem`), else a hub that cannot be reached. ``None`` for a local directory or a
+    hub name the hub may answer."""
+    if (problem := _local_name_problem(path)) is not None or os.path.lexists(path) or looks_local(path):
+        return problem
+    return unreachable_hub_problem()
+
+
+def path_problem(path: str) -> str | None:
+    """Why a dataset cannot be opened, found at once, with the messages opening it gives: a local file
+    that is missing or unreadable, or a hub name with no hub to ask. ``None`` for a readable local
+    file or directory, a remote object (its store is asked when it is opened) and a hub name the hub
+    may answer."""
+    if is_remote(path):
+        return None
+    if local_builder(path) is not None:
+        return local_file_problem(path)
+    return hub_name_problem(path)
 
 
 def _no_rows(path: str) -> str:
@@ -473,7 +494,7 @@ def _open_dataset(
             ) from None
         reason = f"cannot load split {split!r}: {type(cause).__name__}: {cause}"
         if builder is None and isinstance(cause, ConnectionError | FileNotFoundError):
-            reason += f"; nor is there a local file or directory {path!r}{_relative_note(path)}"
+            reason += f"; nor is there a local file or directory of that name{_relative_note(path)}"
         raise DatasetError(name, reason) from None
     if not isinstance(ds, datasets.Dataset):
         raise DatasetError(name, f"split {split!r} did not load as a single dataset")

@@ -97,6 +97,18 @@ def _own_template(own: str | dict[str, str] | None, tokenizer_name: str) -> str:
     return own
 
 
+def read_template_file(path: str) -> str:
+    """The text of a ``.jinja`` chat template file (the command reads it before a Prefect API starts)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TemplateError(f"cannot read chat template file {path!r}: {exc.strerror or exc}") from None
+
+
+#: Unknown template names already warned about in this process, with the template they fell back to.
+_FALLBACKS_WARNED: set[tuple[str, str]] = set()
+
+
 def resolve_template(
     name: str | None,
     own: str | dict[str, str] | None,
@@ -111,21 +123,19 @@ def resolve_template(
     elif name is None or name in ("", TOKENIZER_TEMPLATE):
         text, source = _own_template(own, tokenizer_name), f"tokenizer:{tokenizer_name}"
     elif name.endswith(".jinja"):
-        try:
-            text = Path(name).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise TemplateError(f"cannot read chat template file {name!r}: {exc.strerror or exc}") from None
-        source = f"file:{name}"
+        text, source = read_template_file(name), f"file:{name}"
     elif unknown == "fallback":
         text = _own_template(own, tokenizer_name)
         source = f"tokenizer:{tokenizer_name}"
-        logger.warning(
-            "UNKNOWN CHAT TEMPLATE %r: falling back to the tokenizer's own chat_template (sha256 %s), as the "
-            "reference converter does. Known names: %s.",
-            name,
-            template_sha256(text)[:16],
-            ", ".join(NAMED_TEMPLATES),
-        )
+        if (name, text) not in _FALLBACKS_WARNED:  # the command plans ahead of the flow: one warning
+            _FALLBACKS_WARNED.add((name, text))
+            logger.warning(
+                "UNKNOWN CHAT TEMPLATE %r: falling back to the tokenizer's own chat_template (sha256 %s), as the "
+                "reference converter does. Known names: %s.",
+                name,
+                template_sha256(text)[:16],
+                ", ".join(NAMED_TEMPLATES),
+            )
     else:
         raise TemplateError(
             f"unknown chat template {name!r}: use one of {', '.join(NAMED_TEMPLATES)}, "

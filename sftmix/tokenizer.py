@@ -92,20 +92,28 @@ class TokenizerKey:
         return cls(name_or_path, revision, stamp)
 
 
+def tokenizer_path_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a tokenizer, found at once (the whole error message): not a directory
+    here, and a local path or a hub name with no hub to ask. ``None`` for a directory or a hub name
+    the hub may answer."""
+    if os.path.isdir(name):
+        return None
+    if os.path.lexists(name):
+        return f"tokenizer {name!r} is not a directory: give the directory that holds tokenizer.json"
+    if looks_local(name):
+        return f"tokenizer {name!r}: no such directory{_relative_note(name)}"
+    if (problem := unreachable_hub_problem()) is not None:
+        return f"tokenizer {name!r} {problem}"
+    return None
+
+
 @lru_cache(maxsize=4)
 def load_hf_tokenizer(key: TokenizerKey) -> Any:
     """AutoTokenizer plus the reference's pad handling (the only quirk that can change bytes)."""
     import_transformers()
     name = key.name_or_path
-    if not os.path.isdir(name):
-        if os.path.lexists(name):
-            raise ConfigError(
-                f"tokenizer {name!r} is not a directory: give the directory that holds tokenizer.json"
-            )
-        if looks_local(name):
-            raise ConfigError(f"tokenizer {name!r}: no such directory{_relative_note(name)}")
-        if (problem := unreachable_hub_problem(name, "tokenizer")) is not None:
-            raise ConfigError(problem)
+    if (problem := tokenizer_path_problem(name)) is not None:
+        raise ConfigError(problem)
     from transformers import AutoTokenizer
 
     try:

@@ -290,14 +290,14 @@ def test_a_missing_local_path_never_reaches_the_hub(here, capsys, no_hub, name, 
     line = one_error_line(*plan_cli(here, capsys, (name, 1.0))[::2])
     assert time.monotonic() - started < 10  # no hub retries
     assert line == (
-        f"error: dataset {name!r}: no such local {what} {name!r} (relative to the current directory {os.getcwd()})"
+        f"error: dataset {name!r}: no such local {what} (relative to the current directory {os.getcwd()})"
     )
 
 
 def test_a_missing_absolute_path_needs_no_directory_note(here, capsys, no_hub):
     missing = str(here / "gone.jsonl")
     line = one_error_line(*plan_cli(here, capsys, (missing, 1.0))[::2])
-    assert line == f"error: dataset {missing!r}: no such local file {missing!r}"
+    assert line == f"error: dataset {missing!r}: no such local file"
 
 
 # 4. absurd amounts
@@ -411,3 +411,22 @@ def test_a_hub_shaped_name_with_no_hub_says_both_at_once(tmp_path, monkeypatch):
         f"tokenizer 'examples/tokenizer' is not a local directory (relative to the current directory {tmp_path})"
     )
     assert "no-such-host.invalid" in str(err.value) and "cannot be reached" in str(err.value)
+
+
+def test_a_hub_dataset_name_with_no_hub_is_named_once(tmp_path, monkeypatch):
+    """The dataset's error names it once: ``dataset 'x': is not a local directory ...``."""
+    from sftmix import hub
+    from sftmix.sources import describe
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://no-such-host.invalid")
+    hub._hub_host_problem.cache_clear()
+    try:
+        with pytest.raises(DatasetError) as err:
+            describe("someorg/nonexistent-dataset-xyz", "train", None, str(tmp_path / "cache"))
+    finally:
+        hub._hub_host_problem.cache_clear()
+    message = str(err.value)
+    assert message.startswith("dataset 'someorg/nonexistent-dataset-xyz': is not a local directory (relative")
+    assert message.count("nonexistent-dataset-xyz") == 1 and "no-such-host.invalid" in message

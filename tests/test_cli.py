@@ -134,7 +134,7 @@ def test_convert_accepts_hyphenated_flags_and_reports_errors_without_traceback(t
         check=False,
     )
     assert proc.returncode == 2
-    assert "error: dataset 'missing.jsonl': no such local file 'missing.jsonl' (relative to" in proc.stderr
+    assert "error: dataset 'missing.jsonl': no such local file (relative to" in proc.stderr
 
 
 @pytest.mark.slow

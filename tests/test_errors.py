@@ -51,7 +51,7 @@ def run_slices(tmp_path: Path, m: MixerConfig) -> None:
 
 
 def test_missing_dataset_file(tmp_path):
-    with pytest.raises(DatasetError, match=r"'(.*nope.jsonl)': no such local file '\1'$"):
+    with pytest.raises(DatasetError, match=r"^dataset '.*nope.jsonl': no such local file$"):
         build_plan(mixer(tmp_path, (str(tmp_path / "nope.jsonl"), 1.0)), RunOptions(work_dir=str(tmp_path)))
 
 

@@ -49,3 +49,12 @@ def test_renderer_matches_transformers_settings():
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
     assert r.render(msgs, None, False) == "<|user|>\nhi\n<|assistant|>\nyo</s>"
     assert r.render(msgs[:1], None, True) == "<|user|>\nhi\n<|assistant|>\n"
+
+
+def test_an_unknown_name_that_falls_back_is_warned_about_once(caplog):
+    """The command plans ahead of the flow and the flow plans again: one warning, not two."""
+    for _ in range(2):
+        resolved = resolve_template("no_such_template_name", "{{ messages }}", "tok", unknown="fallback")
+        assert resolved.source == "tokenizer:tok"
+    warned = [r for r in caplog.records if "UNKNOWN CHAT TEMPLATE 'no_such_template_name'" in r.getMessage()]
+    assert len(warned) == 1
