@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from pydantic import BaseModel, Field
 
 
@@ -13,6 +15,15 @@ class _CommandClock:
 
 
 COMMAND_CLOCK = _CommandClock()
+
+#: ``extra=`` of the flow's log lines that repeat what the command prints on stdout (the run's summary):
+#: the Prefect UI has only the log, so the flow logs them; the command's console leaves them out.
+SUMMARY_LOG = {"tokenize_mixer_summary": True}
+
+
+def is_summary_record(record: logging.LogRecord) -> bool:
+    """A log record made with ``extra=SUMMARY_LOG``."""
+    return bool(getattr(record, "tokenize_mixer_summary", False))
 
 
 #: Why a row is dropped, in words (the keys are the reasons in run_report.json and the statistics).

@@ -180,3 +180,69 @@ def test_two_runs_at_once_share_a_work_dir_without_corrupting_it(tmp_path):
         "16",
     )
     assert "0 computed" in third.stdout
+
+
+def test_the_console_filter_passes_a_summary_line_through_prefects_run_logger_and_drops_it():
+    """The marker survives Prefect's run-logger adapter (which merges extras), and the console's filter
+    drops exactly the marked line and Prefect's state chatter."""
+    import logging
+
+    from prefect.logging.loggers import PrefectLogAdapter
+
+    from sftmix.cli import _QuietConsole
+    from sftmix.report import SUMMARY_LOG
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    handler = Keep()
+    handler.addFilter(_QuietConsole())
+    base = logging.getLogger("prefect.flow_runs.console-test")
+    base.addHandler(handler)
+    base.propagate = False
+    base.setLevel(logging.INFO)
+    try:
+        run_logger = PrefectLogAdapter(base, extra={"flow_run_name": "x"})
+        run_logger.info("rows        2 in", extra=SUMMARY_LOG)
+        run_logger.info("5 slices")
+        logging.getLogger("EventsWorker.console-test").addHandler(handler)
+        logging.getLogger("EventsWorker.console-test").warning("Still processing items: 3 items remaining...")
+    finally:
+        base.removeHandler(handler)
+        logging.getLogger("EventsWorker.console-test").removeHandler(handler)
+    assert seen == ["5 slices"]
+
+
+@pytest.mark.slow
+def test_a_run_says_each_thing_once_on_the_console(tmp_path):
+    """No Prefect state line per task run and no event worker's flush notes (``--verbose`` shows them);
+    an unknown template name (convert) is warned about once, though the command plans it twice."""
+    proc = cli(
+        "run", "examples/mixer.yaml", "--output_dir", str(tmp_path / "out"), "--work_dir", str(tmp_path / "w")
+    )
+    output = proc.stdout + proc.stderr
+    assert "Finished in state" not in output and "Still processing items" not in output
+    assert "Beginning flow run" in proc.stderr  # Prefect's own lines that say something stay
+    assert "documents   283 in 1 part(s)" in proc.stdout
+    verbose = cli(
+        "-v", "convert", "--dataset_mixer_list", "examples/data/general.jsonl", "1.0",
+        "--tokenizer_name_or_path", "examples/tokenizer", "--chat_template_name", "not_a_name",
+        "--output_dir", str(tmp_path / "v"), "--work_dir", str(tmp_path / "w"),
+    )  # fmt: skip
+    assert "Finished in state" in verbose.stderr  # --verbose shows everything
+    assert verbose.stderr.count("UNKNOWN CHAT TEMPLATE 'not_a_name'") == 1
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="until flows/tokenize_mixer.py logs the summary lines with extra=sftmix.report.SUMMARY_LOG",
+)
+def test_the_run_summary_is_printed_once(tmp_path):
+    proc = cli(
+        "run", "examples/mixer.yaml", "--output_dir", str(tmp_path / "out"), "--work_dir", str(tmp_path / "w")
+    )
+    assert (proc.stdout + proc.stderr).count("documents   283 in 1 part(s)") == 1
