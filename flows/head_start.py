@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where used: the command enters head_start_scope before the API starts
     from sftmix.config import MixerConfig, RunOptions
+    from sftmix.plan import Plan
     from sftmix.slices import SliceSpec, TokenizeContext
 
 logger = logging.getLogger(__name__)
@@ -90,20 +91,41 @@ def _take_pending() -> HeadStart | None:
     return head
 
 
-def begin_head_start(mixer: MixerConfig, run: RunOptions) -> None:
-    """Plan and start tokenizing, where the flow would use a local process pool; errors are left to the
-    flow's own plan, which meets them and reports them properly."""
-    if not _applies(run):
-        return
-    from flows.pool import pool_size, slices_to_compute
+def plan_ahead(mixer: MixerConfig, run: RunOptions) -> Plan | None:
+    """The flow's plan and its output check, made while the API starts. A user's error (a
+    :class:`~sftmix.errors.MixerError`: a dataset that cannot be opened, an output that holds other
+    shards) is raised, so that the command refuses before a flow run exists; any other error is left to
+    the flow's own plan, which meets it and reports it properly (``None``)."""
+    from sftmix.errors import MixerError
     from sftmix.plan import build_plan
     from sftmix.publish import refuse_different_output
 
     try:
         plan = build_plan(mixer, run)
         refuse_different_output(mixer.output.path, mixer.output.overwrite, plan.recipe())
+    except MixerError:
+        raise
     except Exception as exc:
-        logger.debug("no head start: planning failed (%s: %s)", type(exc).__name__, exc)
+        logger.debug("no plan ahead of the flow: %s: %s", type(exc).__name__, exc)
+        return None
+    return plan
+
+
+def begin_head_start(mixer: MixerConfig, run: RunOptions, plan: Plan | None = None) -> None:
+    """Start tokenizing ``plan`` (by default, a plan made here), where the flow would use a local process
+    pool; without a plan (planning failed, errors included) there is no head start, and errors are left
+    to the flow's own plan."""
+    if not _applies(run):
+        return
+    from flows.pool import pool_size, slices_to_compute
+
+    if plan is None:
+        try:
+            plan = plan_ahead(mixer, run)
+        except Exception as exc:
+            logger.debug("no head start: planning failed (%s: %s)", type(exc).__name__, exc)
+            return
+    if plan is None:
         return
     ctx = plan.context
     if ctx.remote_work_dir is not None:

@@ -349,6 +349,7 @@ def _write_tokenizer_only(mixer: MixerConfig) -> int:
 def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
     from flows.runtime import prefect_api
 
+    from .plan import check_inputs
     from .publish import check_output_free, paths_to_protect
     from .report import RunReport
     from .roots import check_allowed_roots
@@ -356,14 +357,19 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
     # The flow checks these again; here they fail fast, before a Prefect API starts.
     check_allowed_roots(mixer, run)
     check_output_free(mixer.output.path, paths_to_protect(mixer, run))
+    check_inputs(mixer)
 
     def prepare() -> None:
-        from flows.head_start import begin_head_start
+        """While the API starts: the plan, whose user errors end the command before a flow run exists
+        (``prefect_api`` stops the server on the way out), and the head start where it applies."""
+        from flows.head_start import begin_head_start, plan_ahead
 
         from .plan import prepare_plan
 
         prepare_plan(mixer, run)
-        begin_head_start(mixer, run)  # tokenizing begins while the API is still starting
+        plan = plan_ahead(mixer, run)
+        if plan is not None:
+            begin_head_start(mixer, run, plan)  # tokenizing begins while the API is still starting
 
     from flows.head_start import head_start_scope
 

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import sftmix.errors
 import sftmix.plan
 import sftmix.sources
 from sftmix.cli import main
@@ -430,3 +431,34 @@ def test_a_hub_dataset_name_with_no_hub_is_named_once(tmp_path, monkeypatch):
     message = str(err.value)
     assert message.startswith("dataset 'someorg/nonexistent-dataset-xyz': is not a local directory (relative")
     assert message.count("nonexistent-dataset-xyz") == 1 and "no-such-host.invalid" in message
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"tokenizer": {"name_or_path": "no/such/tokenizer/dir"}},
+        {"tokenizer": {"chat_template": "no_such_template.jinja"}},
+        {"datasets": [{"path": "no_such_data.jsonl", "amount": "1.0"}]},
+    ],
+    ids=["tokenizer", "template", "dataset"],
+)
+def test_the_commands_first_check_says_what_the_plan_would_say(tmp_path, monkeypatch, change):
+    """``check_inputs`` (before the command starts a Prefect API) refuses what the plan refuses, in the
+    same words: the same code says it."""
+    from sftmix.plan import check_inputs
+
+    monkeypatch.chdir(tmp_path)
+    examples = Path(__file__).parent.parent / "examples"
+    (tmp_path / "d.jsonl").write_bytes((examples / "data" / "general.jsonl").read_bytes())
+    config = {
+        "datasets": [{"path": "d.jsonl", "amount": "1.0"}],
+        "tokenizer": {"name_or_path": str(examples / "tokenizer"), "chat_template": "olmo"},
+        "output": {"path": str(tmp_path / "out")},
+    }
+    config = {**config, **{k: {**config[k], **v} if isinstance(v, dict) else v for k, v in change.items()}}
+    mixer = MixerConfig.model_validate(config)
+    with pytest.raises(sftmix.errors.MixerError) as first:
+        check_inputs(mixer)
+    with pytest.raises(sftmix.errors.MixerError) as planned:
+        build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work")))
+    assert (type(first.value), str(first.value)) == (type(planned.value), str(planned.value))

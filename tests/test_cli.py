@@ -16,8 +16,11 @@ ROOT = Path(__file__).parent.parent
 CLI = [sys.executable, "-m", "sftmix.cli"]
 
 
-def cli(*args: str, cwd: Path = ROOT, check: bool = True) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+def cli(
+    *args: str, cwd: Path = ROOT, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """The command in a process of its own; ``env`` adds to (and ``None`` values remove from) ours."""
+    env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k != "PREFECT_API_URL" and v is not None}
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     proc = subprocess.run([*CLI, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     if check and proc.returncode != 0:
@@ -79,8 +82,37 @@ def test_demo_runs_and_an_identical_rerun_reuses_everything(tmp_path):
         "mixer.datasets[2].amount: 100 -> 50" in refused.stderr and "Nothing was tokenized" in refused.stderr
     )
     assert "Traceback" not in refused.stderr
+    # refused by the plan made while the API started: before a flow run exists, said once
+    assert "Beginning flow run" not in refused.stderr
+    assert [line for line in refused.stderr.splitlines() if "error" in line.lower()] == [
+        next(line for line in refused.stderr.splitlines() if line.startswith("error: output directory"))
+    ]
     assert sorted(p.parent.name for p in work.glob("slices/*/*/manifest.json")) == slices_before
     assert json.loads((out / "run_report.json").read_text())["digests"] == digests
+
+
+@pytest.mark.parametrize(
+    "dataset", ["examples/data/missing.jsonl", "someorg/nonexistent-dataset-xyz"], ids=["missing", "hub"]
+)
+def test_an_input_that_cannot_be_opened_is_refused_before_the_flow_starts(tmp_path, dataset):
+    """A missing data file, or a hub name with no hub to ask: one error line naming the dataset once,
+    exit 2, no flow run begun and nothing tokenized or written."""
+    config = tmp_path / "mixer.yaml"
+    config.write_text(
+        (ROOT / "examples" / "mixer.yaml").read_text().replace("examples/data/general.jsonl", dataset)
+    )
+    out, work = tmp_path / "out", tmp_path / "work"
+    proc = cli(
+        "run", str(config), "--output_dir", str(out), "--work_dir", str(work), check=False,
+        env={"HF_ENDPOINT": "https://no-such-host.invalid", "HF_HUB_OFFLINE": None},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    output = proc.stdout + proc.stderr
+    [error] = [line for line in output.splitlines() if "error" in line.lower()]
+    assert error.startswith(f"error: dataset {dataset!r}: ") and error.count(dataset) == 1, error
+    assert ("no such local file" if dataset.endswith(".jsonl") else "cannot be reached") in error
+    assert "Beginning flow run" not in output and "Traceback" not in output
+    assert not list(work.glob("slices/*/*/manifest.json")) and not out.exists()
 
 
 @pytest.mark.slow
