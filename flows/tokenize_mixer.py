@@ -14,6 +14,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.states import Cancelled, Failed
+from pydantic import Field
 
 from flows.artifacts import publish_artifacts
 from flows.fanout import SliceOutcome, run_slice_specs
@@ -24,7 +25,7 @@ from sftmix.digest import RUN_REPORT
 from sftmix.errors import CheckFailedError, MixerError
 from sftmix.plan import Plan
 from sftmix.publish import check_output_free, paths_to_protect, refuse_different_output, staging_dir
-from sftmix.report import COMMAND_CLOCK, DatasetReport, RunReport
+from sftmix.report import COMMAND_CLOCK, SUMMARY_LOG, DatasetReport, RunReport
 from sftmix.report_page import REPORT_PNG, write_report
 from sftmix.roots import check_allowed_roots
 from sftmix.stopping import EXIT_CANCELLED, RunStopped, first_stop, follow_supervisor, our_sigterm
@@ -55,8 +56,22 @@ def _documents_path(plan: Plan) -> Path:
     )
 
 
+#: The form's headings of the flow's two parameters (Prefect titles them with their names).
+MIXER_FORM = Field(
+    json_schema_extra={"title": "Mixer", "description": "What to tokenize and where to write the shards."}
+)
+RUN_FORM = Field(
+    default=RunOptions(),
+    json_schema_extra={
+        "title": "Run options",
+        "description": "How the run goes; the defaults suit most runs.",
+        "default": {},  # each option shows its own default, not a copy of all of them
+    },
+)
+
+
 @flow(name="tokenize-mixer", validate_parameters=True)
-def tokenize_mixer(mixer: MixerConfig, run: RunOptions = RunOptions()) -> dict:  # noqa: B008 (immutable use)
+def tokenize_mixer(mixer: MixerConfig = MIXER_FORM, run: RunOptions = RUN_FORM) -> dict:
     """Tokenize a mixer of chat datasets into OLMo-core shards (byte-compatible with open-instruct).
 
     ``mixer`` is what to tokenize and where to write it; ``run`` is how (work directory, slice size,
@@ -118,7 +133,7 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
     except Exception as exc:
         logger.warning("could not attach the report artifacts: %s: %s", type(exc).__name__, exc)
     for line in report.render().splitlines():
-        logger.info(line)
+        logger.info(line, extra=SUMMARY_LOG)
     return report.model_dump()
 
 
@@ -193,11 +208,11 @@ def _assemble_and_publish(
         findings = checked.findings
         report.check_findings = [asdict(f) for f in findings]
         for f in findings:
-            get_run_logger().warning("check [%s] %s: %d %s", f.kind, f.what, f.count, f.examples or "")
+            get_run_logger().warning("check %s", f.line())
         if findings and run.check == "strict":
             raise CheckFailedError(
-                f"run.check is strict and the output has {len(findings)} finding(s), first: {findings[0].what} "
-                f"({findings[0].count}); nothing was published (tokenize-mixer check OUT shows them on an output)"
+                f"run.check is strict and the output has {len(findings)} finding(s), first: {findings[0].line()}; "
+                "nothing was published (tokenize-mixer check OUT shows them on an output)"
             )
     report.wall_seconds = round(time.perf_counter() - started, 3)
     # one throughput everywhere: tokens of the slices computed in this run over the tokenizing time

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PlainSerializer,
@@ -25,24 +26,34 @@ from pydantic import (
 )
 
 from .errors import ConfigError
+from .form import blank_is_none, form_schema, lift_advanced
 from .selection import Amount, amount_text, parse_amount
 from .templates import NAMED_TEMPLATES
 
 #: What the UI form accepts as an amount: a whole number, or a number with a '.'.
 AMOUNT_PATTERN = r"^\s*(\d+|\d*\.\d+|\d+\.\d*)\s*$"
 
-#: The reference's template names, as a choice list (the UI form shows a select for it).
-TemplateName = Literal[NAMED_TEMPLATES]  # type: ignore[valid-type]
+#: The form's choice for the tokenizer's own chat_template (configs may also write 'tokenizer' or leave it out).
+TOKENIZERS_OWN = "the tokenizer's own"
+
+#: Optional text and lists: an empty form field means "not set".
+OptionalText = Annotated[str | None, BeforeValidator(blank_is_none)]
+OptionalList = Annotated[list[str] | None, BeforeValidator(blank_is_none)]
 
 
 class DatasetEntry(BaseModel):
     """One dataset of the mixer and how much of it to take."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        title="Dataset",
+        json_schema_extra=form_schema(),
+    )
 
     path: str = Field(
-        description="Hugging Face hub name, local .jsonl/.parquet file, or gs:// path. "
-        "Written as typed into dataset_statistics.json."
+        title="Dataset",
+        description="A Hugging Face hub name (allenai/tulu-3-sft-mixture), a local .jsonl or .parquet file, or a "
+        "gs:// path. It is recorded as typed in dataset_statistics.json.",
     )
     amount: Annotated[
         float | int,
@@ -51,22 +62,28 @@ class DatasetEntry(BaseModel):
         WithJsonSchema({"type": "string", "pattern": AMOUNT_PATTERN, "default": "1.0"}),
     ] = Field(
         default=1.0,
-        description="Written as text, by the reference's rule: with a '.' it is a fraction of the dataset "
-        '("1.0" = all rows, "3.0" = upsample 3x, "0.25" = a random quarter); a whole number is a row '
-        'count ("100"). YAML and Python numbers keep their kind (3.0 vs 3).',
+        title="Amount",
+        description='How much of the dataset to take. With a decimal point it is a share of its rows: "1.0" all of '
+        'them, "0.25" a random quarter, "3.0" every row three times. A whole number is a count of rows: "100".',
         json_schema_extra={"default": "1.0"},
     )
-    split: str = Field(default="train", description="Dataset split to read.")
-    revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit) to pin.")
+    split: str = Field(default="train", title="Split", description="The dataset's split to read.")
+    revision: OptionalText = Field(
+        default=None,
+        title="Hub revision",
+        description="A branch, tag or commit of a hub dataset, to pin it; empty for the latest.",
+    )
     format: Literal["auto", "messages", "alpaca", "sharegpt"] = Field(
         default="auto",
-        description="Row layout: 'messages' (role/content list), 'alpaca' (instruction, input, output, "
-        "system), 'sharegpt' (conversations of from/value), or 'auto' (detected from the columns).",
+        title="Row layout",
+        description="auto: told from the columns. messages: a list of role/content messages. alpaca: "
+        "instruction, input, output and system columns. sharegpt: conversations of from/value turns.",
     )
-    messages_key: str | None = Field(
+    messages_key: OptionalText = Field(
         default=None,
         min_length=1,
-        description="Column holding the messages when it is not called 'messages' (implies format messages).",
+        title="Messages column",
+        description="The column that holds the messages, when it is not called 'messages'; empty for 'messages'.",
     )
 
     @field_validator("amount", mode="before")
@@ -81,59 +98,128 @@ class DatasetEntry(BaseModel):
 class TokenizerSpec(BaseModel):
     """Which tokenizer and chat template render the conversations."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        title="Tokenizer",
+        json_schema_extra=form_schema(
+            advanced=("revision", "add_bos", "encoder", "unknown_template"),
+            title="More tokenizer options",
+            description="Rarely changed: the defaults suit most runs.",
+        ),
+    )
 
-    name_or_path: str = Field(description="Local tokenizer directory or hub name (as for AutoTokenizer).")
-    revision: str | None = Field(default=None, description="Hub revision of the tokenizer.")
-    chat_template: TemplateName | str | None = Field(  # a choice list in the UI form, or any text
+    name_or_path: str = Field(
+        title="Tokenizer",
+        description="A hub name (allenai/OLMo-2-1124-7B) or a local directory with tokenizer.json, as "
+        "transformers' AutoTokenizer takes it.",
+    )
+    chat_template: OptionalText = Field(
         default=None,
-        description="One of the reference's 21 template names (carried by tokenize-mixer, e.g. 'olmo', "
-        "'tulu', 'zephyr', 'olmo_thinker'), 'tokenizer' (or empty) for the tokenizer's own chat_template, "
-        "or a path to a .jinja file.",
+        title="Chat template",
+        description="How conversations become text: one of the reference's 21 named templates (tokenize-mixer "
+        "carries them), or the template the tokenizer ships with.",
+        # The form offers the choices; configs may also write 'tokenizer' or a path to a .jinja file.
+        json_schema_extra={"enum": [TOKENIZERS_OWN, *NAMED_TEMPLATES], "default": TOKENIZERS_OWN},
+    )
+    chat_template_file: OptionalText = Field(
+        default=None,
+        title="Chat template file",
+        description="Or a path to a .jinja file with your own template; it replaces the choice above, which "
+        "must then stay at the tokenizer's own. Empty for none.",
+    )
+    revision: OptionalText = Field(
+        default=None,
+        title="Hub revision",
+        description="A branch, tag or commit of a hub tokenizer, to pin it; empty for the latest.",
     )
     add_bos: bool = Field(
-        default=False, description="Prepend the bos token to the chat template (reference --add_bos)."
+        default=False,
+        title="Add the BOS token",
+        description="Put the tokenizer's bos token before each conversation (the reference's --add_bos).",
     )
     encoder: Literal["auto", "hf", "fast"] = Field(
         default="auto",
-        description="Which BPE encoder makes the token ids: 'auto' uses tiktoken where it is proven the same "
-        "tokenizer (about 4x faster; the proof is logged) and the tokenizers library elsewhere; 'hf' always the "
-        "tokenizers library; 'fast' refuses the run unless tiktoken is proven the same.",
+        title="Encoder",
+        description="What makes the token ids. auto: tiktoken where it is proven to give the tokenizer's exact "
+        "ids (about 4x faster; the run logs the proof), else the tokenizers library. hf: always the tokenizers "
+        "library. fast: tiktoken, or refuse the run.",
     )
     unknown_template: Literal["error", "fallback"] = Field(
         default="error",
-        description="What an unknown template name does: 'error' (our configs) or 'fallback' to the tokenizer's "
-        "own template with a loud warning (the reference's behaviour, used by `convert`).",
+        title="Unknown template names",
+        description="error: a template name tokenize-mixer does not know fails the run. fallback: use the "
+        "tokenizer's own template with a loud warning, as the reference does (what `convert` uses).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _form_shape(cls, data: object) -> object:
+        data = lift_advanced(data, "tokenizer")
+        if isinstance(data, dict) and data.get("chat_template") == TOKENIZERS_OWN:
+            data = {**data, "chat_template": None}
+        return data
+
+    @model_validator(mode="after")
+    def _one_template(self) -> TokenizerSpec:
+        if self.chat_template_file is not None:
+            if self.chat_template is not None:
+                raise ValueError(
+                    f"give a chat template or a chat template file, not both ({self.chat_template!r} and "
+                    f"{self.chat_template_file!r}): set the template to {TOKENIZERS_OWN!r} to use the file"
+                )
+            # one way to say it everywhere (statistics, recipes, the plan): the path is the template
+            if not self.chat_template_file.endswith(".jinja"):
+                raise ValueError(f"a chat template file is a .jinja file, not {self.chat_template_file!r}")
+            self.chat_template, self.chat_template_file = self.chat_template_file, None
+        return self
 
 
 class OutputSpec(BaseModel):
     """Where the shards go and how they are laid out."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        title="Output",
+        json_schema_extra=form_schema(
+            advanced=("token_dtype_rule", "packing"),
+            title="More output options",
+            description="Rarely changed: the defaults suit most runs.",
+        ),
+    )
 
     path: str = Field(
-        description="Output directory: a local path, or a gs:// prefix (published with a manifest object "
-        "written last). Recorded in dataset_statistics.json."
-    )
-    token_dtype_rule: Literal["vocab_size", "largest_id"] = Field(
-        default="vocab_size",
-        description="'vocab_size' picks the dtype from tokenizer.vocab_size like the reference (an id that does not "
-        "fit fails the run); 'largest_id' also counts added tokens.",
+        title="Output directory",
+        description="A local directory, or a gs://bucket/prefix. It is recorded in dataset_statistics.json.",
     )
     overwrite: bool = Field(
-        default=False, description="Replace an output directory that already holds different shards."
+        default=False,
+        title="Replace different shards",
+        description="Off: a run into a directory that holds shards made from other settings or data is refused "
+        "before any work. On: those shards are replaced.",
     )
     format: Literal["olmo", "hf_parquet"] = Field(
         default="olmo",
-        description="'olmo': OLMo-core token/label parts (the reference's layout); 'hf_parquet': data/*.parquet "
+        title="Format",
+        description="olmo: OLMo-core token and label parts, the reference's layout. hf_parquet: data/*.parquet "
         "with input_ids, labels (-100 = no loss) and attention_mask, for TRL and transformers' Trainer.",
+    )
+    token_dtype_rule: Literal["vocab_size", "largest_id"] = Field(
+        default="vocab_size",
+        title="Token dtype rule",
+        description="vocab_size: the token dtype follows the tokenizer's vocab_size, as in the reference (an id "
+        "that does not fit fails the run). largest_id: added tokens count too.",
     )
     packing: Literal["none", "best_fit_decreasing"] = Field(
         default="none",
-        description="hf_parquet only: pack documents into max_seq_length sequences (best-fit decreasing), "
-        "with position_ids restarting at each document. OLMo-core packs by itself (NumpyPackedFSLDatasetConfig).",
+        title="Packing",
+        description="hf_parquet only: pack documents into sequences of the max sequence length (best-fit "
+        "decreasing), position_ids restarting at each document. OLMo-core packs the olmo format itself.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _form_shape(cls, data: object) -> object:
+        return lift_advanced(data, "output")
 
     @model_validator(mode="after")
     def _packing_needs_hf(self) -> OutputSpec:
@@ -145,25 +231,60 @@ class OutputSpec(BaseModel):
 class MixerConfig(BaseModel):
     """A mixer: datasets with amounts, a tokenizer and template, a max length and where to write."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    datasets: list[DatasetEntry] = Field(min_length=1, description="Datasets in mixer order.")
-    tokenizer: TokenizerSpec
-    max_seq_length: int | None = Field(
-        default=None, gt=0, description="Truncate each conversation to this many tokens (not dropped)."
+    model_config = ConfigDict(
+        extra="forbid",
+        title="Mixer",
+        json_schema_extra=form_schema(
+            advanced=(
+                "shuffle_seed",
+                "num_examples",
+                "mask",
+                "mask_thinking",
+                "mask_tool_calls",
+                "mask_tool_outputs",
+                "spans",
+                "drop_untrainable",
+                "on_bad_row",
+            ),
+            title="Masks, filters and shuffle",
+            description="Which tokens are trained on and which rows are kept. The defaults make the reference's "
+            "output.",
+        ),
     )
-    shuffle_seed: int = Field(default=42, ge=0, description="Seed of the global shuffle of kept rows.")
+
+    datasets: list[DatasetEntry] = Field(
+        min_length=1,
+        title="Datasets",
+        description="The datasets to mix, in order: their rows are shuffled together, and this order names "
+        "them in the output's statistics.",
+    )
+    tokenizer: TokenizerSpec = Field(title="Tokenizer and chat template")
+    max_seq_length: int | None = Field(
+        default=None,
+        gt=0,
+        title="Max sequence length",
+        description="Cut each conversation to at most this many tokens (it is kept, not dropped). Empty: no limit.",
+    )
+    output: OutputSpec = Field(title="Output")
+    shuffle_seed: int = Field(
+        default=42, ge=0, title="Shuffle seed", description="The seed of the shuffle of all kept rows."
+    )
     num_examples: int = Field(
-        default=0, ge=0, description="Keep only the first N rows after the shuffle (0 = all)."
+        default=0,
+        ge=0,
+        title="Number of rows",
+        description="Keep only the first this many rows after the shuffle; 0 keeps all.",
     )
     mask: Literal["assistant", "last_turn", "all", "generation_tags"] = Field(
         default="assistant",
-        description="Which tokens are trainable: 'assistant' (every assistant turn, as the reference), "
-        "'last_turn' (only the final assistant turn), 'all' (every token), 'generation_tags' (the text a "
-        "template marks with {% generation %}, as transformers' return_assistant_tokens_mask).",
+        title="Trained tokens",
+        description="assistant: every assistant turn, as the reference. last_turn: only the final assistant "
+        "turn. all: every token. generation_tags: the text the template marks with {% generation %}, as "
+        "transformers' return_assistant_tokens_mask.",
     )
     mask_thinking: bool = Field(
         default=False,
+        title="Do not train on thinking",
         description="Beyond the reference, opt-in: assistant text from <think> through </think> (tags "
         "included; a </think> with no <think> in the turn counts from the turn's start, an unclosed <think> "
         "runs to the turn's end) is not trained on; the model still sees it. With mask: last_turn, only the "
@@ -171,35 +292,43 @@ class MixerConfig(BaseModel):
     )
     mask_tool_calls: bool = Field(
         default=False,
+        title="Do not train on tool calls",
         description="Beyond the reference, opt-in: what the template renders for an assistant message's "
         "tool calls (its function_calls or tool_calls field), tags included, is not trained on; the rest of "
         "the turn is.",
     )
     mask_tool_outputs: bool = Field(
         default=False,
+        title="Do not train on tool outputs",
         description="Beyond the reference, opt-in: the content of tool results (roles tool, environment, "
         "ipython) is not trained on; only changes anything with mask: all (the assistant masks never train "
         "on them).",
     )
     spans: Literal["reference", "exact"] = Field(
         default="reference",
-        description="How assistant spans are found: 'reference' (the reference's rule, byte-compatible; it "
-        "drops rows whose spans it cannot verify, e.g. a third of ShareGPT chats under olmo) or 'exact' "
-        "(beyond the reference: where the template pastes message texts, each assistant content's exact "
-        "characters through the end of its turn; such rows are kept and counted in run_report.json).",
+        title="Assistant spans",
+        description="reference: the reference's rule, byte for byte; it drops rows whose spans it cannot "
+        "verify (a third of ShareGPT chats under olmo: those that open with an assistant turn). exact: beyond "
+        "the reference, each assistant message's own characters through the end of its turn; such rows are "
+        "kept and counted in the run report.",
     )
     drop_untrainable: bool = Field(
         default=True,
-        description="Drop rows with no trainable token (all assistant text truncated away, or spans the "
-        "reference rule cannot verify), as the reference's default chain with sft_tulu_filter_v1; false "
-        "keeps them with an all-zero mask (the chain sft_tulu_tokenize_and_truncate_v1 alone).",
+        title="Drop rows with nothing to train on",
+        description="On, as the reference: a row with no trained token (its assistant text cut away, or spans "
+        "the reference rule cannot verify) is dropped and counted. Off: it is kept with an all-zero mask.",
     )
     on_bad_row: Literal["error", "skip"] = Field(
         default="error",
-        description="A malformed row (bad messages, a template error) fails the run naming dataset and row "
-        "('error'), or is skipped and counted with its reason in the run report ('skip').",
+        title="Malformed rows",
+        description="error: a malformed row (bad messages, a template error) fails the run, naming its dataset "
+        "and row. skip: it is skipped and counted with its reason in the run report.",
     )
-    output: OutputSpec
+
+    @model_validator(mode="before")
+    @classmethod
+    def _form_shape(cls, data: object) -> object:
+        return lift_advanced(data, "mixer")
 
     @model_validator(mode="after")
     def _packing_needs_a_length(self) -> MixerConfig:
@@ -211,76 +340,113 @@ class MixerConfig(BaseModel):
 class RunOptions(BaseModel):
     """How to run: where checkpoints live, slice size, parallelism, validation."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        title="Run options",
+        json_schema_extra=form_schema(
+            advanced=(
+                "runner",
+                "slice_rows",
+                "slice_bytes",
+                "dask_address",
+                "slice_deployment",
+                "batch_slices",
+                "allowed_roots",
+            ),
+            title="Slices, runners and allowed paths",
+            description="How big slices are, where they run, and which paths a run may touch. Rarely changed.",
+        ),
+    )
 
-    work_dir: str | None = Field(
+    work_dir: OptionalText = Field(
         default=None,
-        description="Slice checkpoints and Prefect results: a local directory or a gs:// prefix shared by "
-        "every worker (then a local mirror under the default work directory holds what this machine reads). "
-        "Default: $TOKENIZE_MIXER_WORK_DIR or the user cache directory. Deleting it means starting cold.",
+        title="Work directory",
+        description="Where finished slices are kept, so a rerun redoes only what did not finish: a local "
+        "directory, or a gs://bucket/prefix every worker reaches. Empty: $TOKENIZE_MIXER_WORK_DIR or the user "
+        "cache directory. Deleting it means starting cold.",
+    )
+    workers: int | None = Field(
+        default=None,
+        gt=0,
+        title="Workers",
+        description="Worker processes. Empty: one per CPU this run may use.",
+    )
+    check: Literal["report", "strict", "off"] = Field(
+        default="report",
+        title="Check before publishing",
+        description="Reads the shards once more before they are published, as `tokenize-mixer check` does. "
+        "report: its findings go to the run report and the UI. strict: any finding fails the run and nothing "
+        "is published. off: no check.",
+    )
+    reference: OptionalText = Field(
+        default=None,
+        title="Reference output",
+        description="An output directory or a digests JSON file the shards must match byte for byte; a "
+        "mismatch fails the run. Empty: none.",
+    )
+    force_recache: bool = Field(
+        default=False,
+        title="Recompute every slice",
+        description="Ignore finished slices and compute them again, replacing them.",
+    )
+    disable_cache: bool = Field(
+        default=False,
+        title="Keep no slices",
+        description="Neither reuse nor keep finished slices: they go to a scratch directory removed after the run.",
+    )
+    runner: Literal["auto", "process", "thread", "dask", "work_pool"] = Field(
+        default="auto",
+        title="Runner",
+        description="auto: a process pool when there is enough work for several workers, else in this process. "
+        "process: a process pool on this machine. dask: a Dask cluster (the scheduler address below, or a "
+        "local cluster of the workers above). work_pool: batches of slices as runs of the slice deployment "
+        "below, on whichever machines serve its work pool (needs a gs:// work directory). thread: in this "
+        "process, for debugging.",
     )
     slice_rows: int | None = Field(
         default=None,
         gt=0,
-        description="Source rows per slice (one task per slice); default: about slice_bytes of data per slice.",
+        title="Rows per slice",
+        description="Source rows in each slice (one task per slice). Empty: about the bytes per slice below.",
     )
     slice_bytes: int = Field(
         default=4 * 2**20,
         gt=0,
-        description="Target source bytes per slice when slice_rows is not set: small enough to balance the "
-        "workers, large enough that orchestration costs little. Independent of the worker count, so "
-        "checkpoints are reused whatever the parallelism.",
+        title="Bytes per slice",
+        description="Source bytes in each slice when rows per slice is empty: small enough to balance the "
+        "workers, large enough that orchestration costs little. It does not depend on the number of workers, "
+        "so finished slices are reused whatever the parallelism.",
     )
-    workers: int | None = Field(
-        default=None, gt=0, description="Worker processes; default: the CPUs this process may use."
-    )
-    runner: Literal["auto", "process", "thread", "dask", "work_pool"] = Field(
-        default="auto",
-        description="'process' (a spawn process pool on this machine), 'dask' (a Dask cluster: dask_address, "
-        "or a local cluster of `workers` processes), 'work_pool' (batches of slices as runs of the "
-        "slice_deployment, on whichever machines' Prefect workers serve its pool; needs a gs:// work_dir), "
-        "'thread' (in-process, for debugging), or 'auto': process when there is enough work for several "
-        "workers, else in-process.",
+    dask_address: OptionalText = Field(
+        default=None,
+        title="Dask scheduler address",
+        description="Runner dask: the scheduler of an existing cluster (tcp://host:8786); its workers need "
+        "tokenize-mixer installed and the work directory in reach. Empty: a local cluster.",
     )
     slice_deployment: str = Field(
         default="tokenize-slices/cpu",
-        description="runner 'work_pool': the deployment of the tokenize-slices flow that runs each batch.",
+        title="Slice deployment",
+        description="Runner work_pool: the deployment of the tokenize-slices flow that runs each batch.",
     )
     batch_slices: int = Field(
         default=16,
         gt=0,
-        description="runner 'work_pool': slices per batch (one flow run of slice_deployment).",
+        title="Slices per batch",
+        description="Runner work_pool: slices per batch (one run of the slice deployment).",
     )
-    dask_address: str | None = Field(
+    allowed_roots: OptionalList = Field(
         default=None,
-        description="Scheduler address of an existing Dask cluster (tcp://host:8786) for runner 'dask'; "
-        "its workers need this package installed and the work directory reachable.",
+        title="Allowed roots",
+        description="Absolute local directories and gs://bucket/prefix URLs that every path this run reads or "
+        "writes must lie in: dataset files, a local tokenizer, a .jinja template, the output (strictly below a "
+        "root), the work directory and the reference; hub names are not paths. Empty: no narrowing. A worker "
+        "that sets TOKENIZE_MIXER_ALLOWED_ROOTS bounds every run, and these may only narrow it.",
     )
-    reference: str | None = Field(
-        default=None,
-        description="A directory or digests JSON to validate the output against; a mismatch fails the run.",
-    )
-    force_recache: bool = Field(
-        default=False, description="Recompute every slice, ignoring finished checkpoints, and overwrite them."
-    )
-    disable_cache: bool = Field(
-        default=False,
-        description="Neither read nor write checkpoints: slices go to a scratch directory removed after the run.",
-    )
-    check: Literal["report", "strict", "off"] = Field(
-        default="report",
-        description="`tokenize-mixer check` on the staged output before it is published (one more read of "
-        "the shards): 'report' lists its findings in the run report and the UI, 'strict' fails the run on "
-        "any finding and publishes nothing, 'off' skips it.",
-    )
-    allowed_roots: list[str] | None = Field(
-        default=None,
-        description="Local directories (absolute) and gs://bucket/prefix URLs that every path this run reads "
-        "or writes must lie in: dataset files, a local tokenizer, a .jinja template, the output (strictly "
-        "below a root), the work directory and the reference; hub names are not paths. None: no "
-        "restriction. When the worker sets TOKENIZE_MIXER_ALLOWED_ROOTS, that bounds every run and these "
-        "may only narrow it.",
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _form_shape(cls, data: object) -> object:
+        return lift_advanced(data, "run")
 
 
 def user_cache_dir() -> Path:

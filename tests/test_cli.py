@@ -269,10 +269,6 @@ def test_a_run_says_each_thing_once_on_the_console(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="until flows/tokenize_mixer.py logs the summary lines with extra=sftmix.report.SUMMARY_LOG",
-)
 def test_the_run_summary_is_printed_once(tmp_path):
     proc = cli(
         "run", "examples/mixer.yaml", "--output_dir", str(tmp_path / "out"), "--work_dir", str(tmp_path / "w")
