@@ -1,12 +1,19 @@
-"""Screenshot what a user sees in the Prefect UI for the latest tokenize-mixer run (a documented check).
+"""Drive the Prefect UI in headless Chromium as a user does: screenshots, and a Custom run submitted.
 
-    PREFECT_API_URL=http://127.0.0.1:4200/api PREFECT_API_AUTH_STRING="$(cat .prefect/auth-string)" \
-        python infra/ui_screenshots.py out/ui
+    export PREFECT_API_URL=http://127.0.0.1:4200/api PREFECT_API_AUTH_STRING="$(cat .prefect/auth-string)"
+    python infra/ui_screenshots.py docs/ui                    # the pages of the latest run, and the form
+    python infra/ui_screenshots.py out/ui --submit-demo --amount 1=0.25 \
+        --output-dir /tmp/demo-out --work-dir /tmp/demo-work  # change the form, click Submit
 
-Needs Debian's chromium (apt-get install chromium). Writes run.png (the run's task graph and logs) and
-one PNG per artifact of that run (progress, per-dataset table, markdown report). With an auth string
-(infra/local_up.sh sets one) it logs in as a user does: the UI keeps the password in the browser's local
-storage, so Chromium is driven over the DevTools protocol to put it there before the screenshots.
+Needs Debian's chromium (apt-get install chromium). Writes form.png (the demo deployment's Custom run
+form, whole), run.png (the run's page) and one PNG per artifact of that run (progress, per-dataset
+table, markdown report), from the UI the server opens by default (Prefect 3.9: its V2 UI). With an auth
+string (infra/local_up.sh sets one) it logs in as a user does: the UI keeps the password in the
+browser's local storage, so Chromium is driven over the DevTools protocol to put it there first.
+
+``--submit-demo`` fills the demo's Custom run form (an amount, by dataset index; the output and work
+directories), checks that the form speaks in words (no Python type names), clicks Submit and prints the
+new flow run's id; exit status 1 when the form shows a type name or the run was not created.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import base64
 import contextlib
 import itertools
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -25,7 +33,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    DeploymentFilter,
+    DeploymentFilterId,
+    FlowRunFilter,
+)
 from prefect.client.schemas.sorting import FlowRunSort
 from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL
 
@@ -119,26 +133,170 @@ def devtools(browser: str) -> Iterator[DevTools]:
                 proc.wait()
 
 
-def screenshots_logged_in(browser: str, ui: str, auth: str, shots: list[tuple[str, Path]]) -> None:
-    """Log in to the UI with the auth string (as its password form does), then screenshot each page."""
-    with devtools(browser) as page:
-        page.navigate(f"{ui}/")
-        # what the UI's login form stores: the password, base64-encoded, sent as HTTP basic auth
+def ui_base(ui: str) -> str:
+    """The UI the server opens by default (Prefect 3.9 serves its V2 UI under /v2 and the old one at /)."""
+    try:
+        with urllib.request.urlopen(f"{ui}/ui-settings", timeout=30) as resp:
+            settings = json.loads(resp.read())
+    except (OSError, ValueError):
+        return ui
+    if settings.get("default_ui") == "v2" and settings.get("v2_base_url"):
+        return ui + settings["v2_base_url"].rstrip("/")
+    return ui
+
+
+def log_in(page: DevTools, base: str, auth: str | None) -> None:
+    """What the UI's login form stores: the password, base64-encoded, sent as HTTP basic auth."""
+    page.navigate(f"{base}/")
+    if auth is not None:
         page.evaluate(f"localStorage.setItem('prefect-password', btoa({json.dumps(auth)}))")
-        for url, path in shots:
-            page.navigate(url)
-            if page.evaluate("document.querySelector('input[type=password]') !== null"):
-                raise SystemExit(
-                    f"the UI still asks for a password at {url}: is PREFECT_API_AUTH_STRING right?"
-                )
-            path.write_bytes(base64.b64decode(page.call("Page.captureScreenshot", format="png")["data"]))
 
 
-def main(out: str) -> list[Path]:
+def capture(page: DevTools, url: str | None, path: Path, whole: bool = False) -> None:
+    """A screenshot of ``url`` (the page as it is when None); ``whole``: its full height, not the window."""
+    if url is not None:
+        page.navigate(url)
+    if page.evaluate("document.querySelector('input[type=password]') !== null"):
+        raise SystemExit(f"the UI still asks for a password at {url}: is PREFECT_API_AUTH_STRING right?")
+    if whole:  # the tallest scrolling element decides: the UI scrolls inside its own panes
+        height = page.evaluate("Math.max(...[...document.querySelectorAll('*')].map(e => e.scrollHeight))")
+        page.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=1400,
+            height=int(height or 1100) + 60,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+        time.sleep(2)
+    try:
+        path.write_bytes(base64.b64decode(page.call("Page.captureScreenshot", format="png")["data"]))
+    finally:
+        if whole:
+            page.call("Emulation.clearDeviceMetricsOverride")
+
+
+#: What a form must not show a person: type buttons, "Property is type", model class names.
+PYTHON_IN_FORM = re.compile(
+    r"^(str|int|float|bool|None|NoneType|list|dict)$"
+    r"|\b(str|int|float|bool|list|dict|None)\s*\|"
+    r"|Property is type"
+    r"|\b[A-Z][a-z]+(Spec|Entry|Options|Config)\b",
+    re.MULTILINE,
+)
+
+
+def python_in_form(text: str) -> list[str]:
+    return sorted({m.group(0) for m in PYTHON_IN_FORM.finditer(text)})
+
+
+#: Each field with its label, in page order (the V2 form labels its inputs with <label for=...>).
+FIELDS_JS = """[...document.querySelectorAll('textarea, input')].filter(e => e.id).map(e => {
+  const label = document.querySelector(`label[for="${e.id}"]`);
+  return label ? label.innerText.replace(/ \\(Optional\\)$/, '') : '';
+})"""
+
+
+def wait_for(page: DevTools, condition: str, what: str, timeout: float = 90) -> None:
+    """Until the JavaScript ``condition`` holds (a busy machine renders slowly)."""
+    deadline = time.monotonic() + timeout
+    while not page.evaluate(condition):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{what} did not appear within {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def type_into(page: DevTools, label: str, index: int, value: str) -> None:
+    """Select the text of the ``index``-th field labelled ``label`` and type ``value`` over it."""
+    found = page.evaluate(
+        f"""(() => {{
+  const fields = [...document.querySelectorAll('textarea, input')].filter(e => e.id && (() => {{
+    const l = document.querySelector(`label[for="${{e.id}}"]`);
+    return l && l.innerText.replace(/ \\(Optional\\)$/, '') === {json.dumps(label)};
+  }})());
+  const field = fields[{index}];
+  if (!field) return false;
+  field.scrollIntoView({{block: 'center'}});
+  field.focus();
+  field.select();
+  return true;
+}})()"""
+    )
+    if not found:
+        labels = page.evaluate(FIELDS_JS)
+        raise SystemExit(f"no field {label!r} number {index} in the form; its fields: {labels}")
+    page.call("Input.insertText", text=value)
+    time.sleep(0.3)
+
+
+def click_button(page: DevTools, text: str) -> None:
+    """A real mouse click (press and release) in the middle of the button that reads ``text``."""
+    box = page.evaluate(
+        f"""(() => {{
+  const b = [...document.querySelectorAll('button')].filter(b => b.innerText.trim() === {json.dumps(text)}).pop();
+  if (!b) return null;
+  b.scrollIntoView({{block: 'center'}});
+  const r = b.getBoundingClientRect();
+  return [r.x + r.width / 2, r.y + r.height / 2];
+}})()"""
+    )
+    if box is None:
+        raise SystemExit(f"no {text!r} button on the page")
+    for kind in ("mousePressed", "mouseReleased"):
+        page.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=1)
+
+
+def find_browser() -> str:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         raise SystemExit("chromium not found (apt-get install chromium)")
+    return browser
+
+
+def auth_string() -> str | None:
+    auth = PREFECT_API_AUTH_STRING.value()
+    if auth is None:
+        return None
+    return auth.get_secret_value() if hasattr(auth, "get_secret_value") else str(auth)
+
+
+def submit_demo(out: Path, amounts: dict[int, str], output_dir: str, work_dir: str) -> str:
+    """Fill the demo deployment's Custom run form and click Submit; the new flow run's id."""
     ui = PREFECT_API_URL.value().removesuffix("/api")
+    base = ui_base(ui)
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("tokenize-mixer/demo")
+        runs_filter = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
+        before = {r.id for r in client.read_flow_runs(deployment_filter=runs_filter)}
+    with devtools(find_browser()) as page:
+        log_in(page, base, auth_string())
+        page.navigate(f"{base}/deployments/deployment/{deployment.id}/run")
+        wait_for(page, f"{FIELDS_JS}.includes('Work directory')", "the Custom run form")
+        capture(page, None, out / "form.png", whole=True)
+        shown = python_in_form(page.evaluate("document.body.innerText"))
+        if shown:
+            raise SystemExit(f"the Custom run form shows Python type names: {shown}")
+        for index, amount in sorted(amounts.items()):
+            type_into(page, "Amount", index, amount)
+        type_into(page, "Output directory", 0, output_dir)
+        if work_dir:
+            type_into(page, "Work directory", 0, work_dir)
+        click_button(page, "Submit")
+        deadline = time.monotonic() + 60
+        with get_client(sync_client=True) as client:
+            while True:
+                new = [r for r in client.read_flow_runs(deployment_filter=runs_filter) if r.id not in before]
+                if new:
+                    return str(new[0].id)
+                if time.monotonic() > deadline:
+                    capture(page, None, out / "after-submit.png")
+                    raise SystemExit("no flow run was created within 60 s of clicking Submit")
+                time.sleep(0.5)
+
+
+def main(out: str) -> list[Path]:
+    browser = find_browser()
+    ui = PREFECT_API_URL.value().removesuffix("/api")
+    base = ui_base(ui)
     target = Path(out)
     target.mkdir(parents=True, exist_ok=True)
     with get_client(sync_client=True) as client:
@@ -148,18 +306,52 @@ def main(out: str) -> list[Path]:
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))
         )
-    shots = [(f"{ui}/runs/flow-run/{run.id}", target / "run.png")]
-    shots += [(f"{ui}/artifacts/artifact/{a.id}", target / f"{a.key or a.id}.png") for a in artifacts]
-    auth = PREFECT_API_AUTH_STRING.value()
-    if auth is not None:
-        secret = auth.get_secret_value() if hasattr(auth, "get_secret_value") else str(auth)
-        screenshots_logged_in(browser, ui, secret, shots)
-    else:
-        for url, path in shots:
+        try:
+            demo = client.read_deployment_by_name("tokenize-mixer/demo")
+        except Exception:  # no demo deployment on this server: no form to show
+            demo = None
+    shots = [(f"{base}/runs/flow-run/{run.id}", target / "run.png", False)]
+    shots += [
+        (f"{base}/artifacts/artifact/{a.id}", target / f"{a.key or a.id}.png", False) for a in artifacts
+    ]
+    if demo is not None:
+        shots.append((f"{base}/deployments/deployment/{demo.id}/run", target / "form.png", True))
+    auth = auth_string()
+    if auth is None and base == ui:
+        for url, path, _ in shots:
             screenshot(browser, url, path)
-    return [p for _, p in shots]
+    else:
+        with devtools(browser) as page:
+            log_in(page, base, auth)
+            for url, path, whole in shots:
+                capture(page, url, path, whole=whole)
+    return [p for _, p, _ in shots]
+
+
+def _amount(text: str) -> tuple[int, str]:
+    index, _, value = text.partition("=")
+    return int(index), value
 
 
 if __name__ == "__main__":
-    for p in main(sys.argv[1] if len(sys.argv) > 1 else "out/ui"):
-        sys.stdout.write(f"{p}\n")
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out", nargs="?", default="out/ui")
+    parser.add_argument(
+        "--submit-demo", action="store_true", help="fill and submit the demo's Custom run form"
+    )
+    parser.add_argument(
+        "--amount", type=_amount, action="append", default=[], help="INDEX=AMOUNT, e.g. 1=0.25"
+    )
+    parser.add_argument("--output-dir", default="out/demo-ui")
+    parser.add_argument("--work-dir", default="")
+    args = parser.parse_args()
+    if args.submit_demo:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        sys.stdout.write(
+            submit_demo(Path(args.out), dict(args.amount), args.output_dir, args.work_dir) + "\n"
+        )
+    else:
+        for p in main(args.out):
+            sys.stdout.write(f"{p}\n")
