@@ -11,25 +11,30 @@ from sftmix.storage import is_remote
 
 
 def dataset_table(report: RunReport, statistics: dict) -> list[dict]:
+    """One row per dataset, narrow enough for the UI's table to show whole: the dataset's name, its rows
+    (an 'in output' column only when num_examples cut some kept rows), tokens, trained share, upsampling."""
     per = {s["dataset_name"]: s for s in statistics["per_dataset_statistics"]}
+    cut = any(
+        per.get(d.name, {}).get("final_instances_in_output", d.kept) != d.kept for d in report.per_dataset
+    )
     rows = []
     for d in report.per_dataset:
         s = per.get(d.name, {})
         tokens = s.get("final_tokens_in_output", 0)
-        rows.append(
-            {
-                "dataset": d.name,
-                "rows selected": d.selected,
-                "kept": d.kept,
-                "dropped": ", ".join(f"{k}: {v}" for k, v in d.dropped.items()) or "0",
-                "in output": s.get("final_instances_in_output", 0),
-                "tokens": tokens,
-                "trainable %": round(100 * s.get("final_trainable_tokens_in_output", 0) / tokens, 1)
-                if tokens
-                else 0,
-                "upsampling": upsampling_text(s.get("upsampling_factor", 1.0)),
-            }
+        row: dict = {
+            "dataset": d.name,
+            "rows": d.selected,
+            "kept": d.kept,
+            "dropped": ", ".join(f"{k}: {v}" for k, v in d.dropped.items()) or "0",
+        }
+        if cut:
+            row["in output"] = s.get("final_instances_in_output", 0)
+        row["tokens"] = tokens
+        row["trained %"] = (
+            round(100 * s.get("final_trainable_tokens_in_output", 0) / tokens, 1) if tokens else 0
         )
+        row["upsampling"] = upsampling_text(s.get("upsampling_factor", 1.0))
+        rows.append(row)
     return rows
 
 

@@ -150,7 +150,7 @@ def refuse_different_output(output: str, overwrite: bool, recipe: dict) -> None:
         + "; ".join(changes[:3])
         + (f"; {len(changes) - 3} more" if len(changes) > 3 else "")
         + "): this run would replace them; choose another directory, or set overwrite (--overwrite, or "
-        "Output > Overwrite in the UI) to replace them. Nothing was tokenized."
+        "'Replace different shards' under Output in the UI) to replace them. Nothing was tokenized."
     )
 
 
@@ -229,7 +229,7 @@ def publish_local(
                 if not overwrite:
                     raise OutputConflictError(
                         f"output directory {out} already holds different shards; choose another directory, "
-                        "or set overwrite (--overwrite, or Output > Overwrite in the UI) to replace them"
+                        "or set overwrite (--overwrite, or 'Replace different shards' under Output in the UI) to replace them"
                     )
                 status = "overwritten"
         write_output_marker(staging, recipe)
@@ -325,7 +325,7 @@ def remote_publish_status(
     if not overwrite:
         raise OutputConflictError(
             f"output {url} already holds different shards; choose another prefix, or set overwrite "
-            "(--overwrite, or Output > Overwrite in the UI) to replace them"
+            "(--overwrite, or 'Replace different shards' under Output in the UI) to replace them"
         )
     return "overwritten"
 

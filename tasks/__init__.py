@@ -58,7 +58,20 @@ class _ResultRecordWriteFailure(logging.Filter):
         return True
 
 
+class _UserErrorTraceback(logging.Filter):
+    """A flow run that ends Failed with a user's error (its state message says it in one line) is
+    logged once more by Prefect's engine as ``Engine execution exited with unexpected exception`` with
+    the error's traceback: the UI's logs end in a wall of Prefect frames for "this output holds other
+    shards". Drops only that record, only for our own errors."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, MixerError) and str(record.msg).startswith("Engine execution exited"))
+
+
 for _name, _filter in (
+    ("prefect.flow_runs", _UserErrorTraceback()),
+    ("prefect.engine", _UserErrorTraceback()),
     ("prefect.task_runs", _NoStateFailureDump()),
     ("prefect.task_runs", _ResultRecordWriteFailure()),
     ("prefect.transactions", _ResultRecordWriteFailure()),
