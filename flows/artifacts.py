@@ -60,7 +60,10 @@ def report_markdown(report: RunReport) -> str:
         lines += ["", "## Check (tokenize-mixer check)", ""]
         lines += [f"- {Finding(**f).line()}" for f in report.check_findings] or ["clean: no findings"]
         if report.check_notes:
-            lines += ["", "```", *report.check_notes, "```"]
+            # a list, not a code block: the UI wraps list items, and a code block runs off its right edge
+            lines += [""] + [
+                ("  - " if note.startswith(" ") else "- ") + note.strip() for note in report.check_notes
+            ]
     lines += ["", "## Digests (sha256)", "", "| file | sha256 |", "|---|---|"]
     lines += [f"| `{name}` | `{digest}` |" for name, digest in sorted(report.digests.items())]
     if report.warnings:
