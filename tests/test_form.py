@@ -132,6 +132,11 @@ def test_the_api_accepts_the_deployments_and_the_forms_shapes(schema):
         "run": {"advanced": {"slice_rows": 10}},
     }
     assert validate(form, schema) == []
+    # the nulls older deployments store for unset options (as our my-mixer template did) still pass
+    old_style = {**form, "run": {"work_dir": None, "slice_rows": None, "allowed_roots": None}}
+    old_style["mixer"] = {**form["mixer"], "max_seq_length": None}
+    assert validate(old_style, schema) == []
+    assert RunFile.model_validate(old_style).run.work_dir is None
     for bad in (
         {**form, "mixer": {**form["mixer"], "datasets": [{"path": "d.jsonl", "amont": "1"}]}},
         {**form, "mixer": {**form["mixer"], "tokenizer": {"name_or_path": "t", "chat_template": "x.jinja"}}},
