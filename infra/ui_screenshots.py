@@ -229,18 +229,27 @@ def type_into(page: DevTools, label: str, index: int, value: str) -> None:
 
 
 def click_button(page: DevTools, text: str) -> None:
-    """A real mouse click (press and release) in the middle of the button that reads ``text``."""
-    box = page.evaluate(
-        f"""(() => {{
+    """A real mouse click (press and release) in the middle of the button that reads ``text``, once the
+    page has scrolled it into view and nothing else is drawn over that point."""
+    locate = f"""(() => {{
   const b = [...document.querySelectorAll('button')].filter(b => b.innerText.trim() === {json.dumps(text)}).pop();
   if (!b) return null;
-  b.scrollIntoView({{block: 'center'}});
+  b.scrollIntoView({{block: 'center', behavior: 'instant'}});
   const r = b.getBoundingClientRect();
-  return [r.x + r.width / 2, r.y + r.height / 2];
+  const x = r.x + r.width / 2, y = r.y + r.height / 2;
+  const hit = document.elementFromPoint(x, y);
+  return [x, y, hit !== null && b.contains(hit)];
 }})()"""
-    )
-    if box is None:
-        raise SystemExit(f"no {text!r} button on the page")
+    deadline = time.monotonic() + 30
+    while True:
+        box = page.evaluate(locate)
+        if box is None:
+            raise SystemExit(f"no {text!r} button on the page")
+        if box[2]:
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the {text!r} button stays covered or out of view")
+        time.sleep(0.5)
     for kind in ("mousePressed", "mouseReleased"):
         page.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=1)
 
@@ -281,15 +290,16 @@ def submit_demo(out: Path, amounts: dict[int, str], output_dir: str, work_dir: s
         if work_dir:
             type_into(page, "Work directory", 0, work_dir)
         click_button(page, "Submit")
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         with get_client(sync_client=True) as client:
             while True:
                 new = [r for r in client.read_flow_runs(deployment_filter=runs_filter) if r.id not in before]
                 if new:
                     return str(new[0].id)
-                if time.monotonic() > deadline:
-                    capture(page, None, out / "after-submit.png")
-                    raise SystemExit("no flow run was created within 60 s of clicking Submit")
+                if time.monotonic() > deadline:  # what the page says (a validation message?) for the log
+                    capture(page, None, out / "after-submit.png", whole=True)
+                    (out / "after-submit.txt").write_text(str(page.evaluate("document.body.innerText")))
+                    raise SystemExit("no flow run was created within 120 s of clicking Submit")
                 time.sleep(0.5)
 
 
