@@ -153,24 +153,16 @@ def _not_readable(path: str) -> str:
     return f"not a data file we read: we read {READABLE}"
 
 
-def _local_name_problem(path: str) -> str | None:
-    """What the disk says of a name without a data-file suffix: a local file we do not read, or a local
-    path that does not exist. ``None`` for a local directory or a name that can only be the hub's."""
+def hub_name_problem(path: str) -> str | None:
+    """Why a name without a data-file suffix cannot go to ``datasets.load_dataset``: a local file we do
+    not read, a local path that does not exist, or a hub that cannot be reached. ``None`` for a local
+    directory or a hub name the hub may answer."""
     if os.path.isdir(path):
         return None  # a local directory laid out as on the hub
     if os.path.lexists(path):
         return _not_readable(path)
     if looks_local(path):
         return _missing(path, "file" if path.lower().endswith(OTHER_DATA_SUFFIXES) else "file or directory")
-    return None
-
-
-def hub_name_problem(path: str) -> str | None:
-    """Why a name without a data-file suffix cannot go to ``datasets.load_dataset``: what the disk says
-    (:func:`_local_name_problem`), else a hub that cannot be reached. ``None`` for a local directory or a
-    hub name the hub may answer."""
-    if (problem := _local_name_problem(path)) is not None or os.path.lexists(path) or looks_local(path):
-        return problem
     return unreachable_hub_problem()
 
 
