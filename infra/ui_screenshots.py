@@ -189,11 +189,14 @@ def python_in_form(text: str) -> list[str]:
     return sorted({m.group(0) for m in PYTHON_IN_FORM.finditer(text)})
 
 
-#: Each field with its label, in page order (the V2 form labels its inputs with <label for=...>).
-FIELDS_JS = """[...document.querySelectorAll('textarea, input')].filter(e => e.id).map(e => {
+#: The form's fields in page order, and the label of one without " (Optional)" (the V2 form labels its
+#: inputs with <label for=...>).
+FIELDS = "[...document.querySelectorAll('textarea, input')].filter(e => e.id)"
+LABEL = """(e => {
   const label = document.querySelector(`label[for="${e.id}"]`);
   return label ? label.innerText.replace(/ \\(Optional\\)$/, '') : '';
 })"""
+FIELDS_JS = f"{FIELDS}.map({LABEL})"
 
 
 def wait_for(page: DevTools, condition: str, what: str, timeout: float = 90) -> None:
@@ -209,10 +212,7 @@ def type_into(page: DevTools, label: str, index: int, value: str) -> None:
     """Select the text of the ``index``-th field labelled ``label`` and type ``value`` over it."""
     found = page.evaluate(
         f"""(() => {{
-  const fields = [...document.querySelectorAll('textarea, input')].filter(e => e.id && (() => {{
-    const l = document.querySelector(`label[for="${{e.id}}"]`);
-    return l && l.innerText.replace(/ \\(Optional\\)$/, '') === {json.dumps(label)};
-  }})());
+  const fields = {FIELDS}.filter(e => {LABEL}(e) === {json.dumps(label)});
   const field = fields[{index}];
   if (!field) return false;
   field.scrollIntoView({{block: 'center'}});
