@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from .config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec, load_run_file
+from .console import configure_command_console
 from .errors import ConfigError, MixerError, WorkerDiedError
 from .reference_flags import NEUTRAL_FLAGS, check_flags, transform_chain
-from .report import COMMAND_CLOCK, is_summary_record
+from .report import COMMAND_CLOCK
 from .selection import parse_amount
 from .stopping import (
     EXIT_API_LOST,
@@ -33,6 +34,7 @@ from .stopping import (
     first_stop,
     guard_std_streams,
     install_signal_handlers,
+    new_line_if_needed,
     quiet_after_stop,
     record_stop,
     set_stop_note,
@@ -393,32 +395,8 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
     return 0
 
 
-class _QuietConsole(logging.Filter):
-    """What the console leaves out without ``--verbose``: the run's summary as the flow logs it for the
-    Prefect UI (stdout has it), Prefect's "Finished in state ..." per task and flow run (a failure is
-    the command's one ``error:`` line, or its traceback) and its workers' "Still processing items" as
-    they flush at exit."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if is_summary_record(record):
-            return False
-        msg = str(record.msg)
-        if record.name in ("prefect.task_runs", "prefect.flow_runs") and msg.startswith("Finished in state"):
-            return False
-        return not msg.startswith("Still processing items")
-
-
 def _configure_logging(verbose: bool) -> None:
-    before = list(logging.getLogger().handlers)
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    if not verbose:  # on our console handler only (a caller's own handlers are left as they are)
-        for handler in logging.getLogger().handlers:
-            if handler not in before:
-                handler.addFilter(_QuietConsole())
+    configure_command_console(verbose)
     for noisy in ("httpx", "httpcore", "datasets", "filelock", "urllib3", "fsspec", "gcsfs", "google"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -586,7 +564,7 @@ def _main(args: argparse.Namespace) -> int:
                 sys.stdout.write(text)
             return 0
     except MixerError as exc:
-        sys.stderr.write(f"error: {exc}\n")
+        sys.stderr.write(f"{new_line_if_needed()}error: {exc}\n")
         return EXIT_WORKERS_DIED if isinstance(exc.__cause__, WorkerDiedError) else 2
     return 2
 

@@ -285,6 +285,9 @@ class _PipeGuard(io.TextIOBase):
         #: Once the run is stopped, nothing more is printed: what follows a stop is its consequences
         #: (a task's crash, an exception a library made of the stop), not news.
         self.quiet_after_stop = False
+        #: Whether what was last written ended its line. Not always: Prefect reports a failed log
+        #: upload as a message with no newline, and the stop's line must not be glued to it.
+        self.at_line_start = True
 
     def reader_gone(self) -> bool:
         """Whether this stream is a pipe (or socket) nobody reads any more, without writing to it."""
@@ -318,6 +321,8 @@ class _PipeGuard(io.TextIOBase):
     def write(self, text: str) -> int:
         if self.quiet_after_stop and _first_stop is not None:
             return len(text)  # the stop's one line says it all (exit_now writes it past this guard)
+        if text:
+            self.at_line_start = text.endswith("\n")
         try:
             return self._stream.write(text)
         except OSError as exc:
@@ -345,6 +350,13 @@ class _PipeGuard(io.TextIOBase):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+def new_line_if_needed() -> str:
+    """What goes before a line of our own on stderr so that it starts a line: a newline where the last
+    write through ``sys.stderr`` did not end one."""
+    stream = sys.stderr
+    return "" if not isinstance(stream, _PipeGuard) or stream.at_line_start else "\n"
 
 
 def guard_std_streams() -> None:
@@ -592,6 +604,7 @@ def exit_now(stop: RunStopped, forced: bool = False) -> None:
     else:
         line = f"error: {stop.reason}" + (f"; {_stop_note}" if _stop_note else "") + "\n"
         code = stop.exit_code
+    line = new_line_if_needed() + line
     with contextlib.suppress(OSError):  # (a closed stderr was pointed at /dev/null)
         os.write(2, line.encode("utf-8", "replace"))
     os._exit(code)

@@ -15,6 +15,7 @@ from prefect.context import TaskRunContext
 from prefect.filesystems import RemoteFileSystem
 from prefect.states import State
 
+from sftmix.console import configure_worker_console
 from sftmix.errors import MixerError
 from sftmix.slices import SliceSpec, TokenizeContext, tokenize_slice
 from sftmix.stopping import follow_parent, ignore_stop_signals, silence_closed_pipes
@@ -85,6 +86,7 @@ def init_worker() -> None:
     ignore_stop_signals()  # the run stops its workers itself
     silence_closed_pipes()  # and notices a closed output pipe itself
     follow_parent()  # and none outlives a run killed outright
+    configure_worker_console()  # the command's terminal: its line format, as quiet as the command
     atexit.register(_end_without_teardown)
 
 

@@ -221,7 +221,7 @@ def test_the_console_filter_passes_a_summary_line_through_prefects_run_logger_an
 
     from prefect.logging.loggers import PrefectLogAdapter
 
-    from sftmix.cli import _QuietConsole
+    from sftmix.console import QuietConsole
     from sftmix.report import SUMMARY_LOG
 
     seen: list[str] = []
@@ -231,7 +231,7 @@ def test_the_console_filter_passes_a_summary_line_through_prefects_run_logger_an
             seen.append(record.getMessage())
 
     handler = Keep()
-    handler.addFilter(_QuietConsole())
+    handler.addFilter(QuietConsole())
     base = logging.getLogger("prefect.flow_runs.console-test")
     base.addHandler(handler)
     base.propagate = False
@@ -250,11 +250,13 @@ def test_the_console_filter_passes_a_summary_line_through_prefects_run_logger_an
 
 @pytest.mark.slow
 def test_a_run_says_each_thing_once_on_the_console(tmp_path):
-    """No Prefect state line per task run and no event worker's flush notes (``--verbose`` shows them);
-    an unknown template name (convert) is warned about once, though the command plans it twice."""
+    """No Prefect state line per task run and no event worker's flush notes (``--verbose`` shows them),
+    from the command or from its worker processes; an unknown template name (convert) is warned about
+    once, though the command plans it twice."""
     proc = cli(
-        "run", "examples/mixer.yaml", "--output_dir", str(tmp_path / "out"), "--work_dir", str(tmp_path / "w")
-    )
+        "run", "examples/mixer.yaml", "--output_dir", str(tmp_path / "out"), "--work_dir", str(tmp_path / "w"),
+        "--runner", "process", "--workers", "2",
+    )  # fmt: skip
     output = proc.stdout + proc.stderr
     assert "Finished in state" not in output and "Still processing items" not in output
     assert "Beginning flow run" in proc.stderr  # Prefect's own lines that say something stay

@@ -356,8 +356,10 @@ WEDGED = """
 import os, subprocess, sys, time
 from pathlib import Path
 from sftmix.stopping import (
-    RUN_STOP_NOTE, arm_watchdog, install_signal_handlers, on_forced_exit, set_stop_note, mark_published,
+    RUN_STOP_NOTE, arm_watchdog, guard_std_streams, install_signal_handlers, on_forced_exit, set_stop_note,
+    mark_published,
 )
+guard_std_streams()
 install_signal_handlers()
 arm_watchdog()
 set_stop_note(RUN_STOP_NOTE)
@@ -366,6 +368,7 @@ staging.mkdir()
 on_forced_exit(1, staging.rmdir)
 if sys.argv[2] == "published":
     mark_published("out/x")
+sys.stderr.write(sys.argv[3])
 child = None
 while True:  # a collector wedged for good: it swallows every stop raised into it
     try:
@@ -384,7 +387,7 @@ def test_a_stop_ends_the_process_within_seconds_even_when_the_run_is_wedged(tmp_
     stop's code (0 once the output is published), its children killed, its staging removed."""
     staging = tmp_path / "staging"
     proc = subprocess.Popen(
-        [sys.executable, "-c", WEDGED, str(staging), "published" if published else "-"],
+        [sys.executable, "-c", WEDGED, str(staging), "published" if published else "-", ""],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -403,6 +406,25 @@ def test_a_stop_ends_the_process_within_seconds_even_when_the_run_is_wedged(tmp_
     else:
         assert proc.returncode == 143
         _one_line_reason(err, "stopped by SIGTERM; nothing was published")
+
+
+def test_the_stop_line_starts_a_line_of_its_own_after_a_partial_one(tmp_path):
+    """Prefect reports a log upload that failed (the API server just died) as text with no newline at
+    the end; the stop's line that follows is still a line of its own (it was once glued to it)."""
+    partial = "--- Error logging to API ---\nServer disconnected without sending a response."
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WEDGED, str(tmp_path / "staging"), "-", partial],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    child = int(proc.stdout.readline())
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and _gone([child])
+    assert err.startswith(partial + "\n"), err
+    _one_line_reason(err, "stopped by SIGTERM; nothing was published")
 
 
 def test_a_ctrl_c_at_any_moment_of_the_start_prints_one_line(tmp_path):
