@@ -12,8 +12,9 @@ string (infra/local_up.sh sets one) it logs in as a user does: the UI keeps the 
 browser's local storage, so Chromium is driven over the DevTools protocol to put it there first.
 
 ``--submit-demo`` fills the demo's Custom run form (an amount, by dataset index; the output and work
-directories), checks that the form speaks in words (no Python type names), clicks Submit and prints the
-new flow run's id; exit status 1 when the form shows a type name or the run was not created.
+directories), checks that the form speaks in words (no Python type names), clicks Submit (again when
+the form sent nothing) and prints the new flow run's id; exit status 1 when the form shows a type name
+or the run was not created, with what the page said and sent after the click.
 """
 
 from __future__ import annotations
@@ -189,6 +190,45 @@ def python_in_form(text: str) -> list[str]:
     return sorted({m.group(0) for m in PYTHON_IN_FORM.finditer(text)})
 
 
+#: Installed in each page before its own scripts: what the page did after a click, for the log when a
+#: Submit creates no run (the buttons clicked, the requests sent and their statuses, the page's errors).
+RECORDER = """(() => {
+  const log = window.__tokenizeMixer = {clicks: [], requests: [], errors: []};
+  document.addEventListener('click', e => {
+    const b = e.target.closest && e.target.closest('button');
+    log.clicks.push(b ? b.innerText.trim() : e.target.tagName);
+  }, true);
+  const fetch0 = window.fetch;
+  window.fetch = async (...args) => {
+    const req = args[0];
+    const entry = {
+      method: (args[1] && args[1].method) || (req && req.method) || 'GET',
+      url: typeof req === 'string' ? req : String(req.url || req), status: 'pending',
+    };
+    log.requests.push(entry);
+    try { const r = await fetch0(...args); entry.status = r.status; return r; }
+    catch (err) { entry.status = 'failed: ' + err; throw err; }
+  };
+  const open0 = XMLHttpRequest.prototype.open;
+  XMLHttpRequest.prototype.open = function (method, url, ...rest) {
+    const entry = {method, url: String(url), status: 'pending'};
+    log.requests.push(entry);
+    this.addEventListener('loadend', () => { entry.status = this.status || 'failed'; });
+    return open0.call(this, method, url, ...rest);
+  };
+  const error0 = console.error;
+  console.error = (...a) => { log.errors.push(a.map(String).join(' ').slice(0, 500)); error0(...a); };
+  window.addEventListener('error', e => log.errors.push(String(e.message)));
+  window.addEventListener('unhandledrejection', e => log.errors.push('unhandled: ' + String(e.reason)));
+})()"""
+
+
+def recorded(page: DevTools, since: dict[str, int] | None = None) -> dict[str, list]:
+    """What :data:`RECORDER` saw (since an earlier call's counts)."""
+    log = page.evaluate("window.__tokenizeMixer || null") or {"clicks": [], "requests": [], "errors": []}
+    return {k: v[(since or {}).get(k, 0) :] for k, v in log.items()}
+
+
 #: The form's fields in page order, and the label of one without " (Optional)" (the V2 form labels its
 #: inputs with <label for=...>).
 FIELDS = "[...document.querySelectorAll('textarea, input')].filter(e => e.id)"
@@ -254,6 +294,35 @@ def click_button(page: DevTools, text: str) -> None:
         page.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=1)
 
 
+#: Clicks on Submit at most, and seconds for each to make the page ask for the run.
+SUBMIT_CLICKS, SUBMIT_SECONDS = 3, 15.0
+
+
+#: What the V2 form sends on Submit: the parameters to check, then the run to create.
+SUBMIT_REQUESTS = ("/ui/schemas/validate", "/create_flow_run")
+
+
+def submit(page: DevTools) -> dict[str, int]:
+    """Click Submit as a person does: again when nothing happened (the form sent nothing within
+    :data:`SUBMIT_SECONDS`: on a busy machine a click has missed, twice in CI), never once it has sent
+    something (a second run could follow). What :func:`recorded` held before the first click."""
+    since = {k: len(v) for k, v in recorded(page).items()}
+    for attempt in range(1, SUBMIT_CLICKS + 1):
+        click_button(page, "Submit")
+        deadline = time.monotonic() + SUBMIT_SECONDS
+        while time.monotonic() < deadline:
+            sent = [r["url"] for r in recorded(page, since)["requests"]]
+            if any(path in url for url in sent for path in SUBMIT_REQUESTS):
+                return since
+            time.sleep(0.5)
+        seen = recorded(page, since)
+        sys.stderr.write(
+            f"click {attempt} on Submit: the form sent nothing within {SUBMIT_SECONDS:.0f} s "
+            f"(clicks seen {seen['clicks']}, requests {[r['url'] for r in seen['requests']][-5:]})\n"
+        )
+    return since
+
+
 def find_browser() -> str:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
@@ -277,6 +346,8 @@ def submit_demo(out: Path, amounts: dict[int, str], output_dir: str, work_dir: s
         runs_filter = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
         before = {r.id for r in client.read_flow_runs(deployment_filter=runs_filter)}
     with devtools(find_browser()) as page:
+        page.call("Page.enable")  # (without it, the script below is not run)
+        page.call("Page.addScriptToEvaluateOnNewDocument", source=RECORDER)
         log_in(page, base, auth_string())
         page.navigate(f"{base}/deployments/deployment/{deployment.id}/run")
         wait_for(page, f"{FIELDS_JS}.includes('Work directory')", "the Custom run form")
@@ -289,17 +360,21 @@ def submit_demo(out: Path, amounts: dict[int, str], output_dir: str, work_dir: s
         type_into(page, "Output directory", 0, output_dir)
         if work_dir:
             type_into(page, "Work directory", 0, work_dir)
-        click_button(page, "Submit")
+        since = submit(page)
         deadline = time.monotonic() + 120
         with get_client(sync_client=True) as client:
             while True:
                 new = [r for r in client.read_flow_runs(deployment_filter=runs_filter) if r.id not in before]
                 if new:
                     return str(new[0].id)
-                if time.monotonic() > deadline:  # what the page says (a validation message?) for the log
+                if time.monotonic() > deadline:  # what the page says and did, for the log
                     capture(page, None, out / "after-submit.png", whole=True)
-                    (out / "after-submit.txt").write_text(str(page.evaluate("document.body.innerText")))
-                    raise SystemExit("no flow run was created within 120 s of clicking Submit")
+                    after = json.dumps(recorded(page, since), indent=1)
+                    text = str(page.evaluate("document.body.innerText"))
+                    (out / "after-submit.txt").write_text(f"{text}\n\nafter the click:\n{after}\n")
+                    raise SystemExit(
+                        f"no flow run was created within 120 s of clicking Submit; after the click: {after}"
+                    )
                 time.sleep(0.5)
 
 
