@@ -302,6 +302,11 @@ SUBMIT_CLICKS, SUBMIT_SECONDS = 3, 15.0
 SUBMIT_REQUESTS = ("/ui/schemas/validate", "/create_flow_run")
 
 
+def submit_requests(seen: dict[str, list]) -> list[dict]:
+    """The requests among those :func:`recorded` saw that a Submit sends."""
+    return [r for r in seen["requests"] if any(path in r["url"] for path in SUBMIT_REQUESTS)]
+
+
 def submit(page: DevTools) -> dict[str, int]:
     """Click Submit as a person does: again when nothing happened (the form sent nothing within
     :data:`SUBMIT_SECONDS`: on a busy machine a click has missed, twice in CI), never once it has sent
@@ -311,8 +316,7 @@ def submit(page: DevTools) -> dict[str, int]:
         click_button(page, "Submit")
         deadline = time.monotonic() + SUBMIT_SECONDS
         while time.monotonic() < deadline:
-            sent = [r["url"] for r in recorded(page, since)["requests"]]
-            if any(path in url for url in sent for path in SUBMIT_REQUESTS):
+            if submit_requests(recorded(page, since)):
                 return since
             time.sleep(0.5)
         seen = recorded(page, since)
@@ -369,11 +373,16 @@ def submit_demo(out: Path, amounts: dict[int, str], output_dir: str, work_dir: s
                     return str(new[0].id)
                 if time.monotonic() > deadline:  # what the page says and did, for the log
                     capture(page, None, out / "after-submit.png", whole=True)
-                    after = json.dumps(recorded(page, since), indent=1)
+                    seen = recorded(page, since)
                     text = str(page.evaluate("document.body.innerText"))
-                    (out / "after-submit.txt").write_text(f"{text}\n\nafter the click:\n{after}\n")
+                    (out / "after-submit.txt").write_text(
+                        f"{text}\n\nafter the click:\n{json.dumps(seen, indent=1)}\n"
+                    )
+                    asked = submit_requests(seen)
                     raise SystemExit(
-                        f"no flow run was created within 120 s of clicking Submit; after the click: {after}"
+                        "no flow run was created within 120 s of clicking Submit; after the click: clicks "
+                        f"{seen['clicks']}, Submit's requests {asked}, {len(seen['requests']) - len(asked)} "
+                        f"other requests, page errors {seen['errors']} (all of it: {out / 'after-submit.txt'})"
                     )
                 time.sleep(0.5)
 

@@ -86,7 +86,7 @@ def init_worker() -> None:
     ignore_stop_signals()  # the run stops its workers itself
     silence_closed_pipes()  # and notices a closed output pipe itself
     follow_parent()  # and none outlives a run killed outright
-    configure_worker_console()  # the command's terminal: its line format, as quiet as the command
+    configure_worker_console()  # the command's terminal: as quiet as the command
     atexit.register(_end_without_teardown)
 
 
