@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 
-from sftmix.stopping import EXIT_API_LOST, EXIT_CANCELLED, RunStopped, first_stop, record_stop
+from sftmix.stopping import EXIT_API_LOST, EXIT_CANCELLED, RunStopped, look_for_stop, record_stop
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class StopWatch:
         self._api_ok_at = time.monotonic()
 
     def check(self, force: bool = False) -> None:
-        stop = first_stop()  # recorded by a thread that noticed it (see sftmix.stopping)
+        stop = look_for_stop()  # recorded by a thread that noticed it, or noticed now (sftmix.stopping)
         if stop is not None:
             raise stop
         now = time.monotonic()

@@ -148,6 +148,21 @@ def first_stop() -> RunStopped | None:
     return _first_stop
 
 
+#: Watchers that notice a stop by polling (:func:`follow_supervisor`): :func:`look_for_stop` asks them
+#: now rather than waiting for their next round.
+_stop_lookers: list[Callable[[], object]] = []
+
+
+def look_for_stop() -> RunStopped | None:
+    """The first recorded stop, after every polling watcher has looked once more: a supervisor that
+    died a moment ago is a stop here, not at the watcher's next round (a flow run once published in
+    that moment though its worker was gone)."""
+    for look in list(_stop_lookers):
+        with contextlib.suppress(Exception):
+            look()
+    return first_stop()
+
+
 _deferring = 0  # > 0 inside stops_deferred(): a stop is recorded, and raised when the step is done
 _deferred_stop = False
 
@@ -169,8 +184,12 @@ def _raise_unless_deferred(stop: RunStopped) -> None:
 @contextlib.contextmanager
 def stops_deferred() -> Iterator[None]:
     """Around a step that must either happen whole or not at all, and takes no time (the renames that
-    publish an output): a stop that comes meanwhile is raised once the step is done."""
+    publish an output): a stop recorded before it starts keeps it from starting (raised here, a
+    polling watcher's included, :func:`look_for_stop`); one that comes meanwhile is raised once the
+    step is done."""
     global _deferring, _deferred_stop
+    if not _deferring and (stop := look_for_stop()) is not None:
+        raise stop
     _deferring += 1
     try:
         yield
@@ -496,6 +515,7 @@ def follow_supervisor(
                 os.close(devnull)
         return stop
 
+    _stop_lookers.append(notice)
     # The kernel's parent-death signal notices at once, before the next log line meets the dead pipe
     # (the handler runs in the main thread between two bytecodes and only records); polling is the
     # backstop (the signal follows the parent's thread, not the process, and needs the main thread).

@@ -352,6 +352,49 @@ def test_a_process_whose_supervisor_dies_reports_it_and_ends(tmp_path):
     assert "the test's supervisor" in note.read_text() and "is gone" in note.read_text()
 
 
+PUBLISHES_WHEN_ORPHANED = """
+import os, signal, sys, time
+from pathlib import Path
+from sftmix.publish import publish_local
+from sftmix.stopping import RunStopped, follow_supervisor
+follow_supervisor("the test's supervisor", poll_seconds=600, grace_seconds=600)
+signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the kernel's notice lost: only a look finds the stop
+staging, out, result = map(Path, sys.argv[1:4])
+staging.mkdir()
+(staging / "token_ids_part_0.npy").write_bytes(b"tokens")
+parent = os.getppid()
+print("ready", flush=True)
+while os.getppid() == parent:  # the watcher's next round is minutes away
+    time.sleep(0.01)
+try:
+    publish_local(staging, out, overwrite=False)
+    result.write_text("published")
+except RunStopped as stop:
+    result.write_text("refused: " + stop.reason)
+"""
+
+
+def test_a_process_whose_supervisor_just_died_does_not_publish(tmp_path):
+    """The moment between a supervisor's death and the watcher's next look: a publish that starts
+    then is refused (a flow run once published its output though its worker had been killed)."""
+    out, result = tmp_path / "out", tmp_path / "result.txt"
+    supervisor = subprocess.Popen(
+        ["bash", "-c", f'{sys.executable} -c "$0" "$@" & echo $!; wait', PUBLISHES_WHEN_ORPHANED]
+        + [str(tmp_path / "staging"), str(out), str(result)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    child = int(supervisor.stdout.readline())
+    assert supervisor.stdout.readline() == "ready\n"
+    supervisor.kill()
+    supervisor.stdout.close()
+    supervisor.wait()
+    assert _gone([child], within=STOP_WITHIN)
+    assert result.read_text().startswith("refused: stopped: the test's supervisor"), result.read_text()
+    assert not out.exists()
+
+
 WEDGED = """
 import os, subprocess, sys, time
 from pathlib import Path
