@@ -395,6 +395,33 @@ def test_a_process_whose_supervisor_just_died_does_not_publish(tmp_path):
     assert not out.exists()
 
 
+FINISHING = """
+import io, sys
+from sftmix.stopping import finish, install_signal_handlers
+install_signal_handlers()
+sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False), buffer_size=4 << 20))
+sys.stdout.write("x" * (1 << 20))  # held in the buffer: finish's flush blocks on the full pipe
+sys.stderr.write("ready\\n")
+sys.stderr.flush()
+finish(0)
+"""
+
+
+def test_a_stop_while_the_command_finishes_does_not_change_its_exit_code(tmp_path):
+    """Once the command's work is done and its code decided, a stop that comes while it flushes and
+    runs its at-exit work (a reader that went away after the last line) is not raised into that work:
+    it once ended a published run with exit 1 and a traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FINISHING], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stderr.readline() == b"ready\n"
+    time.sleep(0.5)  # blocked in finish's flush
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    assert len(out) == 1 << 20
+
+
 WEDGED = """
 import os, subprocess, sys, time
 from pathlib import Path
