@@ -163,7 +163,7 @@ def look_for_stop() -> RunStopped | None:
     return first_stop()
 
 
-_deferring = 0  # > 0 inside stops_deferred(): a stop is recorded, and raised when the step is done
+_deferring = 0  # > 0 inside stops_deferred() (a stop is recorded, raised when the step is done) and finish()
 _deferred_stop = False
 
 
