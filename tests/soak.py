@@ -434,6 +434,8 @@ class TrialRecord:
     reused: int | None = None
     finished_before_rerun: int | None = None
     tmp_left: list[str] = field(default_factory=list)  # TMPDIR entries the stopped run left (a note)
+    #: A signal sent before the command's first line ran: it met Python's own start (README).
+    before_our_code: bool = False
 
     def problem(self, kind: str, text: str) -> None:
         if kind not in self.problems:
@@ -561,6 +563,19 @@ def local_env(prefect_home: Path, tmp: Path) -> dict[str, str]:
     tmp.mkdir(exist_ok=True)
     env.update(PREFECT_HOME=str(prefect_home), PREFECT_SERVER_ANALYTICS_ENABLED="false", TMPDIR=str(tmp))
     return env
+
+
+def stop_handling_begun(pid: int) -> bool:
+    """Whether the command's first line has run in ``pid``: its stop signals held back
+    (``sftmix.command``) or caught by its handlers. Before that a Ctrl-C meets Python's own start
+    (a KeyboardInterrupt from inside an import: exit 1 or 130 and Python's traceback; README)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    masks = dict(line.split(":\t", 1) for line in status.splitlines() if line.startswith("Sig"))
+    blocked, caught = (int(masks.get(name, "0"), 16) for name in ("SigBlk", "SigCgt"))
+    return bool(blocked & (1 << (signal.SIGINT - 1)) or caught & (1 << (signal.SIGTERM - 1)))
 
 
 def manifests(work: Path) -> int:
@@ -959,6 +974,9 @@ class Soak:
             sig = {"sigint-group": signal.SIGINT, "sigterm": signal.SIGTERM, "sighup-group": signal.SIGHUP}[
                 kind
             ]
+            if not stop_handling_begun(cmd.pid):
+                rec.before_our_code = True
+                rec.fault += " (before the command's first line: Python's own start)"
             fault_at = time.monotonic()
             if kind == "sigterm":
                 os.kill(cmd.pid, sig)
@@ -1075,7 +1093,10 @@ class Soak:
                 rec.problem("slow", f"exit {rec.elapsed:.1f} s after the fault")
         rec.code = cmd.code if exited else None  # after a hang: our SIGKILL's
         rec.published = published(out)
-        if rec.kind not in PIPE_KINDS:
+        if rec.before_our_code:
+            if rec.published or rec.code not in (rec.expected, 1, None):
+                rec.problem("code", f"exit {rec.code}, published {rec.published}, at Python's own start")
+        elif rec.kind not in PIPE_KINDS:
             self._judge_code(rec)
             if exited and rec.code not in (0, None):
                 stderr = cmd.err.text()
