@@ -327,27 +327,29 @@ time.sleep(60)  # busy in a long step: no check ever raises the recorded stop
 """
 
 
-def test_a_process_whose_supervisor_dies_reports_it_and_ends(tmp_path):
-    """A flow-run process whose worker is killed outright: the stop is reported (the flow run marked
-    Crashed, here a file) and the process ends with its own exit code even when its main thread is
-    busy; its output pipe is not what ends it."""
-    note = tmp_path / "reason.txt"
+def _orphaned(script: str, *args: Path) -> int:
+    """Run ``script`` under a supervisor (bash) until it prints "ready", then SIGKILL the supervisor
+    (the reader of the script's output pipe goes with it); the script's pid."""
     supervisor = subprocess.Popen(
-        [
-            "bash",
-            "-c",
-            f'{sys.executable} -c "$0" {note} & echo $!; wait',
-            SUPERVISED,
-        ],
+        ["bash", "-c", f'{sys.executable} -c "$0" "$@" & echo $!; wait', script, *map(str, args)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
     )
     child = int(supervisor.stdout.readline())
     assert supervisor.stdout.readline() == "ready\n"
-    supervisor.kill()  # SIGKILL: the pipe's reader is gone too
+    supervisor.kill()
     supervisor.stdout.close()
     supervisor.wait()
+    return child
+
+
+def test_a_process_whose_supervisor_dies_reports_it_and_ends(tmp_path):
+    """A flow-run process whose worker is killed outright: the stop is reported (the flow run marked
+    Crashed, here a file) and the process ends with its own exit code even when its main thread is
+    busy; its output pipe is not what ends it."""
+    note = tmp_path / "reason.txt"
+    child = _orphaned(SUPERVISED, note)
     assert _gone([child], within=STOP_WITHIN)
     assert "the test's supervisor" in note.read_text() and "is gone" in note.read_text()
 
@@ -378,18 +380,7 @@ def test_a_process_whose_supervisor_just_died_does_not_publish(tmp_path):
     """The moment between a supervisor's death and the watcher's next look: a publish that starts
     then is refused (a flow run once published its output though its worker had been killed)."""
     out, result = tmp_path / "out", tmp_path / "result.txt"
-    supervisor = subprocess.Popen(
-        ["bash", "-c", f'{sys.executable} -c "$0" "$@" & echo $!; wait', PUBLISHES_WHEN_ORPHANED]
-        + [str(tmp_path / "staging"), str(out), str(result)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    child = int(supervisor.stdout.readline())
-    assert supervisor.stdout.readline() == "ready\n"
-    supervisor.kill()
-    supervisor.stdout.close()
-    supervisor.wait()
+    child = _orphaned(PUBLISHES_WHEN_ORPHANED, tmp_path / "staging", out, result)
     assert _gone([child], within=STOP_WITHIN)
     assert result.read_text().startswith("refused: stopped: the test's supervisor"), result.read_text()
     assert not out.exists()
