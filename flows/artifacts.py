@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from sftmix.check import Finding
-from sftmix.report import RunReport
+from sftmix.report import UP_TO_DATE, RunReport
 from sftmix.report_page import collect, markdown, upsampling_text
 from sftmix.storage import is_remote
 
@@ -47,7 +47,9 @@ def report_markdown(report: RunReport) -> str:
         "| what | this run |",
         "|---|---|",
         f"| slices | {report.slices_total} total, {report.slices_computed} computed, {report.slices_reused} reused, "
-        f"{report.slices_rechecked} recomputed after a failed check |",
+        f"{report.slices_rechecked} recomputed after a failed check |"
+        if report.publish != UP_TO_DATE
+        else f"| slices | none run: the output, published {report.published_at}, holds this run's shards |",
         f"| rows | {report.rows_in} in, {report.rows_kept} kept, dropped {report.rows_dropped or 'none'} |",
         f"| documents | {report.documents} in {report.parts} part(s), dtype {report.token_dtype} |",
         f"| tokens | {report.tokens:,} ({report.trainable_tokens:,} trainable) |",

@@ -116,14 +116,16 @@ class _Slices:
     """What is known of each slice while the pool runs: its manifest, whether it was a cache hit, its
     failure, how many dead workers it was a casualty of."""
 
-    def __init__(self, specs: list[SliceSpec], started_at: float | None = None) -> None:
+    def __init__(
+        self, specs: list[SliceSpec], started_at: float | None = None, head_start: bool = False
+    ) -> None:
         n = max((s.index for s in specs), default=-1) + 1  # indices are the plan's
         self.manifests: list[SliceManifest | None] = [None] * n
         self.cached = [False] * n
         self.errors: list[tuple[SliceSpec, BaseException]] = []
         self.deaths = [0] * n
         self.stalls = 0  # pools whose management thread ended under them
-        self.progress = SliceProgress(len(specs))
+        self.progress = SliceProgress(specs, keep=head_start)  # the head start's slices stay counted
         self.done = 0
         # a slice whose manifest is older than this was reused, not computed by this command
         self.started_at = time.time() if started_at is None else started_at
@@ -194,6 +196,7 @@ def _collect(
             fut = finished.get(timeout=watch.every)
         except queue.Empty:
             watch.check()
+            state.progress.tick()
             if pool_stalled(runner):
                 try:  # what the pool handed back before its thread ended
                     fut = finished.get(timeout=0.2)
@@ -227,19 +230,20 @@ def _collect(
                     state.deaths[spec.index] += 1
                 continue
             state.errors.append((spec, exc))
+            state.progress.failed(spec)
             logger.error("slice %s failed: %s", spec.describe(), exc)
             continue
         state.done += 1
         state.manifests[spec.index] = m
         # reused: Prefect's cache answered, or the slice's own manifest from an earlier run did
         state.cached[spec.index] = fut.state.name == "Cached" or m.finished_at < state.started_at
-        state.progress.advance(m.rows, m.tokens, spec.describe(), reused=state.cached[spec.index])
+        state.progress.advance(spec, m.rows, m.tokens, reused=state.cached[spec.index])
         verb = (
             "reused"
             if state.cached[spec.index]
             else f"done in {m.seconds:.1f}s ({m.tokens / max(m.seconds, 1e-9):,.0f} tok/s)"
         )
-        logger.info(
+        logger.debug(  # a line per slice is a debug line: the progress lines summarise them
             "[%d/%d] %s: %d rows, %d tokens, %s",
             state.done,
             total,
@@ -328,7 +332,9 @@ def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
         make_runner, workers = _runner(specs, ctx, run)
         logger.info("%d slices on %d worker(s) (%s)", len(specs), workers, runner_name(make_runner(workers)))
     started = time.perf_counter()
-    state = _Slices(specs, started_at=head.started_at if head is not None else None)
+    state = _Slices(
+        specs, started_at=head.started_at if head is not None else None, head_start=head is not None
+    )
     task = slice_task_for(ctx, refresh=run.force_recache, cache=not run.disable_cache)
     _run_all(
         run_order(specs),

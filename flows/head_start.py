@@ -36,8 +36,11 @@ logger = logging.getLogger(__name__)
 class HeadStart:
     """A running process pool with the flow's last slices submitted to it."""
 
-    def __init__(self, todo: list[SliceSpec], ctx: TokenizeContext, workers: int) -> None:
+    def __init__(
+        self, todo: list[SliceSpec], ctx: TokenizeContext, workers: int, plan: list[SliceSpec] | None = None
+    ) -> None:
         from flows.pool import process_pool, run_order
+        from flows.progress import BOARD
         from tasks.tokenize import tokenize_ahead
 
         self.started_at = time.time()
@@ -55,8 +58,10 @@ class HeadStart:
         executor = self.pool._executor
         assert executor is not None
         # From the end of the flow's order: the flow submits from the front, so the two meet last.
+        BOARD.begin(todo if plan is None else plan)  # the command's bar counts these as they finish
         for s in reversed(run_order(todo)):
-            self.futures[s.key] = executor.submit(tokenize_ahead, s, ctx)
+            self.futures[s.key] = fut = executor.submit(tokenize_ahead, s, ctx)
+            fut.add_done_callback(lambda f, s=s: _count_finished(s, f))
 
     def broken(self) -> bool:
         return self.pool.broken()
@@ -73,6 +78,14 @@ class HeadStart:
         self.pool.kill_workers()
         with contextlib.suppress(Exception):
             self.pool.__exit__(RuntimeError, RuntimeError("head start discarded"), None)
+
+
+def _count_finished(spec: SliceSpec, fut: Future) -> None:
+    from flows.progress import BOARD
+
+    if not fut.cancelled() and fut.exception() is None:
+        manifest = fut.result()
+        BOARD.finished(spec, manifest["rows"], manifest["tokens"], reused=False)
 
 
 _lock = threading.Lock()
@@ -134,7 +147,7 @@ def begin_head_start(mixer: MixerConfig, run: RunOptions, plan: Plan | None = No
     workers, processes = pool_size(todo, run)
     if not todo or not processes:
         return
-    HeadStart(todo, ctx, workers)  # registers itself as the pending head start
+    HeadStart(todo, ctx, workers, plan.slices)  # registers itself as the pending head start
 
 
 def take_head_start(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOptions) -> HeadStart | None:

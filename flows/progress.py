@@ -1,88 +1,283 @@
-"""Progress a person can watch: a Prefect progress artifact in the UI, and listeners (the CLI's bar)."""
+"""Progress a person can watch at any scale.
+
+One board per process (:data:`BOARD`) counts the run's finished slices by their place in the plan,
+whoever finished them: the head start while the Prefect API starts, then the flow's fan-out. So a slice
+is counted once, as it finishes, not when the flow gets round to it. From the board:
+
+- the flow logs one summary line every :func:`line_seconds` (the UI's logs, a Prefect worker's console,
+  a log file) instead of a line per slice (those are debug lines), and keeps the UI's progress artifact
+  in step;
+- the command shows a live bar on a terminal, and elsewhere prints the same summary line itself (it
+  sees the head start's slices before a flow run exists); the flow's lines stay off its console.
+
+The rate is over the last :data:`WINDOW` seconds of slices computed (reused ones are done but cost no
+time), and the time left is the input bytes still to do over the bytes per second of that window.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
-
-from flows.watch import no_retries
+if TYPE_CHECKING:
+    from sftmix.slices import SliceSpec
 
 logger = logging.getLogger(__name__)
 
+#: Seconds of computed slices the rate and the time left are measured over.
+WINDOW = 30.0
 
-@dataclass
-class ProgressEvent:
+#: ``extra=`` of the flow's periodic progress lines: the command's console leaves them out (it shows its
+#: own bar or lines, which also count the head start's slices).
+PROGRESS_LOG = {"tokenize_mixer_progress": True}
+
+
+def is_progress_record(record: logging.LogRecord) -> bool:
+    return bool(getattr(record, "tokenize_mixer_progress", False))
+
+
+def line_seconds() -> float:
+    """Seconds between two summary lines (``TOKENIZE_MIXER_PROGRESS_SECONDS``, default 10)."""
+    try:
+        return max(0.5, float(os.environ.get("TOKENIZE_MIXER_PROGRESS_SECONDS", "10")))
+    except ValueError:
+        return 10.0
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def _count(n: float) -> str:
+    for size, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f}"
+
+
+@dataclass(frozen=True)
+class ProgressFacts:
+    """What the board knows at one moment."""
+
     done: int
     total: int
+    reused: int
+    failed: int
     rows: int
     tokens: int
+    bytes_done: int
+    bytes_total: int
     elapsed: float
-    label: str
+    tokens_per_second: float  # over the last WINDOW seconds of computed slices
+    rows_per_second: float
+    seconds_left: float | None  # None until a computed slice gives a rate
+
+    @property
+    def fraction(self) -> float:
+        if self.bytes_total > 0:
+            return min(1.0, self.bytes_done / self.bytes_total)
+        return self.done / max(self.total, 1)
+
+    def counts(self) -> str:
+        return f"{self.done:,}/{self.total:,} slices ({self.reused:,} reused, {self.failed:,} failed)"
+
+    def rate(self) -> str:
+        if not self.tokens_per_second:
+            return "no slice computed in the last 30 s" if self.done > self.reused else "starting"
+        return f"{_count(self.tokens_per_second)} tokens/s, {_count(self.rows_per_second)} rows/s"
+
+    def left(self) -> str:
+        if self.done >= self.total:
+            return "tokenizing done"
+        return (
+            "time left unknown yet"
+            if self.seconds_left is None
+            else f"about {_duration(self.seconds_left)} left"
+        )
+
+    def short(self) -> str:
+        """For the terminal's bar, beside its percentage: '30/81 slices, 2 reused, 6.0 k tok/s, 4 s left'."""
+        parts = [f"{self.done:,}/{self.total:,} slices", f"{self.reused:,} reused"]
+        if self.failed:
+            parts.append(f"{self.failed:,} failed")
+        if self.tokens_per_second:
+            parts.append(f"{_count(self.tokens_per_second)} tok/s")
+        if self.done >= self.total:
+            parts.append("assembling")
+        elif self.seconds_left is not None:
+            parts.append(f"{_duration(self.seconds_left)} left")
+        return ", ".join(parts)
+
+    def line(self) -> str:
+        """The summary line: 'progress 340/1,105 slices (12 reused, 0 failed), 31% of the input, ...'."""
+        return (
+            f"progress {self.counts()}, {100 * self.fraction:.0f}% of the input, {self.rate()} "
+            f"(last {WINDOW:.0f} s), {self.left()}, {_duration(self.elapsed)} in"
+        )
 
 
-Listener = Callable[[ProgressEvent], None]
-_listeners: list[Listener] = []
+Listener = Callable[[ProgressFacts], None]
 
 
-def add_listener(listener: Listener) -> None:
-    _listeners.append(listener)
+class Board:
+    """The run's finished slices, counted once each, with the recent rate."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._listeners: list[Listener] = []
+        self._reset({})
+
+    def _reset(self, plan: dict[int, tuple[str, int]]) -> None:
+        self.plan = plan  # index -> (key, estimated input bytes)
+        self.seen: set[int] = set()
+        self.reused = self.failed = self.rows = self.tokens = self.bytes_done = 0
+        self.started = time.monotonic()
+        self.recent: deque[tuple[float, int, int, int]] = deque()  # (when, bytes, tokens, rows) computed
+
+    @property
+    def active(self) -> bool:
+        return bool(self.plan)
+
+    def begin(self, specs: Iterable[SliceSpec], keep: bool = False) -> None:
+        """Count these slices from now on; with ``keep`` (the flow taking over the head start's pool),
+        the same slices keep what was counted."""
+        plan = {s.index: (s.key, s.est_bytes) for s in specs}
+        with self._lock:
+            if not keep or plan != self.plan:
+                self._reset(plan)
+        self._tell()
+
+    def finished(self, spec: SliceSpec, rows: int, tokens: int, reused: bool) -> None:
+        with self._lock:
+            if self.plan.get(spec.index, (None,))[0] != spec.key or spec.index in self.seen:
+                return
+            self.seen.add(spec.index)
+            self.rows += rows
+            self.tokens += tokens
+            self.bytes_done += spec.est_bytes
+            if reused:
+                self.reused += 1
+            else:
+                self.recent.append((time.monotonic(), spec.est_bytes, tokens, rows))
+        self._tell()
+
+    def failed_slice(self, spec: SliceSpec) -> None:
+        with self._lock:
+            if spec.index in self.seen or spec.index not in self.plan:
+                return
+            self.seen.add(spec.index)
+            self.failed += 1
+        self._tell()
+
+    def facts(self) -> ProgressFacts:
+        now = time.monotonic()
+        with self._lock:
+            while self.recent and self.recent[0][0] < now - WINDOW:
+                self.recent.popleft()
+            span = max(min(WINDOW, now - self.started), 1e-3)
+            nbytes = sum(r[1] for r in self.recent) / span
+            tokens = sum(r[2] for r in self.recent) / span
+            rows = sum(r[3] for r in self.recent) / span
+            bytes_total = sum(b for _, b in self.plan.values())
+            left = (bytes_total - self.bytes_done) / nbytes if nbytes > 0 else None
+            return ProgressFacts(
+                done=len(self.seen),
+                total=len(self.plan),
+                reused=self.reused,
+                failed=self.failed,
+                rows=self.rows,
+                tokens=self.tokens,
+                bytes_done=self.bytes_done,
+                bytes_total=bytes_total,
+                elapsed=now - self.started,
+                tokens_per_second=tokens,
+                rows_per_second=rows,
+                seconds_left=left,
+            )
+
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
+
+    def _tell(self) -> None:
+        if not self._listeners:
+            return
+        facts = self.facts()
+        for listener in list(self._listeners):
+            with contextlib.suppress(Exception):  # a view: never a reason to fail a slice
+                listener(facts)
 
 
-def remove_listener(listener: Listener) -> None:
-    if listener in _listeners:
-        _listeners.remove(listener)
+BOARD = Board()
 
 
 class SliceProgress:
-    """Counts finished slices; updates the UI artifact at most every few seconds."""
+    """The flow's side: counts its slices on the board, logs a summary line every few seconds and keeps
+    the UI's progress artifact in step (at most every ``every_seconds``)."""
 
-    def __init__(self, total: int, every_seconds: float = 2.0) -> None:
-        self.total = total
-        self.done = self.rows = self.tokens = self.computed_tokens = 0
-        self.started = self._last = time.perf_counter()
+    def __init__(self, specs: list[SliceSpec], every_seconds: float = 2.0, keep: bool = False) -> None:
+        from prefect.artifacts import create_progress_artifact
+
+        self.total = len(specs)
+        BOARD.begin(specs, keep)
         self.every = every_seconds
+        self._last_artifact = self._last_line = time.monotonic()
+        self._said_complete = False
         self.artifact = None
         with contextlib.suppress(Exception):  # progress in the UI is a view: never a reason to fail
             self.artifact = create_progress_artifact(
-                progress=0.0, key="tokenize-mixer-progress", description=f"Slices tokenized (of {total})"
+                progress=0.0, key="tokenize-mixer-progress", description=f"Slices tokenized (of {self.total})"
             )
-        self._emit("started")
 
-    def _emit(self, label: str) -> None:
-        event = ProgressEvent(
-            self.done, self.total, self.rows, self.tokens, time.perf_counter() - self.started, label
-        )
-        for listener in list(_listeners):
-            listener(event)
+    def advance(self, spec: SliceSpec, rows: int, tokens: int, reused: bool = False) -> None:
+        BOARD.finished(spec, rows, tokens, reused)
+        self.tick()
 
-    def advance(self, rows: int, tokens: int, label: str, reused: bool = False) -> None:
-        self.done += 1
-        self.rows += rows
-        self.tokens += tokens
-        self.computed_tokens += 0 if reused else tokens
-        self._emit(label)
-        now = time.perf_counter()
-        if now - self._last >= self.every or self.done == self.total:
-            self._last = now
-            elapsed = max(now - self.started, 1e-9)
+    def failed(self, spec: SliceSpec) -> None:
+        BOARD.failed_slice(spec)
+        self.tick()
+
+    def tick(self) -> None:
+        """Called as slices finish and whenever the fan-out wakes (every couple of seconds)."""
+        from prefect import get_run_logger
+
+        now = time.monotonic()
+        facts = BOARD.facts()
+        complete = facts.done >= facts.total
+        if now - self._last_artifact >= self.every or complete:
+            self._last_artifact = now
             self._update_artifact(
-                progress=100.0 * self.done / max(self.total, 1),
-                description=f"{self.done}/{self.total} slices, "
-                + (
-                    f"{self.computed_tokens / elapsed:,.0f} tokens/s tokenized"
-                    if self.computed_tokens
-                    else "reused from checkpoints"
-                ),
+                progress=100.0 * facts.done / max(facts.total, 1),
+                description=f"{facts.counts()}; {facts.rate()}; {facts.left()}",
             )
+        if self._said_complete:
+            return
+        if now - self._last_line >= line_seconds() or complete:
+            self._last_line, self._said_complete = now, complete
+            get_run_logger().info(facts.line(), extra=PROGRESS_LOG)
 
     def _update_artifact(self, **fields: object) -> None:
         if self.artifact is None:
             return
+        from prefect.artifacts import update_progress_artifact
+
+        from flows.watch import no_retries
+
         try:
             with no_retries():  # an API that does not answer at once: skip this update, not wait
                 update_progress_artifact(self.artifact, **fields)  # type: ignore[arg-type]

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
 from prefect.states import Cancelled, Failed
 from pydantic import Field
 
-from flows.artifacts import publish_artifacts
+from flows.artifacts import publish_artifacts, report_markdown
 from flows.fanout import SliceOutcome, run_slice_specs
 from flows.watch import StopWatch, report_crashed
 from sftmix.check import check_output
@@ -32,6 +33,7 @@ from sftmix.stopping import EXIT_CANCELLED, RunStopped, first_stop, follow_super
 from sftmix.storage import atomic_write_bytes, is_remote, remove_tree
 from sftmix.templates import template_drift
 from sftmix.tokenizer import TokenizerKey, own_chat_template
+from sftmix.up_to_date import remember_inputs, up_to_date
 from tasks.assemble import assemble_output
 from tasks.plan import plan_mixer
 from tasks.publish import publish_output
@@ -109,10 +111,15 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
     started = time.perf_counter()
     check_allowed_roots(mixer, run)  # before anything touches a path (check_output_free creates dirs)
     seen_id = check_output_free(mixer.output.path, paths_to_protect(mixer, run))
+    if (done := up_to_date(mixer, run)) is not None:  # the inputs' stamps say so: no plan needed
+        return _nothing_to_do(done, started)
     plan = _call(plan_mixer, mixer, run)
     for line in plan.summary().splitlines():
         logger.info(line)
     refuse_different_output(mixer.output.path, mixer.output.overwrite, plan.recipe())
+    if (done := up_to_date(mixer, run, plan.recipe())) is not None:
+        remember_inputs(mixer.output.path, plan.recipe(), plan.inputs)
+        return _nothing_to_do(done, started)
     plan_seconds = round(time.perf_counter() - started, 3)
     documents = _documents_path(plan)
     scratch = None
@@ -134,6 +141,22 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
         logger.warning("could not attach the report artifacts: %s: %s", type(exc).__name__, exc)
     for line in report.render().splitlines():
         logger.info(line, extra=SUMMARY_LOG)
+    return report.model_dump()
+
+
+def _nothing_to_do(report: RunReport, started: float) -> dict:
+    """The run's end when the output already holds its shards: the published report, said again."""
+    report.wall_seconds = report.plan_seconds = round(time.perf_counter() - started, 3)
+    if COMMAND_CLOCK.started is not None:
+        report.command_seconds = round(time.time() - COMMAND_CLOCK.started, 3)
+    try:
+        create_markdown_artifact(
+            markdown=report_markdown(report), key="tokenize-mixer-report", description="Run report"
+        )
+    except Exception as exc:
+        get_run_logger().warning("could not attach the report artifact: %s: %s", type(exc).__name__, exc)
+    for line in report.render().splitlines():
+        get_run_logger().info(line, extra=SUMMARY_LOG)
     return report.model_dump()
 
 
@@ -228,7 +251,13 @@ def _assemble_and_publish(
     StopWatch().check(force=True)  # a run cancelled while it assembled does not publish
     had_report = not is_remote(mixer.output.path) and (Path(mixer.output.path) / REPORT_PNG).exists()
     report.publish = _call(
-        publish_output, staging, mixer.output.path, mixer.output.overwrite, seen_id, plan.recipe()
+        publish_output,
+        staging,
+        mixer.output.path,
+        mixer.output.overwrite,
+        seen_id,
+        plan.recipe(),
+        plan.inputs,
     )
     if had_report and not (Path(mixer.output.path) / REPORT_PNG).exists():
         try:  # a report the user made of the replaced output is made again for the new one

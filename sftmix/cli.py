@@ -11,6 +11,7 @@ import contextlib
 import logging
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -20,7 +21,7 @@ from .config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, Tokenizer
 from .console import configure_command_console
 from .errors import ConfigError, MixerError, WorkerDiedError
 from .reference_flags import NEUTRAL_FLAGS, check_flags, transform_chain
-from .report import COMMAND_CLOCK
+from .report import COMMAND_CLOCK, RunReport
 from .selection import parse_amount
 from .stopping import (
     EXIT_API_LOST,
@@ -82,6 +83,13 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     _flag(parser, "batch_slices", type=int, help="runner work_pool: slices per batch flow run")
     _flag(parser, "dask_address", help="scheduler address of an existing Dask cluster (runner dask)")
     _flag(parser, "reference", help="directory or digests JSON to validate against; a mismatch fails the run")
+    _flag(
+        parser,
+        "force",
+        action="store_true",
+        default=None,
+        help="make and publish the output even when it is up to date (slices are still reused)",
+    )
     _flag(parser, "force_recache", action="store_true", default=None, help="recompute every slice")
     _flag(
         parser, "disable_cache", action="store_true", default=None, help="neither read nor write checkpoints"
@@ -277,6 +285,7 @@ def run_options(args: argparse.Namespace, base: RunOptions | None = None) -> Run
         "slice_deployment",
         "batch_slices",
         "reference",
+        "force",
         "force_recache",
         "disable_cache",
         "check",
@@ -288,40 +297,59 @@ def run_options(args: argparse.Namespace, base: RunOptions | None = None) -> Run
 
 @contextlib.contextmanager
 def _progress_bar() -> Iterator[None]:
-    """A live bar (slices done, rows/s, tokens/s) when stderr is a terminal."""
+    """The command's progress: a live bar on a terminal (slices, share of the input, the recent rate,
+    time left), elsewhere a summary line every few seconds (``flows.progress``); both count the head
+    start's slices as they finish, before the flow run exists."""
+    from flows.progress import BOARD, line_seconds
+
     if not sys.stderr.isatty():
-        yield
+        stop = threading.Event()
+
+        def lines() -> None:
+            said_complete = False
+            while not stop.wait(line_seconds()):
+                if BOARD.active and not said_complete:
+                    facts = BOARD.facts()
+                    logging.getLogger("tokenize_mixer.progress").info(facts.line())
+                    said_complete = facts.done >= facts.total
+
+        ticker = threading.Thread(target=lines, name="progress-lines", daemon=True)
+        ticker.start()
+        try:
+            yield
+        finally:
+            stop.set()
         return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, TaskProgressColumn
+    from rich.text import Text
 
-    from flows.progress import ProgressEvent, add_listener, remove_listener
+    class Facts(ProgressColumn):  # read at every refresh: the rate and the time left move between slices
+        def render(self, task: Any) -> Text:
+            if not BOARD.active:
+                return Text("planning, starting the Prefect API")
+            facts = BOARD.facts()
+            return Text(facts.short())
 
     bar = Progress(
-        TextColumn("slices"),
+        SpinnerColumn(),
         BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]}"),
-        TimeElapsedColumn(),
+        TaskProgressColumn(),
+        Facts(),
         console=Console(stderr=True),
+        refresh_per_second=4,
     )
-    task_id = bar.add_task("slices", total=None, rate="")
+    task_id = bar.add_task("slices", total=1.0)
 
-    def update(e: ProgressEvent) -> None:
-        t = max(e.elapsed, 1e-9)
-        bar.update(
-            task_id,
-            total=e.total,
-            completed=e.done,
-            rate=f"{e.rows / t:,.0f} rows/s {e.tokens / t:,.0f} tok/s",
-        )
+    def update(facts: Any) -> None:
+        bar.update(task_id, completed=facts.fraction)
 
-    add_listener(update)
+    BOARD.add_listener(update)
     try:
         with bar:
             yield
     finally:
-        remove_listener(update)
+        BOARD.remove_listener(update)
 
 
 def _write_tokenizer_only(mixer: MixerConfig) -> int:
@@ -353,25 +381,32 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
 
     from .plan import check_inputs
     from .publish import check_output_free, paths_to_protect
-    from .report import RunReport
     from .roots import check_allowed_roots
+    from .up_to_date import UpToDate, remember_inputs, up_to_date
 
     # The flow checks these again; here they fail fast, before a Prefect API starts.
     check_allowed_roots(mixer, run)
     check_output_free(mixer.output.path, paths_to_protect(mixer, run))
     check_inputs(mixer)
+    if (done := up_to_date(mixer, run)) is not None:  # no API, no plan: the inputs' stamps say so
+        return _say_up_to_date(done)
 
     def prepare() -> None:
         """While the API starts: the plan, whose user errors end the command before a flow run exists
-        (``prefect_api`` stops the server on the way out), and the head start where it applies."""
+        (``prefect_api`` stops the server on the way out), and the head start where it applies (not
+        when the plan finds the output up to date: the flow then says so and ends)."""
         from flows.head_start import begin_head_start, plan_ahead
 
         from .plan import prepare_plan
 
         prepare_plan(mixer, run)
         plan = plan_ahead(mixer, run)
-        if plan is not None:
-            begin_head_start(mixer, run, plan)  # tokenizing begins while the API is still starting
+        if plan is None:
+            return
+        if (done := up_to_date(mixer, run, plan.recipe())) is not None:
+            remember_inputs(mixer.output.path, plan.recipe(), plan.inputs)
+            raise UpToDate(done)  # the API stops; no flow run
+        begin_head_start(mixer, run, plan)  # tokenizing begins while the API is still starting
 
     from flows.head_start import head_start_scope
 
@@ -380,17 +415,28 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
 
         fork_workers_from_server()
         start_worker_server(mixer, run)
-    with head_start_scope(), prefect_api(prepare, launch_first=_one_run_per_process), _progress_bar():
-        # Imported here, not above: with a temporary API server, the import overlaps its start-up.
-        from flows.tokenize_mixer import tokenize_mixer
+    try:
+        with head_start_scope(), prefect_api(prepare, launch_first=_one_run_per_process), _progress_bar():
+            # Imported here, not above: with a temporary API server, the import overlaps its start-up.
+            from flows.tokenize_mixer import tokenize_mixer
 
-        state = tokenize_mixer(mixer=mixer, run=run, return_state=True)
+            state = tokenize_mixer(mixer=mixer, run=run, return_state=True)
+    except UpToDate as done:
+        return _say_up_to_date(done.report)
     if state.is_cancelled() or state.is_cancelling():
         raise record_stop(RunStopped("cancelled through the Prefect API", EXIT_CANCELLED))
     result = state.result(raise_on_failure=False)
     if isinstance(result, BaseException):
         raise result
     report = RunReport.model_validate(result)
+    sys.stdout.write(report.render() + "\n")
+    return 0
+
+
+def _say_up_to_date(report: RunReport) -> int:
+    """The command's end when the output already holds its shards: its report, said again."""
+    report.wall_seconds = report.plan_seconds = round(time.time() - (COMMAND_CLOCK.started or time.time()), 3)
+    report.command_seconds = report.wall_seconds
     sys.stdout.write(report.render() + "\n")
     return 0
 

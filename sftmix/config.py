@@ -384,6 +384,12 @@ class RunOptions(BaseModel):
         description="An output directory or a digests JSON file the shards must match byte for byte; a "
         "mismatch fails the run. Empty: none.",
     )
+    force: bool = Field(
+        default=False,
+        title="Rebuild an up-to-date output",
+        description="Make and publish the output again even when it already holds this run's shards (the "
+        "same recipe and inputs, every file as published); finished slices are still reused.",
+    )
     force_recache: bool = Field(
         default=False,
         title="Recompute every slice",

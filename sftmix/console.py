@@ -17,14 +17,14 @@ CONSOLE_ENV = "TOKENIZE_MIXER_CONSOLE"
 
 
 class QuietConsole(logging.Filter):
-    """What the console leaves out without ``--verbose``: the run's summary as the flow logs it for the
-    Prefect UI (stdout has it), Prefect's "Finished in state ..." per task and flow run (a failure is
+    """What the console leaves out without ``--verbose``: the run's summary and progress lines as the flow
+    logs them for the Prefect UI (stdout has the summary, the command's bar or lines the progress), Prefect's "Finished in state ..." per task and flow run (a failure is
     the command's one ``error:`` line, or its traceback) and its workers' "Still processing items" as
     they flush at exit."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if is_summary_record(record):
-            return False
+        if is_summary_record(record) or getattr(record, "tokenize_mixer_progress", False):
+            return False  # (the command prints the summary itself, and its own progress)
         msg = str(record.msg)
         if record.name in ("prefect.task_runs", "prefect.flow_runs") and msg.startswith("Finished in state"):
             return False

@@ -53,9 +53,12 @@ def _relative_files(root: Path) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir())
 
 
-def write_output_marker(staging: Path, recipe: dict | None = None) -> str:
-    """Mark ``staging`` (about to be published) as our output; returns the publish id. ``recipe``: what
-    its bytes follow from (``Plan.recipe``), for the next run into it to compare before any work."""
+def write_output_marker(staging: Path, recipe: dict | None = None, inputs: dict | None = None) -> str:
+    """Mark ``staging`` (about to be published, every file in place) as our output; returns the publish
+    id. ``recipe``: what its bytes follow from (``Plan.recipe``), for the next run into it to compare
+    before any work; ``inputs``: the stamps of the files it was computed from
+    (:func:`sftmix.up_to_date.input_record`). The size and mtime of every file are recorded too, so a
+    rerun can tell the output is still as published (a rename keeps both)."""
     ident = uuid.uuid4().hex
     files = [f for f in _relative_files(staging) if f not in (OUTPUT_MARKER, LEASE_MARKER)]
     marker = {
@@ -63,7 +66,9 @@ def write_output_marker(staging: Path, recipe: dict | None = None) -> str:
         "id": ident,
         "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "files": files,
+        "stamps": {f: [(st := (staging / f).stat()).st_size, st.st_mtime_ns] for f in files},
         **({} if recipe is None else {"recipe": recipe}),
+        **({} if inputs is None else {"inputs": inputs}),
     }
     atomic_write_bytes(staging / OUTPUT_MARKER, json.dumps(marker, indent=1).encode("utf-8"))
     return ident

@@ -52,6 +52,7 @@ from .tokenizer import (
     tokenizer_fingerprint,
     tokenizer_path_problem,
 )
+from .up_to_date import input_record, mixer_recipe
 
 logger = logging.getLogger(__name__)
 
@@ -80,22 +81,15 @@ class Plan(BaseModel):
     template_sha256: str
     tokenizer_fingerprint: str
     warnings: list[str]
+    inputs: dict | None = None  # the input files' stamps, taken before the plan read them (up_to_date)
 
     def recipe(self) -> dict[str, Any]:
         """Everything the output's bytes follow from (and nothing they do not: run options, the
         encoder, overwrite, the output's own path): written into the published output's marker, so
         that a rerun into it can tell before any work whether it would make different shards."""
-        mixer = self.mixer.model_dump(
-            mode="json",
-            exclude={  # the output's path is not in its digests; on_bad_row only decides whether a run fails
-                "output": {"overwrite", "path"},
-                "tokenizer": {"encoder", "unknown_template"},
-                "on_bad_row": True,
-            },
-        )
         return {
             "format": SLICE_FORMAT_VERSION,
-            "mixer": mixer,
+            "mixer": mixer_recipe(self.mixer),
             "data": [d.fingerprint for d in self.datasets],
             "tokenizer": self.tokenizer_fingerprint,
             "template": self.template_sha256,
@@ -320,6 +314,7 @@ def _prove_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, 
 
 
 def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
+    inputs = input_record(mixer)  # first: a file that changes while the plan reads it will not match
     work_dir, remote = _work_dir(run)
     datasets_cache = work_dir / "datasets-cache"
     tk, hf, template = resolve_tokenizer(mixer.tokenizer)
@@ -457,4 +452,5 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         template_sha256=template.sha256,
         tokenizer_fingerprint=tok_fp,
         warnings=warnings,
+        inputs=inputs,
     )

@@ -11,7 +11,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,13 +125,18 @@ UNCHECKED = "unchecked"
 
 
 def publish(
-    staging: Path, output: str, overwrite: bool, seen_id: str | None = UNCHECKED, recipe: dict | None = None
+    staging: Path,
+    output: str,
+    overwrite: bool,
+    seen_id: str | None = UNCHECKED,
+    recipe: dict | None = None,
+    inputs: dict | None = None,
 ) -> str:
     """Make ``staging`` the output (local rename, or objects + manifest last); returns what happened."""
     if is_remote(output):
         return publish_remote(staging, output, overwrite)
     with storage_errors(f"cannot publish to {output}"):
-        return publish_local(staging, output, overwrite, seen_id, recipe)
+        return publish_local(staging, output, overwrite, seen_id, recipe, inputs)
 
 
 def refuse_different_output(output: str, overwrite: bool, recipe: dict) -> None:
@@ -204,6 +209,7 @@ def publish_local(
     overwrite: bool,
     seen_id: str | None = UNCHECKED,
     recipe: dict | None = None,
+    inputs: dict | None = None,
 ) -> str:
     """Rename ``staging`` to ``output``: 'created', 'replaced' (identical) or 'overwritten', or an error.
 
@@ -232,8 +238,8 @@ def publish_local(
                         "or set overwrite (--overwrite, or 'Replace different shards' under Output in the UI) to replace them"
                     )
                 status = "overwritten"
-        write_output_marker(staging, recipe)
         stamp_report(staging, status)
+        write_output_marker(staging, recipe, inputs)  # last: it records every file's size and mtime
         old: Path | None = None
         with stops_deferred():  # published or not, never half-way (a stop meanwhile is raised after)
             if not out.exists():
@@ -253,6 +259,15 @@ def publish_local(
             if old is not None:  # (ours: it held our marker and nothing else, check_replaceable)
                 remove_tree(old)
     return status
+
+
+def update_output_marker(directory: Path, update: Callable[[dict], bool]) -> None:
+    """Change the marker of the output in ``directory`` under the publish lock (``update`` edits it in
+    place and says whether it changed anything); nothing happens when the directory holds no output."""
+    with _publish_lock(directory):
+        marker = read_output_marker(directory)
+        if marker is not None and update(marker):
+            atomic_write_bytes(directory / OUTPUT_MARKER, json.dumps(marker, indent=1).encode("utf-8"))
 
 
 # ---- object stores ----------------------------------------------------------------------------------

@@ -26,6 +26,9 @@ def is_summary_record(record: logging.LogRecord) -> bool:
     return bool(getattr(record, "tokenize_mixer_summary", False))
 
 
+#: ``RunReport.publish`` of a run that found the output already holding its shards and rewrote nothing.
+UP_TO_DATE = "up to date"
+
 #: Why a row is dropped, in words (the keys are the reasons in run_report.json and the statistics).
 DROP_WORDS = {
     "assistant_span_unverified": "the reference's check that an assistant turn's tokens start at and cover "
@@ -62,6 +65,9 @@ class Validation(BaseModel):
 class RunReport(BaseModel):
     output_dir: str
     publish: str = ""
+    published_at: str | None = Field(
+        None, description="When the output was published, for a run that found it up to date."
+    )
     slices_total: int
     slices_computed: int
     slices_reused: int
@@ -122,6 +128,11 @@ class RunReport(BaseModel):
     warnings: list[str] = Field(default_factory=list)
 
     def time_line(self) -> str:
+        if self.publish == UP_TO_DATE:
+            total = self.command_seconds if self.command_seconds is not None else self.wall_seconds
+            return (
+                f"{total:.1f} s: the output checked against this run's inputs; nothing tokenized or written"
+            )
         tail = max(self.wall_seconds - self.plan_seconds - self.tokenize_seconds, 0.0)
         parts = []
         if self.command_seconds is not None:
@@ -137,10 +148,24 @@ class RunReport(BaseModel):
         return f"{total:.1f} s: " + ", ".join(parts)
 
     def render(self) -> str:
+        if self.publish == UP_TO_DATE:
+            head = [
+                f"output      {self.output_dir} (up to date: published {self.published_at} from this run's "
+                "recipe, every file as published; nothing was rewritten, --force makes it again)"
+            ]
+        else:
+            head = [
+                f"output      {self.output_dir} ({self.publish})",
+                f"slices      {self.slices_total} total: {self.slices_computed} computed, "
+                f"{self.slices_reused} reused"
+                + (
+                    f", {self.slices_rechecked} recomputed after a failed check"
+                    if self.slices_rechecked
+                    else ""
+                ),
+            ]
         lines = [
-            f"output      {self.output_dir} ({self.publish})",
-            f"slices      {self.slices_total} total: {self.slices_computed} computed, {self.slices_reused} reused"
-            + (f", {self.slices_rechecked} recomputed after a failed check" if self.slices_rechecked else ""),
+            *head,
             *self._rows_lines(),
             f"documents   {self.documents} in {self.parts} part(s), {self.tokens:,} tokens "
             f"({self.trainable_tokens:,} trainable), dtype {self.token_dtype}",

@@ -12,6 +12,11 @@ from tasks import fail_cleanly
 @task(name="publish", cache_policy=NO_CACHE, persist_result=False)
 @fail_cleanly
 def publish_output(
-    staging: Path, output: str, overwrite: bool, seen_id: str | None = UNCHECKED, recipe: dict | None = None
+    staging: Path,
+    output: str,
+    overwrite: bool,
+    seen_id: str | None = UNCHECKED,
+    recipe: dict | None = None,
+    inputs: dict | None = None,
 ) -> str:
-    return publish(staging, output, overwrite, seen_id, recipe)
+    return publish(staging, output, overwrite, seen_id, recipe, inputs)

@@ -61,7 +61,9 @@ def test_demo_runs_and_an_identical_rerun_reuses_everything(tmp_path):
     assert checked.returncode == 0 and "clean: no findings" in checked.stdout
     digests = report["digests"]
 
-    rerun = cli("run", "examples/mixer.yaml", "--output_dir", str(out), "--work_dir", str(work))
+    unchanged = cli("run", "examples/mixer.yaml", "--output_dir", str(out), "--work_dir", str(work))
+    assert "up to date" in unchanged.stdout  # nothing rewritten (tests/test_up_to_date.py)
+    rerun = cli("run", "examples/mixer.yaml", "--output_dir", str(out), "--work_dir", str(work), "--force")
     again = json.loads((out / "run_report.json").read_text())
     assert again["slices_reused"] == again["slices_total"] and again["slices_computed"] == 0
     assert again["tokens_per_second"] == 0 and "checking reused slices" in rerun.stdout

@@ -62,8 +62,8 @@ class Run:
             stderr=subprocess.PIPE,
             text=True,
         )
+        self.cmd = cmd
         self.lines: list[str] = []
-        self.progress = threading.Event()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -71,11 +71,17 @@ class Run:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.lines.append(line)
-            if "[3/" in line:
-                self.progress.set()
 
-    def wait_for_slices(self) -> None:
-        assert self.progress.wait(240), "".join(self.lines)[-3000:]
+    def wait_for_slices(self, n: int = 3) -> None:
+        """Until the flow's fan-out runs (its "N slices on W worker(s)" line) and ``n`` slices are
+        checkpointed in the run's work directory (a line per slice is a debug line)."""
+        work = Path(self.cmd[self.cmd.index("--work_dir") + 1])
+        deadline = time.monotonic() + 240
+        while not any(" slices on " in line for line in self.lines) or (
+            len(list(work.glob("slices/*/*/manifest.json"))) < n
+        ):
+            assert time.monotonic() < deadline and self.proc.poll() is None, "".join(self.lines)[-3000:]
+            time.sleep(0.05)
 
     def children(self, running: str = "", descendants: bool = True) -> list[int]:
         """Its child processes and theirs (those whose command line contains ``running``)."""
@@ -200,16 +206,16 @@ def test_a_closed_output_pipe_stops_the_run(chats, tmp_path):
     data, expected = chats
     work, out = tmp_path / "work", tmp_path / "out"
     code_file = tmp_path / "code"
-    script = f'"$@" 2>&1 | grep -m1 "\\[3/"; echo "${{PIPESTATUS[0]}}" > {code_file}'
+    script = f'"$@" 2>&1 | grep -m1 "progress [1-9]"; echo "${{PIPESTATUS[0]}}" > {code_file}'
     shell = subprocess.Popen(
         ["bash", "-c", script, "_", *command(data, work, out)],
-        env=cli_env(),
+        env={**cli_env(), "TOKENIZE_MIXER_PROGRESS_SECONDS": "1"},  # a summary line a second
         start_new_session=True,
         stdout=subprocess.PIPE,
         text=True,
     )
     assert shell.stdout is not None
-    assert "[3/" in shell.stdout.readline()  # grep matched and exits: the run's pipe is closed
+    assert "slices" in shell.stdout.readline()  # grep matched and exits: the run's pipe is closed
     since = time.monotonic()
     assert shell.wait(timeout=60) == 0
     assert time.monotonic() - since < STOP_WITHIN

@@ -1,0 +1,67 @@
+"""Progress a person can watch at any scale (issue 31, item 4): each slice counted once as it finishes,
+whoever finished it; a rate over the recent past and the time left; a summary line, not one per slice."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from flows.progress import Board
+from sftmix.slices import SliceSpec
+from tests.test_cli import cli
+
+
+def _spec(index: int, est_bytes: int = 1000) -> SliceSpec:
+    return SliceSpec(
+        key=f"k{index}", index=index, dataset_index=0, dataset="d.jsonl", split="train", revision=None,
+        row_format="messages", messages_key="messages", row_start=index * 10, row_end=index * 10 + 10,
+        est_bytes=est_bytes,
+    )  # fmt: skip
+
+
+def test_the_board_counts_each_slice_once_and_rates_only_computed_ones():
+    board, specs = Board(), [_spec(i) for i in range(4)]
+    seen = []
+    board.add_listener(seen.append)
+    board.begin(specs)
+    facts = board.facts()
+    assert (facts.done, facts.total, facts.seconds_left) == (
+        0,
+        4,
+        None,
+    ) and facts.left() == "time left unknown yet"
+    board.finished(specs[0], rows=10, tokens=500, reused=True)
+    assert board.facts().tokens_per_second == 0  # a reused slice cost no time: no rate from it
+    board.finished(specs[1], rows=10, tokens=700, reused=False)
+    board.finished(specs[1], rows=10, tokens=700, reused=False)  # the flow collects a head-start slice
+    facts = board.facts()
+    assert (facts.done, facts.reused, facts.rows, facts.tokens) == (2, 1, 20, 1200)
+    assert facts.tokens_per_second > 0 and facts.seconds_left is not None and facts.fraction == 0.5
+    assert re.fullmatch(
+        r"progress 2/4 slices \(1 reused, 0 failed\), 50% of the input, .* tokens/s, .* rows/s \(last 30 s\), "
+        r"about \d+ s left, \d+ s in",
+        facts.line(),
+    ), facts.line()
+    board.failed_slice(specs[2])
+    board.finished(_spec(9), rows=1, tokens=1, reused=False)  # not in this plan: ignored
+    assert (board.facts().failed, board.facts().done) == (1, 3)
+    # the flow taking over the head start's slices keeps the count; a new run starts again
+    board.begin(specs, keep=True)
+    assert board.facts().done == 3
+    board.begin(specs)
+    assert board.facts().done == 0
+    assert len(seen) >= 5
+
+
+@pytest.mark.slow
+def test_the_console_shows_summary_lines_not_a_line_per_slice(tmp_path):
+    proc = cli(
+        "run", "examples/mixer.yaml", "--output_dir", str(tmp_path / "out"), "--work_dir", str(tmp_path / "w"),
+        "--slice_rows", "3", env={"TOKENIZE_MIXER_PROGRESS_SECONDS": "0.5"},
+    )  # fmt: skip
+    lines = [line for line in proc.stderr.splitlines() if "progress " in line]
+    assert lines, proc.stderr[-3000:]
+    assert "81/81 slices (0 reused, 0 failed), 100% of the input" in lines[-1]
+    assert "tokenizing done" in lines[-1]
+    assert not re.search(r"\[\d+/81\]", proc.stderr)  # the per-slice lines are debug lines
