@@ -17,20 +17,21 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
+from . import jsonl
 from .config import MixerConfig, RunOptions, TokenizerSpec, default_work_dir, local_mirror
 from .encoders import same_encodings
 from .errors import ConfigError, DatasetError, TemplateError
 from .formats import MESSAGES_KEY, Conversation, RowFormatError, conversation_from_row, detect_format
 from .parallel import memory_limit
 from .selection import selected_source_rows, selection_problem, small_count_warning, target_rows
-from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext, worker_encoding
+from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext, rows_of, worker_encoding
 from .sources import (
     RowsFingerprinter,
+    SourceInfo,
     arrow_cache_files,
     describe,
     hash_ahead,
     path_problem,
-    read_rows,
     release_mapped_data,
 )
 from .storage import atomic_write_bytes, is_remote, storage_errors
@@ -183,6 +184,35 @@ def _work_dir(run: RunOptions) -> tuple[Path, str | None]:
     return work_dir, remote
 
 
+def _jsonl_layout(path: str, split: str) -> jsonl.JsonlLayout | None:
+    """The file's batches when it is JSON Lines read by batch (:mod:`sftmix.jsonl`), else ``None``."""
+    if not jsonl.applies(path, split):
+        return None
+    try:
+        return jsonl.scan(path)
+    except DatasetError as exc:
+        raise DatasetError(path, exc.reason) from None
+
+
+def _batch_groups(
+    layout: jsonl.JsonlLayout, selected: np.ndarray | None, slice_bytes: int
+) -> list[tuple[int, int, list[int] | None]]:
+    """(start, end, subset) per slice of a file read by batch: one slice per batch, so each batch is
+    parsed once; a file of one batch (small) is cut into slices of about ``slice_bytes``, each parsing it."""
+    pieces = 1 if len(layout.batches) > 1 else max(1, -(-layout.size // slice_bytes))
+    groups: list[tuple[int, int, list[int] | None]] = []
+    for b in layout.batches:
+        lo, hi = b.first_row, b.first_row + b.rows
+        if selected is None:
+            rows = np.arange(lo, hi)
+        else:
+            rows = selected[np.searchsorted(selected, lo) : np.searchsorted(selected, hi)]
+        for part in np.array_split(rows, min(pieces, len(rows))) if len(rows) else []:
+            start, end = int(part[0]), int(part[-1]) + 1
+            groups.append((start, end, None if selected is None else part.tolist()))
+    return groups
+
+
 def check_inputs(mixer: MixerConfig) -> None:
     """Refuse what is wrong at a glance (a missing tokenizer directory, ``.jinja`` template or data
     file; a hub name with no hub to ask), in the plan's order and with its messages: the command checks
@@ -214,13 +244,15 @@ def prepare_plan(mixer: MixerConfig, run: RunOptions) -> None:
     def open_datasets() -> None:
         try:
             for entry in mixer.datasets:
+                if _jsonl_layout(entry.path, entry.split) is not None:
+                    continue
                 describe(entry.path, entry.split, entry.revision, datasets_cache)
                 arrow_cache_files(entry.path, entry.split, entry.revision, datasets_cache)
         except Exception as exc:
             logger.debug("opening the datasets ahead of the plan stopped: %s: %s", type(exc).__name__, exc)
 
     # The datasets' Arrow conversion (one core each, the longest part) beside the tokenizer's load.
-    hash_ahead([entry.path for entry in mixer.datasets])
+    hash_ahead([entry.path for entry in mixer.datasets if not jsonl.applies(entry.path, entry.split)])
     datasets_ahead = threading.Thread(target=open_datasets, name="datasets-ahead", daemon=True)
     datasets_ahead.start()
     try:
@@ -256,7 +288,10 @@ def _sample_rows(spec: SliceSpec, datasets_cache: Path) -> list[Conversation]:
     """The first rows of a dataset's first slice, as conversations (malformed ones are the slices' to
     report)."""
     rows = (spec.rows or list(range(spec.row_start, spec.row_end)))[:SAMPLE_ROWS]
-    records = read_rows(spec.dataset, spec.split, spec.revision, str(datasets_cache), rows, spec.arrow_files)
+    try:
+        records = rows_of(spec, str(datasets_cache), rows)
+    except DatasetError:
+        return []  # the slice reports it, with its rows
     out = []
     for record in records:
         try:
@@ -363,9 +398,13 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
     slices: list[SliceSpec] = []
     selected_total, memory = 0, memory_limit()
     samples: list[Conversation] = []
-    hash_ahead([entry.path for entry in mixer.datasets])
+    hash_ahead([entry.path for entry in mixer.datasets if not jsonl.applies(entry.path, entry.split)])
     for index, entry in enumerate(mixer.datasets):
-        info = describe(entry.path, entry.split, entry.revision, str(datasets_cache))
+        batched = _jsonl_layout(entry.path, entry.split)
+        if batched is not None:
+            info = SourceInfo(batched.n_rows, batched.fingerprint, batched.columns, batched.size)
+        else:
+            info = describe(entry.path, entry.split, entry.revision, str(datasets_cache))
         if info.n_rows == 0:
             raise DatasetError(
                 entry.path, f"split {entry.split!r} has no rows; remove it from the mixer or give it rows"
@@ -374,7 +413,11 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
             row_format, messages_key = detect_format(info.columns, entry.messages_key, entry.format)
         except ValueError as exc:
             raise DatasetError(entry.path, str(exc)) from None
-        arrow_files = arrow_cache_files(entry.path, entry.split, entry.revision, str(datasets_cache))
+        arrow_files = (
+            None
+            if batched is not None
+            else arrow_cache_files(entry.path, entry.split, entry.revision, str(datasets_cache))
+        )
         target = target_rows(entry.amount, info.n_rows)
         if target == 0:
             raise DatasetError(entry.path, f"amount {entry.amount} of {info.n_rows} rows selects no rows")
@@ -393,10 +436,17 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         fingerprint_rows = RowsFingerprinter(
             entry.path, entry.split, entry.revision, str(datasets_cache), arrow_files
         )
-        for start, end, subset in _row_groups(info.n_rows, selected, per_slice):
+        if batched is not None and not run.slice_rows:
+            groups = _batch_groups(batched, selected, run.slice_bytes)
+        else:
+            groups = _row_groups(info.n_rows, selected, per_slice)
+        for start, end, subset in groups:
             rows_key = {"rows": [start, end], "subset": None if subset is None else _digest(subset)}
-            data = memo.known.get(memo.key(rows_key))
-            if data is None:
+            source = None
+            if batched is not None:  # the bytes of the batches it reads, and the columns they are cast to
+                source = batched.source(jsonl.batches_for(batched, start, end))
+                data = _digest([batched.schema_b64, [[b.offset, b.end, b.sha256] for b in source.batches]])
+            elif (data := memo.known.get(memo.key(rows_key))) is None:
                 data = fingerprint_rows(start, end, subset)
                 memo.remember(rows_key, data)
             layout = (
@@ -420,6 +470,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
                     row_start=start,
                     row_end=end,
                     rows=subset,
+                    jsonl=source,
                     est_bytes=round(
                         (end - start if subset is None else len(subset)) * info.nbytes / info.n_rows
                     ),
@@ -443,6 +494,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         )
     ctx.encoder = choose_encoder(mixer.tokenizer, tk, ctx, samples)
     release_mapped_data(datasets_too=True)  # every row was read to fingerprint it; workers map their own
+    jsonl.release()
     return Plan(
         mixer=mixer,
         context=ctx,

@@ -147,8 +147,8 @@ def refuse_different_output(output: str, overwrite: bool, recipe: dict) -> None:
         return
     marker = read_output_marker(Path(output))
     before = None if marker is None else marker.get("recipe")
-    if not isinstance(before, dict) or before == recipe:
-        return
+    if not isinstance(before, dict) or before == recipe or _data_kinds(before) != _data_kinds(recipe):
+        return  # (data fingerprinted another way, by an older version: publishing compares the digests)
     changes = recipe_changes(before, recipe)
     raise OutputConflictError(
         f"output directory {output} holds shards made with other settings or data ("
@@ -157,6 +157,12 @@ def refuse_different_output(output: str, overwrite: bool, recipe: dict) -> None:
         + "): this run would replace them; choose another directory, or set overwrite (--overwrite, or "
         "'Replace different shards' under Output in the UI) to replace them. Nothing was tokenized."
     )
+
+
+def _data_kinds(recipe: dict) -> list[str]:
+    """How each dataset's content was fingerprinted ('sha256', 'jsonl-batches', 'hf')."""
+    data = recipe.get("data")
+    return [str(d).split(":", 1)[0] for d in data] if isinstance(data, list) else []
 
 
 def recipe_changes(before: Any, after: Any, where: str = "") -> list[str]:

@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from pydantic import BaseModel, Field
 
+from . import jsonl
 from .config import local_mirror
 from .encoders import FastEncoder
 from .errors import (
@@ -37,6 +38,7 @@ from .errors import (
     row_label,
 )
 from .formats import Conversation, RowFormatError, conversation_from_row
+from .jsonl import JsonlSource
 from .labels import DROP_REASONS, UNTRAINABLE, LabelMasker, MaskPolicy, RenderError, RowStatus, TokenizedRow
 from .ownership import remove_abandoned_temps
 from .segments import SegmentBoundaries
@@ -121,6 +123,10 @@ class SliceSpec(BaseModel):
     row_start: int
     row_end: int
     rows: list[int] | None = Field(default=None, description="Selected rows; None = every row in the range.")
+    jsonl: JsonlSource | None = Field(
+        default=None,
+        description="A JSON Lines file read by batch (sftmix.jsonl): its batches that hold these rows.",
+    )
     est_bytes: int = Field(
         default=0, description="Source bytes it holds, estimated: bigger slices start first."
     )
@@ -465,6 +471,14 @@ def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext, reuse: bool = False) -
         return _tokenize_slice(spec, ctx)
     finally:
         release_mapped_data()  # the next slice maps what it reads; resident memory stays per slice
+        jsonl.release()
+
+
+def rows_of(spec: SliceSpec, datasets_cache: str, rows: list[int]) -> list[dict]:
+    """Rows of the slice's dataset by index: from its JSON Lines batches, its Arrow files, or datasets."""
+    if spec.jsonl is not None:
+        return jsonl.read_rows(spec.jsonl, rows)
+    return read_rows(spec.dataset, spec.split, spec.revision, datasets_cache, rows, spec.arrow_files)
 
 
 def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
@@ -485,9 +499,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
     for b in range(0, len(rows), ctx.batch_size):
         batch_rows = rows[b : b + ctx.batch_size]
         try:
-            raw = read_rows(
-                spec.dataset, spec.split, spec.revision, ctx.datasets_cache, batch_rows, spec.arrow_files
-            )
+            raw = rows_of(spec, ctx.datasets_cache, batch_rows)
         except MixerError:
             raise
         except Exception as exc:  # Arrow/datasets failures while reading, named with the rows

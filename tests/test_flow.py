@@ -72,7 +72,10 @@ def test_damaged_checkpoint_is_recomputed_not_trusted(prefect_api, tmp_path, dam
     assert (slice_dir(run.work_dir, key) / "manifest.json").exists()
 
 
-def test_editing_one_row_recomputes_only_its_slice(prefect_api, tmp_path):
+def test_editing_one_row_recomputes_only_its_slice(prefect_api, tmp_path, monkeypatch):
+    """Row by row where datasets converts the file (an edit in a file read by batch recomputes the
+    slices of its 10 MiB batch: tests/test_jsonl.py)."""
+    monkeypatch.setenv("TOKENIZE_MIXER_JSON_READER", "datasets")
     data = tmp_path / "data"
     shutil.copytree(EXAMPLES / "data", data)
     mixer = demo_mixer(data, tmp_path / "o1").model_copy(

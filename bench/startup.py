@@ -1,0 +1,113 @@
+"""Start-up at users' scale: how long the plan (what runs before the first slice can start) takes on one
+large .jsonl, read by batch (sftmix.jsonl) against datasets' whole-file Arrow conversion, side by side.
+
+    python bench/startup.py --copies 40        # all ShareGPT chats 40x, each copy in its own seeded order (~4.8 GB)
+    python bench/startup.py --copies 4 --data tests/golden/data/sharegpt_mt150.jsonl
+
+Each plan runs in a fresh process with a fresh work directory (nothing cached), on the same file, with
+the dolma2 tokenizer and the olmo template; both plans must select the same rows. Prints wall seconds,
+CPU seconds (all threads) and peak RSS of each, and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.scale import copy_of, load_chats  # noqa: E402
+
+PLAN = """
+import json, sys, time
+from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.plan import build_plan
+data, tokenizer, work = sys.argv[1:4]
+mixer = MixerConfig(
+    datasets=[DatasetEntry(path=data, amount=1.0)],
+    tokenizer=TokenizerSpec(name_or_path=tokenizer, chat_template="olmo"),
+    max_seq_length=4096,
+    output=OutputSpec(path=work + "/out"),
+)
+started = time.perf_counter()
+plan = build_plan(mixer, RunOptions(work_dir=work))
+print(json.dumps({"seconds": time.perf_counter() - started, "rows": plan.datasets[0].n_rows,
+                  "slices": len(plan.slices), "fingerprint": plan.datasets[0].fingerprint}))
+"""
+
+
+def write_input(chats: list[list[dict]], copies: int, path: Path) -> Path:
+    """Every chat ``copies`` times, each copy in its own seeded order (new text: the copy number)."""
+    with open(path, "w", encoding="utf-8") as fh:
+        for j in range(copies):
+            order = list(range(len(chats)))
+            random.Random(j).shuffle(order)
+            for i in order:
+                fh.write(json.dumps({"messages": copy_of(chats[i], j)}, ensure_ascii=False) + "\n")
+    return path
+
+
+def plan_once(data: Path, tokenizer: Path, reader: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="startup-") as work:
+        env = {**os.environ, "TOKENIZE_MIXER_JSON_READER": reader}
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wall = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-c", PLAN, str(data), str(tokenizer), work],
+            env=env, capture_output=True, text=True, check=True, cwd=ROOT,
+        )  # fmt: skip
+        wall = time.perf_counter() - wall
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result.update(
+        process_seconds=wall,
+        cpu_seconds=(after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        peak_rss_mb=after.ru_maxrss / 1024,
+    )
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--copies", type=int, default=40)
+    ap.add_argument(
+        "--data", type=Path, default=None, help="chats (.jsonl with messages); default: all ShareGPT"
+    )
+    ap.add_argument("--tokenizer", type=Path, default=None, help="default: the dolma2 tokenizer of the tests")
+    ap.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()) / "tokenize-mixer-startup")
+    args = ap.parse_args()
+    if args.tokenizer is None:
+        from tests.tokenizer_fixtures import ensure_dolma2
+
+        args.tokenizer = ensure_dolma2()
+    args.scratch.mkdir(parents=True, exist_ok=True)
+    data = args.scratch / f"chats-{args.copies}.jsonl"
+    if not data.exists():
+        write_input(load_chats(args.data), args.copies, data)
+    size = data.stat().st_size
+    print(f"input: {data} ({size / 2**30:.2f} GiB), {os.cpu_count()} CPUs")
+    results = {}
+    for reader in ("datasets", "batches"):
+        results[reader] = r = plan_once(data, args.tokenizer, reader)
+        print(
+            f"{reader:>9}: plan {r['seconds']:.1f} s (process {r['process_seconds']:.1f} s, CPU {r['cpu_seconds']:.1f} s, "
+            f"peak RSS {r['peak_rss_mb']:.0f} MB), {r['rows']:,} rows, {r['slices']:,} slices"
+        )
+    assert results["datasets"]["rows"] == results["batches"]["rows"], "the two plans select different rows"
+    ratio = results["batches"]["seconds"] / results["datasets"]["seconds"]
+    print(
+        f"plan by batches / plan through datasets: {ratio:.3f} ({size / 2**20 / results['batches']['seconds']:,.0f} MiB/s)"
+    )
+
+
+if __name__ == "__main__":
+    main()

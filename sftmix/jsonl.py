@@ -1,0 +1,319 @@
+"""Local JSON Lines files read as ``datasets``' JSON builder reads them, without converting the whole file
+on one core before the first slice can start.
+
+The reference loads a local ``.jsonl`` with ``datasets.load_dataset("json")``. Its builder reads the file
+in batches (10 MiB, then the rest of the line: :data:`BATCH_BYTES`), parses each batch with pyarrow's JSON
+reader (in blocks of 1/32 of the batch, doubled when an object straddles them), takes the *first*
+batch's Arrow schema as the dataset's features and casts every batch to them (a key a row lacks is
+null; a struct key the first batch never saw fails the load). Once the first batch is known, the
+batches are independent of each other, so here:
+
+- the plan finds the batch boundaries (a seek and a short read each, where the builder's read and
+  readline end) and hashes, counts and checks (UTF-8) the batches on all cores; it parses only the first;
+- a slice reads the batches that hold its rows, checks each one's sha256 against the plan's (a file
+  that changed since the plan is one clear error, never rows of two versions), parses it exactly as the
+  builder does, casts it to the features (pyarrow alone when the schemas already agree, else
+  ``datasets``' own cast) and takes its rows.
+
+So rows are the same Python objects ``datasets`` gives (``tests/test_jsonl.py`` compares them on files of
+several batches), and a slice's key follows from the bytes of the batches it reads. Anything else (a
+JSON array, a compressed file, a sliced split, a remote file, a first batch pyarrow cannot parse) goes
+through ``datasets`` as before (:mod:`sftmix.sources`).
+"""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import hashlib
+import io
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from .errors import DatasetError
+from .parallel import available_cpus
+from .sources import _valid_utf8, compression_of, local_builder
+from .storage import is_remote
+
+#: ``datasets``' JsonConfig.chunksize: the batch the builder reads before finishing the line.
+BATCH_BYTES = 10 << 20
+FINGERPRINT_PREFIX = "jsonl-batches:"
+#: Set to ``datasets`` to load every JSON file through ``datasets`` as before (to compare, or should
+#: reading by batch ever misbehave).
+READER_ENV = "TOKENIZE_MIXER_JSON_READER"
+
+
+class JsonlBatch(BaseModel):
+    """Bytes ``[offset, end)`` of the file: rows ``[first_row, first_row + rows)``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    offset: int
+    end: int
+    first_row: int
+    rows: int
+    sha256: str
+    lines_before: int = 0  # newlines in the file before it, to name a line in errors
+
+
+class JsonlSource(BaseModel):
+    """What a slice needs to read its rows: the file, the features as an Arrow schema, its batches."""
+
+    path: str
+    schema_b64: str
+    batches: list[JsonlBatch]
+
+
+@dataclass(frozen=True)
+class JsonlLayout:
+    """A file's batches and features, as the plan finds them."""
+
+    path: str
+    size: int
+    batches: tuple[JsonlBatch, ...]
+    schema_b64: str  # the features' Arrow schema (with datasets' metadata), serialized
+
+    @property
+    def n_rows(self) -> int:
+        return sum(b.rows for b in self.batches)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(_schema(self.schema_b64).names)
+
+    @property
+    def fingerprint(self) -> str:
+        h = hashlib.sha256(self.schema_b64.encode("ascii"))
+        for b in self.batches:
+            h.update(f"{b.offset}:{b.end}:{b.sha256};".encode("ascii"))
+        return FINGERPRINT_PREFIX + h.hexdigest()
+
+    def source(self, batches: list[JsonlBatch]) -> JsonlSource:
+        return JsonlSource(path=self.path, schema_b64=self.schema_b64, batches=batches)
+
+
+def applies(path: str, split: str) -> bool:
+    """Whether ``path`` is a file this module reads: a local, uncompressed JSON file of the 'train'
+    split, whose first byte (after a BOM) does not open a JSON array."""
+    if os.environ.get(READER_ENV) == "datasets":
+        return False
+    if is_remote(path) or local_builder(path) != "json" or compression_of(path) is not None:
+        return False
+    if split.strip() != "train" or not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return False
+    with open(path, "rb") as fh:
+        head = fh.read(len(codecs.BOM_UTF8) + 1)
+    return not head.removeprefix(codecs.BOM_UTF8).startswith(b"[")
+
+
+def batch_bounds(path: str) -> list[tuple[int, int]]:
+    """``[offset, end)`` of each batch the builder reads: ``BATCH_BYTES``, then up to and including the
+    next newline (the line after, when the batch ends on one: that is what readline returns)."""
+    size = os.path.getsize(path)
+    bounds = []
+    with open(path, "rb") as fh:
+        start = 0
+        while start < size:
+            fh.seek(start + BATCH_BYTES)
+            fh.readline()
+            end = min(size, fh.tell()) if start + BATCH_BYTES < size else size
+            bounds.append((start, end))
+            start = end
+    return bounds
+
+
+def _read(path: str, offset: int, end: int) -> bytes:
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        data = fh.read(end - offset)
+    if len(data) != end - offset:
+        raise DatasetError(path, _changed(offset, end))
+    return data
+
+
+def _changed(offset: int, end: int) -> str:
+    return (
+        f"the file changed since the run was planned (bytes {offset}-{end} are not what the plan read): "
+        "rerun when it no longer changes; finished slices are kept"
+    )
+
+
+def _rows_in(data: bytes) -> int | None:
+    """Rows pyarrow's reader finds when every line that is not blank holds one object (starts with '{'
+    and ends with '}'); ``None`` otherwise (objects over several lines: only a parse can count them)."""
+    rows = 0
+    for line in data.split(b"\n"):
+        line = line.strip(b" \t\r")
+        if line:
+            if line[:1] != b"{" or line[-1:] != b"}":
+                return None
+            rows += 1
+    return rows
+
+
+def _scan_batch(path: str, offset: int, end: int) -> tuple[str, int | None, int, bytes | None]:
+    """sha256, rows (``None``: not one object per line) and newlines of one batch; its bytes when they
+    are not valid UTF-8."""
+    data = _read(path, offset, end)
+    valid = _valid_utf8(data)
+    rows = _rows_in(data.removeprefix(codecs.BOM_UTF8) if offset == 0 else data)
+    return hashlib.sha256(data).hexdigest(), rows, data.count(b"\n"), None if valid else data
+
+
+def parse_batch(data: bytes) -> Any:
+    """One batch as the builder parses it: pyarrow's JSON reader in blocks of 1/32 of the batch (all of
+    it for a batch much larger than that), the block doubled while an object straddles blocks."""
+    import pyarrow as pa
+    import pyarrow.json as paj
+
+    block_size = max(BATCH_BYTES // 32, 16 << 10)
+    block_size = len(data) if len(data) // 8 > block_size else block_size
+    while True:
+        try:
+            table = paj.read_json(io.BytesIO(data), read_options=paj.ReadOptions(block_size=block_size))
+            table.validate()
+            return table
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            if ("straddling" in str(exc) or "JSON conversion to" in str(exc)) and block_size < len(data):
+                block_size *= 2
+                continue
+            raise
+
+
+def _features_schema(table: Any) -> Any:
+    """The schema ``datasets`` casts every batch to: its features, from the first batch's schema."""
+    import datasets
+
+    return datasets.Features.from_arrow_schema(table.schema).arrow_schema
+
+
+@lru_cache(maxsize=8)
+def _schema(schema_b64: str) -> Any:
+    import pyarrow as pa
+
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(schema_b64)))
+
+
+def scan(path: str) -> JsonlLayout | None:
+    """The file's batches (hashed, counted and checked on all cores) and features; ``None`` when the
+    first batch is not JSON Lines pyarrow reads (``datasets`` then loads the file as before)."""
+    st = os.stat(path)
+    return _scan(path, st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+@lru_cache(maxsize=16)
+def _scan(path: str, size: int, mtime_ns: int, inode: int) -> JsonlLayout | None:
+    bounds = batch_bounds(path)
+    with ThreadPoolExecutor(max_workers=min(len(bounds), available_cpus())) as pool:
+        scanned = list(pool.map(lambda b: _scan_batch(path, *b), bounds))
+    batches, first_row, lines = [], 0, 0
+    for (offset, end), (sha, rows, newlines, invalid) in zip(bounds, scanned, strict=True):
+        if invalid is not None:
+            _raise_invalid_utf8(path, invalid, offset, lines)
+        if rows is None:
+            return None  # not one object per line: datasets reads it (its fallbacks included)
+        batches.append(
+            JsonlBatch(offset=offset, end=end, first_row=first_row, rows=rows, sha256=sha, lines_before=lines)
+        )
+        first_row += rows
+        lines += newlines
+    first = _read(path, *bounds[0]).removeprefix(codecs.BOM_UTF8)
+    try:
+        schema = _features_schema(parse_batch(first))
+    except Exception:
+        return None
+    if os.stat(path).st_mtime_ns != mtime_ns:
+        raise DatasetError(path, "the file changed while it was planned: plan it when it no longer changes")
+    return JsonlLayout(
+        path=path,
+        size=size,
+        batches=tuple(batches),
+        schema_b64=base64.b64encode(schema.serialize().to_pybytes()).decode("ascii"),
+    )
+
+
+def _raise_invalid_utf8(path: str, data: bytes, offset: int, lines_before: int) -> None:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = lines_before + data.count(b"\n", 0, exc.start) + 1
+        raise DatasetError(
+            path, f"line {line} is not valid UTF-8 (byte {offset + exc.start} of the file)"
+        ) from None
+
+
+def batches_for(layout: JsonlLayout, start: int, end: int) -> list[JsonlBatch]:
+    """The batches that hold rows ``[start, end)``."""
+    return [b for b in layout.batches if b.first_row < end and b.first_row + b.rows > start]
+
+
+class _Builder:
+    """What ``datasets``' JSON builder's cast reads of itself: its features."""
+
+    def __init__(self, features: Any) -> None:
+        self.info = type("Info", (), {"features": features})()
+
+
+@lru_cache(maxsize=2)
+def _batch_table(path: str, batch: JsonlBatch, schema_b64: str) -> Any:
+    data = _read(path, batch.offset, batch.end)
+    if hashlib.sha256(data).hexdigest() != batch.sha256:
+        raise DatasetError(path, _changed(batch.offset, batch.end))
+    if batch.offset == 0:
+        data = data.removeprefix(codecs.BOM_UTF8)
+    rows = f"rows {batch.first_row}-{batch.first_row + batch.rows - 1} (lines {batch.lines_before + 1}-)"
+    try:
+        table = parse_batch(data)
+    except Exception as exc:
+        raise DatasetError(path, f"{rows} cannot be read as JSON Lines: {exc}") from None
+    if table.num_rows != batch.rows:
+        raise DatasetError(
+            path, f"{rows}: the reader found {table.num_rows} rows where the plan counted {batch.rows}"
+        )
+    target = _schema(schema_b64)
+    if table.schema.equals(target, check_metadata=False):
+        return table.replace_schema_metadata(target.metadata)
+    import datasets
+    from datasets.packaged_modules.json.json import Json
+
+    try:  # datasets' own cast, as its builder casts every batch to the first one's features
+        return Json._cast_table(_Builder(datasets.Features.from_arrow_schema(target)), table)  # type: ignore[arg-type]
+    except Exception as exc:
+        raise DatasetError(
+            path,
+            f"{rows} do not fit the columns of the file's first {BATCH_BYTES >> 20} MiB ({type(exc).__name__}: {exc}); "
+            "the reference's loader (datasets) refuses this file too: give every row the same keys and types "
+            "(null where a value is unknown), or put a row with every key first",
+        ) from None
+
+
+def read_rows(source: JsonlSource, rows: list[int]) -> list[dict[str, Any]]:
+    """Rows by index (in the order given) from the batches of ``source``."""
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(rows):
+        batch = next((b for b in source.batches if b.first_row <= rows[i] < b.first_row + b.rows), None)
+        if batch is None:
+            raise DatasetError(source.path, f"row {rows[i]} is in none of the slice's batches")
+        j = i
+        limit = batch.first_row + batch.rows
+        while j < len(rows) and batch.first_row <= rows[j] < limit:
+            j += 1
+        table = _batch_table(source.path, batch, source.schema_b64)
+        local = [r - batch.first_row for r in rows[i:j]]
+        if local[-1] - local[0] + 1 == len(local):
+            out += table.slice(local[0], len(local)).to_pylist()
+        else:
+            out += table.take(local).to_pylist()
+        i = j
+    return out
+
+
+def release() -> None:
+    """Forget the parsed batches (a worker between slices)."""
+    _batch_table.cache_clear()

@@ -1,0 +1,198 @@
+"""JSON Lines read by batch (sftmix.jsonl) give exactly the rows datasets' JSON builder gives, on files of
+several batches with the builder's quirks; what the builder refuses is refused; a file that changes
+after the plan is one clear error (issue 31, items 1 and 5)."""
+
+from __future__ import annotations
+
+import codecs
+import json
+import random
+from pathlib import Path
+
+import datasets
+import pytest
+from datasets.packaged_modules.json.json import JsonConfig
+
+from sftmix import jsonl
+from sftmix.errors import DatasetError
+from sftmix.sources import _reference_json_options
+
+
+def _reference_rows(path: Path, cache: Path) -> list[dict]:
+    datasets.disable_progress_bars()
+    ds = datasets.load_dataset(
+        "json", data_files=str(path), split="train", cache_dir=str(cache), **_reference_json_options()
+    )
+    return ds.with_format("arrow")[:].to_pylist()
+
+
+def _our_rows(path: Path) -> tuple[jsonl.JsonlLayout, list[dict]]:
+    layout = jsonl.scan(str(path))
+    assert layout is not None
+    rows: list[dict] = []
+    for batch in layout.batches:  # as slices read them: each its own batch
+        rows += jsonl.read_rows(
+            layout.source([batch]), list(range(batch.first_row, batch.first_row + batch.rows))
+        )
+    return layout, rows
+
+
+def _chat(rng: random.Random, i: int) -> dict:
+    words = ["hello", "naïve café", "日本語", "emoji 🎉", 'quote " and \\ slash', "tab\there", "2023-01-01"]
+    messages = [
+        {"role": "user", "content": f"{i} " + " ".join(rng.choice(words) for _ in range(rng.randint(1, 60)))},
+        {"role": "assistant", "content": " ".join(rng.choice(words) for _ in range(rng.randint(1, 200)))},
+    ]
+    return {"id": i, "messages": messages}
+
+
+def _write(path: Path, rows: list[dict | str], bom: bool = False) -> None:
+    with open(path, "wb") as fh:
+        if bom:
+            fh.write(codecs.BOM_UTF8)
+        for row in rows:
+            fh.write(
+                row.encode() if isinstance(row, str) else json.dumps(row, ensure_ascii=False).encode() + b"\n"
+            )
+
+
+def _many(rng: random.Random, nbytes: int, extra=None) -> list[dict | str]:
+    rows: list[dict | str] = []
+    size, i = 0, 0
+    while size < nbytes:
+        row = _chat(rng, i)
+        if extra is not None:
+            extra(rng, i, row, size)
+        rows.append(row)
+        size += len(json.dumps(row, ensure_ascii=False).encode()) + 1
+        i += 1
+    return rows
+
+
+def test_the_batch_size_is_the_builders():
+    assert JsonConfig.chunksize == jsonl.BATCH_BYTES
+
+
+@pytest.mark.slow
+def test_rows_are_datasets_rows_on_a_file_of_several_batches(tmp_path):
+    rng = random.Random(3)
+
+    def extra(rng: random.Random, i: int, row: dict, size: int) -> None:
+        if i < 200:  # keys only in the first batch: later batches are cast, those keys null
+            row["messages"][0]["name"] = "bob"
+            row["meta"] = {"source": "a", "score": 1.5}
+        if rng.random() < 0.3:
+            row["date"] = rng.choice(["2023-01-01", "yesterday", None])  # a timestamp-like string
+
+    rows = _many(rng, 2 * jsonl.BATCH_BYTES + (3 << 20), extra)
+    for k in range(50, len(rows), 997):  # blank and whitespace lines, Windows line ends
+        rows.insert(k, rng.choice(["\n", "  \n", "\r\n", " \t\r\n"]))
+    rows.append('{"id": -1, "messages": [{"role": "user", "content": "no newline at the end"}]}')
+    path = tmp_path / "chats.jsonl"
+    _write(path, rows, bom=True)
+    layout, ours = _our_rows(path)
+    assert len(layout.batches) == 3
+    assert ours == _reference_rows(path, tmp_path / "cache")
+    assert layout.n_rows == len(ours) and layout.columns[:2] == ("id", "messages")
+
+
+@pytest.mark.slow
+def test_a_batch_that_ends_on_a_newline_takes_the_next_line_as_the_builder_does(tmp_path):
+    rng = random.Random(5)
+    rows = _many(rng, jsonl.BATCH_BYTES - 4000)
+    size = sum(len(json.dumps(r, ensure_ascii=False).encode()) + 1 for r in rows)  # type: ignore[arg-type]
+    pad = jsonl.BATCH_BYTES - size - len('{"id": 0, "pad": ""}\n')
+    rows.append({"id": 0, "pad": "x" * pad})  # the batch's 10 MiB end exactly after this line's newline
+    rows += _many(rng, 1 << 20)
+    path = tmp_path / "edge.jsonl"
+    _write(path, rows)
+    assert jsonl.batch_bounds(str(path))[0][1] > jsonl.BATCH_BYTES  # the following line joined it
+    assert _our_rows(path)[1] == _reference_rows(path, tmp_path / "cache")
+
+
+@pytest.mark.slow
+def test_a_key_the_first_batch_never_saw_is_refused_as_the_reference_refuses_it(tmp_path):
+    rng = random.Random(7)
+
+    def extra(rng: random.Random, i: int, row: dict, size: int) -> None:
+        if size > jsonl.BATCH_BYTES + (1 << 20):
+            row["messages"][1]["function_calls"] = "f()"  # tool keys only at the end
+
+    rows = _many(rng, jsonl.BATCH_BYTES + (2 << 20), extra)
+    path = tmp_path / "tools.jsonl"
+    _write(path, rows)
+    with pytest.raises(datasets.exceptions.DatasetGenerationError):
+        _reference_rows(path, tmp_path / "cache")
+    layout = jsonl.scan(str(path))
+    assert layout is not None
+    last = layout.batches[-1]
+    with pytest.raises(DatasetError, match="do not fit the columns of the file's first 10 MiB") as err:
+        jsonl.read_rows(layout.source([last]), [last.first_row])
+    assert "function_calls" in str(err.value) and f"rows {last.first_row}-" in str(err.value)
+
+
+def test_a_file_that_changes_after_the_plan_is_one_clear_error(tmp_path):
+    path = tmp_path / "small.jsonl"
+    rows = [_chat(random.Random(i), i) for i in range(50)]
+    _write(path, rows)
+    layout = jsonl.scan(str(path))
+    assert layout is not None and layout.n_rows == 50
+    rows[10]["messages"][0]["content"] = "edited"
+    _write(path, rows)
+    jsonl.release()
+    with pytest.raises(DatasetError, match="changed since the run was planned"):
+        jsonl.read_rows(layout.source(list(layout.batches)), [0, 1])
+    path.write_bytes(b"")  # truncated: shorter than the plan read
+    with pytest.raises(DatasetError, match="changed since the run was planned"):
+        jsonl.read_rows(layout.source(list(layout.batches)), [0])
+
+
+def test_what_is_not_plain_json_lines_goes_through_datasets(tmp_path):
+    array = tmp_path / "array.json"
+    array.write_text('[{"messages": []}]')
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text('{"messages": []}\n')
+    assert jsonl.applies(str(lines), "train")
+    assert not jsonl.applies(str(array), "train")  # a JSON array: the builder reads it whole
+    assert not jsonl.applies(str(lines), "train[:10]")  # a sliced split
+    gz = tmp_path / "lines.jsonl.gz"
+    gz.write_bytes(b"\x1f\x8b")
+    assert not jsonl.applies(str(gz), "train")
+    pretty = tmp_path / "pretty.json"
+    pretty.write_text('{\n "messages": []\n}\n')  # one object over many lines: pyarrow cannot read it
+    assert jsonl.scan(str(pretty)) is None
+
+
+def test_invalid_utf8_names_its_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"a": "ok"}\n{"a": "ok"}\n{"a": "\xff"}\n')
+    with pytest.raises(DatasetError, match=r"line 3 is not valid UTF-8 \(byte 31 of the file\)"):
+        jsonl.scan(str(path))
+
+
+@pytest.mark.slow
+def test_the_plan_cuts_a_large_file_by_batch_and_an_edit_changes_only_its_batchs_keys(tmp_path):
+    from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from sftmix.plan import build_plan
+
+    rows = _many(random.Random(11), 2 * jsonl.BATCH_BYTES + (1 << 20))
+    path = tmp_path / "chats.jsonl"
+    _write(path, rows)
+
+    def plan(amount: float):
+        mixer = MixerConfig(
+            datasets=[DatasetEntry(path=str(path), amount=amount)],
+            tokenizer=TokenizerSpec(name_or_path="examples/tokenizer", chat_template="olmo"),
+            output=OutputSpec(path=str(tmp_path / "out")),
+        )
+        return build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work")))
+
+    whole, half = plan(1.0), plan(0.5)
+    assert whole.datasets[0].fingerprint.startswith(jsonl.FINGERPRINT_PREFIX)
+    assert [len(s.jsonl.batches) for s in whole.slices] == [1, 1, 1]  # type: ignore[union-attr]
+    assert sum(s.row_end - s.row_start for s in whole.slices) == len(rows)
+    assert sum(len(s.rows or []) for s in half.slices) == len(rows) // 2 and len(half.slices) == 3
+    rows[-5]["messages"][0]["content"] = "edited"  # type: ignore[index]
+    _write(path, rows)
+    edited = plan(1.0)
+    assert [a.key == b.key for a, b in zip(whole.slices, edited.slices, strict=True)] == [True, True, False]
