@@ -117,7 +117,11 @@ class _Slices:
     failure, how many dead workers it was a casualty of."""
 
     def __init__(
-        self, specs: list[SliceSpec], started_at: float | None = None, head_start: bool = False
+        self,
+        specs: list[SliceSpec],
+        started_at: float | None = None,
+        head_start: bool = False,
+        work_dir: str | None = None,
     ) -> None:
         n = max((s.index for s in specs), default=-1) + 1  # indices are the plan's
         self.manifests: list[SliceManifest | None] = [None] * n
@@ -125,7 +129,8 @@ class _Slices:
         self.errors: list[tuple[SliceSpec, BaseException]] = []
         self.deaths = [0] * n
         self.stalls = 0  # pools whose management thread ended under them
-        self.progress = SliceProgress(specs, keep=head_start)  # the head start's slices stay counted
+        # the head start's slices stay counted; a local work directory's manifests are watched
+        self.progress = SliceProgress(specs, keep=head_start, work_dir=work_dir)
         self.done = 0
         # a slice whose manifest is older than this was reused, not computed by this command
         self.started_at = time.time() if started_at is None else started_at
@@ -333,7 +338,10 @@ def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
         logger.info("%d slices on %d worker(s) (%s)", len(specs), workers, runner_name(make_runner(workers)))
     started = time.perf_counter()
     state = _Slices(
-        specs, started_at=head.started_at if head is not None else None, head_start=head is not None
+        specs,
+        started_at=head.started_at if head is not None else None,
+        head_start=head is not None,
+        work_dir=None if ctx.remote_work_dir is not None or run.force_recache else ctx.work_dir,
     )
     task = slice_task_for(ctx, refresh=run.force_recache, cache=not run.disable_cache)
     _run_all(

@@ -95,7 +95,7 @@ class ProgressFacts:
 
     def rate(self) -> str:
         if not self.tokens_per_second:
-            return "no slice computed in the last 30 s" if self.done > self.reused else "starting"
+            return f"no slice computed in the last {WINDOW:.0f} s" if self.done > self.reused else "starting"
         return f"{_count(self.tokens_per_second)} tokens/s, {_count(self.rows_per_second)} rows/s"
 
     def left(self) -> str:
@@ -122,9 +122,10 @@ class ProgressFacts:
 
     def line(self) -> str:
         """The summary line: 'progress 340/1,105 slices (12 reused, 0 failed), 31% of the input, ...'."""
+        rate = self.rate() + (f" (last {WINDOW:.0f} s)" if self.tokens_per_second else "")
         return (
-            f"progress {self.counts()}, {100 * self.fraction:.0f}% of the input, {self.rate()} "
-            f"(last {WINDOW:.0f} s), {self.left()}, {_duration(self.elapsed)} in"
+            f"progress {self.counts()}, {100 * self.fraction:.0f}% of the input, {rate}, {self.left()}, "
+            f"{_duration(self.elapsed)} in"
         )
 
 
@@ -139,25 +140,57 @@ class Board:
         self._listeners: list[Listener] = []
         self._reset({})
 
-    def _reset(self, plan: dict[int, tuple[str, int]]) -> None:
+    def _reset(self, plan: dict[int, tuple[str, int]], work_dir: str | None = None) -> None:
         self.plan = plan  # index -> (key, estimated input bytes)
         self.seen: set[int] = set()
         self.reused = self.failed = self.rows = self.tokens = self.bytes_done = 0
         self.started = time.monotonic()
+        self.started_at = time.time()
         self.recent: deque[tuple[float, int, int, int]] = deque()  # (when, bytes, tokens, rows) computed
+        self.work_dir = work_dir
+        self.generation = getattr(self, "generation", 0) + 1
 
     @property
     def active(self) -> bool:
         return bool(self.plan)
 
-    def begin(self, specs: Iterable[SliceSpec], keep: bool = False) -> None:
+    def begin(self, specs: Iterable[SliceSpec], keep: bool = False, work_dir: str | None = None) -> None:
         """Count these slices from now on; with ``keep`` (the flow taking over the head start's pool),
-        the same slices keep what was counted."""
+        the same slices keep what was counted. With a local ``work_dir``, a thread also looks for their
+        manifests every second: a slice is counted when its worker writes it, not when the orchestrator
+        hands its result back (seconds, up to a minute, later on a busy machine)."""
+        specs = list(specs)
         plan = {s.index: (s.key, s.est_bytes) for s in specs}
         with self._lock:
             if not keep or plan != self.plan:
-                self._reset(plan)
+                self._reset(plan, work_dir)
+                if work_dir is not None:
+                    watcher = threading.Thread(
+                        target=self._watch,
+                        args=(self.generation, specs),
+                        name="progress-manifests",
+                        daemon=True,
+                    )
+                    watcher.start()
         self._tell()
+
+    def _watch(self, generation: int, specs: list[SliceSpec]) -> None:
+        from sftmix.slices import read_manifest, slice_dir
+
+        todo = {s.index: s for s in specs}
+        while todo and self.generation == generation:
+            for index in [i for i in todo if i in self.seen]:
+                del todo[index]
+            for index, spec in list(todo.items()):
+                if self.generation != generation:
+                    return
+                if not (slice_dir(self.work_dir or "", spec.key) / "manifest.json").exists():
+                    continue
+                m = read_manifest(self.work_dir or "", spec.key)
+                if m is not None:
+                    self.finished(spec, m.rows, m.tokens, reused=m.finished_at < self.started_at)
+                    del todo[index]
+            time.sleep(1.0)
 
     def finished(self, spec: SliceSpec, rows: int, tokens: int, reused: bool) -> None:
         with self._lock:
@@ -230,11 +263,17 @@ class SliceProgress:
     """The flow's side: counts its slices on the board, logs a summary line every few seconds and keeps
     the UI's progress artifact in step (at most every ``every_seconds``)."""
 
-    def __init__(self, specs: list[SliceSpec], every_seconds: float = 2.0, keep: bool = False) -> None:
+    def __init__(
+        self,
+        specs: list[SliceSpec],
+        every_seconds: float = 2.0,
+        keep: bool = False,
+        work_dir: str | None = None,
+    ) -> None:
         from prefect.artifacts import create_progress_artifact
 
         self.total = len(specs)
-        BOARD.begin(specs, keep)
+        BOARD.begin(specs, keep, work_dir)
         self.every = every_seconds
         self._last_artifact = self._last_line = time.monotonic()
         self._said_complete = False

@@ -278,7 +278,7 @@ def _batch_table(path: str, batch: JsonlBatch, schema_b64: str) -> Any:
         raise DatasetError(path, _changed(batch.offset, batch.end))
     if batch.offset == 0:
         data = data.removeprefix(codecs.BOM_UTF8)
-    rows = f"rows {batch.first_row}-{batch.first_row + batch.rows - 1} (lines {batch.lines_before + 1}-)"
+    rows = f"rows {batch.first_row}-{batch.first_row + batch.rows - 1} (from line {batch.lines_before + 1})"
     try:
         table = parse_batch(data)
     except Exception as exc:
@@ -296,12 +296,51 @@ def _batch_table(path: str, batch: JsonlBatch, schema_b64: str) -> Any:
     try:  # datasets' own cast, as its builder casts every batch to the first one's features
         return Json._cast_table(_Builder(datasets.Features.from_arrow_schema(target)), table)  # type: ignore[arg-type]
     except Exception as exc:
+        found = _first_unknown_key(data, target)
+        where = rows if found is None else f"row {batch.first_row + found[0]} brings key {found[1]!r}, which"
         raise DatasetError(
             path,
-            f"{rows} do not fit the columns of the file's first {BATCH_BYTES >> 20} MiB ({type(exc).__name__}: {exc}); "
-            "the reference's loader (datasets) refuses this file too: give every row the same keys and types "
-            "(null where a value is unknown), or put a row with every key first",
+            f"{where} the file's first {BATCH_BYTES >> 20} MiB never have ({type(exc).__name__}: {exc}); "
+            "the reference's loader (datasets) refuses this file too: give every row the same keys (null where "
+            "a value is unknown), or put a row with every key first",
         ) from None
+
+
+def _first_unknown_key(data: bytes, schema: Any) -> tuple[int, str] | None:
+    """The first row (0-based in the batch) holding an object key the schema does not have, and its
+    path (``messages[].function_calls``): for the error message only."""
+    import json
+
+    import pyarrow as pa
+
+    def unknown(value: Any, typ: Any, where: str) -> str | None:
+        if isinstance(value, dict) and pa.types.is_struct(typ):
+            names = {typ.field(i).name: typ.field(i).type for i in range(typ.num_fields)}
+            for key, item in value.items():
+                path = f"{where}.{key}" if where else key
+                if key not in names:
+                    return path
+                if (found := unknown(item, names[key], path)) is not None:
+                    return found
+        elif isinstance(value, list) and (pa.types.is_list(typ) or pa.types.is_large_list(typ)):
+            for item in value:
+                if (found := unknown(item, typ.value_type, f"{where}[]")) is not None:
+                    return found
+        return None
+
+    row_type = pa.struct(list(schema))
+    row = -1
+    for line in data.split(b"\n"):
+        if not line.strip(b" \t\r"):
+            continue
+        row += 1
+        try:
+            found = unknown(json.loads(line), row_type, "")
+        except ValueError:
+            return None
+        if found is not None:
+            return row, found
+    return None
 
 
 def read_rows(source: JsonlSource, rows: list[int]) -> list[dict[str, Any]]:
