@@ -61,17 +61,18 @@ def plan_once(data: Path, tokenizer: Path, reader: str) -> dict:
         env = {**os.environ, "TOKENIZE_MIXER_JSON_READER": reader}
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         wall = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, "-c", PLAN, str(data), str(tokenizer), work],
+        proc = subprocess.run(  # GNU time for this child's own peak RSS (getrusage's is the largest child's)
+            ["/usr/bin/time", "-f", "peak-rss-kb %M", sys.executable, "-c", PLAN, str(data), str(tokenizer), work],
             env=env, capture_output=True, text=True, check=True, cwd=ROOT,
         )  # fmt: skip
         wall = time.perf_counter() - wall
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
+    rss = [line.split()[1] for line in proc.stderr.splitlines() if line.startswith("peak-rss-kb ")]
     result.update(
         process_seconds=wall,
         cpu_seconds=(after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
-        peak_rss_mb=after.ru_maxrss / 1024,
+        peak_rss_mb=int(rss[-1]) / 1024 if rss else float("nan"),
     )
     return result
 
