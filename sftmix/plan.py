@@ -189,9 +189,12 @@ def _jsonl_layout(path: str, split: str) -> jsonl.JsonlLayout | None:
     if not jsonl.applies(path, split):
         return None
     try:
-        return jsonl.scan(path)
+        layout = jsonl.scan(path)
     except DatasetError as exc:
         raise DatasetError(path, exc.reason) from None
+    if layout is None or not layout.n_rows or not layout.columns:
+        return None  # no rows, or only empty objects: datasets' path says why
+    return layout
 
 
 def _batch_groups(
