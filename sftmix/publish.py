@@ -162,7 +162,7 @@ def refuse_different_output(output: str, overwrite: bool, recipe: dict) -> None:
 def _data_kinds(recipe: dict) -> list[str]:
     """How each dataset's content was fingerprinted ('sha256', 'jsonl-batches', 'hf')."""
     data = recipe.get("data")
-    return [str(d).split(":", 1)[0] for d in data] if isinstance(data, list) else []
+    return [str(d).split(":", 1)[0] if ":" in str(d) else "" for d in data] if isinstance(data, list) else []
 
 
 def recipe_changes(before: Any, after: Any, where: str = "") -> list[str]:

@@ -216,6 +216,12 @@ def test_an_output_made_from_another_recipe_is_refused_before_any_work(tmp_path)
     )
     refuse_different_output(str(out), True, changed)  # overwrite: publishing replaces it
     refuse_different_output(str(tmp_path / "absent"), False, changed)
+    # data fingerprinted another way (an older version: a file's sha256, now its batches): not refused
+    # here; publishing compares the shards' digests
+    with staging_dir(tmp_path / "old", tmp_path) as staged:
+        (staged / "token_ids_part_0000.npy").write_bytes(b"\x01\x00")
+        publish_local(staged, tmp_path / "old", overwrite=False, recipe={**recipe, "data": ["sha256:ab"]})
+    refuse_different_output(str(tmp_path / "old"), False, {**recipe, "data": ["jsonl-batches:cd"]})
 
 
 def test_on_bad_row_skip_counts_each_skip_with_its_reason(tmp_path):
