@@ -29,7 +29,7 @@ from flows.pool import (
     was_running,
     worker_died,
 )
-from flows.progress import SliceProgress
+from flows.progress import BOARD, SliceProgress
 from flows.watch import StopWatch
 from sftmix.config import RunOptions
 from sftmix.errors import MixerError, SliceFailuresError, WorkerDiedError
@@ -344,16 +344,19 @@ def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
         work_dir=None if ctx.remote_work_dir is not None or run.force_recache else ctx.work_dir,
     )
     task = slice_task_for(ctx, refresh=run.force_recache, cache=not run.disable_cache)
-    _run_all(
-        run_order(specs),
-        task,
-        make_runner,
-        workers,
-        ctx,
-        state,
-        reuse=not run.force_recache,
-        head=head,
-    )
+    try:
+        _run_all(
+            run_order(specs),
+            task,
+            make_runner,
+            workers,
+            ctx,
+            state,
+            reuse=not run.force_recache,
+            head=head,
+        )
+    finally:
+        BOARD.stop_watching()  # (the watcher would otherwise look for slices a failed run never made)
     if state.errors:
         spec, first = state.errors[0]
         n = len(specs)

@@ -174,6 +174,11 @@ class Board:
                     watcher.start()
         self._tell()
 
+    def stop_watching(self) -> None:
+        """The fan-out ended (done, failed or stopped): its manifest watcher ends too."""
+        with self._lock:
+            self.generation += 1
+
     def _watch(self, generation: int, specs: list[SliceSpec]) -> None:
         from sftmix.slices import read_manifest, slice_dir
 
