@@ -160,15 +160,19 @@ def _run_batch(
 
         pending: dict = {}
         waiting: dict[Future, SliceSpec] = {}  # head-start slices still being tokenized
-        for s in specs:
-            early = (ahead or {}).get(s.key)
-            if early is not None and not early.done():
-                waiting[early] = s
-            else:
-                pending[submit(s)] = s
-        for early in waiting:
-            early.add_done_callback(finished.put)
         try:
+            looked = time.monotonic()
+            for s in specs:
+                early = (ahead or {}).get(s.key)
+                if early is not None and not early.done():
+                    waiting[early] = s
+                else:
+                    pending[submit(s)] = s
+                if time.monotonic() - looked >= 1.0:  # submitting thousands takes a while: a cancel or a
+                    watch.check()  # lost API meanwhile stops the run now, not after the last submit
+                    looked = time.monotonic()
+            for early in waiting:
+                early.add_done_callback(finished.put)
             _collect(pending, finished, state, watch, lost, waiting, submit, runner)
         except BaseException:
             if isinstance(runner, ThreadPoolTaskRunner):  # its exit would run every queued slice first
