@@ -70,8 +70,13 @@ def write_output_marker(staging: Path, recipe: dict | None = None, inputs: dict 
         **({} if recipe is None else {"recipe": recipe}),
         **({} if inputs is None else {"inputs": inputs}),
     }
-    atomic_write_bytes(staging / OUTPUT_MARKER, json.dumps(marker, indent=1).encode("utf-8"))
+    write_marker(staging, marker)
     return ident
+
+
+def write_marker(directory: Path, marker: dict) -> None:
+    """The output marker of ``directory``, written whole (atomically)."""
+    atomic_write_bytes(directory / OUTPUT_MARKER, json.dumps(marker, indent=1).encode("utf-8"))
 
 
 def read_output_marker(directory: Path) -> dict | None:
@@ -90,7 +95,7 @@ def record_output_files(directory: Path, names: Iterable[str]) -> None:
     if marker is None:
         return
     marker["files"] = sorted(set(marker["files"]) | set(names))
-    atomic_write_bytes(directory / OUTPUT_MARKER, json.dumps(marker, indent=1).encode("utf-8"))
+    write_marker(directory, marker)
 
 
 def output_id(directory: Path) -> str | None:

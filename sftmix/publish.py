@@ -28,6 +28,7 @@ from .ownership import (
     refuse_dangerous_output,
     remove_abandoned,
     write_lease,
+    write_marker,
     write_output_marker,
 )
 from .stopping import mark_published, stops_deferred
@@ -273,7 +274,7 @@ def update_output_marker(directory: Path, update: Callable[[dict], bool]) -> Non
     with _publish_lock(directory):
         marker = read_output_marker(directory)
         if marker is not None and update(marker):
-            atomic_write_bytes(directory / OUTPUT_MARKER, json.dumps(marker, indent=1).encode("utf-8"))
+            write_marker(directory, marker)
 
 
 # ---- object stores ----------------------------------------------------------------------------------
