@@ -171,8 +171,26 @@ def _assemble_and_publish(
     plan_seconds: float = 0.0,
 ) -> tuple[RunReport, Any]:
     mixer = plan.mixer
+    tail_started = time.perf_counter()
     result = _call(assemble_output, plan, outcome.manifests, staging, documents)
-    digests, validation = _call(validate_output, staging, run.reference)
+    assembled = time.perf_counter()
+    drift = template_drift(
+        plan.context.template_text,
+        plan.template_source,
+        own_chat_template(TokenizerKey.of(plan.context.tokenizer, plan.context.tokenizer_revision)),
+    )
+    checked = None
+    if run.check != "off" and mixer.output.format == "olmo":
+        # one read of the output gives the check's findings and the digests
+        checked = check_output(
+            staging,
+            plan.mixer.max_seq_length,
+            token_dtype=plan.context.token_dtype,
+            template=drift,
+            documents_file=result.documents_path,
+            dataset_names=[d.name for d in plan.datasets],
+        )
+    digests, validation = _call(validate_output, staging, run.reference, checked.digests if checked else None)
     dropped: dict[str, int] = {}
     for t in result.tallies:
         for k, v in t.dropped.items():
@@ -212,21 +230,10 @@ def _assemble_and_publish(
         ][:20],
         warnings=plan.warnings,
     )
-    report.template_drift = template_drift(
-        plan.context.template_text,
-        plan.template_source,
-        own_chat_template(TokenizerKey.of(plan.context.tokenizer, plan.context.tokenizer_revision)),
-    )
-    if run.check != "off" and mixer.output.format == "olmo":
-        checked = check_output(
-            staging,
-            plan.mixer.max_seq_length,
-            digests=False,
-            token_dtype=plan.context.token_dtype,
-            template=report.template_drift,
-            documents_file=result.documents_path,
-            dataset_names=report.datasets,
-        )
+    report.template_drift = drift
+    report.assemble_seconds = round(assembled - tail_started, 3)
+    report.verify_seconds = round(time.perf_counter() - assembled, 3)
+    if checked is not None:
         report.check_notes = checked.notes()
         findings = checked.findings
         report.check_findings = [asdict(f) for f in findings]

@@ -21,13 +21,22 @@ import numpy as np
 from .errors import ChecksumError, DatasetError
 from .hf_output import remove_olmo_parts, write_hf_parquet
 from .labels import DROP_REASONS, RowStatus
-from .olmo_format import PartSet, dataset_statistics, part_tokens, write_boundaries, write_statistics
+from .olmo_format import (
+    MASK_PART,
+    TOKENS_PART,
+    PartSet,
+    dataset_statistics,
+    part_tokens,
+    write_boundaries,
+    write_statistics,
+)
 from .parallel import available_cpus
 from .plan import Plan
 from .selection import selection_indices
-from .slices import ROW_DTYPE, SliceManifest, load_slice_arrays
+from .slices import ROW_DTYPE, SliceManifest, load_slice_rows, slice_dir
 from .storage import storage_errors
 from .tokenizer import TokenizerKey, load_hf_tokenizer
+from .windows import WindowJob, plan_window, run_bounded, window_processes, write_window
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +70,8 @@ def _records(
     """Row records of a dataset's slices (sorted by source row) and the slice each came from."""
     arrays, owners = [], []
     for sid in slice_ids:
-        _, _, rows = load_slice_arrays(plan.context.work_dir, manifests[sid])
-        arrays.append(np.asarray(rows, dtype=ROW_DTYPE))
+        rows = load_slice_rows(plan.context.work_dir, manifests[sid])
+        arrays.append(rows)
         owners.append(np.full(rows.shape[0], sid, dtype=np.int64))
     if not arrays:
         return np.zeros(0, dtype=ROW_DTYPE), np.zeros(0, dtype=np.int64)
@@ -125,8 +134,13 @@ def _with_owner(table: np.ndarray, owner: np.ndarray) -> np.ndarray:
     return out
 
 
-#: Slices copied into the parts at once.
-ASSEMBLE_THREADS = 8
+#: Tokens of the output gathered at once (per worker: a window's tokens and mask in memory).
+WINDOW = 1 << 22
+#: Windows gathered at once; ``None``: every CPU this process may use.
+ASSEMBLE_THREADS: int | None = None
+#: From this many windows the output is written by worker processes (threads would share one GIL for
+#: the loop over documents), below it on threads (starting processes costs more than it saves).
+PROCESSES_FROM = 16
 
 
 def assemble(
@@ -149,30 +163,8 @@ def _assemble(
     dtype = np.dtype(plan.context.token_dtype)
     per_part = part_tokens(dtype)
     parts = PartSet(staging, total, dtype, per_part)
-    by_slice = np.argsort(docs["slice"], kind="stable")
-    slice_ids, first = np.unique(docs["slice"][by_slice], return_index=True)
-    bounds = list(first[1:]) + [by_slice.shape[0]]
-
-    def copy_slice(sid: int, lo: int, hi: int) -> None:
-        tokens, mask, _ = load_slice_arrays(plan.context.work_dir, manifests[sid])
-        group = by_slice[lo:hi]
-        src = docs["offset"][group]
-        group = group[np.argsort(src, kind="stable")]  # sequential reads within the slice
-        for i in group.tolist():
-            a, n = int(docs["offset"][i]), int(lengths[i])
-            parts.write(int(starts[i]), tokens[a : a + n], mask[a : a + n])
-
-    # Slices fill disjoint ranges of the parts, so they are copied on threads (numpy's copies release
-    # the GIL): a big output is written at the speed of the disks, not of one core.
     try:
-        with ThreadPoolExecutor(
-            max_workers=max(1, min(len(bounds), available_cpus(), ASSEMBLE_THREADS))
-        ) as pool:
-            for done in [
-                pool.submit(copy_slice, *g)
-                for g in zip(slice_ids.tolist(), first.tolist(), bounds, strict=True)
-            ]:
-                done.result()
+        _write_windows(plan, manifests, docs, starts, ends, staging, dtype, per_part)
     except BaseException:
         parts.close(sync=False)
         raise
@@ -212,6 +204,49 @@ def _assemble(
     )
 
 
+def _write_windows(
+    plan: Plan,
+    manifests: list[SliceManifest],
+    docs: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    staging: Path,
+    dtype: np.dtype,
+    per_part: int,
+) -> None:
+    """The parts, written in their own order a window at a time on every core: each part sequentially,
+    the slices read where their documents went (``sftmix.windows``)."""
+    total = int(ends[-1]) if ends.size else 0
+    slice_dirs = [str(slice_dir(plan.context.work_dir, m.key)) for m in manifests]
+
+    def job(lo: int, hi: int) -> WindowJob:
+        part, at = divmod(lo, per_part)
+        found = plan_window(lo, hi, starts, ends, docs["slice"], docs["offset"], slice_dirs)
+        return WindowJob(
+            lo,
+            hi,
+            at,
+            str(staging / TOKENS_PART.format(part)),
+            str(staging / MASK_PART.format(part)),
+            dtype.str,
+            *found,
+        )
+
+    windows = [
+        (lo, min(lo + WINDOW, total, k + per_part))
+        for k in range(0, total, per_part)
+        for lo in range(k, min(k + per_part, total), WINDOW)
+    ]
+    workers = max(1, min(len(windows), ASSEMBLE_THREADS or available_cpus()))
+    jobs = (job(*w) for w in windows)
+    if workers > 1 and len(windows) >= PROCESSES_FROM:
+        with window_processes(workers) as pool:
+            run_bounded(pool, write_window, jobs, 2 * workers)
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as threads:
+            run_bounded(threads, write_window, jobs, 2 * workers)
+
+
 def _statistics(
     plan: Plan, order: np.ndarray, docs: np.ndarray, tallies: list[DatasetTally], total: int
 ) -> dict:
@@ -227,19 +262,28 @@ def _statistics(
             "is_upsampled": d.upsampled,
             "upsampling_factor": d.target / d.n_rows if d.n_rows > 0 else 1.0,
         }
-    names = [plan.datasets[i].name for i in order["dataset"].tolist()]
+    # per dataset by its index (numpy over every document), then by name in order of first appearance
+    which, n = order["dataset"], len(plan.datasets)
+    by_index = [
+        np.bincount(which, minlength=n).tolist(),
+        _sum_by(which, docs["length"], n),
+        _sum_by(which, docs["trainable"], n),
+        np.bincount(which[docs["trainable"] == 0], minlength=n).tolist(),
+    ]
     counts: Counter[str] = Counter()
     tokens: Counter[str] = Counter()
     trainable: Counter[str] = Counter()
     filtered: Counter[str] = Counter()
     seen: list[str] = []
-    for name, length, train in zip(names, docs["length"].tolist(), docs["trainable"].tolist(), strict=True):
+    present, first = np.unique(which, return_index=True)
+    for i in present[np.argsort(first, kind="stable")].tolist():
+        name = plan.datasets[i].name
         if name not in counts:
             seen.append(name)
-        counts[name] += 1
-        tokens[name] += length
-        trainable[name] += train
-        filtered[name] += train == 0
+        counts[name] += by_index[0][i]
+        tokens[name] += by_index[1][i]
+        trainable[name] += by_index[2][i]
+        filtered[name] += by_index[3][i]
     total_trainable = int(docs["trainable"].sum())
     return dataset_statistics(
         output_dir=str(Path(plan.mixer.output.path)),
@@ -257,6 +301,13 @@ def _statistics(
         total_trainable=total_trainable,
         num_filtered=int((docs["trainable"] == 0).sum()),
     )
+
+
+def _sum_by(which: np.ndarray, values: np.ndarray, n: int) -> list[int]:
+    """``values`` summed per index in ``which``, exactly (int64, not bincount's float weights)."""
+    sums = np.zeros(n, dtype=np.int64)
+    np.add.at(sums, which, values.astype(np.int64))
+    return sums.tolist()
 
 
 def save_tokenizer(key: TokenizerKey, template_text: str, directory: Path) -> None:

@@ -15,24 +15,28 @@ Findings, each with a kind and a count:
 from __future__ import annotations
 
 import functools
+import gzip
+import hashlib
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .digest import RUN_REPORT, output_digests
+from .digest import RUN_REPORT, artifact_digest, digested_files
 from .errors import ConfigError
 from .olmo_fit import STRATEGIES, OlmoCoreFit
-from .olmo_format import BOUNDS_PART, MASK_PART, STATS_JSON, TOKENS_PART, read_boundaries
+from .olmo_format import BOUNDS_PART, MASK_PART, STATS_JSON, TOKENS_PART, parse_boundaries
 from .parallel import available_cpus
 from .storage import open_npy
 
-#: Tokens read at once per part: bounded memory whatever the part size (about 60 MiB of arrays).
-CHUNK = 1 << 22
+#: Tokens read at once per part: bounded memory whatever the part size (about 15 MiB of arrays per chunk
+#: in flight, a few per thread).
+CHUNK = 1 << 20
 #: Examples kept per finding.
 EXAMPLES = 5
 
@@ -62,6 +66,7 @@ class CheckReport:
     per_dataset_trainable_percent: dict[str, float] = field(default_factory=dict)
     olmo_core: OlmoCoreFit | None = None  # with a sequence length: what OLMo-core's datasets will make of it
     template: dict[str, Any] | None = None  # the template used against the tokenizer's own (run_report.json)
+    digests: dict[str, str] | None = None  # every artifact's digest, hashed in the same read as the check
 
     @property
     def clean(self) -> bool:
@@ -166,21 +171,28 @@ def check_output(
     count = 0
     while (out / TOKENS_PART.format(count)).exists():
         count += 1
-    # numpy releases the GIL: parts on every core, and a few parts' chunks too
+    # Each part is read once, in order, by one thread (its files hashed as they are read); the chunks'
+    # checks run on a pool of every core (numpy and hashlib release the GIL).
     threads = max(1, min(available_cpus(), MAX_PART_THREADS))
-    check = functools.partial(
-        _check_part,
-        out,
-        dtype=dtype,
-        vocab=vocab,
-        eos=eos,
-        special=special,
-        sequence_length=sequence_length,
-        long_doc_strategy=long_doc_strategy,
-        chunk_threads=max(1, threads // max(1, count)),
-    )
-    with ThreadPoolExecutor(max_workers=max(1, min(count, threads))) as pool:
+    with (
+        ThreadPoolExecutor(max_workers=threads, thread_name_prefix="check-chunk") as chunks,
+        ThreadPoolExecutor(max_workers=max(1, min(count, threads)), thread_name_prefix="check-part") as pool,
+    ):
+        check = functools.partial(
+            _check_part,
+            out,
+            dtype=dtype,
+            vocab=vocab,
+            eos=eos,
+            special=special,
+            sequence_length=sequence_length,
+            long_doc_strategy=long_doc_strategy,
+            chunks=chunks if threads > 1 else None,
+            hashed=digests,
+        )
         facts = list(pool.map(check, range(count)))
+        if digests:
+            result.digests = _all_digests(out, facts, pool)
     uneven, untiled, too_big, empty, long_docs, eos_inside = [], [], [], [], [], []
     no_final_eos, no_final_eos_examples = 0, []
     special_trained: dict[int, list[int]] = {}  # documents, by special token id
@@ -211,8 +223,8 @@ def check_output(
     )
     result.add("integrity", "token ids beyond the tokenizer's vocabulary", len(too_big), "parts", too_big)
     recorded = report_json.get("digests")
-    if digests and isinstance(recorded, dict) and recorded:
-        actual = output_digests(out)
+    if result.digests is not None and isinstance(recorded, dict) and recorded:
+        actual = result.digests
         differ = sorted(k for k in recorded if actual.get(k) != recorded[k])
         result.add(
             "integrity", "files whose digest differs from run_report.json", len(differ), "files", differ
@@ -273,8 +285,20 @@ def check_output(
     return result
 
 
-#: Chunks checked at once, of one part or several (each holds a chunk's arrays while it is checked).
-MAX_PART_THREADS = 8
+#: Threads that read parts and check their chunks (each holds a few chunks' arrays at a time).
+MAX_PART_THREADS = 64
+#: Chunks of one part read ahead of their checks.
+READ_AHEAD = 2
+
+
+def _all_digests(out: Path, facts: list[_PartFacts], pool: ThreadPoolExecutor) -> dict[str, str]:
+    """The output's digests as ``output_digests`` gives them: the parts' from their one read, the rest
+    (statistics, anything else the output holds) hashed now."""
+    known = {name: digest for f in facts for name, digest in f.digests.items()}
+    files = {p.relative_to(out).as_posix(): p for p in digested_files(out)}
+    rest = [name for name in files if name not in known]
+    known.update(zip(rest, pool.map(artifact_digest, [files[name] for name in rest]), strict=True))
+    return {name: known[name] for name in files}
 
 
 @dataclass
@@ -295,6 +319,7 @@ class _PartFacts:
     special_trained: dict[int, list[int]] = field(default_factory=dict)  # documents, by token id
     olmo_core: OlmoCoreFit | None = None
     trainable_share: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # per document
+    digests: dict[str, str] = field(default_factory=dict)  # of the part's files, from the check's read
 
 
 def _check_part(
@@ -306,9 +331,11 @@ def _check_part(
     special: dict[int, str],
     sequence_length: int | None,
     long_doc_strategy: str = "truncate",
-    chunk_threads: int = 1,
+    chunks: ThreadPoolExecutor | None = None,
+    hashed: bool = False,
 ) -> _PartFacts:
-    """One part's files, read in bounded chunks (on ``chunk_threads`` threads, in order)."""
+    """One part's files, read once in order in bounded chunks (hashed as read when ``hashed``); the
+    chunks are checked on ``chunks`` (here without it) and their facts added up in order."""
     f = _PartFacts()
     tokens_file, mask_file = out / TOKENS_PART.format(part), out / MASK_PART.format(part)
     token_bytes, mask_bytes = (
@@ -316,14 +343,18 @@ def _check_part(
         mask_file.stat().st_size if mask_file.exists() else 0,
     )
     bounds_file = out / BOUNDS_PART.format(part)
-    bounds = read_boundaries(bounds_file) if bounds_file.exists() else np.zeros((0, 2), np.int64)
+    bounds = np.zeros((0, 2), np.int64)
+    if bounds_file.exists():
+        text = gzip.decompress(bounds_file.read_bytes())
+        if hashed:
+            f.digests[bounds_file.name] = hashlib.sha256(text).hexdigest()
+        bounds = parse_boundaries(text)
     n = f.tokens = token_bytes // dtype.itemsize
     f.documents = bounds.shape[0]
     starts, ends = bounds[:, 0], bounds[:, 1]
     if mask_bytes != n or token_bytes % dtype.itemsize:  # its documents cannot be read token by token
         f.uneven.append(f"part {part}: {token_bytes} token bytes ({dtype.name}), {mask_bytes} mask bytes")
-        return f
-    if (
+    elif (
         bounds.shape[0] == 0
         or starts[0] != 0
         or ends[-1] != n
@@ -331,30 +362,22 @@ def _check_part(
         or np.any(ends <= starts)
     ):
         f.untiled.append(f"part {part}")
+    if f.uneven or f.untiled:
+        if hashed:
+            f.digests.update({p.name: artifact_digest(p) for p in (tokens_file, mask_file) if p.exists()})
         return f
     lengths = ends - starts
     done_trainable = np.zeros(bounds.shape[0], np.int64)  # trainable tokens up to each doc's end
     chunk = functools.partial(
-        _check_chunk,
-        tokens_file,
-        mask_file,
-        dtype,
-        n,
-        ends,
-        vocab,
-        eos,
-        np.array(sorted(special), dtype=np.int64),
+        _check_chunk, n=n, ends=ends, vocab=vocab, eos=eos, special_ids=np.array(sorted(special), np.int64)
     )
+    token_hash, mask_hash = hashlib.sha256(), hashlib.sha256()
     carried = 0
     special_docs: dict[int, set[int]] = {}
     eos_at: list[np.ndarray] = []  # where OLMo-core's default finds document ends
-    spans = range(0, n, CHUNK)
-    if chunk_threads > 1 and len(spans) > 1:  # on threads; their facts are added up in order below
-        with ThreadPoolExecutor(max_workers=min(chunk_threads, len(spans))) as pool:
-            chunks = list(pool.map(chunk, spans))
-    else:
-        chunks = map(chunk, spans)
-    for c in chunks:
+
+    def add(c: _ChunkFacts) -> None:
+        nonlocal carried
         if c.too_big is not None:
             f.too_big.append(f"part {part} offset {c.too_big}")
         done_trainable[c.ending] = c.trainable_at_ends + carried
@@ -366,6 +389,30 @@ def _check_part(
             f.no_final_eos_examples += c.unended[: EXAMPLES - len(f.no_final_eos_examples)].tolist()
         for tok_id, docs in c.special_trained.items():  # a document cut by chunks is one document
             special_docs.setdefault(tok_id, set()).update(docs)
+
+    pending: deque[Future[_ChunkFacts]] = deque()
+    try:
+        for lo in range(0, n, CHUNK):
+            hi = min(n, lo + CHUNK)
+            t = _read_span(tokens_file, dtype, lo, hi)
+            with_next = _read_span(mask_file, np.dtype(np.uint8), lo, min(n, hi + 1))
+            if hashed:
+                token_hash.update(t)
+                mask_hash.update(with_next[: hi - lo])
+            if chunks is None:
+                add(chunk(t, with_next, lo))
+                continue
+            pending.append(chunks.submit(chunk, t, with_next, lo))
+            while len(pending) > READ_AHEAD:
+                add(pending.popleft().result())
+        while pending:
+            add(pending.popleft().result())
+    finally:
+        for waiting in pending:
+            waiting.cancel()
+    if hashed:
+        f.digests[tokens_file.name] = token_hash.hexdigest()
+        f.digests[mask_file.name] = mask_hash.hexdigest()
     f.special_trained = {tok_id: sorted(docs) for tok_id, docs in special_docs.items()}
     trainable = np.diff(done_trainable, prepend=0)
     f.trainable_share = (trainable / np.maximum(lengths, 1)).astype(np.float32)
@@ -394,19 +441,18 @@ class _ChunkFacts:
 
 
 def _check_chunk(
-    tokens_file: Path,
-    mask_file: Path,
-    dtype: np.dtype,
+    t: np.ndarray,
+    with_next: np.ndarray,
+    lo: int,
     n: int,
     ends: np.ndarray,
     vocab: int | None,
     eos: int | None,
     special_ids: np.ndarray,
-    lo: int,
 ) -> _ChunkFacts:
-    hi = min(n, lo + CHUNK)
-    t = _read_span(tokens_file, dtype, lo, hi)
-    with_next = _read_span(mask_file, np.dtype(np.uint8), lo, min(n, hi + 1)).astype(bool)
+    """Tokens ``t`` from offset ``lo`` with their mask bytes and the next chunk's first mask byte."""
+    hi = lo + t.shape[0]
+    with_next = with_next.astype(bool)
     m = with_next[: hi - lo]
     too_big = None
     if vocab is not None and t.size and int(t.max()) >= vocab:

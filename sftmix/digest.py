@@ -59,7 +59,8 @@ def is_shard(name: str) -> bool:
     return counts_in_digests(name.rsplit("/", 1)[-1]) and ("/" not in name or name.startswith("data/"))
 
 
-def output_digests(directory: str | Path) -> dict[str, str]:
+def digested_files(directory: str | Path) -> list[Path]:
+    """The files of an output that its digests cover, in the digests' order."""
     root = Path(directory)
     if not root.is_dir():
         raise ConfigError(f"{root} is not a directory")
@@ -67,6 +68,12 @@ def output_digests(directory: str | Path) -> dict[str, str]:
     data = root / "data"  # the hf_parquet layout keeps its shards one level down
     if data.is_dir():
         files += [p for p in sorted(data.iterdir()) if counts_in_digests(p.name) and p.is_file()]
+    return files
+
+
+def output_digests(directory: str | Path) -> dict[str, str]:
+    root = Path(directory)
+    files = digested_files(root)
     return dict(
         zip((p.relative_to(root).as_posix() for p in files), in_parallel(artifact_digest, files), strict=True)
     )
@@ -215,8 +222,9 @@ def _dataset_row(directory: Path, global_token: int) -> str:
         return ""
 
 
-def compare(a: str | Path, b: str | Path) -> Comparison:
-    da, dir_a = load_digests(a)
+def compare(a: str | Path, b: str | Path, digests_a: dict[str, str] | None = None) -> Comparison:
+    """``digests_a``: the digests of directory ``a``, when they are known already."""
+    da, dir_a = (digests_a, Path(a)) if digests_a is not None else load_digests(a)
     db, dir_b = load_digests(b)
     result = Comparison()
     for name in sorted(set(da) | set(db)):

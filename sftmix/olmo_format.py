@@ -88,8 +88,12 @@ def _write_at(fd: int, data: np.ndarray, position: int) -> None:
 
 def read_boundaries(path: Path) -> np.ndarray:
     """A part's ``token_ids_part_*.csv.gz`` as an (n, 2) array of (start, end) token offsets."""
-    with gzip.open(path, "rt") as fh:
-        return np.array([[int(x) for x in line.split(",")] for line in fh], dtype=np.int64).reshape(-1, 2)
+    return parse_boundaries(gzip.decompress(path.read_bytes()))
+
+
+def parse_boundaries(text: bytes) -> np.ndarray:
+    """The decompressed ``start,end`` lines as an (n, 2) array (a ``ValueError`` when they are not)."""
+    return np.array(text.replace(b",", b" ").split(), dtype=np.int64).reshape(-1, 2)
 
 
 def write_boundaries(

@@ -79,6 +79,22 @@ def write_marker(directory: Path, marker: dict) -> None:
     atomic_write_bytes(directory / OUTPUT_MARKER, json.dumps(marker, indent=1).encode("utf-8"))
 
 
+def changed_since_published(directory: Path, marker: dict) -> str | None:
+    """Why the output in ``directory`` is not as it was published (``None``: every file it published is
+    there with the size and mtime it had then)."""
+    stamps = marker.get("stamps")
+    if not isinstance(stamps, dict) or not stamps:
+        return "its marker records no file stamps (published by an older version)"
+    for name, recorded in stamps.items():
+        try:
+            st = os.stat(directory / name)
+        except OSError:
+            return f"{name} is missing"
+        if [st.st_size, st.st_mtime_ns] != recorded:
+            return f"{name} changed since it was published"
+    return None
+
+
 def read_output_marker(directory: Path) -> dict | None:
     try:
         marker = json.loads((directory / OUTPUT_MARKER).read_text(encoding="utf-8"))

@@ -21,6 +21,7 @@ from .errors import ConfigError, OutputConflictError
 from .ownership import (
     LEASE_MARKER,
     OUTPUT_MARKER,
+    changed_since_published,
     check_replaceable,
     leased,
     output_id,
@@ -229,7 +230,7 @@ def publish_local(
         status = "created"
         if out.is_dir() and any(out.iterdir()):
             check_replaceable(out)
-            if output_digests(out) == output_digests(staging):
+            if _published_digests(out) == _staged_digests(staging):
                 status = "replaced"
             else:
                 current = output_id(out)
@@ -293,6 +294,20 @@ def _local_files(staging: Path) -> dict[str, Path]:
         and not is_temp(p.name)
         and p.name not in (OUTPUT_MANIFEST, LEASE_MARKER, OUTPUT_MARKER)
     }
+
+
+def _published_digests(out: Path) -> dict[str, str]:
+    """The digests of the output in ``out``: as its run report gives them when its marker shows every
+    file as published (no read of a large output), else read now."""
+    marker = read_output_marker(out)
+    if marker is not None and changed_since_published(out, marker) is None:
+        try:
+            digests = json.loads((out / RUN_REPORT).read_text(encoding="utf-8")).get("digests")
+        except (OSError, ValueError, AttributeError):
+            digests = None
+        if isinstance(digests, dict) and digests:
+            return digests
+    return output_digests(out)
 
 
 def _staged_digests(staging: Path) -> dict[str, str]:

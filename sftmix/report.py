@@ -98,6 +98,13 @@ class RunReport(BaseModel):
         0.0, description="The flow's plan: the output checks and planning, from the flow's start."
     )
     tokenize_seconds: float
+    assemble_seconds: float = Field(
+        0.0, description="Writing the shards from the slices, in the output's order."
+    )
+    verify_seconds: float = Field(
+        0.0,
+        description="The output's check and digests (one read of it) and the comparison with a reference.",
+    )
     tokens_per_second: float = Field(
         description="Tokens of the slices computed in this run / tokenize_seconds (0 when every slice was reused)."
     )
@@ -143,7 +150,13 @@ class RunReport(BaseModel):
             if self.tokens_per_second
             else f"{self.tokenize_seconds:.1f} s checking reused slices"
         )
-        parts.append(f"{tail:.1f} s assembling, validating and checking (publishing follows)")
+        if self.assemble_seconds or self.verify_seconds:
+            parts.append(
+                f"{tail:.1f} s writing the output ({self.assemble_seconds:.1f} s assembling, "
+                f"{self.verify_seconds:.1f} s checking; publishing follows)"
+            )
+        else:
+            parts.append(f"{tail:.1f} s assembling, validating and checking (publishing follows)")
         total = self.command_seconds if self.command_seconds is not None else self.wall_seconds
         return f"{total:.1f} s: " + ", ".join(parts)
 

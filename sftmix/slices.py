@@ -250,6 +250,14 @@ def push_slice(ctx: TokenizeContext, manifest: SliceManifest) -> None:
     write_remote_bytes(join_url(url, MANIFEST), (root / MANIFEST).read_bytes())
 
 
+def load_slice_rows(work_dir: str | Path, manifest: SliceManifest) -> np.ndarray:
+    """The row records of a finished slice (small: the plan of the output needs only these)."""
+    try:
+        return np.asarray(open_npy(slice_dir(work_dir, manifest.key) / "rows.npy"), dtype=ROW_DTYPE)
+    except (OSError, ValueError) as exc:
+        raise ChecksumError(f"slice {manifest.key[:12]} ({manifest.dataset}): unreadable: {exc}") from None
+
+
 def load_slice_arrays(
     work_dir: str | Path, manifest: SliceManifest
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -33,7 +33,7 @@ from typing import Any
 from .config import MixerConfig, RunOptions
 from .digest import RUN_REPORT, compare, load_digests
 from .errors import ChecksumError
-from .ownership import OUTPUT_MARKER, read_output_marker
+from .ownership import OUTPUT_MARKER, changed_since_published, read_output_marker
 from .publish import update_output_marker
 from .report import UP_TO_DATE, RunReport, Validation
 from .sources import local_builder
@@ -129,21 +129,6 @@ def input_record(mixer: MixerConfig) -> dict[str, Any] | None:
     return {"settings": settings, "versions": _versions(), "files": stamps}
 
 
-def _intact(directory: Path, marker: dict) -> str | None:
-    """Why the output is not as it was published (``None``: it is)."""
-    stamps = marker.get("stamps")
-    if not isinstance(stamps, dict) or not stamps:
-        return "its marker records no file stamps (published by an older version)"
-    for name, recorded in stamps.items():
-        try:
-            st = os.stat(directory / name)
-        except OSError:
-            return f"{name} is missing"
-        if [st.st_size, st.st_mtime_ns] != recorded:
-            return f"{name} changed since it was published"
-    return None
-
-
 def _published_report(directory: Path) -> RunReport | None:
     try:
         return RunReport.model_validate_json((directory / RUN_REPORT).read_text(encoding="utf-8"))
@@ -182,7 +167,7 @@ def up_to_date(mixer: MixerConfig, run: RunOptions, recipe: dict | None = None) 
         same = isinstance(recorded, dict) and recorded == input_record(mixer)
     if not same:
         return None
-    if (why := _intact(directory, marker)) is not None:
+    if (why := changed_since_published(directory, marker)) is not None:
         _making_again(output, why)
         return None
     report = _published_report(directory)

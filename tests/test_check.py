@@ -152,12 +152,26 @@ def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_pa
         monkeypatch.setattr(sftmix.check, "CHUNK", chunk)
         assert check_output(out, 16).to_json() == one_by_one.to_json()
 
-    # the parts were written by slices on threads: the same bytes as one slice after another
-    monkeypatch.setattr(sftmix.assemble, "ASSEMBLE_THREADS", 1)
-    (tmp_path / "again").mkdir()
-    again = run(tmp_path / "again", rows, "parts", slice_rows=8, drop_untrainable=False, shuffle_seed=3)
-    differ = {k for k, v in output_digests(again).items() if output_digests(out)[k] != v}
-    assert differ == {"dataset_statistics.json"}  # which names the dataset file: another path here
+    # and the digests hashed in the check's one read are output_digests'
+    assert threaded.digests == output_digests(out)
+
+    # the parts were written window by window on threads or worker processes: the same bytes as one
+    # window after another, whatever the windows (which cut documents anywhere, and never cross a part)
+    for threads, window, processes_from in (
+        (1, 1 << 22, 16),
+        (1, 5, 16),
+        (4, 7, 10**9),
+        (3, 256, 16),
+        (2, 64, 1),
+    ):
+        monkeypatch.setattr(sftmix.assemble, "ASSEMBLE_THREADS", threads)
+        monkeypatch.setattr(sftmix.assemble, "WINDOW", window)
+        monkeypatch.setattr(sftmix.assemble, "PROCESSES_FROM", processes_from)
+        again_dir = tmp_path / f"again-{threads}-{window}-{processes_from}"
+        again_dir.mkdir()
+        again = run(again_dir, rows, "parts", slice_rows=8, drop_untrainable=False, shuffle_seed=3)
+        differ = {k for k, v in output_digests(again).items() if output_digests(out)[k] != v}
+        assert differ == {"dataset_statistics.json"}  # which names the dataset file: another path here
 
 
 def test_chunks_of_one_part_checked_at_once_find_what_one_chunk_finds(prefect_api, tmp_path, monkeypatch):

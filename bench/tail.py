@@ -1,0 +1,110 @@
+"""The tail of a run (what follows tokenizing), phase by phase, on slices a convert already made.
+
+    python bench/tail.py --data /tmp/tail/chats-10.jsonl --work-dir /tmp/tail/work [--repeat 2]
+
+Plans the same mixer as ``tokenize-mixer convert --dataset_mixer_list DATA 1.0`` (dolma2, olmo, 4096; every
+slice must be in WORK_DIR already), then times, in this one process, on the CPUs it may use (run it under
+``taskset -c 0`` for one core): the global order, the assembly into a fresh staging directory, the output's
+digests, and the check without and with the digests (hashed in the same read).
+Each phase is run ``--repeat`` times; the page cache is warm after the first assembly, as it is in a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def timed(label: str, fn, results: dict, repeat: int):  # type: ignore[no-untyped-def]
+    best, value = float("inf"), None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        value = fn()
+        best = min(best, time.perf_counter() - started)
+    results[label] = round(best, 3)
+    print(f"{label:<28} {best:8.2f} s", flush=True)
+    return value
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--work-dir", type=Path, required=True)
+    ap.add_argument("--tokenizer", type=Path, default=None, help="default: the dolma2 tokenizer of the tests")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--reference", type=Path, default=None, help="an output of the same mixer: same digests")
+    ap.add_argument("--out", type=Path, default=None, help="write the timings here as JSON")
+    args = ap.parse_args()
+
+    from sftmix.assemble import assemble, global_order
+    from sftmix.check import check_output
+    from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from sftmix.digest import output_digests
+    from sftmix.parallel import available_cpus
+    from sftmix.plan import build_plan
+    from sftmix.slices import read_manifest
+
+    if args.tokenizer is None:
+        from tests.tokenizer_fixtures import ensure_dolma2
+
+        args.tokenizer = ensure_dolma2()
+    mixer = MixerConfig(
+        datasets=[DatasetEntry(path=str(args.data), amount=1.0)],
+        tokenizer=TokenizerSpec(name_or_path=str(args.tokenizer), chat_template="olmo"),
+        max_seq_length=4096,
+        output=OutputSpec(path=str(args.work_dir / "bench-tail-out")),
+    )
+    results: dict = {"cpus": available_cpus()}
+    print(f"{available_cpus()} CPUs", flush=True)
+    plan = timed("plan", lambda: build_plan(mixer, RunOptions(work_dir=str(args.work_dir))), results, 1)
+    manifests = [read_manifest(plan.context.work_dir, s.key) for s in plan.slices]
+    missing = sum(m is None for m in manifests)
+    if missing:
+        sys.exit(f"{missing} of {len(manifests)} slices are not in {args.work_dir}: convert first")
+    timed("global order", lambda: global_order(plan, manifests), results, args.repeat)  # type: ignore[arg-type]
+    with tempfile.TemporaryDirectory(prefix="tail-", dir=args.work_dir) as tmp:
+        staging = Path(tmp) / "staging"
+
+        def assemble_once():  # type: ignore[no-untyped-def]
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir()
+            return assemble(plan, manifests, staging, Path(tmp) / "documents.npy")  # type: ignore[arg-type]
+
+        result = timed("assemble", assemble_once, results, args.repeat)
+        results["tokens"] = result.tokens
+        results["parts"] = result.parts
+        digests = timed("digests", lambda: output_digests(staging), results, args.repeat)
+        if args.reference is not None:
+            reference = output_digests(args.reference)
+            differ = sorted(k for k in set(digests) | set(reference) if digests.get(k) != reference.get(k))
+            assert not differ, f"the output differs from {args.reference}: {differ}"
+            print(f"same digests as {args.reference}", flush=True)
+        kw = dict(token_dtype=plan.context.token_dtype, documents_file=str(Path(tmp) / "documents.npy"))
+        timed(
+            "check (no digests)",
+            lambda: check_output(staging, 4096, digests=False, **kw),  # type: ignore[arg-type]
+            results,
+            args.repeat,
+        )
+        checked = timed(
+            "check + digests, one read",
+            lambda: check_output(staging, 4096, digests=True, **kw),  # type: ignore[arg-type]
+            results,
+            args.repeat,
+        )
+        assert checked.digests == digests, "the check's digests differ from output_digests"
+    print(json.dumps(results), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
