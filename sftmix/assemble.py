@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from collections import Counter
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,12 +33,22 @@ from .olmo_format import (
     write_statistics,
 )
 from .parallel import available_cpus
+from .part_writing import (
+    CACHE_SAMPLE,
+    SliceJob,
+    WindowJob,
+    cached_share,
+    plan_window,
+    run_bounded,
+    worker_processes,
+    write_slice,
+    write_window,
+)
 from .plan import Plan
 from .selection import selection_indices
 from .slices import ROW_DTYPE, SliceManifest, load_slice_rows, slice_dir
 from .storage import storage_errors
 from .tokenizer import TokenizerKey, load_hf_tokenizer
-from .windows import WindowJob, plan_window, run_bounded, window_processes, write_window
 
 logger = logging.getLogger(__name__)
 
@@ -138,9 +150,13 @@ def _with_owner(table: np.ndarray, owner: np.ndarray) -> np.ndarray:
 WINDOW = 1 << 22
 #: Windows gathered at once; ``None``: every CPU this process may use.
 ASSEMBLE_THREADS: int | None = None
-#: From this many windows the output is written by worker processes (threads would share one GIL for
-#: the loop over documents), below it on threads (starting processes costs more than it saves).
+#: From this many windows' tokens the output is written by worker processes (threads would share one
+#: GIL for the loop over documents), below it on threads (starting processes costs more than it saves).
 PROCESSES_FROM = 16
+#: How the parts are written: ``window``, ``slice``, or ``None``: by what the page cache holds.
+ASSEMBLE_BY: str | None = None
+#: The share of sampled documents in the page cache from which the output is written by window.
+CACHED_ENOUGH = 0.9
 
 
 def assemble(
@@ -164,7 +180,7 @@ def _assemble(
     per_part = part_tokens(dtype)
     parts = PartSet(staging, total, dtype, per_part)
     try:
-        _write_windows(plan, manifests, docs, starts, ends, staging, dtype, per_part)
+        _write_parts(plan, manifests, docs, starts, ends, staging, dtype, per_part)
     except BaseException:
         parts.close(sync=False)
         raise
@@ -204,7 +220,7 @@ def _assemble(
     )
 
 
-def _write_windows(
+def _write_parts(
     plan: Plan,
     manifests: list[SliceManifest],
     docs: np.ndarray,
@@ -214,37 +230,67 @@ def _write_windows(
     dtype: np.dtype,
     per_part: int,
 ) -> None:
-    """The parts, written in their own order a window at a time on every core: each part sequentially,
-    the slices read where their documents went (``sftmix.windows``)."""
+    """The parts, written on every core (``sftmix.part_writing``): by window while the slices are in the
+    page cache, else slice by slice (sequential reads of a disk)."""
     total = int(ends[-1]) if ends.size else 0
     slice_dirs = [str(slice_dir(plan.context.work_dir, m.key)) for m in manifests]
-
-    def job(lo: int, hi: int) -> WindowJob:
-        part, at = divmod(lo, per_part)
-        found = plan_window(lo, hi, starts, ends, docs["slice"], docs["offset"], slice_dirs)
-        return WindowJob(
-            lo,
-            hi,
-            at,
-            str(staging / TOKENS_PART.format(part)),
-            str(staging / MASK_PART.format(part)),
-            dtype.str,
-            *found,
-        )
-
-    windows = [
-        (lo, min(lo + WINDOW, total, k + per_part))
-        for k in range(0, total, per_part)
-        for lo in range(k, min(k + per_part, total), WINDOW)
+    part_files = [
+        (str(staging / TOKENS_PART.format(k)), str(staging / MASK_PART.format(k)))
+        for k in range(len(range(0, total, per_part)))
     ]
-    workers = max(1, min(len(windows), ASSEMBLE_THREADS or available_cpus()))
-    jobs = (job(*w) for w in windows)
-    if workers > 1 and len(windows) >= PROCESSES_FROM:
-        with window_processes(workers) as pool:
-            run_bounded(pool, write_window, jobs, 2 * workers)
+    how = ASSEMBLE_BY or _way_to_write(docs, slice_dirs, dtype)
+    jobs: Iterable[WindowJob | SliceJob]
+    if how == "window":
+
+        def window(lo: int, hi: int) -> WindowJob:
+            part, at = divmod(lo, per_part)
+            found = plan_window(lo, hi, starts, ends, docs["slice"], docs["offset"], slice_dirs)
+            return WindowJob(lo, hi, at, *part_files[part], dtype.str, *found)
+
+        windows = [
+            (lo, min(lo + WINDOW, total, k + per_part))
+            for k in range(0, total, per_part)
+            for lo in range(k, min(k + per_part, total), WINDOW)
+        ]
+        count, fn, jobs = len(windows), write_window, (window(*w) for w in windows)
+    else:
+        by_slice = np.lexsort((docs["offset"], docs["slice"]))  # each slice's documents in its order
+        ids, first = np.unique(docs["slice"][by_slice], return_index=True)
+        bounds = zip(ids.tolist(), first.tolist(), [*first[1:].tolist(), by_slice.shape[0]], strict=True)
+
+        def one_slice(sid: int, a: int, b: int) -> SliceJob:
+            group = by_slice[a:b]
+            return SliceJob(
+                slice_dirs[sid],
+                dtype.str,
+                per_part,
+                part_files,
+                docs["offset"][group],
+                starts[group],
+                docs["length"][group],
+            )
+
+        count, fn, jobs = len(ids), write_slice, (one_slice(*g) for g in bounds)
+    workers = max(1, min(count, ASSEMBLE_THREADS or available_cpus()))
+    logger.debug("writing %d tokens by %s on %d workers", total, how, workers)
+    if workers > 1 and total >= PROCESSES_FROM * WINDOW:
+        with worker_processes(workers) as pool:
+            run_bounded(pool, fn, jobs, 2 * workers)
     else:
         with ThreadPoolExecutor(max_workers=workers) as threads:
-            run_bounded(threads, write_window, jobs, 2 * workers)
+            run_bounded(threads, fn, jobs, 2 * workers)
+
+
+def _way_to_write(docs: np.ndarray, slice_dirs: list[str], dtype: np.dtype) -> str:
+    """``window`` when the page cache holds (nearly) every sampled document's tokens, else ``slice``."""
+    if not docs.shape[0]:
+        return "window"
+    sample = np.unique(np.linspace(0, docs.shape[0] - 1, CACHE_SAMPLE).astype(np.int64))
+    share = cached_share(
+        [os.path.join(slice_dirs[i], "tokens.npy") for i in docs["slice"][sample].tolist()],
+        (docs["offset"][sample] * dtype.itemsize).tolist(),
+    )
+    return "window" if share is not None and share >= CACHED_ENOUGH else "slice"
 
 
 def _statistics(

@@ -155,19 +155,24 @@ def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_pa
     # and the digests hashed in the check's one read are output_digests'
     assert threaded.digests == output_digests(out)
 
-    # the parts were written window by window on threads or worker processes: the same bytes as one
-    # window after another, whatever the windows (which cut documents anywhere, and never cross a part)
-    for threads, window, processes_from in (
-        (1, 1 << 22, 16),
-        (1, 5, 16),
-        (4, 7, 10**9),
-        (3, 256, 16),
-        (2, 64, 1),
+    # the parts were written by window or by slice, on threads or worker processes: the same bytes as
+    # one job after another, whatever the windows (which cut documents anywhere, and never cross a part)
+    for by, threads, window, processes_from in (
+        ("window", 1, 1 << 22, 16),
+        ("window", 1, 5, 16),
+        ("window", 4, 7, 10**9),
+        ("window", 3, 256, 16),
+        ("window", 2, 64, 1),
+        ("slice", 1, 1 << 22, 16),
+        ("slice", 3, 1 << 22, 10**9),
+        ("slice", 2, 64, 1),
+        (None, 2, 64, 1),  # by what the page cache holds
     ):
+        monkeypatch.setattr(sftmix.assemble, "ASSEMBLE_BY", by)
         monkeypatch.setattr(sftmix.assemble, "ASSEMBLE_THREADS", threads)
         monkeypatch.setattr(sftmix.assemble, "WINDOW", window)
         monkeypatch.setattr(sftmix.assemble, "PROCESSES_FROM", processes_from)
-        again_dir = tmp_path / f"again-{threads}-{window}-{processes_from}"
+        again_dir = tmp_path / f"again-{by}-{threads}-{window}-{processes_from}"
         again_dir.mkdir()
         again = run(again_dir, rows, "parts", slice_rows=8, drop_untrainable=False, shuffle_seed=3)
         differ = {k for k, v in output_digests(again).items() if output_digests(out)[k] != v}

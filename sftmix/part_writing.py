@@ -1,11 +1,18 @@
-"""The output written window by window: each window's documents read from their slices' files straight
-into memory (``pread``), then written once, sequentially, into its part.
+"""The output's parts written from the slices' files, on every core, one of two ways.
 
-A window is planned by the assembling process (which documents, from where, to where: numpy over the
-document table) and filled anywhere: on a thread, or in a worker process when the output is large
-enough to pay for starting them. Filling is a Python loop over documents (two reads each); in threads
-that loop would hold one GIL for the whole output, so on many cores a big output is written by
-processes. This module imports only numpy, so a worker starts in a fraction of a second.
+- **By window** (``WindowJob``): a 4 Mi-token window of a part at a time, its documents read where they
+  lie in the slices (two ``pread`` per document) straight into memory, then written with one sequential
+  ``pwrite``. Fast while the slices are in the page cache (they were just written); from a disk it is
+  a random read per document.
+- **By slice** (``SliceJob``): each slice read once, sequentially, and each of its documents written at
+  its place in the parts (the page cache gathers the writes). Its cost per document is higher, but it
+  reads a disk only sequentially: a resumed run, or slices larger than the page cache.
+
+``cached_share`` tells which: it asks the page cache for a sample of the documents (``RWF_NOWAIT``).
+Jobs are planned by the assembling process (numpy over the document table) and run on threads, or on
+spawned worker processes when the output is large enough to pay for starting them: the loop over
+documents holds the GIL, so threads would write a big output on one core. This module imports only
+numpy, so a worker starts in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -107,12 +114,94 @@ def write_window(job: WindowJob) -> None:
     ):
         fd = os.open(path, os.O_WRONLY)
         try:
-            view = memoryview(data).cast("B")
-            while view:  # pwrite may write less than asked
-                written = os.pwrite(fd, view, position)
-                view, position = view[written:], position + written
+            _write_all(fd, memoryview(data).cast("B"), position)
         finally:
             os.close(fd)
+
+
+@dataclass
+class SliceJob:
+    """The documents of one slice (``slice_dir``), written where the output's order puts them: ``src``
+    token offsets in the slice (ascending), ``dst`` global token offsets, ``n`` lengths; part ``k``'s
+    token and mask files are ``part_files[k]``, of ``per_part`` tokens each."""
+
+    slice_dir: str
+    dtype: str
+    per_part: int
+    part_files: list[tuple[str, str]]
+    src: np.ndarray
+    dst: np.ndarray
+    n: np.ndarray
+
+
+def write_slice(job: SliceJob) -> None:
+    """Read the slice's documents in one sequential read, then write each at its place (cut where a
+    part ends)."""
+    if not job.n.size:
+        return
+    dtype = np.dtype(job.dtype)
+    lo, hi = int(job.src[0]), int((job.src + job.n).max())
+    arrays = []
+    for name, item in (("tokens.npy", dtype), ("mask.npy", np.dtype(np.uint8))):
+        path = os.path.join(job.slice_dir, name)
+        data = np.empty(hi - lo, item)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            _read_into(fd, memoryview(data).cast("B"), _data_offset(fd, path) + lo * item.itemsize, path)
+        finally:
+            os.close(fd)
+        arrays.append(memoryview(data).cast("B"))
+    tokens, mask = arrays
+    size = dtype.itemsize
+    fds: dict[str, int] = {}
+    try:
+        for s, d, k in zip((job.src - lo).tolist(), job.dst.tolist(), job.n.tolist(), strict=True):
+            while k:  # the document's pieces in each part it crosses
+                part, local = divmod(d, job.per_part)
+                take = min(k, job.per_part - local)
+                tokens_file, mask_file = job.part_files[part]
+                for path, view, width in ((tokens_file, tokens, size), (mask_file, mask, 1)):
+                    fd = fds.get(path)
+                    if fd is None:
+                        fd = fds[path] = os.open(path, os.O_WRONLY)
+                    _write_all(fd, view[s * width : (s + take) * width], local * width)
+                s, d, k = s + take, d + take, k - take
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+#: Documents whose first bytes ``cached_share`` asks the page cache for.
+CACHE_SAMPLE = 64
+
+
+def cached_share(paths: list[str], offsets: list[int]) -> float | None:
+    """The share of reads at ``offsets`` of ``paths`` that the page cache answers without a disk
+    (``RWF_NOWAIT``); ``None`` where that cannot be asked."""
+    flag = getattr(os, "RWF_NOWAIT", None)
+    if flag is None or not paths:
+        return None
+    buffer, hits = bytearray(4096), 0
+    for path, offset in zip(paths, offsets, strict=True):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue  # a missing slice fails where it is read, with its name
+        try:
+            hits += os.preadv(fd, [buffer], _data_offset(fd, path) + offset, flag) > 0
+        except BlockingIOError:
+            pass  # not in the page cache
+        except (OSError, ChecksumError):
+            return None
+        finally:
+            os.close(fd)
+    return hits / len(paths)
+
+
+def _write_all(fd: int, view: memoryview, position: int) -> None:
+    while view:  # pwrite may write less than asked
+        written = os.pwrite(fd, view, position)
+        view, position = view[written:], position + written
 
 
 def _data_offset(fd: int, path: str) -> int:
@@ -133,10 +222,10 @@ def _read_into(fd: int, view: memoryview, position: int, path: str) -> None:
 
 
 @contextlib.contextmanager
-def window_processes(workers: int) -> Iterator[ProcessPoolExecutor]:
-    """Worker processes for windows: spawned (the run's process has threads, which forking copies
+def worker_processes(workers: int) -> Iterator[ProcessPoolExecutor]:
+    """Worker processes for the jobs: spawned (the run's process has threads, which forking copies
     badly), deaf to the stop signals (a stopped run kills them: their windows were going into a staging
-    directory that is removed with them), gone when the output is written."""
+    directory that is removed with them), gone when the parts are written."""
     pool = ProcessPoolExecutor(
         max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=ignore_stop_signals
     )
@@ -153,7 +242,7 @@ def window_processes(workers: int) -> Iterator[ProcessPoolExecutor]:
 
 def run_bounded(executor: Executor, fn: Callable[[Any], None], items: Iterable[Any], in_flight: int) -> None:
     """``fn`` over ``items`` on ``executor``, at most ``in_flight`` submitted and not yet done (a job
-    holds its window's plan; an output of thousands of windows is not planned all at once)."""
+    holds its part of the plan; an output of thousands of jobs is not planned all at once)."""
     pending: deque[Future[None]] = deque()
     for item in items:
         with stop_signals_blocked():  # a worker this starts ignores them before it can be interrupted
