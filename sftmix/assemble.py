@@ -12,8 +12,9 @@ import copy
 import logging
 import os
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,9 +151,11 @@ def _with_owner(table: np.ndarray, owner: np.ndarray) -> np.ndarray:
 WINDOW = 1 << 22
 #: Windows gathered at once; ``None``: every CPU this process may use.
 ASSEMBLE_THREADS: int | None = None
-#: From this many windows' tokens the output is written by worker processes (threads would share one
-#: GIL for the loop over documents), below it on threads (starting processes costs more than it saves).
-PROCESSES_FROM = 16
+#: From this many tokens the output is written by worker processes (threads would share one GIL for the
+#: loop over documents), below it on threads (starting processes costs more than it saves); the
+#: environment's ``TOKENIZE_MIXER_PROCESSES_FROM_TOKENS`` sets it (the fault soak writes small outputs so).
+PROCESSES_FROM_TOKENS = 16 * WINDOW
+PROCESSES_FROM_ENV = "TOKENIZE_MIXER_PROCESSES_FROM_TOKENS"
 #: How the parts are written: ``window``, ``slice``, or ``None``: by what the page cache holds.
 ASSEMBLE_BY: str | None = None
 #: The share of sampled documents in the page cache from which the output is written by window.
@@ -239,7 +242,6 @@ def _write_parts(
         for k in range(len(range(0, total, per_part)))
     ]
     how = ASSEMBLE_BY or _way_to_write(docs, slice_dirs, dtype)
-    jobs: Iterable[WindowJob | SliceJob]
     if how == "window":
 
         def window(lo: int, hi: int) -> WindowJob:
@@ -252,11 +254,17 @@ def _write_parts(
             for k in range(0, total, per_part)
             for lo in range(k, min(k + per_part, total), WINDOW)
         ]
-        count, fn, jobs = len(windows), write_window, (window(*w) for w in windows)
+        count, fn = len(windows), write_window
+
+        def jobs() -> Iterator[Any]:
+            return (window(*w) for w in windows)
+
     else:
         by_slice = np.lexsort((docs["offset"], docs["slice"]))  # each slice's documents in its order
         ids, first = np.unique(docs["slice"][by_slice], return_index=True)
-        bounds = zip(ids.tolist(), first.tolist(), [*first[1:].tolist(), by_slice.shape[0]], strict=True)
+        bounds = list(
+            zip(ids.tolist(), first.tolist(), [*first[1:].tolist(), by_slice.shape[0]], strict=True)
+        )
 
         def one_slice(sid: int, a: int, b: int) -> SliceJob:
             group = by_slice[a:b]
@@ -270,15 +278,24 @@ def _write_parts(
                 docs["length"][group],
             )
 
-        count, fn, jobs = len(ids), write_slice, (one_slice(*g) for g in bounds)
+        count, fn = len(bounds), write_slice
+
+        def jobs() -> Iterator[Any]:
+            return (one_slice(*g) for g in bounds)
+
     workers = max(1, min(count, ASSEMBLE_THREADS or available_cpus()))
     logger.debug("writing %d tokens by %s on %d workers", total, how, workers)
-    if workers > 1 and total >= PROCESSES_FROM * WINDOW:
-        with worker_processes(workers) as pool:
-            run_bounded(pool, fn, jobs, 2 * workers)
-    else:
-        with ThreadPoolExecutor(max_workers=workers) as threads:
-            run_bounded(threads, fn, jobs, 2 * workers)
+    if workers > 1 and total >= int(os.environ.get(PROCESSES_FROM_ENV) or PROCESSES_FROM_TOKENS):
+        try:
+            with worker_processes(workers) as pool:
+                run_bounded(pool, fn, jobs(), 2 * workers)
+            return
+        except BrokenProcessPool:
+            # A worker died (the OOM killer, a kill): a job writes the same bytes at the same places
+            # however often it runs, so the parts are written again, on threads.
+            logger.warning("a worker process writing the output died; writing the output again on threads")
+    with ThreadPoolExecutor(max_workers=workers) as threads:
+        run_bounded(threads, fn, jobs(), 2 * workers)
 
 
 def _way_to_write(docs: np.ndarray, slice_dirs: list[str], dtype: np.dtype) -> str:

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from sftmix.assemble import PROCESSES_FROM_ENV
 from sftmix.digest import compare
 from sftmix.ownership import output_id
 
@@ -43,6 +44,8 @@ BIN = Path(sys.executable).parent
 COMMAND = BIN / "tokenize-mixer"
 PREFECT = BIN / "prefect"
 
+#: Appended to a trial's start when its output is written by worker processes (``PROCESSES_FROM_ENV``).
+TAIL_IN_PROCESSES = ", tail in processes"
 #: Rows of generated chats and rows per slice: a full run takes about 10 s on 2 cores (64 slices).
 ROWS = 8_000
 SLICE_ROWS = 125
@@ -419,7 +422,7 @@ class Command:
 class TrialRecord:
     index: int
     kind: str
-    start: str  # forked | spawned | n/a
+    start: str  # forked | spawned | n/a, then TAIL_IN_PROCESSES when the output is written by processes
     fault: str  # what was drawn, in words
     moment: float | None = None  # seconds from the command's start to the fault; None: it never landed
     landed: bool = False
@@ -559,7 +562,13 @@ def local_env(prefect_home: Path, tmp: Path) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING", "TOKENIZE_MIXER_WORKER_START")
+        if k
+        not in (
+            "PREFECT_API_URL",
+            "PREFECT_API_AUTH_STRING",
+            "TOKENIZE_MIXER_WORKER_START",
+            PROCESSES_FROM_ENV,
+        )
     }
     tmp.mkdir(exist_ok=True)
     env.update(PREFECT_HOME=str(prefect_home), PREFECT_SERVER_ANALYTICS_ENABLED="false", TMPDIR=str(tmp))
@@ -849,6 +858,10 @@ class Soak:
         """The trial's own generator (seed and index give the same draws whatever ran before)."""
         rng = random.Random(f"{self.seed}/{index}/{kind}")
         start = "n/a" if kind == "kill-prefect-worker" else rng.choice(["forked", "spawned"])
+        # half the trials write their output with worker processes, as outputs from 64 Mi tokens are
+        # (a generator of its own: the draws above and after are those of older soaks)
+        if start != "n/a" and random.Random(f"{self.seed}/{index}/{kind}/tail").random() < 0.5:
+            start += TAIL_IN_PROCESSES
         return rng, start
 
     def early_or_any(self, rng: random.Random) -> float:
@@ -903,8 +916,10 @@ class Soak:
             env = {**self.stack.env, "TMPDIR": str(tmp)}
         else:
             env = local_env(self.home, tmp)
-        if rec.start == "spawned":
+        if rec.start.startswith("spawned"):
             env["TOKENIZE_MIXER_WORKER_START"] = "spawn"
+        if rec.start.endswith(TAIL_IN_PROCESSES):
+            env[PROCESSES_FROM_ENV] = "1"
         return env
 
     def _command_trial(self, rec: TrialRecord, rng: random.Random, tdir: Path) -> None:

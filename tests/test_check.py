@@ -171,7 +171,7 @@ def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_pa
         monkeypatch.setattr(sftmix.assemble, "ASSEMBLE_BY", by)
         monkeypatch.setattr(sftmix.assemble, "ASSEMBLE_THREADS", threads)
         monkeypatch.setattr(sftmix.assemble, "WINDOW", window)
-        monkeypatch.setattr(sftmix.assemble, "PROCESSES_FROM", processes_from)
+        monkeypatch.setattr(sftmix.assemble, "PROCESSES_FROM_TOKENS", processes_from)
         again_dir = tmp_path / f"again-{by}-{threads}-{window}-{processes_from}"
         again_dir.mkdir()
         again = run(again_dir, rows, "parts", slice_rows=8, drop_untrainable=False, shuffle_seed=3)
