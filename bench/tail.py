@@ -42,6 +42,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--reference", type=Path, default=None, help="an output of the same mixer: same digests")
     ap.add_argument("--out", type=Path, default=None, help="write the timings here as JSON")
+    ap.add_argument(
+        "--by",
+        choices=["window", "slice"],
+        default=None,
+        help="how to write the parts (default: ask the page cache)",
+    )
     args = ap.parse_args()
 
     from sftmix.assemble import assemble, global_order
@@ -62,7 +68,10 @@ def main() -> None:
         max_seq_length=4096,
         output=OutputSpec(path=str(args.work_dir / "bench-tail-out")),
     )
-    results: dict = {"cpus": available_cpus()}
+    import sftmix.assemble
+
+    sftmix.assemble.ASSEMBLE_BY = args.by
+    results: dict = {"cpus": available_cpus(), "by": args.by or "page cache"}
     print(f"{available_cpus()} CPUs", flush=True)
     plan = timed("plan", lambda: build_plan(mixer, RunOptions(work_dir=str(args.work_dir))), results, 1)
     manifests = [read_manifest(plan.context.work_dir, s.key) for s in plan.slices]
