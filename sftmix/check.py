@@ -32,7 +32,7 @@ from .errors import ConfigError
 from .olmo_fit import STRATEGIES, OlmoCoreFit
 from .olmo_format import BOUNDS_PART, MASK_PART, STATS_JSON, TOKENS_PART, parse_boundaries
 from .parallel import available_cpus
-from .storage import open_npy
+from .storage import open_npy, pread_into
 
 #: Tokens read at once per part: bounded memory whatever the part size (about 15 MiB of arrays per chunk
 #: in flight, a few per thread).
@@ -369,7 +369,7 @@ def _check_part(
     lengths = ends - starts
     done_trainable = np.zeros(bounds.shape[0], np.int64)  # trainable tokens up to each doc's end
     chunk = functools.partial(
-        _check_chunk, n=n, ends=ends, vocab=vocab, eos=eos, special_ids=np.array(sorted(special), np.int64)
+        _check_chunk, ends=ends, vocab=vocab, eos=eos, special_ids=np.array(sorted(special), np.int64)
     )
     token_hash, mask_hash = hashlib.sha256(), hashlib.sha256()
     carried = 0
@@ -444,7 +444,6 @@ def _check_chunk(
     t: np.ndarray,
     with_next: np.ndarray,
     lo: int,
-    n: int,
     ends: np.ndarray,
     vocab: int | None,
     eos: int | None,
@@ -494,11 +493,11 @@ def _read_span(path: Path, dtype: np.dtype, lo: int, hi: int) -> np.ndarray:
     view, position = memoryview(data).cast("B"), lo * dtype.itemsize
     fd = os.open(path, os.O_RDONLY)
     try:
-        while view:
-            got = os.preadv(fd, [view], position)
-            if not got:
-                raise ConfigError(f"{path} ended at byte {position} while it was being checked")
-            view, position = view[got:], position + got
+        left = pread_into(fd, view, position)
+        if left:
+            raise ConfigError(
+                f"{path} ended at byte {position + len(view) - left} while it was being checked"
+            )
     finally:
         os.close(fd)
     return data

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .parallel import available_cpus
-from .storage import reserve_file
+from .storage import pwrite_all, reserve_file
 
 PART_BYTES = 1024**3
 TOKENS_PART = "token_ids_part_{:04d}.npy"
@@ -80,10 +80,7 @@ class PartSet:
 
 
 def _write_at(fd: int, data: np.ndarray, position: int) -> None:
-    view = memoryview(data).cast("B")
-    while view:  # pwrite may write less than asked
-        written = os.pwrite(fd, view, position)
-        view, position = view[written:], position + written
+    pwrite_all(fd, memoryview(data).cast("B"), position)
 
 
 def read_boundaries(path: Path) -> np.ndarray:

@@ -12,7 +12,7 @@
 Jobs are planned by the assembling process (numpy over the document table) and run on threads, or on
 spawned worker processes when the output is large enough to pay for starting them: the loop over
 documents holds the GIL, so threads would write a big output on one core. This module imports only
-numpy, so a worker starts in a fraction of a second.
+numpy and light modules of ours, so a worker starts in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ from typing import Any
 import numpy as np
 
 from .errors import ChecksumError
+from .olmo_format import part_spans
 from .stopping import ignore_stop_signals, stop_signals_blocked
+from .storage import pread_into, pwrite_all
 
 
 @dataclass
@@ -114,7 +116,7 @@ def write_window(job: WindowJob) -> None:
     ):
         fd = os.open(path, os.O_WRONLY)
         try:
-            _write_all(fd, memoryview(data).cast("B"), position)
+            pwrite_all(fd, memoryview(data).cast("B"), position)
         finally:
             os.close(fd)
 
@@ -156,16 +158,14 @@ def write_slice(job: SliceJob) -> None:
     fds: dict[str, int] = {}
     try:
         for s, d, k in zip((job.src - lo).tolist(), job.dst.tolist(), job.n.tolist(), strict=True):
-            while k:  # the document's pieces in each part it crosses
-                part, local = divmod(d, job.per_part)
-                take = min(k, job.per_part - local)
+            for part, local, done, take in part_spans(d, k, job.per_part):  # cut where a part ends
                 tokens_file, mask_file = job.part_files[part]
+                a, b = s + done, s + done + take
                 for path, view, width in ((tokens_file, tokens, size), (mask_file, mask, 1)):
                     fd = fds.get(path)
                     if fd is None:
                         fd = fds[path] = os.open(path, os.O_WRONLY)
-                    _write_all(fd, view[s * width : (s + take) * width], local * width)
-                s, d, k = s + take, d + take, k - take
+                    pwrite_all(fd, view[a * width : b * width], local * width)
     finally:
         for fd in fds.values():
             os.close(fd)
@@ -198,12 +198,6 @@ def cached_share(paths: list[str], offsets: list[int]) -> float | None:
     return hits / len(paths)
 
 
-def _write_all(fd: int, view: memoryview, position: int) -> None:
-    while view:  # pwrite may write less than asked
-        written = os.pwrite(fd, view, position)
-        view, position = view[written:], position + written
-
-
 def _data_offset(fd: int, path: str) -> int:
     head = os.pread(fd, 12, 0)
     if len(head) < 12 or head[:6] != b"\x93NUMPY":
@@ -214,11 +208,10 @@ def _data_offset(fd: int, path: str) -> int:
 
 
 def _read_into(fd: int, view: memoryview, position: int, path: str) -> None:
-    while view:
-        got = os.preadv(fd, [view], position)
-        if not got:
-            raise ChecksumError(f"{path} ended at byte {position} while the output was assembled; rerun")
-        view, position = view[got:], position + got
+    left = pread_into(fd, view, position)
+    if left:
+        ended = position + len(view) - left
+        raise ChecksumError(f"{path} ended at byte {ended} while the output was assembled; rerun")
 
 
 @contextlib.contextmanager

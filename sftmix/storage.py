@@ -116,6 +116,24 @@ def open_npy(path: str | os.PathLike[str]) -> Any:
         return np.load(path, mmap_mode="r")
 
 
+def pread_into(fd: int, view: memoryview, position: int) -> int:
+    """Fill ``view`` from ``fd`` at ``position`` (``pread`` may read less than asked); the bytes left
+    unfilled where the file ended (0: all read)."""
+    while view:
+        got = os.preadv(fd, [view], position)
+        if not got:
+            break
+        view, position = view[got:], position + got
+    return len(view)
+
+
+def pwrite_all(fd: int, view: memoryview, position: int) -> None:
+    """Write all of ``view`` into ``fd`` at ``position`` (``pwrite`` may write less than asked)."""
+    while view:
+        written = os.pwrite(fd, view, position)
+        view, position = view[written:], position + written
+
+
 def sha256_stream(fh: BinaryIO, visit: Callable[[bytes], None] | None = None) -> str:
     """sha256 of a binary stream read in 4 MiB blocks; ``visit`` sees each block too."""
     h = hashlib.sha256()
