@@ -149,6 +149,7 @@ class Board:
         self.recent: deque[tuple[float, int, int, int]] = deque()  # (when, bytes, tokens, rows) computed
         self.work_dir = work_dir
         self.generation = getattr(self, "generation", 0) + 1
+        self._watching = 0  # the generation whose manifest watcher runs
 
     @property
     def active(self) -> bool:
@@ -164,14 +165,16 @@ class Board:
         with self._lock:
             if not keep or plan != self.plan:
                 self._reset(plan, work_dir)
-                if work_dir is not None:
-                    watcher = threading.Thread(
-                        target=self._watch,
-                        args=(self.generation, specs),
-                        name="progress-manifests",
-                        daemon=True,
-                    )
-                    watcher.start()
+            if work_dir is not None and self._watching != self.generation:
+                # also when the flow keeps the head start's count: the head start had no watcher
+                self.work_dir, self._watching = work_dir, self.generation
+                watcher = threading.Thread(
+                    target=self._watch,
+                    args=(self.generation, specs),
+                    name="progress-manifests",
+                    daemon=True,
+                )
+                watcher.start()
         self._tell()
 
     def stop_watching(self) -> None:

@@ -54,6 +54,33 @@ def test_the_board_counts_each_slice_once_and_rates_only_computed_ones():
     assert len(seen) >= 5
 
 
+def test_the_flow_taking_over_the_head_start_watches_the_manifests(tmp_path):
+    """The head start counts without a watcher; the flow that keeps its count must start one, or the
+    slices its workers finish are counted only when the orchestrator hands them back (40 s late, seen at
+    1 B tokens)."""
+    import time
+
+    from sftmix.slices import MANIFEST, SliceManifest, slice_dir
+
+    board, specs = Board(), [_spec(i) for i in range(2)]
+    board.begin(specs)  # the head start: no work directory
+    board.begin(specs, keep=True, work_dir=str(tmp_path))  # the flow takes over
+    manifest = SliceManifest(
+        key="k1", dataset="d.jsonl", row_start=10, row_end=20, rows=10, kept=10, tokens=700,
+        trainable_tokens=300, dropped={}, token_dtype="uint32", files={}, seconds=1.0,
+        finished_at=time.time(),
+    )  # fmt: skip
+    directory = slice_dir(tmp_path, "k1")
+    directory.mkdir(parents=True)
+    (directory / MANIFEST).write_text(manifest.model_dump_json(), encoding="utf-8")
+    deadline = time.monotonic() + 10
+    while board.facts().done < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    board.stop_watching()
+    facts = board.facts()
+    assert (facts.done, facts.reused, facts.tokens) == (1, 0, 700)
+
+
 @pytest.mark.slow
 def test_the_console_shows_summary_lines_not_a_line_per_slice(tmp_path):
     proc = cli(
