@@ -303,22 +303,31 @@ def _progress_bar() -> Iterator[None]:
     from flows.progress import BOARD, line_seconds
 
     if not sys.stderr.isatty():
-        stop = threading.Event()
+        stop, wake = threading.Event(), threading.Event()
+
+        def complete(facts: Any) -> None:  # the last slice's line at once, not at the next tick
+            if facts.done >= facts.total:
+                wake.set()
 
         def lines() -> None:
             said_complete = False
-            while not stop.wait(line_seconds()):
-                if BOARD.active and not said_complete:
+            while not stop.is_set():
+                wake.wait(line_seconds())
+                wake.clear()
+                if BOARD.active and not said_complete and not stop.is_set():
                     facts = BOARD.facts()
                     logging.getLogger("tokenize_mixer.progress").info(facts.line())
                     said_complete = facts.done >= facts.total
 
+        BOARD.add_listener(complete)
         ticker = threading.Thread(target=lines, name="progress-lines", daemon=True)
         ticker.start()
         try:
             yield
         finally:
+            BOARD.remove_listener(complete)
             stop.set()
+            wake.set()
         return
     from rich.console import Console
     from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, TaskProgressColumn

@@ -73,7 +73,12 @@ LOCAL_KINDS = (
     "kill-worker",
     "kill-api-early",
     "kill-api-late",
+    "sigterm-tail",
+    "sigterm-rerun",
 )
+#: Kinds whose fault is aimed at the tail (the output's assembly, check and publish) or at a rerun of a
+#: published output (found up to date, or `--force`): stops there must leave the published output whole.
+RERUN_KINDS = ("sigterm-rerun",)
 SERVER_KINDS = ("cancel", "kill-prefect-worker")
 KINDS = LOCAL_KINDS + SERVER_KINDS
 
@@ -87,6 +92,8 @@ EXPECTED_CODE: dict[str, int | None] = {
     "kill-worker": 0,
     "kill-api-early": 5,
     "kill-api-late": 5,
+    "sigterm-tail": 128 + signal.SIGTERM,
+    "sigterm-rerun": 128 + signal.SIGTERM,
     "cancel": 4,
     "kill-prefect-worker": None,
 }
@@ -392,6 +399,15 @@ class Command:
         """Poll (20 ms) until the command exits or ``deadline`` passes: True when it exited."""
         return not self._reached(deadline, 0.02)
 
+    def wait_for(self, ready: Callable[[], bool], timeout: float) -> bool:
+        """Poll (5 ms) until ``ready()`` while the command runs: False when it exited or timed out first."""
+        deadline = time.monotonic() + timeout
+        while self.running() and time.monotonic() < deadline:
+            if ready():
+                return True
+            time.sleep(0.005)
+        return False
+
     def sleep_until(self, when: float) -> bool:
         """Sleep until ``when`` while the command runs: False when it exited first."""
         return self._reached(when, 0.005)
@@ -529,6 +545,9 @@ class Baseline:
     beginning_at: float  # "Beginning flow run" printed
     manifest_at: float  # the first slice checkpointed
     published_at: float  # run_report.json seen in the output
+    tail_at: float  # the output's staging directory first seen: its assembly began
+    up_to_date_wall: float  # a rerun of the published output (found up to date)
+    force_wall: float  # a rerun with --force (every slice reused, the tail again)
 
     def first(self, needle: str) -> float | None:
         return next((t for t, line in self.lines if needle in line), None)
@@ -594,6 +613,17 @@ def manifests(work: Path) -> int:
 
 def published(out: Path) -> bool:
     return (out / "run_report.json").is_file()
+
+
+def staging(out: Path) -> bool:
+    """Whether the output's staging directory exists (the run is writing the output; not the probe of
+    the output's file system that a run makes as it starts)."""
+    with contextlib.suppress(OSError):
+        return any(
+            p.name.startswith(f".{out.name}.tmp-") and not p.name.startswith(f".{out.name}.tmp-probe-")
+            for p in out.parent.iterdir()
+        )
+    return False
 
 
 class Stack:
@@ -781,12 +811,17 @@ class Soak:
             beginning_at=round(self.baseline.beginning_at, 2),
             manifest_at=round(self.baseline.manifest_at, 2),
             published_at=round(self.baseline.published_at, 2),
+            tail_at=round(self.baseline.tail_at, 2),  # (the orchestration lags the last slice by seconds)
+            up_to_date_wall=round(self.baseline.up_to_date_wall, 2),
+            force_wall=round(self.baseline.force_wall, 2),
             setup_seconds=round(time.monotonic() - began, 1),
         )
         self.log(
             f"soak seed {self.seed}: baseline {self.baseline.wall:.1f} s (API seen {self.baseline.api_at:.1f} s, "
             f"workers {self.baseline.workers_at:.1f} s, flow run {self.baseline.beginning_at:.1f} s, "
-            f"published {self.baseline.published_at:.1f} s), {self.baseline.output_bytes} bytes of output"
+            f"tail {self.baseline.tail_at:.1f} s, published {self.baseline.published_at:.1f} s; reruns: up to date "
+            f"{self.baseline.up_to_date_wall:.1f} s, --force {self.baseline.force_wall:.1f} s), "
+            f"{self.baseline.output_bytes} bytes of output"
         )
 
     def _baseline(self) -> Baseline:
@@ -803,6 +838,8 @@ class Soak:
                 seen["workers"] = now
             if "manifest" not in seen and manifests(work):
                 seen["manifest"] = now
+            if "tail" not in seen and staging(self.expected):
+                seen["tail"] = now
             if "published" not in seen and published(self.expected):
                 seen["published"] = now
             time.sleep(0.05)
@@ -816,6 +853,15 @@ class Soak:
         if left:
             self.reaper.kill(left)
             raise RuntimeError("the baseline run left processes behind:\n" + "\n".join(evidence(left)))
+        # the reruns a sigterm-rerun trial stops: up to date, then --force (the same bytes, published again)
+        reruns = []
+        for extra in ([], ["--force"]):
+            rerun = Command(self.reaper, convert_argv(self.data, work, self.expected) + extra, env, self.root)
+            if not rerun.wait(rerun.started + 600) or rerun.code != 0:
+                rerun.kill_group()
+                raise RuntimeError(f"the baseline's rerun {extra} failed:\n{rerun.err.text()[-TAIL:]}")
+            rerun.finish()
+            reruns.append((rerun.ended or time.monotonic()) - rerun.started)
         shutil.rmtree(work, ignore_errors=True)
         lines = [(t - cmd.started, line) for t, line in cmd.err.lines]
         beginning = next((t for t, line in lines if "Beginning flow run" in line), wall)
@@ -828,6 +874,9 @@ class Soak:
             beginning_at=beginning,
             manifest_at=seen.get("manifest", beginning),
             published_at=seen.get("published", wall),
+            tail_at=seen.get("tail", wall),
+            up_to_date_wall=reruns[0],
+            force_wall=reruns[1],
         )
 
     def close(self) -> None:
@@ -852,7 +901,7 @@ class Soak:
             return sum(seen) / len(seen)
         if kind in SERVER_KINDS:
             return 2 * self.baseline.wall + 15 + (0 if self.stack else 35)
-        return 2 * self.baseline.wall + 8
+        return (3 if kind in RERUN_KINDS else 2) * self.baseline.wall + 8
 
     def draw(self, index: int, kind: str) -> tuple[random.Random, str]:
         """The trial's own generator (seed and index give the same draws whatever ran before)."""
@@ -931,6 +980,18 @@ class Soak:
         env = self._env(rec, tdir / "tmp")
         kind = rec.kind
         fault_at: float | None = None
+        published_id: str | None = None
+        if kind in RERUN_KINDS:  # the output is published first; the fault meets a rerun of it
+            first = Command(self.reaper, argv, env, tdir)
+            if not first.wait(first.started + RERUN_TIMEOUT) or first.code != 0 or not published(out):
+                first.kill_group()
+                self._settle(rec, first, "the first run")
+                rec.problem("error", f"the first run failed (exit {first.code}):\n{first.err.text()[-TAIL:]}")
+                return
+            self._settle(rec, first, "the first run")
+            published_id = output_id(out)
+            if rng.random() < 0.5:
+                argv = [*argv, "--force"]
         if kind in PIPE_KINDS:
             code_file = tdir / "code"
             if kind == "pipe-grep":
@@ -955,8 +1016,11 @@ class Soak:
                 fault_at = cmd.out.arrived(cmd.out.data.index(b"\n") + 1 if kind == "pipe-grep" else nbytes)
         else:
             cmd = Command(self.reaper, argv, env, tdir)
-            fault_at = self._inject(rec, rng, cmd)
+            fault_at = self._inject(rec, rng, cmd, out)
         self._judge_stop(rec, cmd, fault_at, out, tdir)
+        if kind in RERUN_KINDS:
+            self._judge_published_kept(rec, out, published_id, forced="--force" in argv)
+            argv = [a for a in argv if a != "--force"]
         if kind in PIPE_KINDS:
             rec.expected = rec.expected if rec.landed else 0
             rec.code = None
@@ -977,24 +1041,36 @@ class Soak:
         present = [m for m in MARKERS if self.baseline.first(m) is not None]
         return rng.choice(present)
 
-    def _inject(self, rec: TrialRecord, rng: random.Random, cmd: Command) -> float | None:
+    def _inject(self, rec: TrialRecord, rng: random.Random, cmd: Command, out: Path) -> float | None:
         """The fault of a signal / kill / cancel kind, at its drawn moment: when it landed, or None."""
         assert self.baseline is not None
         base = self.baseline
         kind = rec.kind
-        if kind in ("sigint-group", "sigterm", "sighup-group"):
-            moment = self.early_or_any(rng)
-            rec.fault = f"{kind} at {moment:.2f} s"
-            if not cmd.sleep_until(cmd.started + moment):
-                return None
-            sig = {"sigint-group": signal.SIGINT, "sigterm": signal.SIGTERM, "sighup-group": signal.SIGHUP}[
-                kind
-            ]
+        if kind in ("sigint-group", "sigterm", "sighup-group", "sigterm-tail", "sigterm-rerun"):
+            forced = "--force" in cmd.argv
+            if kind == "sigterm-tail" or forced:  # while the output is assembled, checked and published
+                delay = rng.uniform(0, base.published_at - base.tail_at + 0.1)
+                rec.fault = "--force, " if forced else ""
+                rec.fault += f"{kind} {delay:.2f} s after the staging directory appeared"
+                appeared = cmd.wait_for(lambda: staging(out), HANG_AFTER + 2 * base.wall)
+                if not appeared or not cmd.sleep_until(time.monotonic() + delay):
+                    return None
+                rec.fault += f" (at {time.monotonic() - cmd.started:.2f} s)"
+            else:
+                if kind == "sigterm-rerun":
+                    moment = rng.uniform(0, base.up_to_date_wall)
+                    rec.fault = "up to date, "
+                else:
+                    moment = self.early_or_any(rng)
+                rec.fault += f"{kind} at {moment:.2f} s"
+                if not cmd.sleep_until(cmd.started + moment):
+                    return None
+            sig = {"sigint-group": signal.SIGINT, "sighup-group": signal.SIGHUP}.get(kind, signal.SIGTERM)
             if not stop_handling_begun(cmd.pid):
                 rec.before_our_code = True
                 rec.fault += " (before the command's first line: Python's own start)"
             fault_at = time.monotonic()
-            if kind == "sigterm":
+            if not kind.endswith("-group"):
                 os.kill(cmd.pid, sig)
             else:
                 os.killpg(cmd.pid, sig)
@@ -1110,7 +1186,7 @@ class Soak:
         rec.code = cmd.code if exited else None  # after a hang: our SIGKILL's
         rec.published = published(out)
         if rec.before_our_code:
-            if rec.published or rec.code not in (rec.expected, 1, None):
+            if (rec.published and rec.kind not in RERUN_KINDS) or rec.code not in (rec.expected, 1, None):
                 rec.problem("code", f"exit {rec.code}, published {rec.published}, at Python's own start")
         elif rec.kind not in PIPE_KINDS:
             self._judge_code(rec)
@@ -1141,12 +1217,30 @@ class Soak:
         rec.expected = expected
         if rec.code is None:
             return  # a hang, already counted
+        if rec.kind in RERUN_KINDS:  # published before the fault: the code alone says how it ended
+            if rec.code not in (0, expected):
+                rec.problem("code", f"exit {rec.code}, expected {expected} (or 0: the rerun ended first)")
+            return
         if rec.published and rec.code != 0:
             rec.problem("code", f"exit {rec.code} with a published output")
         elif not rec.published and rec.code == 0:
             rec.problem("code", "exit 0 without a published output")
         elif not rec.published and rec.code != expected:
             rec.problem("code", f"exit {rec.code}, expected {expected}")
+
+    def _judge_published_kept(
+        self, rec: TrialRecord, out: Path, published_id: str | None, forced: bool
+    ) -> None:
+        """A stopped rerun of a published output leaves it whole (the same bytes), and one found up to
+        date leaves it untouched (the same output, not rewritten)."""
+        if not published(out):
+            rec.problem("code", "the published output is gone after the stopped rerun")
+            return
+        result = compare(out, self.expected)
+        if not result.matches:
+            rec.problem("rerun", f"the stopped rerun changed the published bytes:\n{result.render()[-TAIL:]}")
+        elif not forced and output_id(out) != published_id:
+            rec.problem("rerun", "a rerun of an up-to-date output replaced it")
 
     @staticmethod
     def _judge_staging(rec: TrialRecord, out: Path, when: str) -> None:

@@ -92,3 +92,16 @@ def test_the_console_shows_summary_lines_not_a_line_per_slice(tmp_path):
     assert "81/81 slices (0 reused, 0 failed), 100% of the input" in lines[-1]
     assert "tokenizing done" in lines[-1]
     assert not re.search(r"\[\d+/81\]", proc.stderr)  # the per-slice lines are debug lines
+
+
+@pytest.mark.slow
+def test_the_last_slice_is_said_at_once_not_at_the_next_line(tmp_path):
+    """A summary line every minute: the run is shorter, yet its 'tokenizing done' line comes as the last
+    slice finishes, before the run ends."""
+    proc = cli(
+        "run", "examples/mixer.yaml", "--output_dir", str(tmp_path / "out"), "--work_dir", str(tmp_path / "w"),
+        env={"TOKENIZE_MIXER_PROGRESS_SECONDS": "60"},
+    )  # fmt: skip
+    lines = [line for line in proc.stderr.splitlines() if "progress " in line]
+    assert len(lines) == 1 and "tokenizing done" in lines[0], proc.stderr[-3000:]
+    assert proc.stderr.index(lines[0]) < proc.stderr.index("stopping the temporary"), proc.stderr[-3000:]
