@@ -128,8 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
         "encoder",
         choices=["auto", "hf", "fast"],
         default="auto",
-        help="BPE encoder: tiktoken where proven the same tokenizer (auto), the tokenizers library (hf), or "
-        "tiktoken or refuse (fast)",
+        help="BPE encoder: a fast one (fastokens or tiktoken) where proven the same tokenizer (auto), the "
+        "tokenizers library (hf), or the fast one or refuse (fast)",
     )
     _flag(conv, "overwrite", action="store_true", help="replace an output directory holding different shards")
     _flag(

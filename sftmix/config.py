@@ -140,9 +140,9 @@ class TokenizerSpec(BaseModel):
     encoder: Literal["auto", "hf", "fast"] = Field(
         default="auto",
         title="Encoder",
-        description="What makes the token ids. auto: tiktoken where it is proven to give the tokenizer's exact "
-        "ids (about 4x faster; the run logs the proof), else the tokenizers library. hf: always the tokenizers "
-        "library. fast: tiktoken, or refuse the run.",
+        description="What makes the token ids. auto: a fast encoder (fastokens or tiktoken) where it is proven "
+        "to give the tokenizer's exact ids (the run logs the proof), else the tokenizers library. hf: always "
+        "the tokenizers library. fast: the fast encoder, or refuse the run.",
     )
     unknown_template: Literal["error", "fallback"] = Field(
         default="error",

@@ -1,4 +1,4 @@
-"""Two encoders for one tokenizer: the tokenizers library (the oracle) and tiktoken, used only where proven.
+"""Two encoders for one tokenizer: the tokenizers library (the oracle) and a fast one, used only where proven.
 
 tiktoken implements byte-level BPE as "merge the adjacent pair whose concatenation has the lowest rank,
 leftmost first", over pieces found by a regex, after splitting at special tokens. The tokenizers library
@@ -23,11 +23,21 @@ merges "the adjacent pair earliest in the merges list, leftmost first". :func:`a
 
 Offsets come from token byte lengths (a cumulative sum) mapped to characters; a token that ends inside a
 multi-byte character reaches that character's end, as the tokenizers library reports it.
+
+What computes the ids of a proven tokenizer (:data:`ENGINES`): fastokens where it is installed, else
+tiktoken. fastokens reads ``tokenizer.json`` and runs the tokenizers library's pipeline in Rust, with the
+pre-tokenizer's regex in PCRE2 instead of Oniguruma. The analysis above holds for it as for tiktoken (it
+proves the merge order, the added tokens and the pipeline's shape, whatever the BPE implementation that
+follows merges or ranks); what it adds is a third regex engine, so it is used only for the patterns whose
+splits tests/test_encoders.py compares in all three on random text, and the run's sample check, the
+random-text tests and the goldens run with either engine. Both give the same ids on every proven text; a
+text either refuses (lone surrogates) or whose ids hold an unsafe token still goes to the library.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -43,11 +53,29 @@ _QWEN2 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
     r"\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+#: o200k_base's (GPT-4o, GPT-OSS, Llama-4): cased words with contractions, digits by three.
+_O200K = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+    r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+#: Mistral's tekken (Mistral-Nemo, Pixtral, Ministral): o200k's without contractions, digits one by one.
+_TEKKEN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|"
+    r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 #: Split regexes that match every character and that the tokenizers library (Oniguruma) and tiktoken
 #: (fancy-regex) split identically: each is compared on random text in tests/test_encoders.py.
-PROVEN_PATTERNS = {"cl100k": _CL100K, "qwen2": _QWEN2}
+PROVEN_PATTERNS = {"cl100k": _CL100K, "qwen2": _QWEN2, "o200k": _O200K, "tekken": _TEKKEN}
+#: Engines for the ids of a proven tokenizer, fastest first (module docstring).
+ENGINES = ("fastokens", "tiktoken")
+#: Environment setting that picks one (``auto``, the default: the first installed).
+ENGINE_ENV = "TOKENIZE_MIXER_FAST_ENGINE"
+#: Patterns whose splits in PCRE2 (fastokens) are compared with Oniguruma's on random text.
+PCRE2_PROVEN_PATTERNS = frozenset([*PROVEN_PATTERNS.values(), _GPT2])
 #: The regex of a ByteLevel pre-tokenizer with ``use_regex`` (GPT-2's).
 BYTE_LEVEL_PATTERN = _GPT2
 
@@ -366,15 +394,35 @@ def unpack_vocabulary(packed: dict[str, Any]) -> tuple[dict[bytes, int], dict[st
     return ranks, {str(k): int(v) for k, v in packed["added"].items()}
 
 
+def fast_engine(pattern: str, requested: str | None = None) -> str:
+    """The engine for a proven tokenizer with this split ``pattern``: ``requested`` (or
+    :data:`ENGINE_ENV`), ``auto`` being the fastest installed one that is proven for the pattern."""
+    want = (requested or os.environ.get(ENGINE_ENV) or "auto").strip().lower()
+    if want not in ("auto", *ENGINES):
+        from .errors import ConfigError
+
+        raise ConfigError(f"{ENGINE_ENV} must be auto, {' or '.join(ENGINES)}, not {want!r}")
+    if want in ("auto", "fastokens") and pattern in PCRE2_PROVEN_PATTERNS:
+        try:
+            import fastokens  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            return "fastokens"
+    return "tiktoken"
+
+
 class FastEncoder:
-    """``encode_batch`` with tiktoken, exact per the analysis; any text it cannot vouch for goes to the
-    tokenizers library (an unsafe token in the output, or text tiktoken will not take)."""
+    """``encode_batch`` with a fast engine (fastokens or tiktoken), exact per the analysis; any text it
+    cannot vouch for goes to the tokenizers library (an unsafe token in the output, or text the engine
+    will not take)."""
 
     def __init__(
         self,
         rust: Any,
         analysis: FastAnalysis,
         vocab: tuple[dict[bytes, int], dict[str, int]] | None = None,
+        engine: str | None = None,
     ) -> None:
         import tiktoken
 
@@ -382,11 +430,20 @@ class FastEncoder:
         self.rust = rust
         self.analysis = analysis
         self.unsafe = frozenset(analysis.unsafe)
-        self.encoding = tiktoken.Encoding(
+        self.encoding = tiktoken.Encoding(  # also the decoder, where the analysis proved it the same
             "tokenize-mixer", pat_str=analysis.pattern, mergeable_ranks=ranks, special_tokens=added
         )
         self._core = self.encoding._core_bpe  # the per-text call, without encode()'s checks per text
         self._allowed = set(added)
+        self.engine = fast_engine(analysis.pattern, engine)
+        self._ids = self._tiktoken_ids
+        if self.engine == "fastokens":
+            import fastokens
+
+            self._fastokens = fastokens.Tokenizer.from_json_str(rust.to_str())
+            self._fastokens.no_truncation()  # the file's settings would apply to every text
+            self._fastokens.no_padding()
+            self._ids = self._fastokens_ids
         size = max([*ranks.values(), *added.values()]) + 1
         self.lengths = np.zeros(size, dtype=np.int64)
         self.trim = analysis.trim
@@ -418,11 +475,17 @@ class FastEncoder:
             return self.rust.decode(list(ids), skip_special_tokens=False)
         return self.encoding.decode_bytes(ids).decode("utf-8", errors="replace")
 
+    def _tiktoken_ids(self, text: str) -> list[int]:
+        return self._core.encode(text, self._allowed)
+
+    def _fastokens_ids(self, text: str) -> list[int]:
+        return self._fastokens.encode(text).ids
+
     def encode_batch(self, texts: Sequence[str]) -> list[Any]:
         out: list[Any] = []
         for text in texts:
             try:
-                ids = self._core.encode(text, self._allowed)
+                ids = self._ids(text)
             except (UnicodeEncodeError, ValueError):  # lone surrogates: whatever the oracle does with them
                 ids = None
             if ids is None or (self.unsafe and not self.unsafe.isdisjoint(ids)):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from pydantic import BaseModel
 
 from . import jsonl
 from .config import MixerConfig, RunOptions, TokenizerSpec, default_work_dir, local_mirror
-from .encoders import same_encodings
+from .encoders import ENGINE_ENV, same_encodings
 from .errors import ConfigError, DatasetError, TemplateError
 from .formats import MESSAGES_KEY, Conversation, RowFormatError, conversation_from_row, detect_format
 from .parallel import memory_limit
@@ -332,13 +333,16 @@ def _prove_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, 
     found = load_worker_tokenizer(ctx.tokenizer_file).fast
     problem = found if isinstance(found, str) else None
     if problem is None:
-        encoding = worker_encoding(ctx.tokenizer, ctx.tokenizer_revision, ctx.tokenizer_file, "fast")
+        encoding = worker_encoding(
+            ctx.tokenizer, ctx.tokenizer_revision, ctx.tokenizer_file, "fast", os.environ.get(ENGINE_ENV)
+        )
         assert encoding.fast is not None
         if (differ := same_encodings(encoding.rust, encoding.fast, texts)) is not None:
             problem = f"the two encoders disagree on a sample row of this run ({differ})"
     if problem is None:
         logger.info(
-            "encoder: tiktoken, proven the same tokenizer as %s (%s)",
+            "encoder: %s, proven the same tokenizer as %s (%s)",
+            encoding.engine,
             tk.name_or_path,
             "every token checked"
             if found.one_merge_per_token and not found.unsafe  # type: ignore[union-attr]

@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 
 from . import jsonl
 from .config import local_mirror
-from .encoders import FastEncoder
+from .encoders import ENGINE_ENV, FastEncoder
 from .errors import (
     BadRowError,
     ChecksumError,
@@ -177,6 +177,10 @@ class SliceManifest(BaseModel):
     library_texts: int = Field(
         0, description="With the fast encoder: texts it handed to the tokenizers library (an unproven token)."
     )
+    fast_engine: str = Field(
+        "",
+        description="With the fast encoder: what computed its ids ('fastokens' or 'tiktoken': the same ids).",
+    )
 
 
 def slice_dir(work_dir: str | Path, key: str) -> Path:
@@ -323,14 +327,20 @@ class WorkerEncoding:
         """Texts the fast encoder handed to the library so far (in this process)."""
         return 0 if self.fast is None else self.fast.fallbacks
 
+    @property
+    def engine(self) -> str:
+        return "" if self.fast is None else self.fast.engine
+
 
 def _encoding_for(ctx: TokenizeContext) -> WorkerEncoding:
-    return worker_encoding(ctx.tokenizer, ctx.tokenizer_revision, ctx.tokenizer_file, ctx.encoder)
+    return worker_encoding(
+        ctx.tokenizer, ctx.tokenizer_revision, ctx.tokenizer_file, ctx.encoder, os.environ.get(ENGINE_ENV)
+    )
 
 
 @lru_cache(maxsize=4)  # one per process: the plan's sample check and in-process slices share it
 def worker_encoding(
-    tokenizer: str, revision: str | None, tokenizer_file: str | None, encoder: str
+    tokenizer: str, revision: str | None, tokenizer_file: str | None, encoder: str, engine: str | None = None
 ) -> WorkerEncoding:
     if tokenizer_file and os.path.isfile(tokenizer_file):
         loaded = load_worker_tokenizer(tokenizer_file)
@@ -347,7 +357,7 @@ def worker_encoding(
             raise ConfigError(
                 f"tokenizer {tokenizer!r} changed after the plan: tiktoken is not proven ({found})"
             )
-        fast = FastEncoder(rust, found, vocab)
+        fast = FastEncoder(rust, found, vocab, engine)
     return WorkerEncoding(rust, specials, boundaries, fast)
 
 
@@ -582,6 +592,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
         started_at=started_at,
         finished_at=time.time(),
         encoder=ctx.encoder,
+        fast_engine=_encoding_for(ctx).engine,
         library_texts=_encoding_for(ctx).fallbacks - fallbacks_before,
     )
     with storage_errors(where):

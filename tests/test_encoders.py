@@ -1,6 +1,6 @@
 """The fast encoder against the tokenizers library, the oracle: same ids and offsets on random text for
-every tokenizer in the repository, the engine's piecewise encodes included; and refused wherever the
-tokenizer is not provably the one tiktoken implements."""
+every tokenizer in the repository and with each engine (fastokens, tiktoken), the engine's piecewise
+encodes included; and refused wherever the tokenizer is not provably the one tiktoken implements."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from tokenizers import Tokenizer
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.encoders import (
     BYTE_LEVEL_PATTERN,
+    ENGINE_ENV,
+    ENGINES,
     PROVEN_PATTERNS,
     FastEncoder,
     Unproven,
@@ -33,7 +35,7 @@ from sftmix.plan import build_plan
 from sftmix.segments import PrefixEncoder
 from sftmix.templates import ChatRenderer
 from sftmix.tokenizer import boundaries_of
-from tests.tokenizer_fixtures import DOLMA2_DIR, GOLDEN, ensure_dolma2, llama3_dir
+from tests.tokenizer_fixtures import DOLMA2_DIR, GOLDEN, ensure_dolma2, llama3_dir, tekken_dir
 
 TINY_DIR = GOLDEN / "tokenizers" / "tiny"
 
@@ -46,8 +48,8 @@ def _dolma2_json() -> dict:
 def _variant(name: str) -> dict:
     """dolma2's vocabulary behind each pre-tokenizer we prove (both encoders read the same vocabulary)."""
     data = _dolma2_json()
-    if name == "qwen2-regex":
-        data["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = PROVEN_PATTERNS["qwen2"]
+    if name in ("qwen2-regex", "o200k-regex", "tekken-regex"):
+        data["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = PROVEN_PATTERNS[name.split("-")[0]]
     elif name == "gpt2-byte-level":
         data["pre_tokenizer"] = _byte_level(add_prefix_space=False)
     elif name == "isolated-split":
@@ -70,7 +72,10 @@ TOKENIZERS = [
     "dolma2",
     "tiny",
     "llama3",
+    "tekken",
     "qwen2-regex",
+    "o200k-regex",
+    "tekken-regex",
     "gpt2-byte-level",
     "isolated-split",
     "trimming-post-processor",
@@ -78,19 +83,23 @@ TOKENIZERS = [
 
 
 @cache
-def encoders(name: str) -> tuple[Tokenizer, FastEncoder]:
+def encoders(name: str, engine: str = "auto") -> tuple[Tokenizer, FastEncoder]:
     if name == "dolma2":
         text = json.dumps(_dolma2_json())
     elif name == "tiny":
         text = (TINY_DIR / "tokenizer.json").read_text(encoding="utf-8")
     elif name == "llama3":
         text = (llama3_dir() / "tokenizer.json").read_text(encoding="utf-8")
+    elif name == "tekken":
+        text = (tekken_dir() / "tokenizer.json").read_text(encoding="utf-8")
     else:
         text = json.dumps(_variant(name))
     rust = Tokenizer.from_str(text)
     rust.no_truncation()
     rust.no_padding()
-    return rust, FastEncoder(rust, analyse(text))
+    fast = FastEncoder(rust, analyse(text), engine=engine)
+    assert engine == "auto" or fast.engine == engine, f"{engine} is not used for {name}"
+    return rust, fast
 
 
 def added_texts(rust: Tokenizer) -> list[str]:
@@ -142,6 +151,22 @@ FRAGMENTS = [
     "ﬁ",
     "ß",
     "İ",
+    # o200k-style regexes split words by case class (Lu Lt Lm Lo M, then Ll Lm Lo M) and keep "/" after
+    # punctuation: title-case, modifier and other letters, marks alone, camel case, contractions, paths
+    "ǅungla",
+    "ᾈ",
+    "ʰello",
+    "HelloWorld",
+    "iPhoneXS",
+    "ABCdef'S",
+    "DON'T",
+    "́x",
+    "x́Y",
+    "a/b//",
+    " ./path/to/",
+    "²",
+    "٣٤٥٦",
+    "𝟘𝟙",
 ]
 
 
@@ -158,9 +183,10 @@ def assert_same(rust: Tokenizer, fast: FastEncoder, texts: list[str]) -> None:
     assert same_encodings(rust, fast, texts) is None, [t for t in texts if same_encodings(rust, fast, [t])]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("name", TOKENIZERS)
-def test_same_ids_and_offsets_on_random_text(name):
-    rust, fast = encoders(name)
+def test_same_ids_and_offsets_on_random_text(name, engine):
+    rust, fast = encoders(name, engine)
 
     @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
     @given(st.lists(texts_for(rust), min_size=1, max_size=4))
@@ -171,11 +197,12 @@ def test_same_ids_and_offsets_on_random_text(name):
     assert_same(rust, fast, ["", " ", "\r\n", *added_texts(rust), "".join(added_texts(rust))])
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("name", ["dolma2", "tiny", "llama3"])
-def test_the_tiktoken_path_itself_is_compared(name):
+def test_the_fast_path_itself_is_compared(name, engine):
     """Texts handed to the library would compare equal trivially: on these, dolma2 and the tiny
     tokenizer hand over none, Llama-3 only texts with one of its few unproven tokens."""
-    rust, fast = encoders(name)
+    rust, fast = encoders(name, engine)
     before = fast.fallbacks
     texts = [" ".join(FRAGMENTS[i:] + FRAGMENTS[:i]) for i in range(len(FRAGMENTS))]
     assert_same(rust, fast, texts)
@@ -184,8 +211,9 @@ def test_the_tiktoken_path_itself_is_compared(name):
         assert not fast.unsafe
 
 
-def test_a_text_with_an_unproven_token_goes_to_the_library():
-    rust, fast = encoders("llama3")
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_text_with_an_unproven_token_goes_to_the_library(engine):
+    rust, fast = encoders("llama3", engine)
     token = min(fast.unsafe)
     text = rust.decode([token])
     before = fast.fallbacks
@@ -199,10 +227,11 @@ def test_offsets_of_a_token_that_ends_inside_a_character():
     assert char_offsets("abc", np.array([2, 1])).tolist() == [[0, 2], [2, 3]]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("name", ["dolma2", "tiny", "llama3"])
-def test_piecewise_encodes_match(name):
+def test_piecewise_encodes_match(name, engine):
     """The engine's cut-at-added-token encodes (sftmix/segments.py) give the same tokens and offsets."""
-    rust, fast = encoders(name)
+    rust, fast = encoders(name, engine)
     boundaries = boundaries_of(rust)
     if boundaries is None:
         pytest.skip("no segment boundaries for this tokenizer")
@@ -218,8 +247,9 @@ def test_piecewise_encodes_match(name):
     assert results[0] == results[1]
 
 
-def test_label_masks_match_on_multi_turn_chats():
-    rust, fast = encoders("dolma2")
+@pytest.mark.parametrize("engine", ENGINES)
+def test_label_masks_match_on_multi_turn_chats(engine):
+    rust, fast = encoders("dolma2", engine)
     renderer = ChatRenderer((Path("sftmix/templates/olmo.jinja")).read_text(), {"eos_token": "<|endoftext|>"})
     chats = [
         Conversation(
@@ -337,8 +367,24 @@ def test_encoder_fast_refuses_before_work_and_auto_falls_back(tmp_path, caplog):
     assert plan("hf").context.encoder == "hf"
 
 
+def test_the_fastest_installed_engine_is_the_default_and_one_can_be_chosen(monkeypatch):
+    """fastokens is a dependency where it has wheels (pyproject.toml): there it is the default, proven for
+    every pattern the tests compare; TOKENIZE_MIXER_FAST_ENGINE picks one, and a typo is refused."""
+    pytest.importorskip("fastokens")
+    rust, _ = encoders("dolma2")
+    analysis = analyse(rust.to_str())
+    monkeypatch.delenv(ENGINE_ENV, raising=False)
+    assert FastEncoder(rust, analysis).engine == "fastokens"
+    monkeypatch.setenv(ENGINE_ENV, "tiktoken")
+    assert FastEncoder(rust, analysis).engine == "tiktoken"
+    monkeypatch.setenv(ENGINE_ENV, "fastoken")
+    with pytest.raises(ConfigError, match="must be auto, fastokens or tiktoken, not 'fastoken'"):
+        FastEncoder(rust, analysis)
+
+
 def test_the_patterns_proven_are_the_ones_tested():
-    assert set(PROVEN_PATTERNS) == {"cl100k", "qwen2"} and BYTE_LEVEL_PATTERN.startswith("'s|'t")
+    assert set(PROVEN_PATTERNS) == {"cl100k", "qwen2", "o200k", "tekken"}
+    assert BYTE_LEVEL_PATTERN.startswith("'s|'t")
 
 
 @pytest.mark.parametrize("name", ["dolma2", "tiny", "llama3"])

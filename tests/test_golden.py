@@ -16,6 +16,7 @@ from sftmix.check import check_output
 from sftmix.cli import build_parser, mixer_from_convert_args
 from sftmix.config import RunOptions
 from sftmix.digest import compare
+from sftmix.encoders import ENGINE_ENV, PROVEN_PATTERNS, fast_engine
 from tests.tokenizer_fixtures import GOLDEN
 
 ALL_CASES = {c["name"]: c for c in json.loads((GOLDEN / "cases.json").read_text())["cases"]}
@@ -27,6 +28,7 @@ VARIANTS = {
     "whole": {"slice_rows": 100_000, "runner": "thread"},
     "slices-of-3": {"slice_rows": 3, "runner": "thread"},
     "library-encoder": {"slice_rows": 3, "runner": "thread", "encoder": "hf"},
+    "tiktoken-engine": {"slice_rows": 3, "runner": "thread", "engine": "tiktoken"},
 }
 PROCESS_VARIANT = {"slice_rows": 4, "runner": "process", "workers": 2}
 
@@ -39,23 +41,28 @@ def run_case(name: str, out: Path, work: Path, encoder: str = "auto", **options)
 
 
 def encoders_used(work: Path) -> set[str]:
-    """Which encoder made each slice (from the manifests)."""
-    return {json.loads(p.read_text())["encoder"] for p in work.glob("slices/*/*/manifest.json")}
+    """Which encoder made each slice, with the fast encoder's engine (from the manifests)."""
+    manifests = [json.loads(p.read_text()) for p in work.glob("slices/*/*/manifest.json")]
+    return {" ".join(filter(None, (m["encoder"], m.get("fast_engine")))) for m in manifests}
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_matches_reference(case, variant, golden_dir, prefect_api, tmp_path, monkeypatch):
     monkeypatch.chdir(golden_dir)
-    report = run_case(case, tmp_path / "out", tmp_path / "work", **VARIANTS[variant])
+    options = dict(VARIANTS[variant])
+    engine = options.pop("engine", "auto")
+    monkeypatch.setenv(ENGINE_ENV, engine)
+    report = run_case(case, tmp_path / "out", tmp_path / "work", **options)
     result = compare(tmp_path / "out", golden_dir / "expected" / case)
     assert result.matches, result.render()
     integrity = [f for f in check_output(tmp_path / "out").findings if f.kind == "integrity"]
     assert not integrity, integrity
     # computed here, not found in a cache (a dataset listed twice, as jsonl and parquet, computes once)
     assert report["slices_computed"] >= 1 and report["slices_reused"] < report["slices_total"]
-    # both golden tokenizers (dolma2 and the tiny one) are proven for tiktoken: auto uses it
-    assert encoders_used(tmp_path / "work") == {VARIANTS[variant].get("encoder", "fast")}
+    # both golden tokenizers (dolma2 and the tiny one) are proven: auto uses the fastest engine
+    fast = "fast " + (engine if engine != "auto" else fast_engine(PROVEN_PATTERNS["cl100k"]))
+    assert encoders_used(tmp_path / "work") == {"hf" if options.get("encoder") == "hf" else fast}
 
 
 @pytest.mark.parametrize("case", sorted(FAILING))

@@ -100,5 +100,41 @@ def llama3_dir() -> Path:
     return target
 
 
+TEKKEN = ("mistral-common==1.13.1", "mistral_common/data/tekken_240911.json")
+
+
+def tekken_dir() -> Path:
+    """Mistral's tekken (o200k-style regex, 131k vocabulary; from the mistral-common wheel) converted to a
+    fast tokenizer by transformers' TikTokenConverter, cached. Its own 1,000 special ids come first in
+    Mistral's numbering; here the 130,072 ranks keep theirs and a few specials follow (the ids differ from
+    Mistral's, the tokenizer's splits and merges do not)."""
+    target = cache_dir() / "tekken"
+    if (target / "tokenizer.json").exists():
+        return target
+    import base64
+    import json
+
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    data = json.loads(wheel_member(*TEKKEN).read_text(encoding="utf-8"))
+    config = data["config"]
+    kept = config["default_vocab_size"] - config["default_num_special_tokens"]
+    ranks = cache_dir() / "tekken.tiktoken"
+    ranks.write_text("".join(f"{t['token_bytes']} {t['rank']}\n" for t in data["vocab"][:kept]))
+    assert all(len(base64.b64decode(t["token_bytes"])) for t in data["vocab"][:3])
+    specials = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]"]
+    rust = TikTokenConverter(
+        vocab_file=str(ranks), pattern=config["pattern"], extra_special_tokens=specials
+    ).converted()
+    tok = PreTrainedTokenizerFast(tokenizer_object=rust, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    tmp = target.with_name("tekken.part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tok.save_pretrained(str(tmp))
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    return target
+
+
 if __name__ == "__main__":
     print(ensure_dolma2())
