@@ -5,7 +5,8 @@ leftmost first", over pieces found by a regex, after splitting at special tokens
 merges "the adjacent pair earliest in the merges list, leftmost first". :func:`analyse` proves from
 ``tokenizer.json`` where the two are the same tokenizer:
 
-- structure: a BPE model on bytes (no normalizer, dropout, byte fallback or word affixes), one of the
+- structure: a BPE model on bytes (no normalizer but NFC, which only texts already in NFC pass through
+  fast; no dropout, byte fallback or word affixes), one of the
   regexes we test in both regex engines as a Split that keeps every match (the regex matches every
   character, so no text falls between pieces), a post-processor that adds nothing when special tokens
   are off (a ByteLevel one's offset trimming is done here as it does it), and added tokens matched as
@@ -42,6 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+from unicodedata import is_normalized
 
 import numpy as np
 
@@ -105,6 +107,7 @@ class FastAnalysis:
     one_merge_per_token: bool  # then every text with only safe tokens is proven, ties included
     trim: Trim | None = None  # a ByteLevel post-processor's offset trimming, done as it does it
     decodes: bool = False  # tiktoken's decode (bytes, then UTF-8 with replacement) is the library's too
+    nfc: bool = False  # an NFC normalizer: only texts already in NFC (where it changes nothing) are fast
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -113,6 +116,7 @@ class FastAnalysis:
             "one_merge_per_token": self.one_merge_per_token,
             "trim": None if self.trim is None else {"keep_first_space": self.trim.keep_first_space},
             "decodes": self.decodes,
+            "nfc": self.nfc,
         }
 
     @classmethod
@@ -124,6 +128,7 @@ class FastAnalysis:
             bool(data["one_merge_per_token"]),
             None if trim is None else Trim(bool(trim["keep_first_space"])),
             bool(data.get("decodes", False)),
+            bool(data.get("nfc", False)),
         )
 
 
@@ -151,8 +156,7 @@ def analyse(tokenizer_json: str | dict[str, Any]) -> FastAnalysis:
         raise Unproven("its BPE falls back to byte tokens")
     if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
         raise Unproven("its BPE marks word pieces with a prefix or suffix")
-    if data.get("normalizer") is not None:
-        raise Unproven(f"it has a normalizer ({_kind(data['normalizer'])})")
+    nfc = _nfc_only(data.get("normalizer"))
     pattern = _pattern(data.get("pre_tokenizer"))
     trims = _post_processor_trims(data.get("post_processor"))
     added = _added_tokens(data.get("added_tokens") or [])
@@ -163,7 +167,19 @@ def analyse(tokenizer_json: str | dict[str, Any]) -> FastAnalysis:
     index, one_merge = _merge_index(merges, ranks)
     trim = None if not trims else Trim(keep_first_space=trims[0])
     decodes = _decodes_as_bytes(data.get("decoder"), added)
-    return FastAnalysis(pattern, tuple(_unsafe_tokens(ranks, index)), one_merge, trim, decodes)
+    return FastAnalysis(pattern, tuple(_unsafe_tokens(ranks, index)), one_merge, trim, decodes, nfc)
+
+
+def _nfc_only(normalizer: Any) -> bool:
+    """Whether the normalizer is NFC (Qwen2's and Qwen3's), alone or in a sequence of NFCs; none is
+    False. On a text already in NFC it changes nothing, characters or alignments, so the pipeline is the
+    one without it (added tokens matched on normalized text included); any other normalizer is refused."""
+    if normalizer is None:
+        return False
+    steps = normalizer.get("normalizers") if _kind(normalizer) == "Sequence" else [normalizer]
+    if steps and all(_kind(step) == "NFC" for step in steps):
+        return True
+    raise Unproven(f"it has a normalizer ({_kind(normalizer)}) other than NFC")
 
 
 def _decodes_as_bytes(decoder: Any, added: dict[str, int]) -> bool:
@@ -364,7 +380,7 @@ def char_offsets(text: str, token_bytes: np.ndarray) -> np.ndarray:
 
 
 #: Bump when :func:`analyse` proves something else: cached proofs of the old one are not used.
-ANALYSIS_VERSION = 1
+ANALYSIS_VERSION = 2
 
 
 def vocabulary(tokenizer_json: str) -> tuple[dict[bytes, int], dict[str, int]]:
@@ -485,7 +501,7 @@ class FastEncoder:
         out: list[Any] = []
         for text in texts:
             try:
-                ids = self._ids(text)
+                ids = None if self.analysis.nfc and not is_normalized("NFC", text) else self._ids(text)
             except (UnicodeEncodeError, ValueError):  # lone surrogates: whatever the oracle does with them
                 ids = None
             if ids is None or (self.unsafe and not self.unsafe.isdisjoint(ids)):

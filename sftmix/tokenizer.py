@@ -246,19 +246,24 @@ class WorkerTokenizer:
 
 
 def save_worker_tokenizer(key: TokenizerKey, directory: str | os.PathLike[str], fingerprint: str) -> str:
-    """Write (once) what :func:`load_worker_tokenizer` reads; returns its path. A copy written before the
-    fast encoder existed (no ``fast`` entry) is written again."""
+    """Write (once) what :func:`load_worker_tokenizer` reads; returns its path. A copy written by another
+    version of the proof (or before the fast encoder existed) is written again."""
     from .storage import atomic_write_bytes
 
     path = os.path.join(directory, f"{fingerprint}.json")
     if os.path.isfile(path):
         with open(path, encoding="utf-8") as fh:
-            if "fast" in json.load(fh):
+            if json.load(fh).get("analysis_version") == ANALYSIS_VERSION:
                 return path
     tok = load_hf_tokenizer(key)
     found = fast_analysis(key)
     backend = rust_tokenizer(key).to_str()
-    data = {"backend": backend, "special_tokens": special_tokens(tok), "fast": analysis_json(found)}
+    data = {
+        "backend": backend,
+        "special_tokens": special_tokens(tok),
+        "fast": analysis_json(found),
+        "analysis_version": ANALYSIS_VERSION,
+    }
     if not isinstance(found, str):
         data["fast_vocabulary"] = pack_vocabulary(*vocabulary(backend))
     atomic_write_bytes(path, json.dumps(data).encode("utf-8"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+import unicodedata
 from functools import cache
 from pathlib import Path
 
@@ -50,6 +51,9 @@ def _variant(name: str) -> dict:
     data = _dolma2_json()
     if name in ("qwen2-regex", "o200k-regex", "tekken-regex"):
         data["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = PROVEN_PATTERNS[name.split("-")[0]]
+    elif name == "qwen2-nfc":  # Qwen2's and Qwen3's shape: its regex after an NFC normalizer
+        data["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = PROVEN_PATTERNS["qwen2"]
+        data["normalizer"] = {"type": "NFC"}
     elif name == "gpt2-byte-level":
         data["pre_tokenizer"] = _byte_level(add_prefix_space=False)
     elif name == "isolated-split":
@@ -76,6 +80,7 @@ TOKENIZERS = [
     "qwen2-regex",
     "o200k-regex",
     "tekken-regex",
+    "qwen2-nfc",
     "gpt2-byte-level",
     "isolated-split",
     "trimming-post-processor",
@@ -221,6 +226,21 @@ def test_a_text_with_an_unproven_token_goes_to_the_library(engine):
     assert fast.fallbacks == before + 1 and list(enc.ids) == rust.encode(text, add_special_tokens=False).ids
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_nfc_normalizer_leaves_only_texts_in_nfc_to_the_fast_path(engine):
+    """Qwen's NFC normalizer changes nothing in a text already in NFC: those are encoded fast (and equal);
+    a text it would change (a decomposed accent, the Angstrom sign) goes to the library."""
+    rust, fast = encoders("qwen2-nfc", engine)
+    assert fast.analysis.nfc
+    composed = ["café 😀 Ünïcödé", " ".join(f for f in FRAGMENTS if unicodedata.is_normalized("NFC", f))]
+    before = fast.fallbacks
+    assert_same(rust, fast, composed)
+    assert fast.fallbacks == before
+    decomposed = ["cafe\u0301", "\u212b ngstrom", "x a\u0308\u0301 y"]
+    assert_same(rust, fast, decomposed)
+    assert fast.fallbacks == before + len(decomposed)
+
+
 def test_offsets_of_a_token_that_ends_inside_a_character():
     # "😀" is four bytes: a two-byte token then another reaches the character's end from both sides
     assert char_offsets("a😀b", np.array([1, 2, 2, 1])).tolist() == [[0, 1], [1, 2], [1, 2], [2, 3]]
@@ -279,7 +299,13 @@ def _broken(change) -> dict:
 
 
 REFUSED = {
-    "a normalizer": (lambda d: d.update(normalizer={"type": "NFC"}), "normalizer"),
+    "a normalizer other than NFC": (lambda d: d.update(normalizer={"type": "NFKC"}), "normalizer \\(NFKC\\)"),
+    "NFC then lowercase": (
+        lambda d: d.update(
+            normalizer={"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Lowercase"}]}
+        ),
+        "normalizer",
+    ),
     "Metaspace (SentencePiece)": (
         lambda d: d.update(
             pre_tokenizer={"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always"}
@@ -339,7 +365,7 @@ def test_encoder_fast_refuses_before_work_and_auto_falls_back(tmp_path, caplog):
     folder = tmp_path / "tok"
     shutil.copytree(DOLMA2_DIR, folder)
     data = _dolma2_json()
-    data["normalizer"] = {"type": "NFC"}
+    data["normalizer"] = {"type": "NFKC"}
     (folder / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
     config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
     # GPT2Tokenizer rebuilds its own pipeline from the vocabulary; this class keeps tokenizer.json's
