@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .formats import Conversation
-from .prefix_renders import PastedPrefix, PrefixRenders, common_prefix_length
+from .prefix_renders import PastedPrefix, PrefixRenders, SkeletonStore, common_prefix_length
 from .segments import Encoded, PrefixEncoder, SegmentBoundaries
 from .templates import ChatRenderer
 
@@ -104,6 +104,7 @@ class LabelMasker:
         spans: str = "reference",
         drop_untrainable: bool = False,
         policy: MaskPolicy | None = None,
+        skeletons: SkeletonStore | None = None,
     ) -> None:
         self.renderer = renderer
         self.encode_batch = encode_batch
@@ -115,7 +116,7 @@ class LabelMasker:
         self.policy = policy or MaskPolicy()
         # rows that will be dropped need no tokens; with exact spans any row may be kept
         self.drop_untrainable = drop_untrainable and spans != "exact"
-        self.prefixes = PrefixRenders(renderer.render)
+        self.prefixes = PrefixRenders(renderer.render, store=skeletons)
         self.encoder = PrefixEncoder(encode_batch, boundaries)
 
     def _cap(self, n: int) -> int:

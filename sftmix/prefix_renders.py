@@ -25,13 +25,19 @@ process saw before (slicing, worker count).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
+import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from .formats import Conversation
+
+logger = logging.getLogger(__name__)
 
 #: Private-use characters that open and close placeholders; a text containing one is never pasted.
 _MARKS = ("\ue000", "\ue001", "\ue002", "\ue003")
@@ -220,15 +226,113 @@ class PastedPrefix:
         return text.startswith(str(self))
 
 
+#: Bump when a skeleton's meaning or its file's layout changes: files of another version are not read.
+SKELETON_FORMAT = 1
+
+
+def _skeleton_json(skeleton: _Skeleton | None) -> Any:
+    if skeleton is None:
+        return None
+
+    def prefix(p: _Prefix | None) -> Any:
+        return None if p is None else [p.shared, list(p.tail)]
+
+    return {
+        "fields": [list(f) for f in skeleton.fields],
+        "derived": [list(d) for d in skeleton.derived],
+        "full": list(skeleton.full),
+        "turns": [[prefix(h), prefix(t)] for h, t in skeleton.turns],
+    }
+
+
+def _skeleton_from_json(data: Any) -> _Skeleton | None:
+    if data is None:
+        return None
+
+    def prefix(p: Any) -> _Prefix | None:
+        return None if p is None else _Prefix(int(p[0]), tuple(p[1]))
+
+    return _Skeleton(
+        fields=tuple((int(i), str(k)) for i, k in data["fields"]),
+        derived=tuple((int(b), str(m)) for b, m in data["derived"]),
+        full=tuple(data["full"]),
+        turns=tuple((prefix(h), _required(prefix(t))) for h, t in data["turns"]),
+    )
+
+
+def _required(prefix: _Prefix | None) -> _Prefix:
+    if prefix is None:
+        raise ValueError("a turn without its render")
+    return prefix
+
+
+class SkeletonStore:
+    """Skeletons kept in a directory that a run's workers share, so that each shape's placeholder renders
+    (the quadratic part: two placeholder sets, every prefix of the shape) are made once per run, not
+    once per worker process: with 64 workers, 63 times fewer. A skeleton is a function of the template,
+    the special tokens and the shape alone, so reading it gives what building it gives; each file carries
+    the digest of its content and its key, and a file that does not match is built again and replaced."""
+
+    def __init__(self, directory: str | Path, renderer_key: str) -> None:
+        self.directory = Path(directory)
+        self.renderer_key = renderer_key
+        self.read = self.written = 0
+
+    @staticmethod
+    def renderer_key_of(template_text: str, special_tokens: dict[str, str]) -> str:
+        text = json.dumps([SKELETON_FORMAT, template_text, sorted(special_tokens.items())])
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    def _key(self, shape: tuple) -> str:
+        return hashlib.sha256(f"{self.renderer_key}\n{shape!r}".encode()).hexdigest()
+
+    def _path(self, key: str) -> Path:
+        return self.directory / key[:2] / f"{key}.json"
+
+    def load(self, shape: tuple) -> tuple[bool, _Skeleton | None]:
+        """(found, skeleton): found is False when there is no usable file."""
+        key = self._key(shape)
+        try:
+            data = json.loads(self._path(key).read_text(encoding="utf-8"))
+            body = json.dumps(data["skeleton"], sort_keys=True)
+            if data["key"] != key or data["sha256"] != hashlib.sha256(body.encode("utf-8")).hexdigest():
+                return False, None
+            skeleton = _skeleton_from_json(data["skeleton"])
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            return False, None
+        self.read += 1
+        return True, skeleton
+
+    def save(self, shape: tuple, skeleton: _Skeleton | None) -> None:
+        from .storage import atomic_write_bytes
+
+        key = self._key(shape)
+        body = _skeleton_json(skeleton)
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8")).hexdigest()
+        data = {"key": key, "sha256": digest, "skeleton": body}
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(path, json.dumps(data).encode("utf-8"))
+        except OSError as exc:  # a full or read-only disk: this process keeps its own, as before
+            logger.debug("cannot keep a template skeleton in %s: %s", path, exc)
+            return
+        self.written += 1
+
+
 class PrefixRenders:
     """The (header, through) prefix renders of each assistant turn, pasted when the shape allows."""
 
     def __init__(
-        self, render: Callable[[list[dict], list | None, bool], str], max_shapes: int = 4096
+        self,
+        render: Callable[[list[dict], list | None, bool], str],
+        max_shapes: int = 4096,
+        store: SkeletonStore | None = None,
     ) -> None:
         self._render = render
         self._skeletons: dict[tuple, _Skeleton | None] = {}
         self._max_shapes = max_shapes
+        self._store = store
 
     def paste(
         self, conv: Conversation, full: str, indices: Sequence[int]
@@ -294,7 +398,12 @@ class PrefixRenders:
         if shape not in self._skeletons:
             if len(self._skeletons) >= self._max_shapes:
                 self._skeletons.clear()
-            self._skeletons[shape] = self._build(conv.messages, indices)
+            found, skeleton = (False, None) if self._store is None else self._store.load(shape)
+            if not found:
+                skeleton = self._build(conv.messages, indices)
+                if self._store is not None:
+                    self._store.save(shape, skeleton)
+            self._skeletons[shape] = skeleton
         skeleton = self._skeletons[shape]
         if skeleton is None:
             return None

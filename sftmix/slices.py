@@ -41,6 +41,7 @@ from .formats import Conversation, RowFormatError, conversation_from_row
 from .jsonl import JsonlSource
 from .labels import DROP_REASONS, UNTRAINABLE, LabelMasker, MaskPolicy, RenderError, RowStatus, TokenizedRow
 from .ownership import remove_abandoned_temps
+from .prefix_renders import SkeletonStore
 from .segments import SegmentBoundaries
 from .sources import read_rows, release_mapped_data, row_line
 from .storage import (
@@ -77,6 +78,8 @@ ROW_DTYPE = np.dtype(
 )
 ARTIFACTS = ("tokens.npy", "mask.npy", "rows.npy")
 MANIFEST = "manifest.json"
+#: The work directory's folder of template skeletons (``sftmix.prefix_renders.SkeletonStore``).
+SKELETONS = "skeletons"
 
 #: A slice at least this large whose every row has an all-zero mask points at a broken template.
 ALL_ZERO_SLICE_ROWS = 32
@@ -291,7 +294,8 @@ def _save_npy(path: Path, array: np.ndarray) -> FileDigest:
 
 def _masker(ctx: TokenizeContext) -> LabelMasker:
     """One masker per worker process and run settings: its template and pasted-prefix shapes are
-    reused by every slice the process tokenizes."""
+    reused by every slice the process tokenizes, and the shapes' skeletons by every process of the
+    machine (kept in the work directory, ``SKELETONS``)."""
     return _cached_masker(
         _encoding_for(ctx),
         ctx.template_text,
@@ -300,6 +304,7 @@ def _masker(ctx: TokenizeContext) -> LabelMasker:
         ctx.spans,
         ctx.drop_untrainable,
         MaskPolicy(ctx.mask_thinking, ctx.mask_tool_calls, ctx.mask_tool_outputs),
+        os.path.join(ctx.work_dir, SKELETONS),
     )
 
 
@@ -370,8 +375,14 @@ def _cached_masker(
     spans: str = "reference",
     drop_untrainable: bool = False,
     policy: MaskPolicy | None = None,
+    skeleton_dir: str | None = None,
 ) -> LabelMasker:
     renderer = ChatRenderer(template_text, encoding.special_tokens)
+    store = None
+    if skeleton_dir is not None:
+        store = SkeletonStore(
+            skeleton_dir, SkeletonStore.renderer_key_of(template_text, encoding.special_tokens)
+        )
     return LabelMasker(
         renderer=renderer,
         encode_batch=encoding.encode_batch,
@@ -382,6 +393,7 @@ def _cached_masker(
         spans=spans,
         drop_untrainable=drop_untrainable,
         policy=policy,
+        skeletons=store,
     )
 
 

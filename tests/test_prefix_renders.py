@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from sftmix.formats import Conversation
 from sftmix.labels import assistant_indices
-from sftmix.prefix_renders import PrefixRenders
+from sftmix.prefix_renders import PrefixRenders, SkeletonStore
 from sftmix.templates import NAMED_TEMPLATES, ChatRenderer, named_template
 
 SPECIALS = {"eos_token": "<|endoftext|>", "bos_token": "<|bos|>"}
@@ -175,3 +175,37 @@ def test_pasted_prefixes_are_jinjas_bytes(name, convs):
     shared = PrefixRenders(renderer.render)
     for pairs in convs:
         check(TEMPLATES[name], chat(*pairs), shared)
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_skeletons_kept_for_other_workers_paste_the_same_bytes(name, tmp_path):
+    """A worker that reads another's skeletons (the work directory's store) pastes what building them
+    gives, and Jinja's bytes; a damaged or foreign file is built again and replaced."""
+    renderer = ChatRenderer(TEMPLATES[name], SPECIALS)
+    key = SkeletonStore.renderer_key_of(TEMPLATES[name], SPECIALS)
+    convs = [
+        chat(("user", "hi"), ("assistant", "<think>why</think>answer")),
+        chat(("system", " padded "), ("user", 'quote " and \\ slash'), ("assistant", "a\nb"), ("user", ""),
+             ("assistant", "x" * 7)),
+        chat(("assistant", "first"), ("user", "  "), ("assistant", None)),
+    ]  # fmt: skip
+    writer = SkeletonStore(tmp_path, key)
+    built = PrefixRenders(renderer.render, store=writer)
+    for conv in convs:
+        check(TEMPLATES[name], conv, built)
+    assert writer.read == 0  # (a conversation the template refuses makes no skeleton)
+    reader = SkeletonStore(tmp_path, key)
+    renders = []
+    kept = PrefixRenders(lambda *a: renders.append(a) or renderer.render(*a), store=reader)
+    for conv in convs:
+        used = check(TEMPLATES[name], conv, kept)
+        assert used == check(TEMPLATES[name], conv, PrefixRenders(renderer.render))
+    assert reader.read == writer.written and not renders  # nothing built again
+    for path in tmp_path.rglob("*.json"):  # damaged: built again (the same bytes), and replaced
+        path.write_text(path.read_text().replace('"sha256": "', '"sha256": "0', 1))
+    again = SkeletonStore(tmp_path, key)
+    for conv in convs:
+        check(TEMPLATES[name], conv, PrefixRenders(renderer.render, store=again))
+    assert again.read == 0 and again.written == writer.written
+    other = SkeletonStore(tmp_path, SkeletonStore.renderer_key_of(TEMPLATES[name] + " ", SPECIALS))
+    assert other.load(next(iter(kept._skeletons))) == (False, None)  # another template: not its file
