@@ -69,9 +69,6 @@ def llama3_dir() -> Path:
     target = cache_dir() / "llama3"
     if (target / "tokenizer.json").exists():
         return target
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import TikTokenConverter
-
     pattern = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
     specials = [
         "<|begin_of_text|>",
@@ -86,13 +83,26 @@ def llama3_dir() -> Path:
         "<|eot_id|>",
     ]
     specials += [f"<|reserved_special_token_{i}|>" for i in range(5, 256 - 5)]
-    rust = TikTokenConverter(
-        vocab_file=str(wheel_member(*LLAMA3)), pattern=pattern, extra_special_tokens=specials
-    ).converted()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=rust, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>"
+    return _converted(
+        target,
+        wheel_member(*LLAMA3),
+        pattern,
+        specials,
+        bos_token="<|begin_of_text|>",
+        eos_token="<|eot_id|>",
     )
-    tmp = target.with_name("llama3.part")
+
+
+def _converted(target: Path, ranks: Path, pattern: str, specials: list[str], **tokens: str) -> Path:
+    """A tiktoken rank file as a fast tokenizer (transformers' TikTokenConverter), saved to ``target``."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    rust = TikTokenConverter(
+        vocab_file=str(ranks), pattern=pattern, extra_special_tokens=specials
+    ).converted()
+    tok = PreTrainedTokenizerFast(tokenizer_object=rust, **tokens)
+    tmp = target.with_name(target.name + ".part")
     shutil.rmtree(tmp, ignore_errors=True)
     tok.save_pretrained(str(tmp))
     shutil.rmtree(target, ignore_errors=True)
@@ -111,29 +121,17 @@ def tekken_dir() -> Path:
     target = cache_dir() / "tekken"
     if (target / "tokenizer.json").exists():
         return target
-    import base64
     import json
-
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import TikTokenConverter
 
     data = json.loads(wheel_member(*TEKKEN).read_text(encoding="utf-8"))
     config = data["config"]
     kept = config["default_vocab_size"] - config["default_num_special_tokens"]
     ranks = cache_dir() / "tekken.tiktoken"
     ranks.write_text("".join(f"{t['token_bytes']} {t['rank']}\n" for t in data["vocab"][:kept]))
-    assert all(len(base64.b64decode(t["token_bytes"])) for t in data["vocab"][:3])
     specials = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]"]
-    rust = TikTokenConverter(
-        vocab_file=str(ranks), pattern=config["pattern"], extra_special_tokens=specials
-    ).converted()
-    tok = PreTrainedTokenizerFast(tokenizer_object=rust, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    tmp = target.with_name("tekken.part")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tok.save_pretrained(str(tmp))
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
-    return target
+    return _converted(
+        target, ranks, config["pattern"], specials, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
 
 
 if __name__ == "__main__":
