@@ -222,7 +222,7 @@ def _pattern(pre: Any) -> str:
         raise Unproven(f"its Split keeps pieces as {split.get('behavior')!r} (invert {split.get('invert')})")
     regex = (split.get("pattern") or {}).get("Regex")
     if regex not in PROVEN_PATTERNS.values():
-        raise Unproven("its Split regex is not one proven to split the same in both regex engines")
+        raise Unproven("its Split regex is not one proven to split the same in every regex engine we use")
     return regex
 
 

@@ -308,7 +308,7 @@ def _sample_rows(spec: SliceSpec, datasets_cache: Path) -> list[Conversation]:
 def choose_encoder(
     spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, samples: list[Conversation]
 ) -> str:
-    """``fast`` where tiktoken is proven this tokenizer (its analysis, then the run's own sample rows
+    """``fast`` where the fast encoder is proven this tokenizer (its analysis, then the run's own sample rows
     encoded both ways, ids and offsets), else ``hf``; ``encoder: fast`` refuses the run instead."""
     if spec.encoder == "hf":
         return "hf"
@@ -350,8 +350,10 @@ def _prove_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, 
         )
         return "fast"
     if spec.encoder == "fast":
-        raise ConfigError(f"tokenizer.encoder fast: tiktoken is not proven the same tokenizer: {problem}")
-    logger.info("encoder: the tokenizers library (tiktoken is not used: %s)", problem)
+        raise ConfigError(
+            f"tokenizer.encoder fast: the fast encoder is not proven the same tokenizer: {problem}"
+        )
+    logger.info("encoder: the tokenizers library (the fast encoder is not used: %s)", problem)
     return "hf"
 
 

@@ -106,7 +106,9 @@ class TokenizeContext(BaseModel):
     drop_untrainable: bool = True
     template_source: str = ""
     batch_size: int = 256
-    encoder: str = "hf"  # "fast": tiktoken, proven the same tokenizer by the plan (sftmix/encoders.py)
+    encoder: str = (
+        "hf"  # "fast": fastokens or tiktoken, proven the same tokenizer by the plan (sftmix/encoders.py)
+    )
 
 
 class SliceSpec(BaseModel):
@@ -175,7 +177,7 @@ class SliceManifest(BaseModel):
     format_version: str = SLICE_FORMAT_VERSION
     encoder: str = Field(
         "hf",
-        description="What made the ids: 'hf' (the tokenizers library) or 'fast' (tiktoken, proven the same).",
+        description="What made the ids: 'hf' (the tokenizers library) or 'fast' (proven the same; fast_engine).",
     )
     library_texts: int = Field(
         0, description="With the fast encoder: texts it handed to the tokenizers library (an unproven token)."
@@ -310,7 +312,7 @@ def _masker(ctx: TokenizeContext) -> LabelMasker:
 
 @dataclass(frozen=True, eq=False)
 class WorkerEncoding:
-    """The tokenizer as a worker uses it: the library's Rust tokenizer, and tiktoken where proven."""
+    """The tokenizer as a worker uses it: the library's Rust tokenizer, and the fast encoder where proven."""
 
     rust: Any
     special_tokens: dict[str, str]
@@ -360,7 +362,7 @@ def worker_encoding(
     if encoder == "fast":
         if isinstance(found, str):  # the plan proved it with the same tokenizer: its files changed since
             raise ConfigError(
-                f"tokenizer {tokenizer!r} changed after the plan: tiktoken is not proven ({found})"
+                f"tokenizer {tokenizer!r} changed after the plan: the fast encoder is not proven ({found})"
             )
         fast = FastEncoder(rust, found, vocab, engine)
     return WorkerEncoding(rust, specials, boundaries, fast)

@@ -385,11 +385,13 @@ def test_encoder_fast_refuses_before_work_and_auto_falls_back(tmp_path, caplog):
         )
         return build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work")))
 
-    with pytest.raises(ConfigError, match="tiktoken is not proven the same tokenizer: it has a normalizer"):
+    with pytest.raises(
+        ConfigError, match="the fast encoder is not proven the same tokenizer: it has a normalizer"
+    ):
         plan("fast")
     with caplog.at_level("INFO", logger="sftmix.plan"):
         assert plan("auto").context.encoder == "hf"
-    assert "tiktoken is not used: it has a normalizer" in caplog.text
+    assert "the fast encoder is not used: it has a normalizer" in caplog.text
     assert plan("hf").context.encoder == "hf"
 
 
