@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,12 +19,12 @@ from pydantic import BaseModel
 
 from . import jsonl
 from .config import MixerConfig, RunOptions, TokenizerSpec, default_work_dir, local_mirror
-from .encoders import ENGINE_ENV, same_encodings
+from .encoders import same_encodings
 from .errors import ConfigError, DatasetError, TemplateError
 from .formats import MESSAGES_KEY, Conversation, RowFormatError, conversation_from_row, detect_format
 from .parallel import memory_limit
 from .selection import selected_source_rows, selection_problem, small_count_warning, target_rows
-from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext, rows_of, worker_encoding
+from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext, encoding_for, rows_of
 from .sources import (
     RowsFingerprinter,
     SourceInfo,
@@ -333,9 +332,7 @@ def _prove_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, 
     found = load_worker_tokenizer(ctx.tokenizer_file).fast
     problem = found if isinstance(found, str) else None
     if problem is None:
-        encoding = worker_encoding(
-            ctx.tokenizer, ctx.tokenizer_revision, ctx.tokenizer_file, "fast", os.environ.get(ENGINE_ENV)
-        )
+        encoding = encoding_for(ctx, "fast")
         assert encoding.fast is not None
         if (differ := same_encodings(encoding.rust, encoding.fast, texts)) is not None:
             problem = f"the two encoders disagree on a sample row of this run ({differ})"

@@ -260,6 +260,10 @@ def _skeleton_from_json(data: Any) -> _Skeleton | None:
     )
 
 
+def _digest(body: Any) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8")).hexdigest()
+
+
 def _required(prefix: _Prefix | None) -> _Prefix:
     if prefix is None:
         raise ValueError("a turn without its render")
@@ -294,8 +298,7 @@ class SkeletonStore:
         key = self._key(shape)
         try:
             data = json.loads(self._path(key).read_text(encoding="utf-8"))
-            body = json.dumps(data["skeleton"], sort_keys=True)
-            if data["key"] != key or data["sha256"] != hashlib.sha256(body.encode("utf-8")).hexdigest():
+            if data["key"] != key or data["sha256"] != _digest(data["skeleton"]):
                 return False, None
             skeleton = _skeleton_from_json(data["skeleton"])
         except (OSError, ValueError, KeyError, TypeError, IndexError):
@@ -308,12 +311,10 @@ class SkeletonStore:
 
         key = self._key(shape)
         body = _skeleton_json(skeleton)
-        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8")).hexdigest()
-        data = {"key": key, "sha256": digest, "skeleton": body}
+        data = {"key": key, "sha256": _digest(body), "skeleton": body}
         path = self._path(key)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(path, json.dumps(data).encode("utf-8"))
+            atomic_write_bytes(path, json.dumps(data).encode("utf-8"))  # (its folder made as needed)
         except OSError as exc:  # a full or read-only disk: this process keeps its own, as before
             logger.debug("cannot keep a template skeleton in %s: %s", path, exc)
             return

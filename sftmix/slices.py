@@ -107,7 +107,7 @@ class TokenizeContext(BaseModel):
     template_source: str = ""
     batch_size: int = 256
     encoder: str = (
-        "hf"  # "fast": fastokens or tiktoken, proven the same tokenizer by the plan (sftmix/encoders.py)
+        "hf"  # "fast": the fast encoder, proven the same tokenizer by the plan (sftmix/encoders.py)
     )
 
 
@@ -299,7 +299,7 @@ def _masker(ctx: TokenizeContext) -> LabelMasker:
     reused by every slice the process tokenizes, and the shapes' skeletons by every process of the
     machine (kept in the work directory, ``SKELETONS``)."""
     return _cached_masker(
-        _encoding_for(ctx),
+        encoding_for(ctx),
         ctx.template_text,
         ctx.max_seq_length,
         ctx.mask,
@@ -339,9 +339,15 @@ class WorkerEncoding:
         return "" if self.fast is None else self.fast.engine
 
 
-def _encoding_for(ctx: TokenizeContext) -> WorkerEncoding:
+def encoding_for(ctx: TokenizeContext, encoder: str | None = None) -> WorkerEncoding:
+    """This process's encoding for the run (``encoder`` instead of the run's: the plan's sample check),
+    with the fast engine :data:`ENGINE_ENV` names now (part of the cache's key)."""
     return worker_encoding(
-        ctx.tokenizer, ctx.tokenizer_revision, ctx.tokenizer_file, ctx.encoder, os.environ.get(ENGINE_ENV)
+        ctx.tokenizer,
+        ctx.tokenizer_revision,
+        ctx.tokenizer_file,
+        encoder or ctx.encoder,
+        os.environ.get(ENGINE_ENV),
     )
 
 
@@ -518,7 +524,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
     rows = spec.row_list()
     dtype = np.dtype(ctx.token_dtype)
     masker = _masker(ctx)
-    fallbacks_before = _encoding_for(ctx).fallbacks
+    fallbacks_before = encoding_for(ctx).fallbacks
     token_chunks: list[np.ndarray] = []
     mask_chunks: list[np.ndarray] = []
     records = np.zeros(len(rows), dtype=ROW_DTYPE)
@@ -606,8 +612,8 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
         started_at=started_at,
         finished_at=time.time(),
         encoder=ctx.encoder,
-        fast_engine=_encoding_for(ctx).engine,
-        library_texts=_encoding_for(ctx).fallbacks - fallbacks_before,
+        fast_engine=encoding_for(ctx).engine,
+        library_texts=encoding_for(ctx).fallbacks - fallbacks_before,
     )
     with storage_errors(where):
         atomic_write_bytes(root / MANIFEST, json.dumps(manifest.model_dump(), indent=1).encode("utf-8"))
