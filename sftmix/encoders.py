@@ -342,11 +342,12 @@ def _same_steps(token: bytes, ranks: dict[bytes, int], index: dict[tuple[bytes, 
 
 
 class FastEncoding:
-    """The part of ``tokenizers.Encoding`` the engine reads, computed from tiktoken's ids when asked."""
+    """The part of ``tokenizers.Encoding`` the engine reads: the engine's ids (an int64 array, never a
+    list of Python ints: building one costs more than the engine's encoding), and offsets when asked."""
 
     __slots__ = ("_encoder", "_offsets", "_text", "ids")
 
-    def __init__(self, text: str, ids: list[int], encoder: FastEncoder) -> None:
+    def __init__(self, text: str, ids: np.ndarray, encoder: FastEncoder) -> None:
         self.ids = ids
         self._text = text
         self._encoder = encoder
@@ -356,12 +357,35 @@ class FastEncoding:
     def offsets(self) -> np.ndarray:
         """(start, end) character offsets of every token, as an (n, 2) array."""
         if self._offsets is None:
-            self._offsets = self._encoder.offsets(self._text, np.asarray(self.ids, dtype=np.int64))
+            self._offsets = self._encoder.offsets(self._text, self.ids)
         return self._offsets
+
+    @property
+    def encoder(self) -> FastEncoder:
+        return self._encoder
 
     def token_to_chars(self, i: int) -> tuple[int, int]:
         start, end = self.offsets[i]
         return int(start), int(end)
+
+    def added_token_chars(self, tokens: np.ndarray) -> np.ndarray:
+        """:attr:`offsets` of the added tokens at positions ``tokens`` (ascending), as (n, 2), without
+        every token's (an added token covers whole characters; where offsets are trimmed, all are made)."""
+        if self._offsets is not None or self._encoder.trim is not None:
+            return self.offsets[tokens]
+        lengths = self._encoder.lengths[self.ids]
+        ends = np.cumsum(lengths)[tokens]
+        starts = ends - lengths[tokens]
+        if self._text.isascii():
+            return np.stack([starts, ends], axis=1)
+        data = self._text.encode("utf-8")  # bytes to characters, piece by piece (all whole characters)
+        out = np.zeros((tokens.shape[0], 2), dtype=np.int64)
+        byte = char = 0
+        for k, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+            char += len(data[byte:start].decode("utf-8", errors="surrogatepass"))
+            out[k] = char, char + len(data[start:end].decode("utf-8", errors="surrogatepass"))
+            byte, char = end, int(out[k, 1])
+        return out
 
 
 def char_offsets(text: str, token_bytes: np.ndarray) -> np.ndarray:
@@ -470,6 +494,8 @@ class FastEncoder:
             self.trailing[i] = len(token) - len(token.rstrip(b" "))
         for text, i in added.items():
             self.lengths[i] = len(text.encode("utf-8"))
+        self._unsafe_ids = np.zeros(size, dtype=bool)
+        self._unsafe_ids[sorted(self.unsafe)] = True
         self.fallbacks = 0  # texts the tokenizers library encoded
 
     def offsets(self, text: str, ids: np.ndarray) -> np.ndarray:
@@ -491,11 +517,15 @@ class FastEncoder:
             return self.rust.decode(list(ids), skip_special_tokens=False)
         return self.encoding.decode_bytes(ids).decode("utf-8", errors="replace")
 
-    def _tiktoken_ids(self, text: str) -> list[int]:
-        return self._core.encode(text, self._allowed)
+    def _tiktoken_ids(self, text: str) -> np.ndarray:
+        buffer = self._core.encode_to_tiktoken_buffer(text, self._allowed)
+        return np.frombuffer(buffer, dtype=np.uint32).astype(np.int64)
 
-    def _fastokens_ids(self, text: str) -> list[int]:
-        return self._fastokens.encode(text).ids
+    def _fastokens_ids(self, text: str) -> np.ndarray:
+        """One text at a time (one core: the workers are the parallelism), as a flat buffer: no
+        ``Encoding`` object, no list."""
+        buffer, _ = self._fastokens.encode_batch_flat([text])
+        return np.frombuffer(buffer, dtype=np.uint32).astype(np.int64)
 
     def encode_batch(self, texts: Sequence[str]) -> list[Any]:
         out: list[Any] = []
@@ -504,7 +534,7 @@ class FastEncoder:
                 ids = None if self.analysis.nfc and not is_normalized("NFC", text) else self._ids(text)
             except (UnicodeEncodeError, ValueError):  # lone surrogates: whatever the oracle does with them
                 ids = None
-            if ids is None or (self.unsafe and not self.unsafe.isdisjoint(ids)):
+            if ids is None or (self.unsafe and self._unsafe_ids[ids].any()):
                 self.fallbacks += 1
                 out.append(self.rust.encode(text, add_special_tokens=False))
             else:
@@ -517,7 +547,7 @@ def same_encodings(rust: Any, fast: FastEncoder, texts: Sequence[str]) -> str | 
     for n, (a, b) in enumerate(
         zip(rust.encode_batch(list(texts), add_special_tokens=False), fast.encode_batch(texts), strict=True)
     ):
-        if list(a.ids) != list(b.ids):
+        if not np.array_equal(np.asarray(a.ids, dtype=np.int64), np.asarray(b.ids, dtype=np.int64)):
             return f"text {n}: ids differ"
         if not np.array_equal(
             np.asarray(a.offsets, dtype=np.int64).reshape(-1, 2),

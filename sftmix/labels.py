@@ -22,6 +22,10 @@ from .prefix_renders import PastedPrefix, PrefixRenders, SkeletonStore, common_p
 from .segments import Encoded, PrefixEncoder, SegmentBoundaries
 from .templates import ChatRenderer
 
+#: Tails of prefix renders up to this many characters have their token counts remembered (at most
+#: this many of them): they are the template's own text, repeated in every row.
+_MEMO_CHARS, _MEMO_ENTRIES = 256, 65536
+
 
 class RowStatus(IntEnum):
     KEPT = 0
@@ -118,6 +122,7 @@ class LabelMasker:
         self.drop_untrainable = drop_untrainable and spans != "exact"
         self.prefixes = PrefixRenders(renderer.render, store=skeletons)
         self.encoder = PrefixEncoder(encode_batch, boundaries)
+        self._tail_counts: dict[str, int] = {}
 
     def _cap(self, n: int) -> int:
         return n if self.max_len is None else min(n, self.max_len)
@@ -198,7 +203,7 @@ class LabelMasker:
                 continue  # the span's tokens are not all known yet
             ids = enc.ids[: self.max_len]
             problem = self._verify(
-                conversations[p.row].messages, ids, rendered[p.row], [(p.indices[0], start, end)]
+                conversations[p.row].messages, ids, enc, rendered[p.row], [(p.indices[0], start, end)]
             )
             if problem is not None:
                 results[p.row].status, results[p.row].detail = RowStatus.SPAN_UNVERIFIED, problem
@@ -218,18 +223,43 @@ class LabelMasker:
         for p, texts in zip(pending, prefixes, strict=True):
             known = None
             if self.boundaries is not None:
-                known = encs[p.row].boundary_tokens(self.boundaries)
-            for pasted_or_text in texts:
-                # made one at a time: all the prefixes of a long chat together are quadratic
-                prefix = str(pasted_or_text)
-                base, tail = 0, prefix
+                known = tuple(a.tolist() for a in encs[p.row].boundary_tokens(self.boundaries))
+            for prefix in texts:
                 if known is not None and self.boundaries is not None:
                     base, tail = self.boundaries.cut(prefix, rendered[p.row], *known)
+                else:  # made one at a time: all the prefixes of a long chat together are quadratic
+                    base, tail = 0, str(prefix)
                 full = self.max_len is not None and base >= self.max_len
                 bases.append(base)
                 tails.append(None if full else tail)
-        encoded = iter(self.encode_batch([t for t in tails if t is not None]))
-        return [b + (0 if t is None else len(next(encoded).ids)) for b, t in zip(bases, tails, strict=True)]
+        return [
+            b + (0 if t is None else n) for b, t, n in zip(bases, tails, self._counts(tails), strict=True)
+        ]
+
+    def _counts(self, texts: list[str | None]) -> list[int]:
+        """Token counts of ``texts`` (0 for None). A prefix's own tail after its cut is mostly the
+        template's literal text (an end-of-turn marker, the next header), the same in every row: short
+        ones are counted once per process."""
+        counts = [0] * len(texts)
+        todo: dict[str, list[int]] = {}
+        for k, text in enumerate(texts):
+            if text is None:
+                continue
+            known = self._tail_counts.get(text)
+            if known is not None:
+                counts[k] = known
+            else:
+                todo.setdefault(text, []).append(k)
+        if todo:
+            for text, encoding in zip(todo, self.encode_batch(list(todo)), strict=True):
+                n = len(encoding.ids)
+                for k in todo[text]:
+                    counts[k] = n
+                if len(text) <= _MEMO_CHARS:
+                    if len(self._tail_counts) >= _MEMO_ENTRIES:
+                        self._tail_counts.clear()
+                    self._tail_counts[text] = n
+        return counts
 
     def _exact_spans(
         self,
@@ -334,15 +364,23 @@ class LabelMasker:
                 s, e = max(0, start), min(end, n)
                 if s < e:
                     row.mask[s:e] = 1
-            problem = self._verify(conversations[p.row].messages, row.ids, rendered[p.row], spans)
+            problem = self._verify(
+                conversations[p.row].messages, row.ids, encs[p.row], rendered[p.row], spans
+            )
             if problem is not None:
                 row.mask[:] = 0
                 row.status, row.detail = RowStatus.SPAN_UNVERIFIED, problem
 
     def _verify(
-        self, messages: Sequence[dict], ids: np.ndarray, rendered: str, spans: list[tuple[int, int, int]]
+        self,
+        messages: Sequence[dict],
+        ids: np.ndarray,
+        enc: Encoded,
+        rendered: str,
+        spans: list[tuple[int, int, int]],
     ) -> str | None:
-        """The reference's check that each token-count span starts at, and covers, its content."""
+        """The reference's check that each token-count span starts at, and covers, its content (``ids``:
+        the first tokens of ``enc``, the row's)."""
         n = ids.shape[0]
         # shortest content after each message: a decoded tail shorter than that cannot contain one
         shortest_after = [0] * (len(messages) + 1)
@@ -358,7 +396,9 @@ class LabelMasker:
             start, end = max(0, start), min(end, n)
             if start >= end:
                 continue
-            decoded = self.decode(ids[start:end].tolist())
+            decoded = enc.decoded(start, end)
+            if decoded is None:
+                decoded = self.decode(ids[start:end].tolist())
             stripped = decoded.lstrip()
             if truncated_tail and stripped and content.startswith(stripped):
                 continue

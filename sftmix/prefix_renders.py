@@ -184,19 +184,18 @@ def _pieces(rendered: str, placeholders: _PlaceholderSet) -> tuple[str | int, ..
 
 
 def _shape(conv: Conversation) -> tuple | None:
-    """What a render may depend on besides the texts; ``None`` when the row cannot be pasted."""
+    """What a render may depend on besides the texts; ``None`` when the row cannot be pasted. (A text
+    holding a placeholder's mark is refused where it shows: in the full render, see ``_pasted``.)"""
     if conv.tools is not None:
         return None
     shape = []
     for m in conv.messages:
         fields = []
         for key, value in m.items():
-            if key == "role" or value is None or value == "":
-                if not isinstance(value, str | None):
-                    return None
-                fields.append((key, value))
-            elif isinstance(value, str) and not _MARK_RE.search(value):
-                fields.append((key, 1))
+            if isinstance(value, str):
+                fields.append((key, value if key == "role" or not value else 1))
+            elif value is None:
+                fields.append((key, None))
             else:
                 return None
         shape.append(tuple(fields))
@@ -394,7 +393,7 @@ class PrefixRenders:
         """The row's skeleton, its pasted values and the character offset of every piece of ``full``;
         ``None`` unless pasting gives exactly ``full``."""
         shape = _shape(conv)
-        if shape is None:
+        if shape is None or _MARK_RE.search(full):
             return None
         if shape not in self._skeletons:
             if len(self._skeletons) >= self._max_shapes:

@@ -18,16 +18,17 @@ is not used, and the text is tokenized to its end instead.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from itertools import chain
 from typing import Any
 
 import numpy as np
 
 from .encoders import FastEncoding
-from .prefix_renders import common_prefix_length
+from .prefix_renders import PastedPrefix, common_prefix_length
 
 
 @dataclass(frozen=True)
@@ -43,36 +44,68 @@ class SegmentBoundaries:
     def pattern(self) -> re.Pattern[str]:
         return _added_pattern(self.contents)
 
+    @cached_property
+    def _match(self) -> Callable[[str, int], re.Match[str] | None]:
+        return self.pattern.match
+
+    @cached_property
+    def _search(self) -> Callable[[str, int, int], re.Match[str] | None]:
+        return self.pattern.search
+
     @property
-    def id_array(self) -> np.ndarray:
-        return _id_array(self.ids)
+    def is_boundary(self) -> np.ndarray:
+        """``is_boundary[min(id, len - 1)]``: whether a token id is one of these (the last entry, past
+        every boundary id, is False)."""
+        return _boundary_table(self.ids)
 
     def cut(
-        self, text: str, full: str, starts: np.ndarray, ends: np.ndarray, index: np.ndarray
+        self,
+        text: str | PastedPrefix,
+        full: str,
+        starts: Sequence[int],
+        ends: Sequence[int],
+        index: Sequence[int],
     ) -> tuple[int, str]:
         """(tokens before the cut, tail to tokenize) for ``text``, exact for this tokenizer.
 
         ``starts``/``ends`` are the character offsets of the boundary tokens in ``full`` and ``index``
-        their positions among its tokens. A cut at the end of such a token, or at its start when
+        their positions among its tokens (lists are quicker to search than arrays). A cut at the end of such a token, or at its start when
         ``text`` itself continues with an added token there, is a segment boundary in both strings.
+        A pasted prefix of ``full`` is read only near the cut (never built whole: a long chat's
+        prefixes together are quadratic).
         """
-        agree = len(text) if full.startswith(text) else common_prefix_length(text, full)
+        if isinstance(text, PastedPrefix) and text.full is full:
+            shared = full[text.end : text.end + len(text.tail)]
+            agree = text.end + (
+                len(shared) if shared == text.tail else common_prefix_length(text.tail, shared)
+            )
+        else:
+            text = str(text)
+            agree = len(text) if full.startswith(text) else common_prefix_length(text, full)
+        length = len(text)
         reach = self.longest - 1
         # latest boundary token starting at or before `agree` (its start is a candidate cut)
-        j = int(np.searchsorted(starts, agree, side="right")) - 1
+        j = bisect_right(starts, agree) - 1
         while j >= 0:
             start, end = int(starts[j]), int(ends[j])
-            if end <= agree and (end == len(text) or end + reach <= agree):
-                return int(index[j]) + 1, text[end:]
-            if self.pattern.match(text, start) and self._clean_before(text, start):
-                return int(index[j]), text[start:]
+            if end <= agree and (end == length or end + reach <= agree):
+                return int(index[j]) + 1, _part(text, end, length)
+            near = _part(text, max(0, start - reach), start + self.longest)
+            at = min(start, reach)
+            if self._match(near, at) and self._clean_before(near, at):
+                return int(index[j]), _part(text, start, length)
             j -= 1
-        return 0, text
+        return 0, str(text)
 
     def _clean_before(self, text: str, c: int) -> bool:
-        """No added-token match in ``text`` straddles position ``c``."""
-        lo = max(0, c - self.longest + 1)
-        return all(not (m.start() < c < m.end()) for m in self.pattern.finditer(text, lo, c + self.longest))
+        """No added-token match in ``text`` straddles position ``c`` (matches found as ``finditer``
+        finds them from ``c - longest + 1``)."""
+        at, stop = max(0, c - self.longest + 1), c + self.longest
+        while (m := self._search(text, at, stop)) is not None and m.start() < c:
+            if m.end() > c:
+                return False
+            at = m.end()
+        return True
 
     def next_cut(self, text: str, at: int) -> int | None:
         """The first position ``>= at`` (and before the end) right after a boundary token that no
@@ -97,9 +130,22 @@ class SegmentBoundaries:
         return False
 
 
+def _part(text: str | PastedPrefix, lo: int, hi: int) -> str:
+    """``str(text)[lo:hi]``."""
+    if isinstance(text, str):
+        return text[lo:hi]
+    end = text.end
+    if hi <= end:
+        return text.full[lo:hi]
+    head = text.full[lo:end] if lo < end else ""
+    return head + text.tail[max(0, lo - end) : hi - end]
+
+
 @lru_cache(maxsize=8)
-def _id_array(ids: frozenset[int]) -> np.ndarray:
-    return np.array(sorted(ids), dtype=np.int64)
+def _boundary_table(ids: frozenset[int]) -> np.ndarray:
+    table = np.zeros(max(ids, default=-1) + 2, dtype=bool)
+    table[sorted(ids)] = True
+    return table
 
 
 def _alternation(contents: tuple[str, ...]) -> str:
@@ -127,41 +173,44 @@ class Encoded:
 
     text: str
     pieces: list[Any] = field(default_factory=list)  # tokenizers.Encoding (or FastEncoding) of each piece
-    piece_ids: list[list[int]] = field(default_factory=list)  # each piece's ids, read from it once
+    piece_ids: list[Any] = field(default_factory=list)  # each piece's ids (list or array), read once
     bases: list[int] = field(default_factory=list)  # where each piece starts in ``text``
     skips: list[int] = field(default_factory=list)  # leading tokens of each piece that are not its own
     covered: int = 0
     length: int = 0  # tokens so far
     last_boundary: tuple[int, int] | None = None  # (id, start) of the token that ends the last piece
     _ids: np.ndarray | None = None
+    _boundaries: tuple[SegmentBoundaries, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+    _byte_ends: np.ndarray | None = None  # bytes of the text through each token (see decoded)
+    _utf8: bytes | None = None
 
     @property
     def complete(self) -> bool:
         return self.covered >= len(self.text)
 
     def add(self, piece: Any, ids: list[int], base: int, skip: int, end: int) -> None:
-        """``ids``: ``piece.ids``, which the tokenizer builds as a new list at every read."""
+        """``ids``: ``piece.ids``, which the tokenizers library builds as a new list at every read."""
         self.pieces.append(piece)
         self.piece_ids.append(ids)
         self.bases.append(base)
         self.skips.append(skip)
         self.covered = end
         self.length += len(ids) - skip
-        self._ids = None
+        self._ids = self._boundaries = self._byte_ends = None
         self.last_boundary = None
         if not self.complete:
-            self.last_boundary = (ids[-1], base + piece.token_to_chars(len(ids) - 1)[0])
+            self.last_boundary = (int(ids[-1]), base + piece.token_to_chars(len(ids) - 1)[0])
 
     def clear(self) -> None:
         self.pieces, self.piece_ids, self.bases, self.skips = [], [], [], []
         self.covered = self.length = 0
-        self.last_boundary = self._ids = None
+        self.last_boundary = self._ids = self._boundaries = self._byte_ends = None
 
     @property
     def ids(self) -> np.ndarray:
         if self._ids is None:
             parts = [
-                np.array(ids, dtype=np.int64)[k:] for ids, k in zip(self.piece_ids, self.skips, strict=True)
+                np.asarray(ids, dtype=np.int64)[k:] for ids, k in zip(self.piece_ids, self.skips, strict=True)
             ]
             self._ids = parts[0] if len(parts) == 1 else np.concatenate([np.zeros(0, np.int64), *parts])
         return self._ids
@@ -180,9 +229,31 @@ class Encoded:
             left -= n
         return np.concatenate(out) if out else np.zeros((0, 2), dtype=np.int64)
 
+    def decoded(self, start: int, end: int) -> str | None:
+        """The fast encoder's ``decode(ids[start:end])`` read from the text, where that is what it is:
+        every piece the fast encoder's, whose tokens' bytes are the text's bytes (the offsets rest on it)
+        and whose decoding is proven to be those bytes. ``None`` otherwise."""
+        if self._byte_ends is None:
+            if not self.pieces or not all(isinstance(p, FastEncoding) for p in self.pieces):
+                return None
+            encoder = self.pieces[0].encoder
+            if not encoder.analysis.decodes or any(p.encoder is not encoder for p in self.pieces):
+                return None
+            self._byte_ends = np.cumsum(encoder.lengths[self.ids])
+        lo = 0 if start == 0 else int(self._byte_ends[start - 1])
+        hi = 0 if end == 0 else int(self._byte_ends[end - 1])
+        if self.text.isascii():
+            return self.text[lo:hi]
+        if self._utf8 is None:
+            self._utf8 = self.text.encode("utf-8")
+        return self._utf8[lo:hi].decode("utf-8", errors="replace")
+
     def boundary_tokens(self, boundaries: SegmentBoundaries) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(starts, ends, positions) of the boundary tokens among the tokens so far."""
-        at = np.flatnonzero(np.isin(self.ids, boundaries.id_array, kind="table"))
+        if self._boundaries is not None and self._boundaries[0] is boundaries:
+            return self._boundaries[1]
+        table = boundaries.is_boundary
+        at = np.flatnonzero(table[np.minimum(self.ids, table.shape[0] - 1)])
         chars = np.zeros((at.shape[0], 2), dtype=np.int64)
         first = 0
         k = 0
@@ -191,15 +262,17 @@ class Encoded:
             end = int(np.searchsorted(at, last))
             if end > k:
                 local = at[k:end] - first + skip
-                if isinstance(piece, FastEncoding):  # its offsets are one array, built once
-                    chars[k:end] = piece.offsets[local] + base
+                if isinstance(piece, FastEncoding):
+                    chars[k:end] = piece.added_token_chars(local) + base
                 else:  # the library builds every token's offsets at a read of .offsets: ask for these only
                     for j, t in enumerate(local.tolist()):
                         chars[k + j] = piece.token_to_chars(t)
                     chars[k:end] += base
                 k = end
             first = last
-        return chars[:, 0], chars[:, 1], at
+        found = chars[:, 0], chars[:, 1], at
+        self._boundaries = (boundaries, found)
+        return found
 
 
 class PrefixEncoder:
@@ -269,14 +342,14 @@ class PrefixEncoder:
         with a boundary token at the cut. (Offsets of single tokens: reading ``piece.offsets`` builds
         them all.)"""
         if e.last_boundary is not None and (
-            not ids or ids[0] != e.last_boundary[0] or piece.token_to_chars(0) != (0, e.covered - base)
+            len(ids) == 0 or ids[0] != e.last_boundary[0] or piece.token_to_chars(0) != (0, e.covered - base)
         ):
             return False
         if cut:
             assert self.boundaries is not None
             if (
-                not ids
-                or ids[-1] not in self.boundaries.ids
+                len(ids) == 0
+                or int(ids[-1]) not in self.boundaries.ids
                 or piece.token_to_chars(len(ids) - 1)[1] != length
             ):
                 return False

@@ -34,8 +34,9 @@ from sftmix.formats import Conversation
 from sftmix.labels import LabelMasker
 from sftmix.plan import build_plan
 from sftmix.segments import PrefixEncoder
-from sftmix.templates import ChatRenderer
+from sftmix.templates import ChatRenderer, named_template
 from sftmix.tokenizer import boundaries_of
+from tests.test_labels import conversation
 from tests.tokenizer_fixtures import DOLMA2_DIR, GOLDEN, ensure_dolma2, llama3_dir, tekken_dir
 
 TINY_DIR = GOLDEN / "tokenizers" / "tiny"
@@ -295,6 +296,42 @@ def test_label_masks_match_on_multi_turn_chats(engine):
             renderer, encode, lambda ids: rust.decode(ids, skip_special_tokens=False), 64, boundaries_of(rust)
         )
         rows.append([(r.ids.tolist(), r.mask.tolist(), r.status) for r in masker.tokenize(chats)])
+    assert rows[0] == rows[1]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    convs=st.lists(conversation, min_size=1, max_size=5),
+    name=st.sampled_from(["dolma2", "tiny"]),
+    engine=st.sampled_from(ENGINES),
+    template=st.sampled_from(["olmo", "tulu"]),
+    max_len=st.sampled_from([None, 12, 48]),
+    drop=st.booleans(),
+)
+def test_the_fast_encoders_rows_are_the_librarys(convs, name, engine, template, max_len, drop):
+    """Every row of random chats, its spans decoded and cut from the fast encoder's pieces, is what the
+    library gives: ids, mask, status and the reason of a drop."""
+    rust, fast = encoders(name, engine)
+    renderer = ChatRenderer(
+        named_template(template), {"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"}
+    )
+    rows = []
+    for encode in (lambda t: rust.encode_batch(t, add_special_tokens=False), fast.encode_batch):
+        masker = LabelMasker(
+            renderer,
+            encode,
+            lambda ids: rust.decode(ids, skip_special_tokens=False),
+            max_len,
+            boundaries_of(rust),
+            drop_untrainable=drop,
+        )
+        rows.append(
+            [
+                (r.status, r.detail)
+                + ((r.ids.tolist(), r.mask.tolist()) if r.status == 0 or not drop else ())
+                for r in masker.tokenize(convs)
+            ]
+        )
     assert rows[0] == rows[1]
 
 

@@ -6,6 +6,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sftmix.prefix_renders import common_prefix_length
 from sftmix.segments import PrefixEncoder
 from sftmix.tokenizer import TokenizerKey, rust_tokenizer, segment_boundaries
 from tests.test_labels import PIECES, TOKENIZERS, conversation, masker
@@ -100,3 +101,86 @@ def test_segments_are_independent_only_without_a_normalizer_or_a_prefix_space():
         assert found is not None
         assert found.contents == ("<|end|>",)  # <x> strips spaces around it: no boundary
         assert found.every == ("<x>", "<|end|>")
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    full=st.lists(st.sampled_from(EDGES), max_size=40).map("".join),
+    tail=st.lists(st.sampled_from(EDGES), max_size=6).map("".join),
+    at=st.floats(0, 1),
+    name=st.sampled_from(TOKENIZERS),
+    pick=st.integers(0, 12),
+)
+def test_a_pasted_prefix_is_cut_as_its_text_is(full, tail, at, name, pick):
+    """``cut`` reads a pasted prefix only near the cut; what it finds is what the whole string gives."""
+    from sftmix.prefix_renders import PastedPrefix
+
+    rust, boundaries = _tokenizer(name)
+    assert boundaries is not None
+    encoder = PrefixEncoder(lambda t: rust.encode_batch(t, add_special_tokens=False), boundaries)
+    [enc] = encoder.start([full])
+    encoder.grow([enc], [None])
+    known = [a.tolist() for a in enc.boundary_tokens(boundaries)]
+    # where templates' prefixes part from the full render: at an added token (a turn's end marker)
+    marks = [m.start() for m in boundaries.pattern.finditer(full)]
+    end = marks[pick] if pick < len(marks) else int(at * len(full))
+    prefix = PastedPrefix(full, end, tail)
+    text = str(prefix)
+    found = boundaries.cut(prefix, full, *known)
+    assert found == boundaries.cut(text, full, *known) == _cut_whole(boundaries, text, full, *known)
+    base, rest = found
+    assert base + len(rust.encode(rest, add_special_tokens=False).ids) == len(
+        rust.encode(text, add_special_tokens=False).ids
+    )
+
+
+def _cut_whole(boundaries, text: str, full: str, starts, ends, index) -> tuple[int, str]:
+    """``SegmentBoundaries.cut`` as it was first written, on whole strings: the oracle for its windows."""
+    agree = common_prefix_length(text, full)
+    reach = boundaries.longest - 1
+    j = int(np.searchsorted(starts, agree, side="right")) - 1
+    while j >= 0:
+        start, end = starts[j], ends[j]
+        if end <= agree and (end == len(text) or end + reach <= agree):
+            return index[j] + 1, text[end:]
+        if boundaries.pattern.match(text, start):
+            lo = max(0, start - boundaries.longest + 1)
+            matches = boundaries.pattern.finditer(text, lo, start + boundaries.longest)
+            if all(not (m.start() < start < m.end()) for m in matches):
+                return index[j], text[start:]
+        j -= 1
+    return 0, text
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    texts=st.lists(st.lists(st.sampled_from(EDGES), max_size=60).map("".join), min_size=1, max_size=4),
+    name=st.sampled_from(TOKENIZERS),
+    engine=st.sampled_from(["tiktoken", "fastokens"]),
+    want=st.integers(1, 40),
+    spans=st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1)), min_size=1, max_size=4),
+)
+def test_the_fast_encoders_pieces_give_the_librarys_offsets_and_decodes(texts, name, engine, want, spans):
+    """With the fast encoder's pieces, the boundary tokens' offsets (made for those tokens only) and the
+    decoded spans (read from the text) are the library's."""
+    from tests.test_encoders import encoders
+
+    if name == "dolma2":
+        ensure_dolma2()
+    rust, fast = encoders(name, engine)
+    boundaries = segment_boundaries(TokenizerKey.of(str(GOLDEN / "tokenizers" / name), None))
+    assert boundaries is not None
+    encoder = PrefixEncoder(fast.encode_batch, boundaries)
+    encs = encoder.start(texts)
+    encoder.grow(encs, [want] * len(texts))
+    for text, enc in zip(texts, encs, strict=True):
+        whole = rust.encode(text, add_special_tokens=False)
+        starts, ends, at = enc.boundary_tokens(boundaries)
+        assert [tuple(whole.offsets[i]) for i in at.tolist()] == list(
+            zip(starts.tolist(), ends.tolist(), strict=True)
+        )
+        n = enc.length
+        for a, b in spans:
+            lo, hi = sorted((int(a * n), int(b * n)))
+            decoded = enc.decoded(lo, hi)
+            assert decoded is None or decoded == rust.decode(whole.ids[lo:hi], skip_special_tokens=False)
