@@ -41,7 +41,7 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 from unicodedata import is_normalized
 
@@ -464,16 +464,11 @@ class FastEncoder:
         vocab: tuple[dict[bytes, int], dict[str, int]] | None = None,
         engine: str | None = None,
     ) -> None:
-        import tiktoken
-
         ranks, added = vocab if vocab is not None else vocabulary(rust.to_str())
         self.rust = rust
         self.analysis = analysis
         self.unsafe = frozenset(analysis.unsafe)
-        self.encoding = tiktoken.Encoding(  # also the decoder, where the analysis proved it the same
-            "tokenize-mixer", pat_str=analysis.pattern, mergeable_ranks=ranks, special_tokens=added
-        )
-        self._core = self.encoding._core_bpe  # the per-text call, without encode()'s checks per text
+        self._vocab = ranks, added
         self._allowed = set(added)
         self.engine = fast_engine(analysis.pattern, engine)
         self._ids = self._tiktoken_ids
@@ -488,15 +483,33 @@ class FastEncoder:
         self.lengths = np.zeros(size, dtype=np.int64)
         self.trim = analysis.trim
         self.leading, self.trailing = np.zeros(size, np.int64), np.zeros(size, np.int64)
-        for token, i in ranks.items():
-            self.lengths[i] = len(token)
-            self.leading[i] = len(token) - len(token.lstrip(b" "))
-            self.trailing[i] = len(token) - len(token.rstrip(b" "))
+        tokens, ids = list(ranks), np.fromiter(ranks.values(), dtype=np.int64, count=len(ranks))
+        self.lengths[ids] = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
+        if self.trim is not None:  # spaces at either end of a token, which trimmed offsets leave out
+            stripped = np.fromiter((len(t.lstrip(b" ")) for t in tokens), dtype=np.int64, count=len(tokens))
+            self.leading[ids] = self.lengths[ids] - stripped
+            stripped = np.fromiter((len(t.rstrip(b" ")) for t in tokens), dtype=np.int64, count=len(tokens))
+            self.trailing[ids] = self.lengths[ids] - stripped
         for text, i in added.items():
             self.lengths[i] = len(text.encode("utf-8"))
         self._unsafe_ids = np.zeros(size, dtype=bool)
         self._unsafe_ids[sorted(self.unsafe)] = True
         self.fallbacks = 0  # texts the tokenizers library encoded
+
+    @cached_property
+    def encoding(self) -> Any:
+        """tiktoken's encoding: the engine, or with fastokens the decoder of the spans that cannot be read
+        from their text (made when first asked: 0.1 s per process)."""
+        import tiktoken
+
+        ranks, added = self._vocab
+        return tiktoken.Encoding(
+            "tokenize-mixer", pat_str=self.analysis.pattern, mergeable_ranks=ranks, special_tokens=added
+        )
+
+    @cached_property
+    def _core(self) -> Any:
+        return self.encoding._core_bpe  # the per-text call, without encode()'s checks per text
 
     def offsets(self, text: str, ids: np.ndarray) -> np.ndarray:
         out = char_offsets(text, self.lengths[ids])

@@ -77,13 +77,18 @@ class _Pending:
     indices: list[int]
     headers: list[str | PastedPrefix | None]
     throughs: list[str | PastedPrefix]
+    first: tuple[int, int] | None = None  # the first turn's span once counted (capped)
 
     def first_turn(self) -> list[str | PastedPrefix]:
         """The prefixes of the first assistant turn whose token counts give its span."""
         return [t for t in (self.headers[0], self.throughs[0]) if t is not None]
 
-    def every_turn(self) -> list[str | PastedPrefix]:
-        return [t for pair in zip(self.headers, self.throughs, strict=True) for t in pair if t is not None]
+    def turns_to_count(self) -> list[str | PastedPrefix]:
+        """The prefixes of every assistant turn whose span is not counted yet."""
+        pairs = zip(self.headers, self.throughs, strict=True)
+        if self.first is not None:
+            next(pairs)
+        return [t for pair in pairs for t in pair if t is not None]
 
 
 def _empty_row() -> TokenizedRow:
@@ -196,6 +201,7 @@ class LabelMasker:
         for p in pending:
             start = 0 if p.headers[0] is None else self._cap(next(counts))
             end = self._cap(next(counts))
+            p.first = start, end
             enc = encs[p.row]
             if not (
                 enc.complete or enc.length > end or (self.max_len is not None and enc.length >= self.max_len)
@@ -351,12 +357,17 @@ class LabelMasker:
         results: list[TokenizedRow],
         pending: list[_Pending],
     ) -> None:
-        counts = iter(self._prefix_token_counts(rendered, encs, pending, [p.every_turn() for p in pending]))
+        counts = iter(
+            self._prefix_token_counts(rendered, encs, pending, [p.turns_to_count() for p in pending])
+        )
         for p in pending:
             row = results[p.row]
             n = row.ids.shape[0]
             spans: list[tuple[int, int, int]] = []
-            for idx, header in zip(p.indices, p.headers, strict=True):
+            for k, (idx, header) in enumerate(zip(p.indices, p.headers, strict=True)):
+                if k == 0 and p.first is not None:
+                    spans.append((idx, *p.first))
+                    continue
                 start = 0 if header is None else self._cap(next(counts))
                 end = self._cap(next(counts))
                 spans.append((idx, start, end))
