@@ -453,13 +453,19 @@ def _generation_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.nd
 
 
 def _overlap_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    """1 for every token of non-zero width whose offsets overlap a span."""
     mask = np.zeros(offsets.shape[0], dtype=bool)
     if not spans or offsets.shape[0] == 0:
         return mask.astype(np.uint8)
-    starts, ends = offsets[:, 0], offsets[:, 1]
+    starts, ends = np.ascontiguousarray(offsets[:, 0]), np.ascontiguousarray(offsets[:, 1])
     nonempty = starts != ends
-    for s, e in spans:
-        mask |= (starts < e) & (s < ends)
+    if np.all(starts[1:] >= starts[:-1]) and np.all(ends[1:] >= ends[:-1]):
+        # offsets in order (as tokens of one text are): each span's tokens are one run, found by search
+        for s, e in spans:
+            mask[np.searchsorted(ends, s, side="right") : np.searchsorted(starts, e, side="left")] = True
+    else:
+        for s, e in spans:
+            mask |= (starts < e) & (s < ends)
     return (mask & nonempty).astype(np.uint8)
 
 

@@ -393,7 +393,7 @@ class PrefixRenders:
         """The row's skeleton, its pasted values and the character offset of every piece of ``full``;
         ``None`` unless pasting gives exactly ``full``."""
         shape = _shape(conv)
-        if shape is None or _MARK_RE.search(full):
+        if shape is None or any(mark in full for mark in _MARKS):  # (``in``: 20x a regex's speed)
             return None
         if shape not in self._skeletons:
             if len(self._skeletons) >= self._max_shapes:
