@@ -358,19 +358,19 @@ def worker_encoding(
     if tokenizer_file and os.path.isfile(tokenizer_file):
         loaded = load_worker_tokenizer(tokenizer_file)
         rust, specials, boundaries, found = loaded.rust, loaded.special_tokens, loaded.boundaries, loaded.fast
-        vocab = loaded.vocab
+        vocab, backend_json = loaded.vocab, loaded.backend_json
     else:  # e.g. another machine of a remote work directory: load it as the plan did
         key = TokenizerKey.of(tokenizer, revision)
         rust, boundaries, found = rust_tokenizer(key), segment_boundaries(key), fast_analysis(key)
         specials = special_tokens(load_hf_tokenizer(key))
-        vocab = None
+        vocab = backend_json = None
     fast = None
     if encoder == "fast":
         if isinstance(found, str):  # the plan proved it with the same tokenizer: its files changed since
             raise ConfigError(
                 f"tokenizer {tokenizer!r} changed after the plan: the fast encoder is not proven ({found})"
             )
-        fast = FastEncoder(rust, found, vocab, engine)
+        fast = FastEncoder(rust, found, vocab, engine, backend_json)
     return WorkerEncoding(rust, specials, boundaries, fast)
 
 

@@ -243,6 +243,50 @@ class WorkerTokenizer:
     boundaries: SegmentBoundaries | None
     fast: FastAnalysis | str
     vocab: tuple[dict[bytes, int], dict[str, int]] | None = None  # tiktoken's, where proven
+    backend_json: str | None = None  # the Rust tokenizer's JSON (what the fast engine reads)
+
+
+class LazyTokenizer:
+    """The library's Rust tokenizer, parsed from its JSON when first used: a worker whose fast encoder is
+    proven needs it only for texts the fast one hands back (parsing costs 0.3-0.7 s per process)."""
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._tokenizer: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle: not a tokenizer's
+            raise AttributeError(name)
+        if self._tokenizer is None:
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_str(self._text)
+            tokenizer.no_truncation()
+            tokenizer.no_padding()
+            self._tokenizer = tokenizer
+        return getattr(self._tokenizer, name)
+
+
+def boundaries_json(found: SegmentBoundaries | None) -> dict[str, Any] | None:
+    if found is None:
+        return None
+    return {
+        "ids": sorted(found.ids),
+        "contents": list(found.contents),
+        "longest": found.longest,
+        "every": list(found.every),
+    }
+
+
+def boundaries_from_json(data: dict[str, Any] | None) -> SegmentBoundaries | None:
+    if data is None:
+        return None
+    return SegmentBoundaries(
+        ids=frozenset(int(i) for i in data["ids"]),
+        contents=tuple(data["contents"]),
+        longest=int(data["longest"]),
+        every=tuple(data["every"]),
+    )
 
 
 def save_worker_tokenizer(key: TokenizerKey, directory: str | os.PathLike[str], fingerprint: str) -> str:
@@ -257,12 +301,14 @@ def save_worker_tokenizer(key: TokenizerKey, directory: str | os.PathLike[str], 
                 return path
     tok = load_hf_tokenizer(key)
     found = fast_analysis(key)
-    backend = rust_tokenizer(key).to_str()
+    rust = rust_tokenizer(key)
+    backend = rust.to_str()
     data = {
         "backend": backend,
         "special_tokens": special_tokens(tok),
         "fast": analysis_json(found),
         "analysis_version": ANALYSIS_VERSION,
+        "boundaries": boundaries_json(boundaries_of(rust)),  # so that a worker need not parse the backend
     }
     if not isinstance(found, str):
         data["fast_vocabulary"] = pack_vocabulary(*vocabulary(backend))
@@ -272,20 +318,17 @@ def save_worker_tokenizer(key: TokenizerKey, directory: str | os.PathLike[str], 
 
 @lru_cache(maxsize=4)
 def load_worker_tokenizer(path: str) -> WorkerTokenizer:
-    from tokenizers import Tokenizer
-
     with open(path, encoding="utf-8") as fh:
         data = json.load(fh)
-    rust = Tokenizer.from_str(data["backend"])
-    rust.no_truncation()
-    rust.no_padding()
+    rust = LazyTokenizer(data["backend"])
     packed = data.get("fast_vocabulary")
     return WorkerTokenizer(
         rust,
         dict(data["special_tokens"]),
-        boundaries_of(rust),
+        boundaries_from_json(data["boundaries"]) if "boundaries" in data else boundaries_of(rust),
         analysis_from_json(data["fast"]),
         None if packed is None else unpack_vocabulary(packed),
+        data["backend"],
     )
 
 

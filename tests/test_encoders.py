@@ -531,3 +531,32 @@ def test_a_workers_copy_from_before_the_fast_encoder_is_written_again(tmp_path):
     path = tk_module.save_worker_tokenizer(key, tmp_path, fingerprint)
     loaded = tk_module.load_worker_tokenizer(path)
     assert not isinstance(loaded.fast, str) and loaded.vocab is not None
+
+
+@pytest.mark.parametrize("name", ["dolma2", "tiny"])
+def test_a_workers_tokenizer_is_parsed_only_when_used(tmp_path, name):
+    """A worker reads the segment boundaries from its copy (written by the plan) and parses the library's
+    tokenizer only for a text the fast encoder hands back; a copy without the boundaries (older) still
+    gives them, from the tokenizer."""
+    from sftmix import tokenizer as tk_module
+
+    if name == "dolma2":
+        ensure_dolma2()
+    key = tk_module.TokenizerKey.of(str(GOLDEN / "tokenizers" / name), None)
+    fingerprint = tk_module.tokenizer_fingerprint(key)
+    path = tk_module.save_worker_tokenizer(key, tmp_path, fingerprint)
+    loaded = tk_module.load_worker_tokenizer(path)
+    rust = tk_module.rust_tokenizer(key)
+    assert loaded.boundaries == boundaries_of(rust)
+    fast = FastEncoder(loaded.rust, loaded.fast, loaded.vocab, None, loaded.backend_json)
+    fast.encode_batch(["Hello <|im_end|> world"])
+    assert loaded.rust._tokenizer is None  # nothing so far needed the library
+    assert (
+        loaded.rust.encode("Hi there", add_special_tokens=False).ids
+        == rust.encode("Hi there", add_special_tokens=False).ids
+    )
+    data = json.loads(Path(path).read_text())
+    del data["boundaries"]
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps(data))
+    assert tk_module.load_worker_tokenizer(str(older)).boundaries == boundaries_of(rust)
