@@ -19,10 +19,12 @@ from datetime import datetime
 from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
+from types import BuiltinMethodType
 from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.runtime
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import TemplateError
@@ -195,16 +197,37 @@ class _GenerationTracker(jinja2.ext.Extension):
         return text
 
 
+class _BuiltinCallContext(jinja2.runtime.Context):
+    """Jinja's context, calling a built-in method (``message.get(...)``, the commonest call in chat
+    templates) without first looking for the markers that ask Jinja to pass it the context: a built-in
+    has none. The rest is Jinja's own ``call``."""
+
+    def call(__self, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (Jinja's signature)
+        if type(__obj) is not BuiltinMethodType:
+            return super().call(__obj, *args, **kwargs)
+        kwargs.pop("_block_vars", None)
+        kwargs.pop("_loop_vars", None)
+        try:
+            return __obj(*args, **kwargs)
+        except StopIteration:
+            return __self.environment.undefined(
+                "value was undefined because a callable raised a StopIteration exception"
+            )
+
+
 @lru_cache(maxsize=16)
 def compile_template(text: str, trusted: bool = False) -> jinja2.Template:
     """Compile with transformers' settings; ``trusted`` (templates we carry) skips the sandbox's
-    per-attribute checks, which cost more than the rendering itself and change no output."""
+    per-attribute checks, which cost more than the rendering itself and change no output, and calls
+    built-in methods directly (``_BuiltinCallContext``; tests/test_templates.py renders both ways)."""
     options: dict = {
         "trim_blocks": True,
         "lstrip_blocks": True,
         "extensions": [jinja2.ext.loopcontrols, _GenerationTracker],
     }
     env = jinja2.Environment(**options) if trusted else ImmutableSandboxedEnvironment(**options)
+    if trusted:
+        env.context_class = _BuiltinCallContext
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
