@@ -331,11 +331,17 @@ def main() -> None:
         "(issue 32's target for the tokenizing phase: >= 0.5)"
     )
     print(f"naive/ours (speed-up)     {ours_rows_s / naive_rows_s:.1f}x")
-    print(
-        f"rerun cost                {warm['tokenize_seconds'] / cold['tokenize_seconds']:.3f} of the cold "
-        f"tokenizing time ({warm['slices_reused']}/{warm['slices_total']} slices reused; target <= 0.03); "
-        f"rerun wall {warm['wall']:.1f} s"
-    )
+    if "(up to date:" in warm["log"]:  # nothing rewritten: run_report.json is still the cold run's
+        print(
+            f"rerun cost                the output found up to date in {warm['wall']:.1f} s "
+            f"({warm['wall'] / cold['wall']:.3f} of the cold run's wall; nothing tokenized or written)"
+        )
+    else:
+        print(
+            f"rerun cost                {warm['tokenize_seconds'] / cold['tokenize_seconds']:.3f} of the cold "
+            f"tokenizing time ({warm['slices_reused']}/{warm['slices_total']} slices reused; target <= 0.03); "
+            f"rerun wall {warm['wall']:.1f} s"
+        )
 
     with mp.get_context("spawn").Pool(1, initializer=_init_worker, initargs=(tokenizer,)) as pool:
         lin = pool.apply(linearity, (chats[:2000], tokenizer, template))  # one core, as in a worker
