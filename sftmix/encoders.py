@@ -466,7 +466,8 @@ class FastEncoder:
         tokenizer_json: str | None = None,
     ) -> None:
         """``tokenizer_json``: ``rust.to_str()``, where the caller has it (0.1-0.3 s to make again)."""
-        if tokenizer_json is None and (vocab is None or fast_engine(analysis.pattern, engine) == "fastokens"):
+        self.engine = fast_engine(analysis.pattern, engine)
+        if tokenizer_json is None and (vocab is None or self.engine == "fastokens"):
             tokenizer_json = rust.to_str()
         ranks, added = vocab if vocab is not None else vocabulary(tokenizer_json)
         self.rust = rust
@@ -474,7 +475,6 @@ class FastEncoder:
         self.unsafe = frozenset(analysis.unsafe)
         self._vocab = ranks, added
         self._allowed = set(added)
-        self.engine = fast_engine(analysis.pattern, engine)
         self._ids = self._tiktoken_ids
         if self.engine == "fastokens":
             import fastokens

@@ -207,9 +207,8 @@ class LabelMasker:
                 enc.complete or enc.length > end or (self.max_len is not None and enc.length >= self.max_len)
             ):
                 continue  # the span's tokens are not all known yet
-            ids = enc.ids[: self.max_len]
             problem = self._verify(
-                conversations[p.row].messages, ids, enc, rendered[p.row], [(p.indices[0], start, end)]
+                conversations[p.row].messages, enc, rendered[p.row], [(p.indices[0], start, end)]
             )
             if problem is not None:
                 results[p.row].status, results[p.row].detail = RowStatus.SPAN_UNVERIFIED, problem
@@ -375,9 +374,7 @@ class LabelMasker:
                 s, e = max(0, start), min(end, n)
                 if s < e:
                     row.mask[s:e] = 1
-            problem = self._verify(
-                conversations[p.row].messages, row.ids, encs[p.row], rendered[p.row], spans
-            )
+            problem = self._verify(conversations[p.row].messages, encs[p.row], rendered[p.row], spans)
             if problem is not None:
                 row.mask[:] = 0
                 row.status, row.detail = RowStatus.SPAN_UNVERIFIED, problem
@@ -385,13 +382,13 @@ class LabelMasker:
     def _verify(
         self,
         messages: Sequence[dict],
-        ids: np.ndarray,
         enc: Encoded,
         rendered: str,
         spans: list[tuple[int, int, int]],
     ) -> str | None:
-        """The reference's check that each token-count span starts at, and covers, its content (``ids``:
-        the first tokens of ``enc``, the row's)."""
+        """The reference's check that each token-count span starts at, and covers, its content (in the
+        row's tokens, ``enc`` truncated to ``max_seq_length``)."""
+        ids = enc.ids[: self.max_len]
         n = ids.shape[0]
         # shortest content after each message: a decoded tail shorter than that cannot contain one
         shortest_after = [0] * (len(messages) + 1)

@@ -40,17 +40,10 @@ class SegmentBoundaries:
     longest: int  # characters of the longest added token (how far a match can look ahead)
     every: tuple[str, ...] = ()  # texts of every added token (the ones a cut must not straddle)
 
-    @property
+    @cached_property
     def pattern(self) -> re.Pattern[str]:
+        """(An attribute once read: ``cut`` asks for it a few times per assistant turn.)"""
         return _added_pattern(self.contents)
-
-    @cached_property
-    def _match(self) -> Callable[[str, int], re.Match[str] | None]:
-        return self.pattern.match
-
-    @cached_property
-    def _search(self) -> Callable[[str, int, int], re.Match[str] | None]:
-        return self.pattern.search
 
     @property
     def is_boundary(self) -> np.ndarray:
@@ -69,8 +62,9 @@ class SegmentBoundaries:
         """(tokens before the cut, tail to tokenize) for ``text``, exact for this tokenizer.
 
         ``starts``/``ends`` are the character offsets of the boundary tokens in ``full`` and ``index``
-        their positions among its tokens (lists are quicker to search than arrays). A cut at the end of such a token, or at its start when
-        ``text`` itself continues with an added token there, is a segment boundary in both strings.
+        their positions among its tokens (lists are quicker to search than arrays). A cut at the end of
+        such a token, or at its start when ``text`` itself continues with an added token there, is a
+        segment boundary in both strings.
         A pasted prefix of ``full`` is read only near the cut (never built whole: a long chat's
         prefixes together are quadratic).
         """
@@ -92,7 +86,7 @@ class SegmentBoundaries:
                 return int(index[j]) + 1, _part(text, end, length)
             near = _part(text, max(0, start - reach), start + self.longest)
             at = min(start, reach)
-            if self._match(near, at) and self._clean_before(near, at):
+            if self.pattern.match(near, at) and self._clean_before(near, at):
                 return int(index[j]), _part(text, start, length)
             j -= 1
         return 0, str(text)
@@ -101,7 +95,7 @@ class SegmentBoundaries:
         """No added-token match in ``text`` straddles position ``c`` (matches found as ``finditer``
         finds them from ``c - longest + 1``)."""
         at, stop = max(0, c - self.longest + 1), c + self.longest
-        while (m := self._search(text, at, stop)) is not None and m.start() < c:
+        while (m := self.pattern.search(text, at, stop)) is not None and m.start() < c:
             if m.end() > c:
                 return False
             at = m.end()

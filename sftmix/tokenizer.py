@@ -301,14 +301,13 @@ def save_worker_tokenizer(key: TokenizerKey, directory: str | os.PathLike[str], 
                 return path
     tok = load_hf_tokenizer(key)
     found = fast_analysis(key)
-    rust = rust_tokenizer(key)
-    backend = rust.to_str()
+    backend = rust_tokenizer(key).to_str()
     data = {
         "backend": backend,
         "special_tokens": special_tokens(tok),
         "fast": analysis_json(found),
         "analysis_version": ANALYSIS_VERSION,
-        "boundaries": boundaries_json(boundaries_of(rust)),  # so that a worker need not parse the backend
+        "boundaries": boundaries_json(segment_boundaries(key)),  # a worker need not parse the backend
     }
     if not isinstance(found, str):
         data["fast_vocabulary"] = pack_vocabulary(*vocabulary(backend))
