@@ -327,6 +327,18 @@ def submit(page: DevTools) -> dict[str, int]:
     return since
 
 
+#: Clicks on Submit again after the server answered 503: Prefect's SQLite server refuses a run whose
+#: transaction met another writer's commit ("database is locked", retryable, nothing created), which the
+#: UI shows as "Unknown error while creating flow run"; its Python client retries, the page does not.
+BUSY_RESUBMITS = 3
+
+
+def refused_as_busy(seen: dict[str, list]) -> bool:
+    """Whether the last run that Submit asked for was answered 503 (nothing was created)."""
+    created = [r for r in seen["requests"] if "/create_flow_run" in r["url"]]
+    return bool(created) and created[-1]["status"] == 503
+
+
 def find_browser() -> str:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
@@ -366,11 +378,21 @@ def submit_demo(out: Path, amounts: dict[int, str], output_dir: str, work_dir: s
             type_into(page, "Work directory", 0, work_dir)
         since = submit(page)
         deadline = time.monotonic() + 120
+        resubmits = 0
         with get_client(sync_client=True) as client:
             while True:
                 new = [r for r in client.read_flow_runs(deployment_filter=runs_filter) if r.id not in before]
                 if new:
                     return str(new[0].id)
+                if refused_as_busy(recorded(page, since)) and resubmits < BUSY_RESUBMITS:
+                    resubmits += 1
+                    sys.stderr.write(
+                        "Submit was answered 503 (Prefect's SQLite database was busy; no run was created): "
+                        f"clicking Submit again ({resubmits} of {BUSY_RESUBMITS}), as a person would\n"
+                    )
+                    time.sleep(1.0)
+                    since = submit(page)
+                    continue
                 if time.monotonic() > deadline:  # what the page says and did, for the log
                     capture(page, None, out / "after-submit.png", whole=True)
                     seen = recorded(page, since)
