@@ -33,6 +33,10 @@ follows merges or ranks); what it adds is a third regex engine, so it is used on
 splits tests/test_encoders.py compares in all three on random text, and the run's sample check, the
 random-text tests and the goldens run with either engine. Both give the same ids on every proven text; a
 text either refuses (lone surrogates) or whose ids hold an unsafe token still goes to the library.
+
+SentencePiece-style BPE (a Metaspace pre-tokenizer that does not split, or a normalizer that only turns
+spaces into the marker; byte fallback) has no tiktoken equivalent: fastokens alone encodes it, whatever
+the engine setting (:func:`_analyse_sentencepiece`).
 """
 
 from __future__ import annotations
@@ -108,6 +112,7 @@ class FastAnalysis:
     trim: Trim | None = None  # a ByteLevel post-processor's offset trimming, done as it does it
     decodes: bool = False  # tiktoken's decode (bytes, then UTF-8 with replacement) is the library's too
     nfc: bool = False  # an NFC normalizer: only texts already in NFC (where it changes nothing) are fast
+    metaspace: str | None = None  # SentencePiece-style BPE (no regex, no byte level): its prepend scheme
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -117,6 +122,7 @@ class FastAnalysis:
             "trim": None if self.trim is None else {"keep_first_space": self.trim.keep_first_space},
             "decodes": self.decodes,
             "nfc": self.nfc,
+            "metaspace": self.metaspace,
         }
 
     @classmethod
@@ -129,6 +135,7 @@ class FastAnalysis:
             None if trim is None else Trim(bool(trim["keep_first_space"])),
             bool(data.get("decodes", False)),
             bool(data.get("nfc", False)),
+            data.get("metaspace"),
         )
 
 
@@ -152,6 +159,9 @@ def analyse(tokenizer_json: str | dict[str, Any]) -> FastAnalysis:
         raise Unproven(f"its model is {model.get('type')!r}, not BPE")
     if model.get("dropout") not in (None, 0, 0.0):
         raise Unproven("its BPE has dropout")
+    scheme = _metaspace_scheme(data.get("normalizer"), data.get("pre_tokenizer"))
+    if scheme is not None:
+        return _analyse_sentencepiece(data, scheme)
     if model.get("byte_fallback"):
         raise Unproven("its BPE falls back to byte tokens")
     if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
@@ -168,6 +178,76 @@ def analyse(tokenizer_json: str | dict[str, Any]) -> FastAnalysis:
     trim = None if not trims else Trim(keep_first_space=trims[0])
     decodes = _decodes_as_bytes(data.get("decoder"), added)
     return FastAnalysis(pattern, tuple(_unsafe_tokens(ranks, index)), one_merge, trim, decodes, nfc)
+
+
+#: SentencePiece's word marker: a space is this character, and a text's first word starts with one.
+METASPACE = "\u2581"
+#: Metaspace prepend schemes encoded fast: ``first`` (a marker before the text, unless it starts with an
+#: added token or a space) and ``never``. ``always`` (a marker after every added token) is not, yet.
+METASPACE_SCHEMES = ("first", "never")
+
+
+def _metaspace_scheme(normalizer: Any, pre: Any) -> str | None:
+    """The prepend scheme of a SentencePiece-style pipeline: a Metaspace pre-tokenizer that does not split
+    (transformers' Llama, Mistral and Gemma conversions), or a normalizer that only turns spaces into the
+    marker with no pre-tokenizer (``never``); None for any other shape (then no Metaspace is involved)."""
+    replace = {"type": "Replace", "pattern": {"String": " "}, "content": METASPACE}
+    if normalizer == replace and pre is None:
+        return "never"
+    if _kind(pre) != "Metaspace":
+        if _mentions_metaspace(pre):
+            raise Unproven("it uses a Metaspace step in a pipeline of other steps")
+        if METASPACE in json.dumps(normalizer, ensure_ascii=False):
+            raise Unproven("its normalizer writes SentencePiece's marker among other steps (the legacy form)")
+        return None
+    if normalizer is not None:
+        raise Unproven(f"it has a normalizer ({_kind(normalizer)}) before its Metaspace pre-tokenizer")
+    if pre.get("replacement") != METASPACE or pre.get("split", True):
+        raise Unproven("its Metaspace pre-tokenizer splits words apart or marks them with another character")
+    scheme = pre.get("prepend_scheme")
+    if scheme not in METASPACE_SCHEMES:
+        raise Unproven(f"its Metaspace pre-tokenizer's prepend_scheme is {scheme!r}, not first or never")
+    return str(scheme)
+
+
+def _mentions_metaspace(node: Any) -> bool:
+    if isinstance(node, dict):
+        return node.get("type") == "Metaspace" or any(_mentions_metaspace(v) for v in node.values())
+    return isinstance(node, list) and any(_mentions_metaspace(v) for v in node)
+
+
+#: A byte-fallback token's piece: ``<0x0A>`` is the byte 10.
+BYTE_PIECES = tuple(f"<0x{b:02X}>" for b in range(256))
+
+
+def _analyse_sentencepiece(data: dict[str, Any], scheme: str) -> FastAnalysis:
+    """SentencePiece-style BPE: spaces become the marker, no regex splits the text (each run between added
+    tokens is one word), merges by the library's rule, and a character outside the vocabulary becomes its
+    UTF-8 bytes' tokens. fastokens implements that pipeline from ``tokenizer.json`` except the Metaspace
+    step, which is two plain edits: its Replace normalizer, and the marker prepended here as a space
+    (:meth:`FastEncoder.prepends`). No merge proof like tiktoken's is needed (both run the same merge rule
+    on the same list); the pipeline is held to the library by the random-text tests, the chats of
+    tests/test_encoders.py, and every run's sample check."""
+    model = data["model"]
+    if not model.get("byte_fallback"):
+        raise Unproven("its Metaspace BPE has no byte fallback (unknown characters become <unk>)")
+    if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        raise Unproven("its BPE marks word pieces with a prefix or suffix")
+    if model.get("ignore_merges"):
+        raise Unproven("its BPE takes whole words from the vocabulary before merging (ignore_merges)")
+    if _post_processor_trims(data.get("post_processor")):
+        raise Unproven("its post-processor trims offsets")
+    added = _added_tokens(data.get("added_tokens") or [], prefixes=True)
+    vocab = model.get("vocab") or {}
+    if any(piece not in vocab for piece in BYTE_PIECES):
+        raise Unproven("its vocabulary lacks some of the 256 byte-fallback tokens")
+    if any(vocab.get(text, i) != i for text, i in added.items()):
+        raise Unproven("an added token's text is a vocabulary entry with another id")
+    try:
+        import fastokens  # noqa: F401
+    except ImportError:
+        raise Unproven("SentencePiece-style BPE is fast only with fastokens, not installed here") from None
+    return FastAnalysis("", (), False, metaspace=scheme)
 
 
 def _nfc_only(normalizer: Any) -> bool:
@@ -244,7 +324,9 @@ def _post_processor_trims(node: Any) -> list[bool]:
     raise Unproven(f"its post-processor is {kind!r}")
 
 
-def _added_tokens(tokens: list[dict[str, Any]]) -> dict[str, int]:
+def _added_tokens(tokens: list[dict[str, Any]], prefixes: bool = False) -> dict[str, int]:
+    """Added tokens matched as plain text. ``prefixes``: one may be a prefix of another (fastokens, like the
+    library, takes the longest match; tiktoken's regex would take the first)."""
     added: dict[str, int] = {}
     for t in tokens:
         content = t.get("content", "")
@@ -254,7 +336,7 @@ def _added_tokens(tokens: list[dict[str, Any]]) -> dict[str, int]:
             if t.get(flag):
                 raise Unproven(f"added token {content!r} is {flag}")
         added[content] = int(t["id"])
-    ordered = sorted(added)
+    ordered = [] if prefixes else sorted(added)
     for a, b in zip(ordered, ordered[1:], strict=False):
         if b.startswith(a):
             raise Unproven(f"added token {a!r} is a prefix of {b!r} (first and longest match may differ)")
@@ -371,7 +453,7 @@ class FastEncoding:
     def added_token_chars(self, tokens: np.ndarray) -> np.ndarray:
         """:attr:`offsets` of the added tokens at positions ``tokens`` (ascending), as (n, 2), without
         every token's (an added token covers whole characters; where offsets are trimmed, all are made)."""
-        if self._offsets is not None or self._encoder.trim is not None:
+        if self._offsets is not None or self._encoder.trim is not None or self._encoder.analysis.metaspace:
             return self.offsets[tokens]
         lengths = self._encoder.lengths[self.ids]
         ends = np.cumsum(lengths)[tokens]
@@ -404,7 +486,7 @@ def char_offsets(text: str, token_bytes: np.ndarray) -> np.ndarray:
 
 
 #: Bump when :func:`analyse` proves something else: cached proofs of the old one are not used.
-ANALYSIS_VERSION = 2
+ANALYSIS_VERSION = 3
 
 
 def vocabulary(tokenizer_json: str) -> tuple[dict[bytes, int], dict[str, int]]:
@@ -432,6 +514,15 @@ def unpack_vocabulary(packed: dict[str, Any]) -> tuple[dict[bytes, int], dict[st
         ranks[blob[at : at + length]] = i
         at += length
     return ranks, {str(k): int(v) for k, v in packed["added"].items()}
+
+
+def _fastokens_from(tokenizer_json: str) -> Any:
+    import fastokens
+
+    tokenizer = fastokens.Tokenizer.from_json_str(tokenizer_json)
+    tokenizer.no_truncation()  # the file's settings would apply to every text
+    tokenizer.no_padding()
+    return tokenizer
 
 
 def fast_engine(pattern: str, requested: str | None = None) -> str:
@@ -466,26 +557,26 @@ class FastEncoder:
         tokenizer_json: str | None = None,
     ) -> None:
         """``tokenizer_json``: ``rust.to_str()``, where the caller has it (0.1-0.3 s to make again)."""
+        self.rust = rust
+        self.analysis = analysis
+        self.unsafe = frozenset(analysis.unsafe)
+        self.trim = analysis.trim
+        self.fallbacks = 0  # texts the tokenizers library encoded
+        if analysis.metaspace:
+            self._init_sentencepiece(rust.to_str() if tokenizer_json is None else tokenizer_json)
+            return
         self.engine = fast_engine(analysis.pattern, engine)
         if tokenizer_json is None and (vocab is None or self.engine == "fastokens"):
             tokenizer_json = rust.to_str()
         ranks, added = vocab if vocab is not None else vocabulary(tokenizer_json)
-        self.rust = rust
-        self.analysis = analysis
-        self.unsafe = frozenset(analysis.unsafe)
         self._vocab = ranks, added
         self._allowed = set(added)
         self._ids = self._tiktoken_ids
         if self.engine == "fastokens":
-            import fastokens
-
-            self._fastokens = fastokens.Tokenizer.from_json_str(tokenizer_json)
-            self._fastokens.no_truncation()  # the file's settings would apply to every text
-            self._fastokens.no_padding()
+            self._fastokens = _fastokens_from(tokenizer_json)
             self._ids = self._fastokens_ids
         size = max([*ranks.values(), *added.values()]) + 1
         self.lengths = np.zeros(size, dtype=np.int64)
-        self.trim = analysis.trim
         self.leading, self.trailing = np.zeros(size, np.int64), np.zeros(size, np.int64)
         tokens, ids = list(ranks), np.fromiter(ranks.values(), dtype=np.int64, count=len(ranks))
         self.lengths[ids] = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
@@ -498,7 +589,58 @@ class FastEncoder:
             self.lengths[i] = len(text.encode("utf-8"))
         self._unsafe_ids = np.zeros(size, dtype=bool)
         self._unsafe_ids[sorted(self.unsafe)] = True
-        self.fallbacks = 0  # texts the tokenizers library encoded
+
+    def _init_sentencepiece(self, tokenizer_json: str) -> None:
+        """fastokens with the Metaspace step as its Replace normalizer (the marker is prepended as a space:
+        :meth:`prepends`), and each token's length in the text's own bytes: a marker is one byte (a space)
+        where the text has no marker of its own, a byte-fallback token one byte."""
+        data = json.loads(tokenizer_json)
+        added = {t["content"]: int(t["id"]) for t in data.get("added_tokens") or []}
+        vocab: dict[str, int] = data["model"]["vocab"]
+        data["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": METASPACE}
+        data["pre_tokenizer"] = None
+        self.engine = "fastokens"
+        self._fastokens = _fastokens_from(json.dumps(data))
+        self._ids = self._sentencepiece_ids
+        self._vocab = {}, added
+        self._starts = tuple(added)
+        self._first_chars = frozenset(t[0] for t in added)
+        size = max([*vocab.values(), *added.values()]) + 1
+        self.marked = np.zeros(size, dtype=np.int64)  # with markers as 3 bytes (texts that have their own)
+        self.lengths = np.zeros(size, dtype=np.int64)
+        bytes_ = set(BYTE_PIECES)
+        for piece, i in vocab.items():
+            self.marked[i] = 1 if piece in bytes_ else len(piece.encode("utf-8"))
+            self.lengths[i] = 1 if piece in bytes_ else self.marked[i] - 2 * piece.count(METASPACE)
+        for text, i in added.items():
+            self.marked[i] = self.lengths[i] = len(text.encode("utf-8"))
+        self._unsafe_ids = np.zeros(size, dtype=bool)
+
+    def prepends(self, text: str) -> bool:
+        """Whether Metaspace's ``first`` scheme puts a marker before this text: it is not empty, its first
+        run is not an added token (added tokens are matched before the pre-tokenizer runs) and it does not
+        already start with a marker (a space becomes one)."""
+        if self.analysis.metaspace != "first" or not text or text[0] in (" ", METASPACE):
+            return False
+        return not (text[0] in self._first_chars and text.startswith(self._starts))
+
+    def _sentencepiece_ids(self, text: str) -> np.ndarray:
+        buffer, _ = self._fastokens.encode_batch_flat([" " + text if self.prepends(text) else text])
+        return np.frombuffer(buffer, dtype=np.uint32).astype(np.int64)
+
+    def _sentencepiece_offsets(self, text: str, ids: np.ndarray) -> np.ndarray:
+        """Offsets in the text as encoded (with its prepended space), then one character back: the
+        prepended marker is aligned, as the library aligns it, with the text's first character."""
+        prepended = self.prepends(text)
+        fed = " " + text if prepended else text
+        if METASPACE in fed:  # the text's own markers are 3 bytes: count in the text as the engine saw it
+            out = char_offsets(fed.replace(" ", METASPACE), self.marked[ids])
+        else:
+            out = char_offsets(fed, self.lengths[ids])
+        if prepended and out.shape[0]:
+            out = np.maximum(out - 1, 0)
+            out[0, 1] = max(int(out[0, 1]), 1)
+        return out
 
     @cached_property
     def encoding(self) -> Any:
@@ -516,6 +658,8 @@ class FastEncoder:
         return self.encoding._core_bpe  # the per-text call, without encode()'s checks per text
 
     def offsets(self, text: str, ids: np.ndarray) -> np.ndarray:
+        if self.analysis.metaspace:
+            return self._sentencepiece_offsets(text, ids)
         out = char_offsets(text, self.lengths[ids])
         if self.trim is not None and ids.shape[0]:
             start, end = out[:, 0], out[:, 1]

@@ -337,13 +337,15 @@ def _prove_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, 
         if (differ := same_encodings(encoding.rust, encoding.fast, texts)) is not None:
             problem = f"the two encoders disagree on a sample row of this run ({differ})"
     if problem is None:
+        assert not isinstance(found, str)
+        if found.metaspace:
+            how = f"SentencePiece-style BPE, prepend scheme {found.metaspace}; this run's sample rows agree"
+        elif found.one_merge_per_token and not found.unsafe:
+            how = "every token checked"
+        else:
+            how = f"texts with any of {len(found.unsafe)} tokens go to the tokenizers library"
         logger.info(
-            "encoder: %s, proven the same tokenizer as %s (%s)",
-            encoding.engine,
-            tk.name_or_path,
-            "every token checked"
-            if found.one_merge_per_token and not found.unsafe  # type: ignore[union-attr]
-            else f"texts with any of {len(found.unsafe)} tokens go to the tokenizers library",  # type: ignore[union-attr]
+            "encoder: %s, proven the same tokenizer as %s (%s)", encoding.engine, tk.name_or_path, how
         )
         return "fast"
     if spec.encoder == "fast":

@@ -193,14 +193,20 @@ def boundaries_of(rust: Any) -> SegmentBoundaries | None:
 
 @lru_cache(maxsize=4)
 def fast_analysis(key: TokenizerKey) -> FastAnalysis | str:
-    """The proof that tiktoken encodes as this tokenizer does, or why there is none. Proving checks every
-    token (1-3 s), so the result is kept in the user's cache under the tokenizer's fingerprint, the
-    proof's version and tiktoken's: a machine proves each tokenizer once."""
+    """The proof that the fast encoder encodes as this tokenizer does, or why there is none. Proving checks
+    every token (1-3 s), so the result is kept in the user's cache under the tokenizer's fingerprint, the
+    proof's version, tiktoken's and fastokens': a machine proves each tokenizer once."""
     import tiktoken
 
     from .storage import atomic_write_bytes
 
-    name = f"{tokenizer_fingerprint(key)}-v{ANALYSIS_VERSION}-tiktoken{tiktoken.__version__}.json"
+    try:
+        from importlib.metadata import version
+
+        fastokens = version("fastokens")
+    except Exception:  # not installed (SentencePiece-style tokenizers are unproven without it)
+        fastokens = "none"
+    name = f"{tokenizer_fingerprint(key)}-v{ANALYSIS_VERSION}-tiktoken{tiktoken.__version__}-fastokens{fastokens}.json"
     cached = proofs_dir() / name
     try:
         return analysis_from_json(json.loads(cached.read_text(encoding="utf-8")))
@@ -309,7 +315,7 @@ def save_worker_tokenizer(key: TokenizerKey, directory: str | os.PathLike[str], 
         "analysis_version": ANALYSIS_VERSION,
         "boundaries": boundaries_json(segment_boundaries(key)),  # a worker need not parse the backend
     }
-    if not isinstance(found, str):
+    if not isinstance(found, str) and not found.metaspace:  # tiktoken's ranks (SentencePiece has none)
         data["fast_vocabulary"] = pack_vocabulary(*vocabulary(backend))
     atomic_write_bytes(path, json.dumps(data).encode("utf-8"))
     return path

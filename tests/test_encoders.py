@@ -22,6 +22,7 @@ from sftmix.encoders import (
     BYTE_LEVEL_PATTERN,
     ENGINE_ENV,
     ENGINES,
+    METASPACE,
     PROVEN_PATTERNS,
     FastEncoder,
     Unproven,
@@ -37,7 +38,14 @@ from sftmix.segments import PrefixEncoder
 from sftmix.templates import ChatRenderer, named_template
 from sftmix.tokenizer import boundaries_of
 from tests.test_labels import conversation
-from tests.tokenizer_fixtures import DOLMA2_DIR, GOLDEN, ensure_dolma2, llama3_dir, tekken_dir
+from tests.tokenizer_fixtures import (
+    DOLMA2_DIR,
+    GOLDEN,
+    ensure_dolma2,
+    llama3_dir,
+    mistral_sp_dir,
+    tekken_dir,
+)
 
 TINY_DIR = GOLDEN / "tokenizers" / "tiny"
 
@@ -64,6 +72,21 @@ def _variant(name: str) -> dict:
     return data
 
 
+def _mistral_json() -> dict:
+    return json.loads((mistral_sp_dir() / "tokenizer.json").read_text(encoding="utf-8"))
+
+
+def _sentencepiece(name: str) -> dict:
+    """Mistral v3's SentencePiece vocabulary behind each Metaspace shape we encode fast."""
+    data = _mistral_json()
+    if name == "mistral-v3-never":  # Metaspace that marks no first word
+        data["pre_tokenizer"]["prepend_scheme"] = "never"
+    elif name == "sp-replace-normalizer":  # Gemma's shape: spaces become markers in the normalizer
+        data["pre_tokenizer"] = None
+        data["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": METASPACE}
+    return data
+
+
 def _byte_level(add_prefix_space: bool) -> dict:
     return {
         "type": "ByteLevel",
@@ -85,7 +108,12 @@ TOKENIZERS = [
     "gpt2-byte-level",
     "isolated-split",
     "trimming-post-processor",
+    "mistral-v3",
+    "mistral-v3-never",
+    "sp-replace-normalizer",
 ]
+#: SentencePiece-style tokenizers: fastokens is their only engine (tiktoken has no such pipeline).
+SENTENCEPIECE = ("mistral-v3", "mistral-v3-never", "sp-replace-normalizer")
 
 
 @cache
@@ -98,12 +126,16 @@ def encoders(name: str, engine: str = "auto") -> tuple[Tokenizer, FastEncoder]:
         text = (llama3_dir() / "tokenizer.json").read_text(encoding="utf-8")
     elif name == "tekken":
         text = (tekken_dir() / "tokenizer.json").read_text(encoding="utf-8")
+    elif name in SENTENCEPIECE:
+        text = json.dumps(_sentencepiece(name))
     else:
         text = json.dumps(_variant(name))
     rust = Tokenizer.from_str(text)
     rust.no_truncation()
     rust.no_padding()
-    if engine == "fastokens":
+    if name in SENTENCEPIECE and engine == "tiktoken":
+        pytest.skip("tiktoken cannot encode SentencePiece-style BPE")
+    if engine == "fastokens" or name in SENTENCEPIECE:
         pytest.importorskip("fastokens")  # a dependency only where it has wheels (pyproject.toml)
     fast = FastEncoder(rust, analyse(text), engine=engine)
     assert engine == "auto" or fast.engine == engine, f"{engine} is not used for {name}"
@@ -175,6 +207,12 @@ FRAGMENTS = [
     "²",
     "٣٤٥٦",
     "𝟘𝟙",
+    # SentencePiece: the text's own word markers, next to spaces or alone
+    "▁",
+    " ▁",
+    "▁▁x",
+    "[INST]",
+    "[REFERENCE_DOC_1]0",
 ]
 
 
@@ -404,6 +442,123 @@ def test_tokenizers_that_are_not_tiktokens_are_refused(case):
         analyse(_broken(change))
 
 
+def _metaspace(d: dict, **changes) -> None:
+    d["pre_tokenizer"].update(changes)
+
+
+REFUSED_SENTENCEPIECE = {
+    "a marker after every added token": (lambda d: _metaspace(d, prepend_scheme="always"), "always"),
+    "a Metaspace that splits words": (lambda d: _metaspace(d, split=True), "splits words apart"),
+    "another marker": (lambda d: _metaspace(d, replacement="_"), "another character"),
+    "no byte fallback": (lambda d: d["model"].update(byte_fallback=False), "byte fallback"),
+    "a byte piece missing": (lambda d: d["model"]["vocab"].pop("<0x0A>"), "256 byte-fallback"),
+    "whole words first": (lambda d: d["model"].update(ignore_merges=True), "ignore_merges"),
+    "dropout": (lambda d: d["model"].update(dropout=0.1), "dropout"),
+    "a normalizer before Metaspace": (
+        lambda d: d.update(normalizer={"type": "NFKC"}),
+        "normalizer \\(NFKC\\)",
+    ),
+    "the legacy normalizer (a marker before every run)": (
+        lambda d: d.update(
+            pre_tokenizer=None,
+            normalizer={
+                "type": "Sequence",
+                "normalizers": [
+                    {"type": "Prepend", "prepend": METASPACE},
+                    {"type": "Replace", "pattern": {"String": " "}, "content": METASPACE},
+                ],
+            },
+        ),
+        "legacy",
+    ),
+    "Metaspace among other steps": (
+        lambda d: d.update(
+            pre_tokenizer={"type": "Sequence", "pretokenizers": [{"type": "Digits"}, d["pre_tokenizer"]]}
+        ),
+        "other steps",
+    ),
+    "an rstrip added token": (lambda d: d["added_tokens"][3].update(rstrip=True), "rstrip"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_SENTENCEPIECE))
+def test_sentencepiece_shapes_not_proven_are_refused(case):
+    change, words = REFUSED_SENTENCEPIECE[case]
+    data = _mistral_json()
+    change(data)
+    with pytest.raises(Unproven, match=words):
+        analyse(data)
+
+
+def test_sentencepiece_needs_fastokens(monkeypatch):
+    """Where fastokens has no wheel, a SentencePiece-style tokenizer goes to the library: the run says why."""
+    import sys
+
+    assert analyse(_mistral_json()).metaspace == "first"
+    monkeypatch.setitem(sys.modules, "fastokens", None)
+    with pytest.raises(Unproven, match="fast only with fastokens"):
+        analyse(_mistral_json())
+
+
+@pytest.mark.parametrize("name", ["mistral-v3", "sp-replace-normalizer"])
+def test_sentencepiece_marks_and_offsets_where_the_library_does(name):
+    """The first word's marker (not after an added token, nor before a space or the text's own marker),
+    its offsets on the first character even as a token of its own (before byte-fallback tokens), and the
+    text's own markers counted as three bytes: ids and offsets as the library gives them, on the fast path."""
+    rust, fast = encoders(name)
+    texts = [
+        "Hi",
+        " Hi",
+        "▁Hi",
+        "[INST] Hi",
+        "[INST]Hi",
+        "😀 x",
+        "𝟘",
+        "a ▁ b",
+        "\n\nx",
+        "[REFERENCE_DOC_1]0 y",
+    ]
+    assert_same(rust, fast, texts)
+    assert fast.fallbacks == 0
+    if name == "mistral-v3":
+        assert [fast.prepends(t) for t in texts[:5]] == [True, False, False, False, False]
+        [enc] = fast.encode_batch(["😀"])
+        assert enc.offsets[0].tolist() == [0, 1] and rust.id_to_token(int(enc.ids[0])) == METASPACE
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    convs=st.lists(conversation, min_size=1, max_size=5),
+    template=st.sampled_from(["tulu", "zephyr", "simple_concat_with_space"]),
+    max_len=st.sampled_from([None, 12, 48]),
+    drop=st.booleans(),
+)
+def test_sentencepiece_rows_are_the_librarys(convs, template, max_len, drop):
+    """Mistral v3's SentencePiece rows of random chats (no segment cuts: a Metaspace tokenizer's runs
+    are not independent): ids, mask, status and the reason of a drop, as the library gives them."""
+    rust, fast = encoders("mistral-v3")
+    renderer = ChatRenderer(named_template(template), {"eos_token": "</s>", "bos_token": "<s>"})
+    assert boundaries_of(rust) is None
+    rows = []
+    for encode in (lambda t: rust.encode_batch(t, add_special_tokens=False), fast.encode_batch):
+        masker = LabelMasker(
+            renderer,
+            encode,
+            lambda ids: rust.decode(ids, skip_special_tokens=False),
+            max_len,
+            None,
+            drop_untrainable=drop,
+        )
+        rows.append(
+            [
+                (r.status, r.detail)
+                + ((r.ids.tolist(), r.mask.tolist()) if r.status == 0 or not drop else ())
+                for r in masker.tokenize(convs)
+            ]
+        )
+    assert rows[0] == rows[1]
+
+
 def test_encoder_fast_refuses_before_work_and_auto_falls_back(tmp_path, caplog):
     folder = tmp_path / "tok"
     shutil.copytree(DOLMA2_DIR, folder)
@@ -504,6 +659,42 @@ def test_the_default_run_on_llama3_uses_the_fast_encoder(tmp_path):
         output=OutputSpec(path=str(tmp_path / "out")),
     )
     assert build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work"))).context.encoder == "fast"
+
+
+def test_the_default_run_on_a_sentencepiece_tokenizer_uses_the_fast_encoder(tmp_path):
+    """Mistral v3 (Metaspace, byte fallback), as transformers loads it: proven, checked on the run's sample
+    rows, and its workers' copy (no tiktoken vocabulary) builds the same encoder."""
+    pytest.importorskip("fastokens")
+    from sftmix import tokenizer as tk_module
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": f"q{i} é 😀 ▁"},
+                        {"role": "assistant", "content": f" a{i}"},
+                    ]
+                }
+            )
+            + "\n"
+            for i in range(40)
+        )
+    )
+    mixer = MixerConfig(
+        datasets=[DatasetEntry(path=str(rows), amount=1.0)],
+        tokenizer=TokenizerSpec(name_or_path=str(mistral_sp_dir()), chat_template="tulu"),
+        output=OutputSpec(path=str(tmp_path / "out")),
+    )
+    plan = build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work")))
+    assert plan.context.encoder == "fast"
+    loaded = tk_module.load_worker_tokenizer.__wrapped__(plan.context.tokenizer_file)  # a worker's own
+    assert loaded.vocab is None and loaded.fast.metaspace == "first"
+    fast = FastEncoder(loaded.rust, loaded.fast, loaded.vocab, None, loaded.backend_json)
+    rust, _ = encoders("mistral-v3")
+    assert_same(rust, fast, ["<s>[INST] Hi ▁ 😀[/INST] Hello</s>"])
+    assert loaded.rust._tokenizer is None  # nothing so far needed the library
 
 
 def test_a_proof_is_kept_per_tokenizer_and_a_spoiled_one_is_proved_again(tmp_path, monkeypatch):

@@ -134,5 +134,45 @@ def tekken_dir() -> Path:
     )
 
 
+MISTRAL_SP = ("mistral-common==1.13.1", "mistral_common/data/mistral_instruct_tokenizer_240323.model.v3")
+
+
+def mistral_sp_dir() -> Path:
+    """Mistral's v3 SentencePiece model (Mistral-7B-Instruct-v0.3's: BPE, byte fallback, 32,768 pieces;
+    from the mistral-common wheel) as transformers' Llama tokenizer builds it from the model's pieces:
+    vocabulary and merges by ``generate_merges``, a Metaspace pre-tokenizer (``first``), the control and
+    user-defined pieces as added tokens. Read with protobuf (the model is a protobuf message), so the
+    ``sentencepiece`` package is not needed. Cached."""
+    target = cache_dir() / "mistral-v3"
+    if (target / "tokenizer.json").exists():
+        return target
+    from tokenizers import AddedToken
+    from transformers import LlamaTokenizer
+    from transformers.convert_slow_tokenizer import import_protobuf
+    from transformers.tokenization_utils_base import generate_merges
+
+    model = import_protobuf().ModelProto()
+    model.ParseFromString(wheel_member(*MISTRAL_SP).read_bytes())
+    vocab = {piece.piece: i for i, piece in enumerate(model.pieces)}
+    tok = LlamaTokenizer(
+        vocab=vocab, merges=generate_merges(vocab), bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    unknown, control, user_defined = 2, 3, 4  # sentencepiece's ModelProto.SentencePiece.Type
+    tok.add_tokens(
+        [
+            AddedToken(p.piece, special=p.type != user_defined, normalized=False)
+            for p in model.pieces
+            if p.type in (unknown, control, user_defined)
+        ],
+        special_tokens=False,
+    )
+    tmp = target.with_name(target.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tok.save_pretrained(str(tmp))
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    return target
+
+
 if __name__ == "__main__":
     print(ensure_dolma2())
