@@ -212,7 +212,7 @@ def main() -> None:
             )
         )
     print(
-        "\nlimit: render + the tokenizers library's encode_batch; fast lim: render + tiktoken (the fast encoder); "
+        "\nlimit: render + the tokenizers library's encode_batch; fast lim: render + the fast encoder (fastokens where installed); "
         "ours s: the whole command (start-up, tokenizing, assemble/validate/check, publish, exit); "
         "tail: the rest of it after start-up (by the command's own clock) and tokenizing, i.e. assemble, "
         "validate, check, publish, exit and the interpreter's own start; ours tokens are after truncation and drops, the limit's before; "

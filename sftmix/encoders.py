@@ -182,23 +182,29 @@ def analyse(tokenizer_json: str | dict[str, Any]) -> FastAnalysis:
 
 #: SentencePiece's word marker: a space is this character, and a text's first word starts with one.
 METASPACE = "\u2581"
-#: Metaspace prepend schemes encoded fast: ``first`` (a marker before the text, unless it starts with an
-#: added token or a space) and ``never``. ``always`` (a marker after every added token) is not, yet.
-METASPACE_SCHEMES = ("first", "never")
+#: Where SentencePiece-style pipelines put a marker the text lacks: Metaspace's schemes ``first`` (before
+#: the text, unless it starts with an added token or a space), ``always`` (the same before every run between
+#: added tokens) and ``never``; ``prepend``, a Prepend normalizer (the legacy form: before every run, even
+#: one that starts with a space).
+METASPACE_SCHEMES = ("first", "always", "never")
 
 
 def _metaspace_scheme(normalizer: Any, pre: Any) -> str | None:
     """The prepend scheme of a SentencePiece-style pipeline: a Metaspace pre-tokenizer that does not split
-    (transformers' Llama, Mistral and Gemma conversions), or a normalizer that only turns spaces into the
-    marker with no pre-tokenizer (``never``); None for any other shape (then no Metaspace is involved)."""
+    (transformers' Llama, Mistral and Gemma conversions), a normalizer that only turns spaces into the
+    marker (``never``, Gemma's), or one that prepends a marker first (``prepend``, Llama-2's and Mistral's
+    legacy ``tokenizer.json``), with no pre-tokenizer; None for any other shape (no marker involved)."""
     replace = {"type": "Replace", "pattern": {"String": " "}, "content": METASPACE}
-    if normalizer == replace and pre is None:
+    if pre is None and normalizer == replace:
         return "never"
+    legacy = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": METASPACE}, replace]}
+    if pre is None and normalizer == legacy:
+        return "prepend"
     if _kind(pre) != "Metaspace":
         if _mentions_metaspace(pre):
             raise Unproven("it uses a Metaspace step in a pipeline of other steps")
         if METASPACE in json.dumps(normalizer, ensure_ascii=False):
-            raise Unproven("its normalizer writes SentencePiece's marker among other steps (the legacy form)")
+            raise Unproven("its normalizer writes SentencePiece's marker in steps other than the known forms")
         return None
     if normalizer is not None:
         raise Unproven(f"it has a normalizer ({_kind(normalizer)}) before its Metaspace pre-tokenizer")
@@ -206,7 +212,7 @@ def _metaspace_scheme(normalizer: Any, pre: Any) -> str | None:
         raise Unproven("its Metaspace pre-tokenizer splits words apart or marks them with another character")
     scheme = pre.get("prepend_scheme")
     if scheme not in METASPACE_SCHEMES:
-        raise Unproven(f"its Metaspace pre-tokenizer's prepend_scheme is {scheme!r}, not first or never")
+        raise Unproven(f"its Metaspace pre-tokenizer's prepend_scheme is {scheme!r}")
     return str(scheme)
 
 
@@ -224,10 +230,12 @@ def _analyse_sentencepiece(data: dict[str, Any], scheme: str) -> FastAnalysis:
     """SentencePiece-style BPE: spaces become the marker, no regex splits the text (each run between added
     tokens is one word), merges by the library's rule, and a character outside the vocabulary becomes its
     UTF-8 bytes' tokens. fastokens implements that pipeline from ``tokenizer.json`` except the Metaspace
-    step, which is two plain edits: its Replace normalizer, and the marker prepended here as a space
-    (:meth:`FastEncoder.prepends`). No merge proof like tiktoken's is needed (both run the same merge rule
-    on the same list); the pipeline is held to the library by the random-text tests, the chats of
-    tests/test_encoders.py, and every run's sample check."""
+    step, which is two plain edits: its Replace normalizer, and the marker a run lacks inserted here as a
+    space (:meth:`FastEncoder._sentencepiece_encode`; with ``always``, after a first encode has shown where
+    the added tokens are, only when a later run needs one); a Prepend normalizer fastokens runs itself. No
+    merge proof like tiktoken's is needed (both run the same merge rule on the same list); the pipeline is
+    held to the library by the random-text tests, the chats of tests/test_encoders.py, and every run's
+    sample check."""
     model = data["model"]
     if not model.get("byte_fallback"):
         raise Unproven("its Metaspace BPE has no byte fallback (unknown characters become <unk>)")
@@ -243,6 +251,8 @@ def _analyse_sentencepiece(data: dict[str, Any], scheme: str) -> FastAnalysis:
         raise Unproven("its vocabulary lacks some of the 256 byte-fallback tokens")
     if any(vocab.get(text, i) != i for text, i in added.items()):
         raise Unproven("an added token's text is a vocabulary entry with another id")
+    if scheme in ("first", "always") and any(text.startswith(" ") for text in added):
+        raise Unproven("an added token starts with a space (a marker prepended as one could complete it)")
     try:
         import fastokens  # noqa: F401
     except ImportError:
@@ -427,19 +437,23 @@ class FastEncoding:
     """The part of ``tokenizers.Encoding`` the engine reads: the engine's ids (an int64 array, never a
     list of Python ints: building one costs more than the engine's encoding), and offsets when asked."""
 
-    __slots__ = ("_encoder", "_offsets", "_text", "ids")
+    __slots__ = ("_encoder", "_marks", "_offsets", "_text", "ids")
 
-    def __init__(self, text: str, ids: np.ndarray, encoder: FastEncoder) -> None:
+    def __init__(
+        self, text: str, ids: np.ndarray, encoder: FastEncoder, marks: np.ndarray | None = None
+    ) -> None:
+        """``marks``: SentencePiece tokens whose first marker the text does not have."""
         self.ids = ids
         self._text = text
         self._encoder = encoder
+        self._marks = marks
         self._offsets: np.ndarray | None = None
 
     @property
     def offsets(self) -> np.ndarray:
         """(start, end) character offsets of every token, as an (n, 2) array."""
         if self._offsets is None:
-            self._offsets = self._encoder.offsets(self._text, self.ids)
+            self._offsets = self._encoder.offsets(self._text, self.ids, self._marks)
         return self._offsets
 
     @property
@@ -591,55 +605,104 @@ class FastEncoder:
         self._unsafe_ids[sorted(self.unsafe)] = True
 
     def _init_sentencepiece(self, tokenizer_json: str) -> None:
-        """fastokens with the Metaspace step as its Replace normalizer (the marker is prepended as a space:
-        :meth:`prepends`), and each token's length in the text's own bytes: a marker is one byte (a space)
-        where the text has no marker of its own, a byte-fallback token one byte."""
+        """fastokens with the Metaspace step as its Replace normalizer (a marker the text lacks is a space
+        inserted before the run: :meth:`_sentencepiece_encode`; a Prepend normalizer stays fastokens'), and
+        each token's length in the text's own bytes: a marker is one byte (a space) where the text has no
+        marker of its own, a byte-fallback token one byte."""
         data = json.loads(tokenizer_json)
         added = {t["content"]: int(t["id"]) for t in data.get("added_tokens") or []}
         vocab: dict[str, int] = data["model"]["vocab"]
-        data["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": METASPACE}
-        data["pre_tokenizer"] = None
+        if self.analysis.metaspace != "prepend":
+            data["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": METASPACE}
+            data["pre_tokenizer"] = None
         self.engine = "fastokens"
         self._fastokens = _fastokens_from(json.dumps(data))
-        self._ids = self._sentencepiece_ids
         self._vocab = {}, added
         self._starts = tuple(added)
         self._first_chars = frozenset(t[0] for t in added)
         size = max([*vocab.values(), *added.values()]) + 1
         self.marked = np.zeros(size, dtype=np.int64)  # with markers as 3 bytes (texts that have their own)
         self.lengths = np.zeros(size, dtype=np.int64)
+        self._added_ids = np.zeros(size, dtype=bool)
         bytes_ = set(BYTE_PIECES)
         for piece, i in vocab.items():
             self.marked[i] = 1 if piece in bytes_ else len(piece.encode("utf-8"))
             self.lengths[i] = 1 if piece in bytes_ else self.marked[i] - 2 * piece.count(METASPACE)
         for text, i in added.items():
             self.marked[i] = self.lengths[i] = len(text.encode("utf-8"))
+            self._added_ids[i] = True
         self._unsafe_ids = np.zeros(size, dtype=bool)
 
     def prepends(self, text: str) -> bool:
-        """Whether Metaspace's ``first`` scheme puts a marker before this text: it is not empty, its first
-        run is not an added token (added tokens are matched before the pre-tokenizer runs) and it does not
-        already start with a marker (a space becomes one)."""
-        if self.analysis.metaspace != "first" or not text or text[0] in (" ", METASPACE):
+        """Whether Metaspace puts a marker before this text's first run (``first`` and ``always``): the text
+        is not empty, does not start with an added token (those are matched before the pre-tokenizer runs)
+        nor with a marker already (a space becomes one)."""
+        if self.analysis.metaspace not in ("first", "always") or not text or text[0] in (" ", METASPACE):
             return False
         return not (text[0] in self._first_chars and text.startswith(self._starts))
 
     def _sentencepiece_ids(self, text: str) -> np.ndarray:
-        buffer, _ = self._fastokens.encode_batch_flat([" " + text if self.prepends(text) else text])
+        buffer, _ = self._fastokens.encode_batch_flat([text])
         return np.frombuffer(buffer, dtype=np.uint32).astype(np.int64)
 
-    def _sentencepiece_offsets(self, text: str, ids: np.ndarray) -> np.ndarray:
-        """Offsets in the text as encoded (with its prepended space), then one character back: the
-        prepended marker is aligned, as the library aligns it, with the text's first character."""
-        prepended = self.prepends(text)
-        fed = " " + text if prepended else text
-        if METASPACE in fed:  # the text's own markers are 3 bytes: count in the text as the engine saw it
-            out = char_offsets(fed.replace(" ", METASPACE), self.marked[ids])
-        else:
-            out = char_offsets(fed, self.lengths[ids])
-        if prepended and out.shape[0]:
-            out = np.maximum(out - 1, 0)
-            out[0, 1] = max(int(out[0, 1]), 1)
+    def _runs(self, ids: np.ndarray) -> np.ndarray:
+        """Positions of the tokens that begin a run of text: the first token, and any after an added one."""
+        added = self._added_ids[ids]
+        return np.flatnonzero(~added & np.concatenate(([True], added[:-1])))
+
+    def _sentencepiece_encode(self, text: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """The ids, and the positions of the tokens whose first marker is not in the text (the one a
+        Metaspace or Prepend step put before their run); None when there are none."""
+        scheme = self.analysis.metaspace
+        if scheme == "prepend":  # fastokens prepends to every run itself
+            ids = self._sentencepiece_ids(text)
+            return ids, self._runs(ids)
+        first = self.prepends(text)
+        ids = self._sentencepiece_ids(" " + text if first else text)
+        marks = np.zeros(1, dtype=np.int64) if first else None
+        if scheme != "always" or not self._added_ids[ids].any():
+            return ids, marks
+        # ``always``: also a marker before each later run that does not start with a space or a marker
+        runs = self._runs(ids)
+        later = runs[runs > 0]
+        starts = self._sentencepiece_offsets(text, ids, marks)[later, 0].tolist()
+        needs = [text[c] not in (" ", METASPACE) for c in starts]
+        if not any(needs):
+            return ids, marks
+        spaced, at = [], 0
+        for c, need in zip(starts, needs, strict=True):
+            if need:
+                spaced += [text[at:c], " "]
+                at = c
+        spaced.append(text[at:])
+        ids = self._sentencepiece_ids((" " if first else "") + "".join(spaced))
+        again = self._runs(ids)  # the same runs: a space before a run's text cannot make an added token
+        again = again[again > 0]
+        if again.shape[0] != len(needs):
+            raise ValueError("the runs of a text changed when their markers were added")
+        marked = again[np.array(needs)]
+        return ids, marked if marks is None else np.concatenate((marks, marked))
+
+    def _sentencepiece_offsets(self, text: str, ids: np.ndarray, marks: np.ndarray | None) -> np.ndarray:
+        """Offsets from the tokens' bytes in the text, a marker the text lacks counting none: a token that is
+        only such a marker sits, as the library aligns it, on the character after it."""
+        shown, lengths, mark = text, self.lengths[ids], 1
+        if METASPACE in text:  # the text's own markers are 3 bytes: count in the text as the engine saw it
+            shown, lengths, mark = text.replace(" ", METASPACE), self.marked[ids], 3
+        if marks is None:
+            return char_offsets(shown, lengths)
+        lengths = lengths.copy()
+        lengths[marks] -= mark
+        out = char_offsets(shown, lengths)
+        alone = marks[lengths[marks] == 0]
+        if alone.shape[0]:  # (char_offsets gives an empty token nothing sensible to end at)
+            ends = np.cumsum(lengths)[alone]
+            if shown.isascii():
+                out[alone, 0] = ends
+            else:
+                data = np.frombuffer(shown.encode("utf-8"), dtype=np.uint8)
+                out[alone, 0] = np.cumsum((data & 0xC0) != 0x80)[ends] - 1
+            out[alone, 1] = out[alone, 0] + 1
         return out
 
     @cached_property
@@ -657,9 +720,9 @@ class FastEncoder:
     def _core(self) -> Any:
         return self.encoding._core_bpe  # the per-text call, without encode()'s checks per text
 
-    def offsets(self, text: str, ids: np.ndarray) -> np.ndarray:
+    def offsets(self, text: str, ids: np.ndarray, marks: np.ndarray | None = None) -> np.ndarray:
         if self.analysis.metaspace:
-            return self._sentencepiece_offsets(text, ids)
+            return self._sentencepiece_offsets(text, ids, marks)
         out = char_offsets(text, self.lengths[ids])
         if self.trim is not None and ids.shape[0]:
             start, end = out[:, 0], out[:, 1]
@@ -691,15 +754,21 @@ class FastEncoder:
     def encode_batch(self, texts: Sequence[str]) -> list[Any]:
         out: list[Any] = []
         for text in texts:
+            marks = None
             try:
-                ids = None if self.analysis.nfc and not is_normalized("NFC", text) else self._ids(text)
+                if self.analysis.metaspace:
+                    ids, marks = self._sentencepiece_encode(text)
+                elif self.analysis.nfc and not is_normalized("NFC", text):
+                    ids = None
+                else:
+                    ids = self._ids(text)
             except (UnicodeEncodeError, ValueError):  # lone surrogates: whatever the oracle does with them
                 ids = None
             if ids is None or (self.unsafe and self._unsafe_ids[ids].any()):
                 self.fallbacks += 1
                 out.append(self.rust.encode(text, add_special_tokens=False))
             else:
-                out.append(FastEncoding(text, ids, self))
+                out.append(FastEncoding(text, ids, self, marks))
         return out
 
 

@@ -81,6 +81,17 @@ def _sentencepiece(name: str) -> dict:
     data = _mistral_json()
     if name == "mistral-v3-never":  # Metaspace that marks no first word
         data["pre_tokenizer"]["prepend_scheme"] = "never"
+    elif name == "mistral-v3-always":  # transformers' Llama with legacy: a marker before every run
+        data["pre_tokenizer"]["prepend_scheme"] = "always"
+    elif name == "sp-prepend-normalizer":  # the legacy tokenizer.json of Llama-2 and Mistral on the hub
+        data["pre_tokenizer"] = None
+        data["normalizer"] = {
+            "type": "Sequence",
+            "normalizers": [
+                {"type": "Prepend", "prepend": METASPACE},
+                {"type": "Replace", "pattern": {"String": " "}, "content": METASPACE},
+            ],
+        }
     elif name == "sp-replace-normalizer":  # Gemma's shape: spaces become markers in the normalizer
         data["pre_tokenizer"] = None
         data["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": METASPACE}
@@ -110,10 +121,18 @@ TOKENIZERS = [
     "trimming-post-processor",
     "mistral-v3",
     "mistral-v3-never",
+    "mistral-v3-always",
     "sp-replace-normalizer",
+    "sp-prepend-normalizer",
 ]
 #: SentencePiece-style tokenizers: fastokens is their only engine (tiktoken has no such pipeline).
-SENTENCEPIECE = ("mistral-v3", "mistral-v3-never", "sp-replace-normalizer")
+SENTENCEPIECE = (
+    "mistral-v3",
+    "mistral-v3-never",
+    "mistral-v3-always",
+    "sp-replace-normalizer",
+    "sp-prepend-normalizer",
+)
 
 
 @cache
@@ -447,7 +466,11 @@ def _metaspace(d: dict, **changes) -> None:
 
 
 REFUSED_SENTENCEPIECE = {
-    "a marker after every added token": (lambda d: _metaspace(d, prepend_scheme="always"), "always"),
+    "an unknown prepend scheme": (lambda d: _metaspace(d, prepend_scheme="sometimes"), "sometimes"),
+    "an added token that starts with a space": (
+        lambda d: d["added_tokens"].append({**d["added_tokens"][3], "id": 40000, "content": " [X]"}),
+        "starts with a space",
+    ),
     "a Metaspace that splits words": (lambda d: _metaspace(d, split=True), "splits words apart"),
     "another marker": (lambda d: _metaspace(d, replacement="_"), "another character"),
     "no byte fallback": (lambda d: d["model"].update(byte_fallback=False), "byte fallback"),
@@ -458,18 +481,18 @@ REFUSED_SENTENCEPIECE = {
         lambda d: d.update(normalizer={"type": "NFKC"}),
         "normalizer \\(NFKC\\)",
     ),
-    "the legacy normalizer (a marker before every run)": (
+    "a normalizer form of other steps": (
         lambda d: d.update(
             pre_tokenizer=None,
             normalizer={
                 "type": "Sequence",
                 "normalizers": [
-                    {"type": "Prepend", "prepend": METASPACE},
                     {"type": "Replace", "pattern": {"String": " "}, "content": METASPACE},
+                    {"type": "Prepend", "prepend": METASPACE},
                 ],
             },
         ),
-        "legacy",
+        "known forms",
     ),
     "Metaspace among other steps": (
         lambda d: d.update(
@@ -500,11 +523,12 @@ def test_sentencepiece_needs_fastokens(monkeypatch):
         analyse(_mistral_json())
 
 
-@pytest.mark.parametrize("name", ["mistral-v3", "sp-replace-normalizer"])
+@pytest.mark.parametrize("name", SENTENCEPIECE)
 def test_sentencepiece_marks_and_offsets_where_the_library_does(name):
-    """The first word's marker (not after an added token, nor before a space or the text's own marker),
-    its offsets on the first character even as a token of its own (before byte-fallback tokens), and the
-    text's own markers counted as three bytes: ids and offsets as the library gives them, on the fast path."""
+    """The marker before a run (the first only, or every one; not after an added token with ``first``, nor
+    before a space or the text's own marker with Metaspace), its offsets on the run's first character even
+    as a token of its own, and the text's own markers counted as three bytes:
+    ids and offsets as the library gives them, on the fast path."""
     rust, fast = encoders(name)
     texts = [
         "Hi",
@@ -520,10 +544,16 @@ def test_sentencepiece_marks_and_offsets_where_the_library_does(name):
     ]
     assert_same(rust, fast, texts)
     assert fast.fallbacks == 0
-    if name == "mistral-v3":
+    if name in ("mistral-v3", "mistral-v3-always"):
         assert [fast.prepends(t) for t in texts[:5]] == [True, False, False, False, False]
+    if name != "mistral-v3-never" and name != "sp-replace-normalizer":
         [enc] = fast.encode_batch(["😀"])
         assert enc.offsets[0].tolist() == [0, 1] and rust.id_to_token(int(enc.ids[0])) == METASPACE
+    if name in ("mistral-v3-always", "sp-prepend-normalizer"):  # a marker before each run, alone or not
+        [enc] = fast.encode_batch(["[INST]😀[/INST]x[INST] y"])
+        tokens = [rust.id_to_token(int(i)) for i in enc.ids]
+        assert tokens[:2] == ["[INST]", METASPACE] and enc.offsets[1].tolist() == [6, 7]
+        assert_same(rust, fast, ["[INST]😀[/INST]x[INST] y"])
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
