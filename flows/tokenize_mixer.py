@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
 import time
 import uuid
@@ -20,7 +21,7 @@ from pydantic import Field
 from flows.artifacts import publish_artifacts, report_markdown
 from flows.fanout import SliceOutcome, run_slice_specs
 from flows.watch import StopWatch, report_crashed
-from sftmix.check import check_output
+from sftmix.check import BROKEN, CHANGES_TRAINING, check_output
 from sftmix.config import MixerConfig, RunOptions
 from sftmix.digest import RUN_REPORT
 from sftmix.errors import CheckFailedError, MixerError
@@ -237,12 +238,18 @@ def _assemble_and_publish(
         report.check_notes = checked.notes()
         findings = checked.findings
         report.check_findings = [asdict(f) for f in findings]
-        for f in findings:
-            get_run_logger().warning("check %s", f.line())
-        if findings and run.check == "strict":
+        log = get_run_logger()
+        for f in findings:  # what follows from the user's settings is information, not a warning
+            level = {BROKEN: logging.ERROR, CHANGES_TRAINING: logging.WARNING}.get(f.severity, logging.INFO)
+            log.log(level, "check %s", f.console_line())
+        if checked.serious and run.check == "strict":
+            serious = checked.serious
             raise CheckFailedError(
-                f"run.check is strict and the output has {len(findings)} finding(s), first: {findings[0].line()}; "
-                "nothing was published (tokenize-mixer check OUT shows them on an output)"
+                f"run.check is strict and the output has {len(serious)} finding(s) that "
+                f"{'break it' if serious[0].severity == BROKEN else 'change training'}: "
+                + "; ".join(f.line() for f in serious)
+                + ". Nothing was published; with --check report (run.check: report) it is, and "
+                "`tokenize-mixer check OUTPUT` lists the same findings"
             )
     report.wall_seconds = round(time.perf_counter() - started, 3)
     # one throughput everywhere: tokens of the slices computed in this run over the tokenizing time

@@ -41,6 +41,17 @@ CHUNK = 1 << 20
 EXAMPLES = 5
 
 
+#: How much a finding matters, most first: the output is wrong; training silently differs from what the
+#: data says (a document cut at an EOS inside it, a marker learned mid-answer); or it follows from the
+#: user's own settings and is counted for information (truncation by max_seq_length, outliers, padding).
+BROKEN, CHANGES_TRAINING, INFORMATION = "broken", "changes training", "information"
+SEVERITIES = (BROKEN, CHANGES_TRAINING, INFORMATION)
+#: ``tokenize-mixer check``'s exit status by the worst finding (information alone exits 0).
+EXIT_BY_SEVERITY = {BROKEN: 3, CHANGES_TRAINING: 1, INFORMATION: 0}
+#: How each severity starts a console line.
+SEVERITY_WORDS = {BROKEN: "BROKEN", CHANGES_TRAINING: "WARNING", INFORMATION: "note"}
+
+
 @dataclass
 class Finding:
     kind: str  # integrity | fit | masks
@@ -48,12 +59,17 @@ class Finding:
     count: int
     examples: list[Any] = field(default_factory=list)
     unit: str = ""  # what ``count`` counts (documents, parts, tokens ...); empty for a single fact
+    severity: str = CHANGES_TRAINING
 
     def line(self) -> str:
         """The finding in one line, its count in words: ``[fit] ...: 3 documents (e.g. document 4)``."""
         counted = f": {self.count:,} {self.unit}" if self.unit else ""
         example = f" (e.g. {', '.join(map(str, self.examples))})" if self.examples else ""
         return f"[{self.kind}] {self.what}{counted}{example}"
+
+    def console_line(self) -> str:
+        """:meth:`line`, led by its severity in words."""
+        return f"{SEVERITY_WORDS[self.severity]} ({self.severity}) {self.line()}"
 
 
 @dataclass
@@ -70,17 +86,43 @@ class CheckReport:
 
     @property
     def clean(self) -> bool:
-        return not self.findings
+        """Nothing broken and nothing that changes training (findings for information may remain)."""
+        return not self.serious
 
-    def add(self, kind: str, what: str, count: int, unit: str, examples: list[Any] | None = None) -> None:
-        """A finding of ``count`` ``unit`` (plural: documents, parts, tokens ...), when there are any."""
+    @property
+    def serious(self) -> list[Finding]:
+        """The findings that are not for information only, worst first."""
+        return sorted(
+            (f for f in self.findings if f.severity != INFORMATION),
+            key=lambda f: SEVERITIES.index(f.severity),
+        )
+
+    @property
+    def exit_code(self) -> int:
+        """0 when clean, 1 when something changes training, 3 when something is broken."""
+        return max((EXIT_BY_SEVERITY[f.severity] for f in self.findings), default=0)
+
+    def add(
+        self,
+        kind: str,
+        what: str,
+        count: int,
+        unit: str,
+        examples: list[Any] | None = None,
+        severity: str | None = None,
+    ) -> None:
+        """A finding of ``count`` ``unit`` (plural: documents, parts, tokens ...), when there are any;
+        integrity findings are broken, the others change training unless ``severity`` says otherwise."""
         if count:
             if count == 1 and unit.endswith("s"):
                 unit = unit[:-1]
-            self.findings.append(Finding(kind, what, int(count), list(examples or [])[:EXAMPLES], unit))
+            severity = severity or (BROKEN if kind == "integrity" else CHANGES_TRAINING)
+            self.findings.append(
+                Finding(kind, what, int(count), list(examples or [])[:EXAMPLES], unit, severity)
+            )
 
     def to_json(self) -> str:
-        return json.dumps({**asdict(self), "clean": self.clean}, indent=2)
+        return json.dumps({**asdict(self), "clean": self.clean, "exit_code": self.exit_code}, indent=2)
 
     def notes(self) -> list[str]:
         """What was measured besides the findings: OLMo-core fit and template drift."""
@@ -101,9 +143,14 @@ class CheckReport:
         lines += self.notes()
         if template_diff and self.template is not None:
             lines += [f"    {line}" for line in self.template.get("diff", [])]
+        ordered = sorted(self.findings, key=lambda f: SEVERITIES.index(f.severity))
+        lines += [f.console_line() for f in ordered]
         if self.clean:
-            lines.append("clean: no findings")
-        lines += [f"FINDING {f.line()}" for f in self.findings]
+            notes = len(self.findings)
+            lines.append(
+                "clean: nothing broken, nothing that changes training"
+                + (f" ({notes} note{'s' if notes > 1 else ''} for information above)" if notes else "")
+            )
         return "\n".join(lines)
 
 
@@ -144,12 +191,15 @@ def check_output(
     template: dict[str, Any] | None = None,
     documents_file: str | None = None,
     dataset_names: list[str] | None = None,
+    max_seq_length: int | None = None,
 ) -> CheckReport:
     """``digests=False`` skips hashing the files again and ``token_dtype`` gives the dtype otherwise read
     from ``run_report.json`` (the flow checks its staging right after computing both). With a
     ``sequence_length``, OLMo-core's datasets are simulated over the parts with ``long_doc_strategy``.
     ``template`` is the template drift the run recorded, ``documents_file`` the run's document map and
-    ``dataset_names`` its datasets in mixer order (all read from ``run_report.json`` otherwise)."""
+    ``dataset_names`` its datasets in mixer order (all read from ``run_report.json`` otherwise);
+    ``max_seq_length`` the conversion's (read from the statistics otherwise): a document of exactly that
+    length without a final EOS was truncated by the user's setting, which is information, not a warning."""
     if long_doc_strategy not in STRATEGIES:
         raise ConfigError(
             f"long_doc_strategy must be one of {', '.join(STRATEGIES)}, not {long_doc_strategy!r}"
@@ -160,6 +210,8 @@ def check_output(
             f"{out} holds no {TOKENS_PART.format(0)}: not an OLMo-core output of tokenize-mixer"
         )
     report_json = _json(out / RUN_REPORT)
+    if max_seq_length is None:
+        max_seq_length = (_json(out / STATS_JSON).get("configuration") or {}).get("max_sequence_length")
     dtype = np.dtype(token_dtype or report_json.get("token_dtype") or "uint32")
     vocab, eos, special = _tokenizer_facts(out)
     result = CheckReport(output=str(out), template=template or report_json.get("template_drift"))
@@ -189,12 +241,13 @@ def check_output(
             long_doc_strategy=long_doc_strategy,
             chunks=chunks if threads > 1 else None,
             hashed=digests,
+            max_seq_length=max_seq_length,
         )
         facts = list(pool.map(check, range(count)))
         if digests:
             result.digests = _all_digests(out, facts, pool)
     uneven, untiled, too_big, empty, long_docs, eos_inside = [], [], [], [], [], []
-    no_final_eos, no_final_eos_examples = 0, []
+    no_final_eos, no_final_eos_examples, truncated_no_eos, truncated_no_eos_examples = 0, [], 0, []
     special_trained: dict[int, list[int]] = {}  # documents, by special token id
     if sequence_length is not None:
         result.olmo_core = OlmoCoreFit(sequence_length, long_doc_strategy)
@@ -210,6 +263,8 @@ def check_output(
         eos_inside += [doc_base + d for d in f.eos_inside]
         no_final_eos += f.no_final_eos
         no_final_eos_examples += [doc_base + d for d in f.no_final_eos_examples]
+        truncated_no_eos += f.truncated_no_eos
+        truncated_no_eos_examples += [doc_base + d for d in f.truncated_no_eos_examples]
         for tok_id, docs in f.special_trained.items():
             special_trained.setdefault(tok_id, []).extend(doc_base + d for d in docs)
         result.documents += f.documents
@@ -231,10 +286,11 @@ def check_output(
         )
     result.add(
         "masks",
-        "documents with no trainable token",
+        "documents with no trainable token (kept: drop_untrainable is off)",
         len(empty),
         "documents",
         [f"document {d}" for d in empty],
+        INFORMATION,
     )
     for tok_id, docs in sorted(special_trained.items()):
         result.add(
@@ -255,10 +311,19 @@ def check_output(
     result.add(
         "fit",
         "documents that do not end with EOS (OLMo-core's default boundaries, by EOS, join each to the next "
-        "document; truncated documents lose their EOS)",
+        "document)",
         no_final_eos,
         "documents",
         [f"document {d}" for d in no_final_eos_examples],
+    )
+    result.add(
+        "fit",
+        f"documents truncated at max_seq_length {max_seq_length}, their EOS with them (OLMo-core's default "
+        "boundaries, by EOS, join each to the next document)",
+        truncated_no_eos,
+        "documents",
+        [f"document {d}" for d in truncated_no_eos_examples],
+        INFORMATION,
     )
     if sequence_length is not None:
         result.add(
@@ -267,9 +332,10 @@ def check_output(
             len(long_docs),
             "documents",
             [f"document {d}" for d in long_docs],
+            INFORMATION,
         )
     if result.olmo_core is not None:
-        _fit_findings(result, result.olmo_core)
+        _fit_findings(result, result.olmo_core, INFORMATION if not no_final_eos else CHANGES_TRAINING)
     shares = np.concatenate([f.trainable_share for f in facts]) if facts else np.zeros(0, np.float32)
     _share_outliers(
         result,
@@ -314,8 +380,10 @@ class _PartFacts:
     empty: list[int] = field(default_factory=list)
     long_docs: list[int] = field(default_factory=list)
     eos_inside: list[int] = field(default_factory=list)
-    no_final_eos: int = 0  # documents whose last token is not EOS
+    no_final_eos: int = 0  # documents whose last token is not EOS (other than those below)
     no_final_eos_examples: list[int] = field(default_factory=list)
+    truncated_no_eos: int = 0  # the same, at exactly max_seq_length: truncated by the conversion
+    truncated_no_eos_examples: list[int] = field(default_factory=list)
     special_trained: dict[int, list[int]] = field(default_factory=dict)  # documents, by token id
     olmo_core: OlmoCoreFit | None = None
     trainable_share: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # per document
@@ -333,6 +401,7 @@ def _check_part(
     long_doc_strategy: str = "truncate",
     chunks: ThreadPoolExecutor | None = None,
     hashed: bool = False,
+    max_seq_length: int | None = None,
 ) -> _PartFacts:
     """One part's files, read once in order in bounded chunks (hashed as read when ``hashed``); the
     chunks are checked on ``chunks`` (here without it) and their facts added up in order."""
@@ -385,8 +454,12 @@ def _check_part(
         if c.eos_at is not None:
             eos_at.append(c.eos_at)
             f.eos_inside += c.eos_inside
-            f.no_final_eos += int(c.unended.size)
-            f.no_final_eos_examples += c.unended[: EXAMPLES - len(f.no_final_eos_examples)].tolist()
+            cut = lengths[c.unended] == max_seq_length if max_seq_length else np.zeros(c.unended.size, bool)
+            unended, truncated = c.unended[~cut], c.unended[cut]
+            f.no_final_eos += int(unended.size)
+            f.no_final_eos_examples += unended[: EXAMPLES - len(f.no_final_eos_examples)].tolist()
+            f.truncated_no_eos += int(truncated.size)
+            f.truncated_no_eos_examples += truncated[: EXAMPLES - len(f.truncated_no_eos_examples)].tolist()
         for tok_id, docs in c.special_trained.items():  # a document cut by chunks is one document
             special_docs.setdefault(tok_id, set()).update(docs)
 
@@ -508,7 +581,9 @@ def _read_span(path: Path, dtype: np.dtype, lo: int, hi: int) -> np.ndarray:
 PADDING_FINDING_PERCENT = 25.0
 
 
-def _fit_findings(result: CheckReport, fit: OlmoCoreFit) -> None:
+def _fit_findings(result: CheckReport, fit: OlmoCoreFit, unread: str) -> None:
+    """``unread``: the severity of tokens after a part's last EOS (information where only documents
+    truncated by max_seq_length lack their EOS)."""
     L = fit.sequence_length
     if fit.packable and fit.packed.padding_percent(L) > PADDING_FINDING_PERCENT:
         result.add(
@@ -517,6 +592,7 @@ def _fit_findings(result: CheckReport, fit: OlmoCoreFit) -> None:
             f"(more than {PADDING_FINDING_PERCENT:.0f}%)",
             fit.packed.instances,
             "instances",
+            severity=INFORMATION,
         )
     if fit.packed_by_eos.tokens_unread:
         result.add(
@@ -524,6 +600,7 @@ def _fit_findings(result: CheckReport, fit: OlmoCoreFit) -> None:
             "tokens after a part's last EOS: OLMo-core's default (boundaries by EOS) never reads them",
             fit.packed_by_eos.tokens_unread,
             "tokens",
+            severity=unread,
         )
 
 
@@ -589,4 +666,5 @@ def _share_outliers(
         found,
         "documents",
         examples,
+        INFORMATION,
     )

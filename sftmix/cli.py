@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -44,6 +46,8 @@ from .stopping import (
 
 logger = logging.getLogger("sftmix")
 
+#: Environment setting for convert's --unknown_template (a cluster's profile can make typos errors).
+UNKNOWN_TEMPLATE_ENV = "TOKENIZE_MIXER_UNKNOWN_TEMPLATE"
 #: Reference flags that are not mixer settings: checked by ``reference_flags.check_flags``.
 CHECKED_REFERENCE_FLAGS = (*NEUTRAL_FLAGS, "dataset_target_columns", "get_tokenizer_fn", "use_fast")
 
@@ -118,6 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(conv, "tokenizer_name_or_path", required=True)
     _flag(conv, "tokenizer_revision")
     _flag(conv, "chat_template_name")
+    _flag(
+        conv,
+        "unknown_template",
+        choices=["fallback", "error"],
+        default=os.environ.get(UNKNOWN_TEMPLATE_ENV) or "fallback",
+        help="a --chat_template_name tokenize-mixer does not know: use the tokenizer's own template with a "
+        f"warning, as the reference does (fallback, the default), or refuse the run (error; also "
+        f"{UNKNOWN_TEMPLATE_ENV}=error)",
+    )
     _flag(conv, "add_bos", type=_bool, nargs="?", const=True, default=False)
     _flag(conv, "max_seq_length", type=int)
     _flag(conv, "num_examples", type=int, default=0)
@@ -204,7 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     chk = sub.add_parser(
-        "check", help="will this output train as expected: integrity, fit, masks; exit 1 with findings"
+        "check",
+        help="will this output train as expected: integrity, fit, masks; exit 0 when nothing is broken and "
+        "nothing changes training (notes for information may remain), 1 when something changes training, 3 "
+        "when something is broken",
     )
     chk.add_argument("output")
     _flag(
@@ -244,6 +260,8 @@ def mixer_from_convert_args(args: argparse.Namespace) -> MixerConfig:
         raise ConfigError(
             f"--dataset_mixer_list needs NAME AMOUNT pairs; got {len(pairs)} values: {' '.join(pairs)}"
         )
+    if args.unknown_template not in ("fallback", "error"):
+        raise ConfigError(f"{UNKNOWN_TEMPLATE_ENV} must be fallback or error, not {args.unknown_template!r}")
     names, amounts = pairs[0::2], [parse_amount(a) for a in pairs[1::2]]
     splits = args.dataset_mixer_list_splits
     if len(splits) == 1:
@@ -262,7 +280,7 @@ def mixer_from_convert_args(args: argparse.Namespace) -> MixerConfig:
             revision=args.tokenizer_revision,
             chat_template=args.chat_template_name,
             add_bos=args.add_bos,
-            unknown_template="fallback",
+            unknown_template=args.unknown_template,
             encoder=args.encoder,
         ),
         max_seq_length=args.max_seq_length,
@@ -601,7 +619,7 @@ def _main(args: argparse.Namespace) -> int:
             sys.stdout.write(result.render(template_diff=args.template_diff) + "\n")
             if args.json:
                 Path(args.json).write_text(result.to_json(), encoding="utf-8")
-            return 0 if result.clean else 1
+            return result.exit_code
         if args.command == "report":
             from .report_page import write_report
 
@@ -615,6 +633,8 @@ def _main(args: argparse.Namespace) -> int:
             if args.out:
                 with open(args.out, "w", encoding="utf-8") as fh:
                     fh.write(text)
+                files = len(json.loads(text).get("files", {}))
+                sys.stdout.write(f"wrote the digests of {args.output} ({files} files) to {args.out}\n")
             else:
                 sys.stdout.write(text)
             return 0

@@ -38,6 +38,7 @@ from .storage import atomic_write_bytes, is_remote, storage_errors
 from .templates import (
     ChatRenderer,
     ResolvedTemplate,
+    check_template_name,
     has_generation_tags,
     read_template_file,
     resolve_template,
@@ -227,6 +228,7 @@ def check_inputs(mixer: MixerConfig) -> None:
         raise ConfigError(problem)
     if spec.chat_template and spec.chat_template.endswith(".jinja"):
         read_template_file(spec.chat_template)
+    check_template_name(spec.chat_template, spec.unknown_template)
     for entry in mixer.datasets:
         if (problem := path_problem(entry.path)) is not None:
             raise DatasetError(entry.path, problem)

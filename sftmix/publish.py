@@ -202,13 +202,46 @@ def _short(value: Any) -> str:
 @contextlib.contextmanager
 def _publish_lock(out: Path) -> Iterator[None]:
     """Serialise publishes into one output (across processes, and machines where the file system
-    supports locks). The lock file stays: removing a lock file races with its next user."""
-    with open(out.parent / f".{out.name}.tokenize-mixer-lock", "a+b") as fh:
+    supports locks), with a lock file beside it that is gone again when the publish is: removed while
+    still held, and a process that locked a file since removed (it waited on it) locks the new one. Only a
+    file that holds our marker is removed."""
+    path = out.parent / f".{out.name}.tokenize-mixer-lock"
+    while True:
+        fh = open(path, "a+b")  # noqa: SIM115 (closed below, after the unlink)
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        except OSError as exc:  # a file system without locks: the checks below still run
+        except OSError as exc:  # a file system without locks: the checks below still run; the file stays
             logger.warning("cannot lock %s (%s); publishing without the lock", fh.name, exc.strerror)
+            with fh:
+                yield
+            return
+        try:
+            here = os.stat(path)
+            mine = os.fstat(fh.fileno())
+            if (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino):
+                break
+        except FileNotFoundError:
+            pass
+        fh.close()  # the holder before us removed it: lock the file that is there now
+    ours = False
+    try:
+        fh.seek(0)
+        held = fh.read()
+        if held == b"":
+            fh.write(_LOCK_MARKER)
+            fh.flush()
+        # a file of that name that we did not write is used as a lock, never removed
+        ours = held in (b"", _LOCK_MARKER)
         yield
+    finally:
+        if ours:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        fh.close()
+
+
+#: What a publish lock file holds: how a later run knows it is ours to remove.
+_LOCK_MARKER = b"tokenize-mixer publish lock\n"
 
 
 def publish_local(

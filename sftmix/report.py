@@ -179,6 +179,7 @@ class RunReport(BaseModel):
             ]
         lines = [
             *head,
+            *self._template_lines(),
             *self._rows_lines(),
             f"documents   {self.documents} in {self.parts} part(s), {self.tokens:,} tokens "
             f"({self.trainable_tokens:,} trainable), dtype {self.token_dtype}",
@@ -188,6 +189,20 @@ class RunReport(BaseModel):
             verdict = "MATCHES" if self.validation.matches else "DIFFERS"
             lines.append(f"reference   {self.validation.reference}: {verdict}")
         return "\n".join(lines)
+
+    def _template_lines(self) -> list[str]:
+        """The chat template the rows were rendered with, where it came from (an unknown name that fell back
+        to the tokenizer's own says so here too), and whether the tokenizer ships the same one."""
+        if not self.template_drift:
+            return []
+        drift = self.template_drift
+        shipped = {
+            "same": "the tokenizer's own",
+            "differs": "differs from the tokenizer's own",
+            "none": "the tokenizer ships none",
+        }.get(str(drift.get("shipped")), "")
+        sha = str(drift.get("used_sha256", ""))[:12]
+        return [f"template    {drift.get('source')} (sha256 {sha}; {shipped})"]
 
     def _rows_lines(self) -> list[str]:
         """Rows in, kept and dropped; then, per dataset with drops, each reason in words with its share."""

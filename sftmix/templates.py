@@ -107,8 +107,53 @@ def read_template_file(path: str) -> str:
         raise TemplateError(f"cannot read chat template file {path!r}: {exc.strerror or exc}") from None
 
 
-#: Unknown template names already warned about in this process, with the template they fell back to.
-_FALLBACKS_WARNED: set[tuple[str, str]] = set()
+def did_you_mean(name: str, lead: str) -> str:
+    """``lead`` and the carried template names closest to ``name`` (``olmo2`` -> ``olmo``), or nothing."""
+    import difflib
+
+    close = difflib.get_close_matches(name, NAMED_TEMPLATES, n=3, cutoff=0.6)
+    return f"{lead}{' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+#: Unknown template names already warned about in this process.
+_FALLBACKS_WARNED: set[str] = set()
+
+
+def is_unknown_template(name: str | None) -> bool:
+    """A name that is none of ours, not the tokenizer's own and not a ``.jinja`` file."""
+    return (
+        bool(name)
+        and name not in NAMED_TEMPLATES
+        and name != TOKENIZER_TEMPLATE
+        and not name.endswith(".jinja")
+    )
+
+
+def _unknown_template_error(name: str) -> TemplateError:
+    return TemplateError(
+        f"unknown chat template {name!r}{did_you_mean(name, '; did you mean ')}: use one of "
+        f"{', '.join(NAMED_TEMPLATES)}, '{TOKENIZER_TEMPLATE}' for the tokenizer's own template, or a "
+        "path to a .jinja file"
+    )
+
+
+def check_template_name(name: str | None, unknown: str) -> None:
+    """At once, before the tokenizer loads: refuse an unknown name (``unknown: error``), or say first that
+    the tokenizer's own template will be used for it (``fallback``, the reference's behaviour)."""
+    if not is_unknown_template(name):
+        return
+    assert name is not None
+    if unknown != "fallback":
+        raise _unknown_template_error(name)
+    if name not in _FALLBACKS_WARNED:  # the command checks ahead of the plan: one warning
+        _FALLBACKS_WARNED.add(name)
+        logger.warning(
+            "UNKNOWN CHAT TEMPLATE %r%s: the tokenizer's own chat_template is used instead, as the reference "
+            "converter does (--unknown_template error refuses the run). Known names: %s.",
+            name,
+            did_you_mean(name, ", did you mean "),
+            ", ".join(NAMED_TEMPLATES),
+        )
 
 
 def resolve_template(
@@ -126,23 +171,10 @@ def resolve_template(
         text, source = _own_template(own, tokenizer_name), f"tokenizer:{tokenizer_name}"
     elif name.endswith(".jinja"):
         text, source = read_template_file(name), f"file:{name}"
-    elif unknown == "fallback":
-        text = _own_template(own, tokenizer_name)
-        source = f"tokenizer:{tokenizer_name}"
-        if (name, text) not in _FALLBACKS_WARNED:  # the command plans ahead of the flow: one warning
-            _FALLBACKS_WARNED.add((name, text))
-            logger.warning(
-                "UNKNOWN CHAT TEMPLATE %r: falling back to the tokenizer's own chat_template (sha256 %s), as the "
-                "reference converter does. Known names: %s.",
-                name,
-                template_sha256(text)[:16],
-                ", ".join(NAMED_TEMPLATES),
-            )
     else:
-        raise TemplateError(
-            f"unknown chat template {name!r}: use one of {', '.join(NAMED_TEMPLATES)}, "
-            f"'{TOKENIZER_TEMPLATE}' for the tokenizer's own template, or a path to a .jinja file"
-        )
+        check_template_name(name, unknown)  # refuses, or warns once
+        text = _own_template(own, tokenizer_name)
+        source = f"tokenizer:{tokenizer_name} (unknown name {name!r}{did_you_mean(name, ', did you mean ')})"
     if add_bos:
         if text.startswith("{{ bos_token }}") or (bos_token is not None and text.startswith(bos_token)):
             raise TemplateError("add_bos is set, but the chat template already starts with the bos token")

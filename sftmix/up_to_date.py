@@ -30,6 +30,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .check import CHANGES_TRAINING, INFORMATION
 from .config import MixerConfig, RunOptions
 from .digest import RUN_REPORT, compare, load_digests
 from .errors import ChecksumError
@@ -141,7 +142,9 @@ def _run_wants_more(mixer: MixerConfig, run: RunOptions, report: RunReport) -> s
     the published output did not pass, or fails on bad rows the published one skipped."""
     if run.check != "off" and mixer.output.format == "olmo" and report.check_findings is None:
         return "the output was published without the check this run asks for"
-    if run.check == "strict" and report.check_findings:
+    if run.check == "strict" and any(
+        f.get("severity", CHANGES_TRAINING) != INFORMATION for f in report.check_findings or []
+    ):
         return "the output has check findings and this run's check is strict"
     if mixer.on_bad_row == "error" and report.rows_dropped.get("bad_row"):
         return "the output skipped malformed rows and this run fails on them (on_bad_row: error)"

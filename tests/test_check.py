@@ -55,7 +55,7 @@ def kinds(out: Path, **kw) -> dict[str, int]:
 
 def test_a_clean_output_is_clean_and_exit_0(clean, capsys):
     assert main(["check", str(clean), "--sequence_length", "4096"]) == 0
-    assert "clean: no findings" in capsys.readouterr().out
+    assert "clean: nothing broken, nothing that changes training" in capsys.readouterr().out
 
 
 def test_integrity_findings(clean, tmp_path):
@@ -71,8 +71,9 @@ def test_integrity_findings(clean, tmp_path):
     assert found["files whose digest differs from run_report.json"] >= 1
     assert found["parts whose token and mask files differ in length"] == 1
     report = tmp_path / "report.json"
-    assert main(["check", str(broken), "--json", str(report)]) == 1
+    assert main(["check", str(broken), "--json", str(report)]) == 3  # broken: the worst kind
     assert json.loads(report.read_text())["clean"] is False
+    assert {f.severity for f in check_output(broken).findings if f.kind == "integrity"} == {"broken"}
 
 
 def test_fit_and_mask_findings(prefect_api, tmp_path):
@@ -83,13 +84,25 @@ def test_fit_and_mask_findings(prefect_api, tmp_path):
     ]
     rows += [chat("header?", "here: <|im_start|>user hello")]
     out = run(tmp_path, rows, "odd", max_seq_length=300, drop_untrainable=False)
-    found = kinds(out, sequence_length=100)
+    report = check_output(out, sequence_length=100)
+    found = {f.what: f.count for f in report.findings}
+    severity = {f.what: f.severity for f in report.findings}
     assert found["documents longer than sequence length 100"] >= 1
     assert found["documents with an EOS token before their end"] == 1
-    assert found["documents with no trainable token"] == 1  # the long one: its answer was truncated away
+    untrainable = "documents with no trainable token (kept: drop_untrainable is off)"
+    assert found[untrainable] == 1  # the long one: its answer was truncated away
     assert any("special token" in what for what in found)
-    # the long one lost its EOS to truncation: OLMo-core's EOS boundaries would join it to the next
-    assert [n for what, n in found.items() if what.startswith("documents that do not end with EOS")] == [1]
+    # the long one lost its EOS to truncation at max_seq_length 300: the user's setting, so information
+    truncated = "documents truncated at max_seq_length 300"
+    assert [n for what, n in found.items() if what.startswith(truncated)] == [1]
+    assert not any(what.startswith("documents that do not end with EOS") for what in found)
+    # what changes training, and what follows from the user's settings
+    assert severity["documents with an EOS token before their end"] == "changes training"
+    assert all(severity[w] == "changes training" for w in found if "special token" in w)
+    assert severity["documents longer than sequence length 100"] == "information"
+    assert severity[untrainable] == "information"
+    assert all(severity[w] == "information" for w in found if w.startswith(truncated))
+    assert report.exit_code == 1 and not report.clean
 
 
 def test_the_flow_checks_before_publishing(prefect_api, tmp_path):
@@ -118,12 +131,40 @@ def test_the_flow_checks_before_publishing(prefect_api, tmp_path):
     assert flow("report", "reported").is_completed()
     report = json.loads((tmp_path / "reported" / "run_report.json").read_text())
     assert [f["what"] for f in report["check_findings"]] == ["documents with an EOS token before their end"]
+    assert report["check_findings"][0]["severity"] == "changes training"
     assert report["template_drift"]["shipped"] == "differs"  # and the UI's report shows it
     assert any("DIFFERS from the tokenizer's own chat_template" in line for line in report["check_notes"])
     assert not any(line.lstrip().startswith(("---", "+++", "@@")) for line in report["check_notes"])
     strict = flow("strict", "strict")
     assert strict.is_failed() and "run.check is strict" in strict.message and "EOS" in strict.message
+    assert "that change training" in strict.message and "--check report" in strict.message
     assert not (tmp_path / "strict").exists()
+
+
+def test_strict_publishes_what_follows_from_the_users_own_settings(prefect_api, tmp_path):
+    """Documents truncated by max_seq_length (their EOS with them) and documents left untrainable by it are
+    information, not warnings: a strict check publishes them, the findings logged at INFO with their kind."""
+    data = tmp_path / "d.jsonl"
+    rows = [chat("long? " * 200, "ok " * 200), chat("q?", "fine " * 300)] + [
+        chat(f"q{i}?", "a.") for i in range(5)
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    mixer = MixerConfig.model_validate(
+        {
+            "datasets": [{"path": str(data), "amount": "1.0"}],
+            "tokenizer": {"name_or_path": str(EXAMPLES / "tokenizer"), "chat_template": "olmo"},
+            "max_seq_length": 300,
+            "output": {"path": str(tmp_path / "out")},
+        }
+    )
+    run = RunOptions(work_dir=str(tmp_path / "work"), runner="thread", check="strict")
+    assert tokenize_mixer(mixer=mixer, run=run, return_state=True).is_completed()
+    report = json.loads((tmp_path / "out" / "run_report.json").read_text())
+    assert report["check_findings"] and {f["severity"] for f in report["check_findings"]} == {"information"}
+    assert any(
+        f["what"].startswith("documents truncated at max_seq_length 300") for f in report["check_findings"]
+    )
+    assert main(["check", str(tmp_path / "out")]) == 0
 
 
 def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_path, monkeypatch):
@@ -249,7 +290,7 @@ def test_a_finding_counts_in_words_and_names_its_documents(prefect_api, tmp_path
     assert "<|im_start|> (id 1)" in found.what
     assert found.line().startswith(f"[masks] {found.what}: 2 documents (e.g. document ")
     assert main(["check", str(out)]) == 1
-    assert f"FINDING {found.line()}" in capsys.readouterr().out.splitlines()
+    assert f"WARNING (changes training) {found.line()}" in capsys.readouterr().out.splitlines()
 
 
 def test_a_differing_template_is_one_line_and_its_diff_is_asked_for(clean, tmp_path, capsys):

@@ -58,7 +58,9 @@ def test_demo_runs_and_an_identical_rerun_reuses_everything(tmp_path):
     # a showcase: no warning in the run, and `check` at the demo's sequence length finds nothing
     assert " WARNING " not in first.stderr, first.stderr
     checked = cli("check", str(out), "--sequence_length", "512")
-    assert checked.returncode == 0 and "clean: no findings" in checked.stdout
+    assert (
+        checked.returncode == 0 and "clean: nothing broken, nothing that changes training" in checked.stdout
+    )
     digests = report["digests"]
 
     unchanged = cli("run", "examples/mixer.yaml", "--output_dir", str(out), "--work_dir", str(work))
@@ -117,6 +119,28 @@ def test_an_input_that_cannot_be_opened_is_refused_before_the_flow_starts(tmp_pa
     assert not list(work.glob("slices/*/*/manifest.json")) and not out.exists()
 
 
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_an_unknown_template_name_can_be_an_error_before_anything_starts(tmp_path, how):
+    """convert falls back to the tokenizer's own template on an unknown name, as the reference does;
+    ``--unknown_template error`` (or the environment setting) refuses it instead, with the close names,
+    before a Prefect API starts or the tokenizer loads."""
+    args = [
+        "convert", "--dataset_mixer_list", "examples/data/general.jsonl", "1.0",
+        "--tokenizer_name_or_path", "examples/tokenizer", "--chat_template_name", "olmo2",
+        "--output_dir", str(tmp_path / "out"), "--work_dir", str(tmp_path / "w"),
+    ]  # fmt: skip
+    if how == "flag":
+        proc = cli(*args, "--unknown_template", "error", check=False)
+    else:
+        proc = cli(*args, check=False, env={"TOKENIZE_MIXER_UNKNOWN_TEMPLATE": "error"})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "unknown chat template 'olmo2'; did you mean 'olmo' or 'olmo_old'?" in proc.stderr
+    assert "Prefect API" not in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+    typo = cli(*args, check=False, env={"TOKENIZE_MIXER_UNKNOWN_TEMPLATE": "erorr"})
+    assert typo.returncode == 2 and "TOKENIZE_MIXER_UNKNOWN_TEMPLATE must be fallback or error" in typo.stderr
+
+
 @pytest.mark.slow
 def test_convert_validates_against_the_reference_and_compare_locates_a_difference(golden_dir, tmp_path):
     case = next(
@@ -138,7 +162,8 @@ def test_convert_validates_against_the_reference_and_compare_locates_a_differenc
     assert cli("compare", str(out), str(expected)).returncode == 0
 
     digests = tmp_path / "digests.json"
-    cli("digest", str(out), "-o", str(digests))
+    said = cli("digest", str(out), "-o", str(digests)).stdout
+    assert said.startswith(f"wrote the digests of {out} (") and said.rstrip().endswith(f"files) to {digests}")
     assert cli("compare", str(out), str(digests)).returncode == 0
 
     tampered = tmp_path / "tampered"
@@ -270,6 +295,12 @@ def test_a_run_says_each_thing_once_on_the_console(tmp_path):
     )  # fmt: skip
     assert "Finished in state" in verbose.stderr  # --verbose shows everything
     assert verbose.stderr.count("UNKNOWN CHAT TEMPLATE 'not_a_name'") == 1
+    # the first thing said, before the API starts; the summary names the template used
+    assert verbose.stderr.index("UNKNOWN CHAT TEMPLATE") < verbose.stderr.index("Prefect API")
+    [line] = [x for x in verbose.stdout.splitlines() if x.startswith("template ")]
+    assert (
+        "tokenizer:examples/tokenizer (unknown name 'not_a_name')" in line and "the tokenizer's own" in line
+    )
 
 
 @pytest.mark.slow

@@ -187,7 +187,46 @@ def test_output_with_different_shards_is_not_clobbered(tmp_path):
         assert (out / "token_ids_part_0000.npy").read_bytes() == b"\x01\x00"
         assert publish_local(staging, out, overwrite=True) == "overwritten"
     assert (out / "token_ids_part_0000.npy").read_bytes() == b"\x02\x00"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.tokenize-mixer-lock", "out"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no lock file left beside it
+
+
+def test_the_publish_lock_serialises_and_leaves_nothing_but_a_users_file(tmp_path):
+    """Processes that publish into one output wait on each other (a lock file removed by its holder is
+    not shared by two at once), no lock file stays, and a file of that name we did not write stays."""
+    import multiprocessing
+
+    from sftmix.publish import _publish_lock
+
+    out = tmp_path / "out"
+    ctx = multiprocessing.get_context("spawn")
+    log = tmp_path / "log"
+    procs = [ctx.Process(target=_hold_lock, args=(str(out), str(log), k)) for k in range(4)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    events = log.read_text().split()
+    assert len(events) == 8 and all(events[i][1:] == events[i + 1][1:] for i in range(0, 8, 2)), events
+    assert [p.name for p in tmp_path.iterdir()] == ["log"]
+    theirs = tmp_path / ".out.tokenize-mixer-lock"
+    theirs.write_text("a user's notes")
+    with _publish_lock(out):
+        pass
+    assert theirs.read_text() == "a user's notes"
+
+
+def _hold_lock(out: str, log: str, k: int) -> None:
+    import time
+
+    from sftmix.publish import _publish_lock
+
+    with _publish_lock(Path(out)):
+        with open(log, "a") as fh:
+            fh.write(f"+{k}\n")
+        time.sleep(0.2)
+        with open(log, "a") as fh:
+            fh.write(f"-{k}\n")
 
 
 def test_an_output_made_from_another_recipe_is_refused_before_any_work(tmp_path):

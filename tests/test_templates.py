@@ -35,9 +35,15 @@ def test_resolve_rules(tmp_path):
     path = tmp_path / "mine.jinja"
     path.write_text("X{{ messages|length }}")
     assert resolve_template(str(path), own, "tok").text == "X{{ messages|length }}"
-    with pytest.raises(TemplateError, match="unknown chat template 'olmo123'"):
+    with pytest.raises(TemplateError, match="unknown chat template 'olmo123'; did you mean 'olmo'"):
         resolve_template("olmo123", own, "tok")
-    assert resolve_template("olmo123", own, "tok", unknown="fallback").text == own
+    fallback = resolve_template("olmo123", own, "tok", unknown="fallback")
+    assert (
+        fallback.text == own
+        and fallback.source == "tokenizer:tok (unknown name 'olmo123', did you mean 'olmo'?)"
+    )
+    with pytest.raises(TemplateError, match="'zzz': use one of"):  # no close name: none offered
+        resolve_template("zzz", own, "tok")
     zephyr = resolve_template("zephyr", own, "tok", unknown="fallback")
     assert zephyr.text == named_template("zephyr") and zephyr.label == "zephyr"
     with pytest.raises(TemplateError, match="has no chat_template"):
@@ -58,7 +64,7 @@ def test_an_unknown_name_that_falls_back_is_warned_about_once(caplog):
     """The command plans ahead of the flow and the flow plans again: one warning, not two."""
     for _ in range(2):
         resolved = resolve_template("no_such_template_name", "{{ messages }}", "tok", unknown="fallback")
-        assert resolved.source == "tokenizer:tok"
+        assert resolved.source == "tokenizer:tok (unknown name 'no_such_template_name')"
     warned = [r for r in caplog.records if "UNKNOWN CHAT TEMPLATE 'no_such_template_name'" in r.getMessage()]
     assert len(warned) == 1
 
