@@ -260,6 +260,7 @@ def _assemble_and_publish(
     )
     if COMMAND_CLOCK.started is not None:  # started by our CLI: the whole command, start-up included
         report.command_seconds = round(time.time() - COMMAND_CLOCK.started, 3)
+    report.time = report.time_line()  # the JSON's times in words (start-up, planning, tokenizing, ...)
     report.publish = "pending"  # publish stamps its outcome into the staged copy before it shows
     atomic_write_bytes(staging / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8"))
     StopWatch().check(force=True)  # a run cancelled while it assembled does not publish

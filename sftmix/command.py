@@ -28,6 +28,13 @@ from sftmix.stopping import (  # noqa: E402 (the clock starts first)
 
 
 def entry() -> None:
+    import os
+
+    if not os.environ.get("PREFECT_API_URL"):
+        # A command without a configured API runs on a temporary one whose analytics are off
+        # (flows/runtime.py); Prefect's client would still greet a first interactive run with a notice
+        # that usage data is collected. Not so here: a user's own server keeps the user's settings.
+        os.environ.setdefault("DO_NOT_TRACK", "1")
     guard_std_streams()
     install_signal_handlers()
     arm_watchdog()

@@ -131,8 +131,16 @@ class RunReport(BaseModel):
         description="The chat template used against the tokenizer's own: shipped none, same or differs "
         "(with a unified diff excerpt).",
     )
-    documents_file: str
+    documents_file: str = Field(
+        description="The run's document map (each document's dataset and row), which `tokenize-mixer report` "
+        "and `inspect` read: in the work directory, so it lasts as long as that does."
+    )
     warnings: list[str] = Field(default_factory=list)
+    time: str = Field(
+        "",
+        description="The times above in words: command_seconds is the whole command (the temporary Prefect "
+        "API's start-up included), wall_seconds the flow alone.",
+    )
 
     def time_line(self) -> str:
         if self.publish == UP_TO_DATE:
