@@ -53,7 +53,8 @@ class DatasetEntry(BaseModel):
     path: str = Field(
         title="Dataset",
         description="A Hugging Face hub name (allenai/tulu-3-sft-mixture), a local .jsonl or .parquet file, or a "
-        "gs:// path. It is recorded as typed in dataset_statistics.json.",
+        "gs:// path. It is recorded as typed in dataset_statistics.json. From the UI, a relative path is read "
+        "from the worker's directory (where `prefect worker start` runs): give an absolute one.",
     )
     amount: Annotated[
         float | int,
@@ -189,7 +190,9 @@ class OutputSpec(BaseModel):
 
     path: str = Field(
         title="Output directory",
-        description="A local directory, or a gs://bucket/prefix. It is recorded in dataset_statistics.json.",
+        description="A local directory, or a gs://bucket/prefix. It is recorded in dataset_statistics.json. "
+        "From the UI, a relative path is the worker's directory's (where `prefect worker start` runs): give "
+        "an absolute one.",
     )
     overwrite: bool = Field(
         default=False,
@@ -363,7 +366,7 @@ class RunOptions(BaseModel):
         title="Work directory",
         description="Where finished slices are kept, so a rerun redoes only what did not finish: a local "
         "directory, or a gs://bucket/prefix every worker reaches. Empty: $TOKENIZE_MIXER_WORK_DIR or the user "
-        "cache directory. Deleting it means starting cold.",
+        "cache directory (the worker's, from the UI). Deleting it means starting cold.",
     )
     workers: int | None = Field(
         default=None,
