@@ -414,7 +414,7 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
     # The flow checks these again; here they fail fast, before a Prefect API starts.
     check_allowed_roots(mixer, run)
     check_output_free(mixer.output.path, paths_to_protect(mixer, run))
-    check_inputs(mixer)
+    check_inputs(mixer, run)
     if (done := up_to_date(mixer, run)) is not None:  # no API, no plan: the inputs' stamps say so
         return _say_up_to_date(done)
 

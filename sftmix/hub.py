@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterable
 from functools import lru_cache
+from pathlib import Path
 from urllib.parse import urlparse
 
 
@@ -37,3 +39,50 @@ def unreachable_hub_problem() -> str | None:
     if problem is None:
         return None
     return f"is not a local directory (relative to the current directory {os.getcwd()}), and {problem}"
+
+
+def _huggingface_home() -> Path:
+    home = os.environ.get("HF_HOME")
+    if home:
+        return Path(home).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "huggingface"
+
+
+def _hub_caches() -> list[Path]:
+    """Where ``huggingface_hub`` keeps downloaded repositories (the settings it reads, in its order)."""
+    named = [os.environ.get(v) for v in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE")]
+    return [Path(p).expanduser() for p in named if p] + [_huggingface_home() / "hub"]
+
+
+def _holds(folder: Path, name: str) -> bool:
+    """Whether ``folder`` has an entry called ``name``, whatever its case (hub ids are not case-sensitive)."""
+    try:
+        return any(entry.lower() == name.lower() for entry in os.listdir(folder))
+    except OSError:
+        return False
+
+
+def offline_cache_problem(
+    name: str, kind: str, datasets_caches: Iterable[str | os.PathLike[str]] = ()
+) -> str | None:
+    """Under ``HF_HUB_OFFLINE``, why hub name ``name`` (``kind`` ``dataset`` or ``model``) cannot load: no
+    local cache holds it (the hub's, and for a dataset ``datasets``' own and ``datasets_caches``), so a
+    typo is said at once rather than after the loaders looked. ``None`` online or where a cache has it."""
+    if not _offline():
+        return None
+    repo = f"{kind}s--{name.replace('/', '--')}"
+    if any(_holds(cache, repo) for cache in _hub_caches()):
+        return None
+    looked = [str(c) for c in _hub_caches()]
+    if kind == "dataset":
+        prepared = name.replace("/", "___")  # ``datasets``' folder for a hub dataset it has prepared
+        caches = [Path(os.environ.get("HF_DATASETS_CACHE") or _huggingface_home() / "datasets").expanduser()]
+        caches += [Path(c) for c in datasets_caches]
+        if any(_holds(cache, prepared) for cache in caches):
+            return None
+        looked += [str(c) for c in caches]
+    return (
+        "is not a local path, and HF_HUB_OFFLINE is set while no local cache holds it (a typo? looked in "
+        + ", ".join(looked)
+        + ")"
+    )

@@ -173,13 +173,17 @@ class FingerprintMemo:
             atomic_write_bytes(self.path, json.dumps(self.known, sort_keys=True).encode("utf-8"))
 
 
+def _work_dir_path(run: RunOptions) -> Path:
+    """The local work directory (a remote one's local mirror), not created."""
+    if run.work_dir and is_remote(run.work_dir):
+        return local_mirror(run.work_dir)
+    return Path(run.work_dir).expanduser() if run.work_dir else default_work_dir()
+
+
 def _work_dir(run: RunOptions) -> tuple[Path, str | None]:
     """The local work directory (created) and the remote one it mirrors, if any."""
     remote = run.work_dir if is_remote(run.work_dir) else None
-    if remote is not None:
-        work_dir = local_mirror(remote)
-    else:
-        work_dir = Path(run.work_dir).expanduser() if run.work_dir else default_work_dir()
+    work_dir = _work_dir_path(run)
     with storage_errors(f"work directory {work_dir} is not usable"):
         work_dir.mkdir(parents=True, exist_ok=True)
     return work_dir, remote
@@ -217,7 +221,7 @@ def _batch_groups(
     return groups
 
 
-def check_inputs(mixer: MixerConfig) -> None:
+def check_inputs(mixer: MixerConfig, run: RunOptions | None = None) -> None:
     """Refuse what is wrong at a glance (a missing tokenizer directory, ``.jinja`` template or data
     file; a hub name with no hub to ask), in the plan's order and with its messages: the command checks
     this before it starts a Prefect API, in a fraction of a second, where the plan would meet it seconds
@@ -229,8 +233,9 @@ def check_inputs(mixer: MixerConfig) -> None:
     if spec.chat_template and spec.chat_template.endswith(".jinja"):
         read_template_file(spec.chat_template)
     check_template_name(spec.chat_template, spec.unknown_template)
+    caches = [] if run is None else [str(_work_dir_path(run) / "datasets-cache")]
     for entry in mixer.datasets:
-        if (problem := path_problem(entry.path)) is not None:
+        if (problem := path_problem(entry.path, caches)) is not None:
             raise DatasetError(entry.path, problem)
 
 

@@ -25,13 +25,14 @@ import logging
 import os
 import re
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 from .errors import DatasetError
-from .hub import unreachable_hub_problem
+from .hub import offline_cache_problem, unreachable_hub_problem
 from .storage import download_file, is_remote, remote_fs, sha256_stream
 
 logger = logging.getLogger(__name__)
@@ -153,20 +154,21 @@ def _not_readable(path: str) -> str:
     return f"not a data file we read: we read {READABLE}"
 
 
-def hub_name_problem(path: str) -> str | None:
+def hub_name_problem(path: str, caches: Sequence[str] = ()) -> str | None:
     """Why a name without a data-file suffix cannot go to ``datasets.load_dataset``: a local file we do
-    not read, a local path that does not exist, or a hub that cannot be reached. ``None`` for a local
-    directory or a hub name the hub may answer."""
+    not read, a local path that does not exist, a hub that cannot be reached, or offline, a name no local
+    cache holds (``caches``: the run's ``datasets`` cache directories). ``None`` for a local directory or
+    a hub name the hub (or a cache) may answer."""
     if os.path.isdir(path):
         return None  # a local directory laid out as on the hub
     if os.path.lexists(path):
         return _not_readable(path)
     if looks_local(path):
         return _missing(path, "file" if path.lower().endswith(OTHER_DATA_SUFFIXES) else "file or directory")
-    return unreachable_hub_problem()
+    return unreachable_hub_problem() or offline_cache_problem(path, "dataset", caches)
 
 
-def path_problem(path: str) -> str | None:
+def path_problem(path: str, caches: Sequence[str] = ()) -> str | None:
     """Why a dataset cannot be opened, found at once, with the messages opening it gives: a local file
     that is missing or unreadable, or a hub name with no hub to ask. ``None`` for a readable local
     file or directory, a remote object (its store is asked when it is opened) and a hub name the hub
@@ -175,7 +177,7 @@ def path_problem(path: str) -> str | None:
         return None
     if local_builder(path) is not None:
         return local_file_problem(path)
-    return hub_name_problem(path)
+    return hub_name_problem(path, caches)
 
 
 def _no_rows(path: str) -> str:
@@ -466,7 +468,7 @@ def _open_dataset(
             options = _reference_json_options() if builder == "json" else {}
             ds = datasets.load_dataset(builder, data_files=path, split=split, cache_dir=cache_dir, **options)
         else:
-            if (problem := hub_name_problem(path)) is not None:
+            if (problem := hub_name_problem(path, [cache_dir] if cache_dir else [])) is not None:
                 raise DatasetError(name, problem)
             ds = datasets.load_dataset(path, split=split, revision=revision, cache_dir=cache_dir)
     except DatasetError:

@@ -29,7 +29,7 @@ from .encoders import (
     vocabulary,
 )
 from .errors import ConfigError, TokenDtypeError
-from .hub import unreachable_hub_problem
+from .hub import offline_cache_problem, unreachable_hub_problem
 from .segments import SegmentBoundaries
 from .sources import _relative_note, looks_local
 
@@ -102,7 +102,7 @@ def tokenizer_path_problem(name: str) -> str | None:
         return f"tokenizer {name!r} is not a directory: give the directory that holds tokenizer.json"
     if looks_local(name):
         return f"tokenizer {name!r}: no such directory{_relative_note(name)}"
-    if (problem := unreachable_hub_problem()) is not None:
+    if (problem := unreachable_hub_problem() or offline_cache_problem(name, "model")) is not None:
         return f"tokenizer {name!r} {problem}"
     return None
 

@@ -119,6 +119,41 @@ def test_an_input_that_cannot_be_opened_is_refused_before_the_flow_starts(tmp_pa
     assert not list(work.glob("slices/*/*/manifest.json")) and not out.exists()
 
 
+@pytest.mark.parametrize("what", ["dataset", "tokenizer"])
+def test_offline_a_hub_name_no_cache_holds_is_refused_at_once(tmp_path, what):
+    """Under HF_HUB_OFFLINE (common on clusters) a mistyped hub name is refused before a Prefect API starts,
+    naming the caches looked in; a name a cache holds passes that check."""
+    home = tmp_path / "hf"
+    (home / "hub" / "datasets--someorg--cached-one").mkdir(parents=True)
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(home), "HF_HUB_CACHE": None, "HF_DATASETS_CACHE": None}
+    dataset = "someorg/typo-of-a-name" if what == "dataset" else "examples/data/general.jsonl"
+    tokenizer = "someorg/typo-of-a-tokenizer" if what == "tokenizer" else "examples/tokenizer"
+    args = [
+        "convert", "--dataset_mixer_list", dataset, "1.0", "--tokenizer_name_or_path", tokenizer,
+        "--output_dir", str(tmp_path / "out"), "--work_dir", str(tmp_path / "w"),
+    ]  # fmt: skip
+    proc = cli(*args, check=False, env=env)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert (
+        "HF_HUB_OFFLINE is set while no local cache holds it" in proc.stderr
+        and str(home / "hub") in proc.stderr
+    )
+    assert "Prefect API" not in proc.stderr and "Traceback" not in proc.stderr
+    from sftmix.hub import offline_cache_problem
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setenv("HF_HOME", str(home))
+        patch.delenv("HF_HUB_CACHE", raising=False)
+        patch.delenv("HF_DATASETS_CACHE", raising=False)
+        assert offline_cache_problem("SomeOrg/Cached-One", "dataset") is None  # any case
+        assert offline_cache_problem("someorg/other", "dataset", [str(tmp_path)]) is not None
+        (tmp_path / "someorg___other").mkdir()  # prepared by `datasets` in the run's cache
+        assert offline_cache_problem("someorg/other", "dataset", [str(tmp_path)]) is None
+        patch.delenv("HF_HUB_OFFLINE")
+        assert offline_cache_problem("someorg/typo", "model") is None  # online: the hub answers
+
+
 @pytest.mark.parametrize("how", ["flag", "environment"])
 def test_an_unknown_template_name_can_be_an_error_before_anything_starts(tmp_path, how):
     """convert falls back to the tokenizer's own template on an unknown name, as the reference does;
