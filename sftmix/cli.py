@@ -407,14 +407,18 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
     from flows.runtime import prefect_api
 
     from .plan import check_inputs
-    from .publish import check_output_free, paths_to_protect
+    from .publish import check_output_free, paths_to_protect, refuse_different_settings
     from .roots import check_allowed_roots
-    from .up_to_date import UpToDate, remember_inputs, up_to_date
+    from .slices import SLICE_FORMAT_VERSION
+    from .up_to_date import UpToDate, mixer_recipe, remember_inputs, up_to_date
 
     # The flow checks these again; here they fail fast, before a Prefect API starts.
     check_allowed_roots(mixer, run)
     check_output_free(mixer.output.path, paths_to_protect(mixer, run))
     check_inputs(mixer, run)
+    refuse_different_settings(
+        mixer.output.path, mixer.output.overwrite, mixer_recipe(mixer), SLICE_FORMAT_VERSION
+    )
     if (done := up_to_date(mixer, run)) is not None:  # no API, no plan: the inputs' stamps say so
         return _say_up_to_date(done)
 

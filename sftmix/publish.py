@@ -151,8 +151,24 @@ def refuse_different_output(output: str, overwrite: bool, recipe: dict) -> None:
     before = None if marker is None else marker.get("recipe")
     if not isinstance(before, dict) or before == recipe or _data_kinds(before) != _data_kinds(recipe):
         return  # (data fingerprinted another way, by an older version: publishing compares the digests)
-    changes = recipe_changes(before, recipe)
-    raise OutputConflictError(
+    raise _conflict(output, recipe_changes(before, recipe))
+
+
+def refuse_different_settings(output: str, overwrite: bool, mixer: dict, recipe_format: str) -> None:
+    """:func:`refuse_different_output` from the settings alone (``mixer``: the recipe's ``mixer`` part,
+    made from the config), before a Prefect API starts or the tokenizer loads: the command says it in
+    under a second. An output whose recipe is of another format is left to the plan's check."""
+    if overwrite or is_remote(output) or not Path(output).is_dir():
+        return
+    marker = read_output_marker(Path(output))
+    before = None if marker is None else marker.get("recipe")
+    if not isinstance(before, dict) or before.get("format") != recipe_format or before.get("mixer") == mixer:
+        return
+    raise _conflict(output, recipe_changes(before.get("mixer"), mixer, "mixer"))
+
+
+def _conflict(output: str, changes: list[str]) -> OutputConflictError:
+    return OutputConflictError(
         f"output directory {output} holds shards made with other settings or data ("
         + "; ".join(changes[:3])
         + (f"; {len(changes) - 3} more" if len(changes) > 3 else "")

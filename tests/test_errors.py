@@ -263,6 +263,26 @@ def test_an_output_made_from_another_recipe_is_refused_before_any_work(tmp_path)
     refuse_different_output(str(tmp_path / "old"), False, {**recipe, "data": ["jsonl-batches:cd"]})
 
 
+def test_other_settings_are_refused_from_the_config_alone(tmp_path):
+    """The command's check before a Prefect API starts: the recipe's mixer part, made from the config,
+    against the output's; other data, a tokenizer or a recipe of another format are the plan's to find."""
+    from sftmix.publish import refuse_different_settings
+
+    mixer = {"datasets": [{"path": "a.jsonl", "amount": "1.0"}], "max_seq_length": 4096}
+    recipe = {"format": "3", "mixer": mixer, "data": ["f0"], "tokenizer": "t0"}
+    out = tmp_path / "out"
+    with staging_dir(out, tmp_path) as first:
+        (first / "token_ids_part_0000.npy").write_bytes(b"\x01\x00")
+        assert publish_local(first, out, overwrite=False, recipe=recipe) == "created"
+    refuse_different_settings(str(out), False, mixer, "3")  # the same settings: the plan decides
+    changed = {**mixer, "max_seq_length": 2048}
+    with pytest.raises(OutputConflictError, match=r"\(mixer.max_seq_length: 4096 -> 2048\): this run would"):
+        refuse_different_settings(str(out), False, changed, "3")
+    refuse_different_settings(str(out), True, changed, "3")  # overwrite
+    refuse_different_settings(str(out), False, changed, "4")  # a recipe of another format
+    refuse_different_settings(str(tmp_path / "absent"), False, changed, "3")
+
+
 def test_on_bad_row_skip_counts_each_skip_with_its_reason(tmp_path):
     rows = [
         GOOD,
