@@ -60,7 +60,9 @@ def report_markdown(report: RunReport) -> str:
         lines.append(f"| reference | `{report.validation.reference}`: {verdict} |")
     if report.check_findings is not None:
         lines += ["", "## Check (tokenize-mixer check)", ""]
-        lines += [f"- {Finding(**f).console_line()}" for f in report.check_findings] or ["clean: no findings"]
+        lines += [f"- {Finding(**f).console_line()}" for f in report.check_findings] or [
+            "clean: nothing broken, nothing that changes training"
+        ]
         if report.check_notes:
             # a list, not a code block: the UI wraps list items, and a code block runs off its right edge
             lines += [""] + [
