@@ -372,6 +372,12 @@ def test_the_fast_encoders_rows_are_the_librarys(convs, name, engine, template, 
     renderer = ChatRenderer(
         named_template(template), {"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"}
     )
+    assert_same_rows(rust, fast, renderer, convs, max_len, drop)
+
+
+def assert_same_rows(rust, fast, renderer, convs, max_len, drop) -> None:
+    """Each row of ``convs`` (status, reason; ids and mask where kept or not dropped) from the library's
+    encodes and from the fast encoder's."""
     rows = []
     for encode in (lambda t: rust.encode_batch(t, add_special_tokens=False), fast.encode_batch):
         masker = LabelMasker(
@@ -569,24 +575,7 @@ def test_sentencepiece_rows_are_the_librarys(convs, template, max_len, drop):
     rust, fast = encoders("mistral-v3")
     renderer = ChatRenderer(named_template(template), {"eos_token": "</s>", "bos_token": "<s>"})
     assert boundaries_of(rust) is None
-    rows = []
-    for encode in (lambda t: rust.encode_batch(t, add_special_tokens=False), fast.encode_batch):
-        masker = LabelMasker(
-            renderer,
-            encode,
-            lambda ids: rust.decode(ids, skip_special_tokens=False),
-            max_len,
-            None,
-            drop_untrainable=drop,
-        )
-        rows.append(
-            [
-                (r.status, r.detail)
-                + ((r.ids.tolist(), r.mask.tolist()) if r.status == 0 or not drop else ())
-                for r in masker.tokenize(convs)
-            ]
-        )
-    assert rows[0] == rows[1]
+    assert_same_rows(rust, fast, renderer, convs, max_len, drop)
 
 
 def test_encoder_fast_refuses_before_work_and_auto_falls_back(tmp_path, caplog):
@@ -667,15 +656,16 @@ def test_decode_is_left_to_the_library_where_it_maps_added_text_to_bytes():
     assert analyse(_dolma2_json()).decodes
 
 
-def test_the_default_run_on_llama3_uses_the_fast_encoder(tmp_path):
+def _plan_of_chats(tmp_path: Path, tokenizer: Path, user: str, assistant: str):
+    """The default run's plan of 40 chats (``{i}`` in the texts is the row) with ``tulu``."""
     rows = tmp_path / "rows.jsonl"
     rows.write_text(
         "".join(
             json.dumps(
                 {
                     "messages": [
-                        {"role": "user", "content": f"q{i} é 😀"},
-                        {"role": "assistant", "content": f"a{i}"},
+                        {"role": "user", "content": user.format(i=i)},
+                        {"role": "assistant", "content": assistant.format(i=i)},
                     ]
                 }
             )
@@ -685,10 +675,14 @@ def test_the_default_run_on_llama3_uses_the_fast_encoder(tmp_path):
     )
     mixer = MixerConfig(
         datasets=[DatasetEntry(path=str(rows), amount=1.0)],
-        tokenizer=TokenizerSpec(name_or_path=str(llama3_dir()), chat_template="tulu"),
+        tokenizer=TokenizerSpec(name_or_path=str(tokenizer), chat_template="tulu"),
         output=OutputSpec(path=str(tmp_path / "out")),
     )
-    assert build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work"))).context.encoder == "fast"
+    return build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work")))
+
+
+def test_the_default_run_on_llama3_uses_the_fast_encoder(tmp_path):
+    assert _plan_of_chats(tmp_path, llama3_dir(), "q{i} é 😀", "a{i}").context.encoder == "fast"
 
 
 def test_the_default_run_on_a_sentencepiece_tokenizer_uses_the_fast_encoder(tmp_path):
@@ -697,27 +691,7 @@ def test_the_default_run_on_a_sentencepiece_tokenizer_uses_the_fast_encoder(tmp_
     pytest.importorskip("fastokens")
     from sftmix import tokenizer as tk_module
 
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "messages": [
-                        {"role": "user", "content": f"q{i} é 😀 ▁"},
-                        {"role": "assistant", "content": f" a{i}"},
-                    ]
-                }
-            )
-            + "\n"
-            for i in range(40)
-        )
-    )
-    mixer = MixerConfig(
-        datasets=[DatasetEntry(path=str(rows), amount=1.0)],
-        tokenizer=TokenizerSpec(name_or_path=str(mistral_sp_dir()), chat_template="tulu"),
-        output=OutputSpec(path=str(tmp_path / "out")),
-    )
-    plan = build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work")))
+    plan = _plan_of_chats(tmp_path, mistral_sp_dir(), "q{i} é 😀 ▁", " a{i}")
     assert plan.context.encoder == "fast"
     loaded = tk_module.load_worker_tokenizer.__wrapped__(plan.context.tokenizer_file)  # a worker's own
     assert loaded.vocab is None and loaded.fast.metaspace == "first"

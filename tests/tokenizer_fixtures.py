@@ -101,10 +101,14 @@ def _converted(target: Path, ranks: Path, pattern: str, specials: list[str], **t
     rust = TikTokenConverter(
         vocab_file=str(ranks), pattern=pattern, extra_special_tokens=specials
     ).converted()
-    tok = PreTrainedTokenizerFast(tokenizer_object=rust, **tokens)
+    return _saved(PreTrainedTokenizerFast(tokenizer_object=rust, **tokens), target)
+
+
+def _saved(tok: object, target: Path) -> Path:
+    """``tok.save_pretrained`` into ``target``, whole or not at all (a folder beside it, then renamed)."""
     tmp = target.with_name(target.name + ".part")
     shutil.rmtree(tmp, ignore_errors=True)
-    tok.save_pretrained(str(tmp))
+    tok.save_pretrained(str(tmp))  # type: ignore[attr-defined]
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
     return target
@@ -166,12 +170,7 @@ def mistral_sp_dir() -> Path:
         ],
         special_tokens=False,
     )
-    tmp = target.with_name(target.name + ".part")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tok.save_pretrained(str(tmp))
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
-    return target
+    return _saved(tok, target)
 
 
 if __name__ == "__main__":
