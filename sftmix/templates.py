@@ -149,7 +149,8 @@ def check_template_name(name: str | None, unknown: str) -> None:
         _FALLBACKS_WARNED.add(name)
         logger.warning(
             "UNKNOWN CHAT TEMPLATE %r%s: the tokenizer's own chat_template is used instead, as the reference "
-            "converter does (--unknown_template error refuses the run). Known names: %s.",
+            "converter does (tokenizer.unknown_template: error, or convert's --unknown_template error, refuses "
+            "the run). Known names: %s.",
             name,
             did_you_mean(name, ", did you mean "),
             ", ".join(NAMED_TEMPLATES),
