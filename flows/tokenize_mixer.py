@@ -242,8 +242,8 @@ def _assemble_and_publish(
         for f in findings:  # what follows from the user's settings is information, not a warning
             level = {BROKEN: logging.ERROR, CHANGES_TRAINING: logging.WARNING}.get(f.severity, logging.INFO)
             log.log(level, "check %s", f.console_line())
-        if checked.serious and run.check == "strict":
-            serious = checked.serious
+        serious = checked.serious
+        if serious and run.check == "strict":
             raise CheckFailedError(
                 f"run.check is strict and the output has {len(serious)} finding(s) that "
                 f"{'break it' if serious[0].severity == BROKEN else 'change training'}: "

@@ -209,9 +209,9 @@ def check_output(
         raise ConfigError(
             f"{out} holds no {TOKENS_PART.format(0)}: not an OLMo-core output of tokenize-mixer"
         )
-    report_json = _json(out / RUN_REPORT)
+    report_json, stats = _json(out / RUN_REPORT), _json(out / STATS_JSON)
     if max_seq_length is None:
-        max_seq_length = (_json(out / STATS_JSON).get("configuration") or {}).get("max_sequence_length")
+        max_seq_length = (stats.get("configuration") or {}).get("max_sequence_length")
     dtype = np.dtype(token_dtype or report_json.get("token_dtype") or "uint32")
     vocab, eos, special = _tokenizer_facts(out)
     result = CheckReport(output=str(out), template=template or report_json.get("template_drift"))
@@ -343,7 +343,7 @@ def check_output(
         documents_file or report_json.get("documents_file"),
         dataset_names or report_json.get("datasets") or [],
     )
-    for entry in _json(out / STATS_JSON).get("per_dataset_statistics", []):
+    for entry in stats.get("per_dataset_statistics", []):
         tokens = entry.get("final_tokens_in_output") or 0
         result.per_dataset_trainable_percent[entry["dataset_name"]] = (
             round(100 * (entry.get("final_trainable_tokens_in_output") or 0) / tokens, 1) if tokens else 0.0

@@ -641,10 +641,6 @@ class FastEncoder:
             return False
         return not (text[0] in self._first_chars and text.startswith(self._starts))
 
-    def _sentencepiece_ids(self, text: str) -> np.ndarray:
-        buffer, _ = self._fastokens.encode_batch_flat([text])
-        return np.frombuffer(buffer, dtype=np.uint32).astype(np.int64)
-
     def _runs(self, ids: np.ndarray) -> np.ndarray:
         """Positions of the tokens that begin a run of text: the first token, and any after an added one."""
         added = self._added_ids[ids]
@@ -655,10 +651,10 @@ class FastEncoder:
         Metaspace or Prepend step put before their run); None when there are none."""
         scheme = self.analysis.metaspace
         if scheme == "prepend":  # fastokens prepends to every run itself
-            ids = self._sentencepiece_ids(text)
+            ids = self._fastokens_ids(text)
             return ids, self._runs(ids)
         first = self.prepends(text)
-        ids = self._sentencepiece_ids(" " + text if first else text)
+        ids = self._fastokens_ids(" " + text if first else text)
         marks = np.zeros(1, dtype=np.int64) if first else None
         if scheme != "always" or not self._added_ids[ids].any():
             return ids, marks
@@ -675,7 +671,7 @@ class FastEncoder:
                 spaced += [text[at:c], " "]
                 at = c
         spaced.append(text[at:])
-        ids = self._sentencepiece_ids((" " if first else "") + "".join(spaced))
+        ids = self._fastokens_ids((" " if first else "") + "".join(spaced))
         again = self._runs(ids)  # the same runs: a space before a run's text cannot make an added token
         again = again[again > 0]
         if again.shape[0] != len(needs):
@@ -694,15 +690,11 @@ class FastEncoder:
         lengths = lengths.copy()
         lengths[marks] -= mark
         out = char_offsets(shown, lengths)
+        # a marker alone starts where the next token of its run does (a run is never empty), and char_offsets
+        # gives an empty token nothing sensible to end at
         alone = marks[lengths[marks] == 0]
-        if alone.shape[0]:  # (char_offsets gives an empty token nothing sensible to end at)
-            ends = np.cumsum(lengths)[alone]
-            if shown.isascii():
-                out[alone, 0] = ends
-            else:
-                data = np.frombuffer(shown.encode("utf-8"), dtype=np.uint8)
-                out[alone, 0] = np.cumsum((data & 0xC0) != 0x80)[ends] - 1
-            out[alone, 1] = out[alone, 0] + 1
+        out[alone, 0] = out[alone + 1, 0]
+        out[alone, 1] = out[alone, 0] + 1
         return out
 
     @cached_property

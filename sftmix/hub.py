@@ -70,10 +70,10 @@ def offline_cache_problem(
     typo is said at once rather than after the loaders looked. ``None`` online or where a cache has it."""
     if not _offline():
         return None
-    repo = f"{kind}s--{name.replace('/', '--')}"
-    if any(_holds(cache, repo) for cache in _hub_caches()):
+    repo, hub_caches = f"{kind}s--{name.replace('/', '--')}", _hub_caches()
+    if any(_holds(cache, repo) for cache in hub_caches):
         return None
-    looked = [str(c) for c in _hub_caches()]
+    looked = [str(c) for c in hub_caches]
     if kind == "dataset":
         prepared = name.replace("/", "___")  # ``datasets``' folder for a hub dataset it has prepared
         caches = [Path(os.environ.get("HF_DATASETS_CACHE") or _huggingface_home() / "datasets").expanduser()]
