@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import logging
 import os
 import secrets
+import select
 import signal
 import socket
 import subprocess
@@ -36,6 +38,7 @@ from sftmix.stopping import (
     first_stop,
     record_stop,
 )
+from sftmix.warm import WARM_API_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -232,17 +235,50 @@ def _set_api_url(url: str | None, auth_string: str | None = None) -> None:
         prefect.context.GLOBAL_SETTINGS_CONTEXT = prefect.context.root_settings_context()
 
 
+class WarmApi:
+    """The API of the warm runner that forked this process for a command (``flows.warm_runner``): up
+    already, and watched as our temporary server is, though it is not this process's child."""
+
+    def __init__(self, description: str) -> None:
+        found = json.loads(description)
+        self.api_url: str = found["url"]
+        self.auth_string: str = found["auth"]
+        self.pid = int(found["pid"])
+        self.runner = int(found["runner"])
+
+    def watch(self) -> None:
+        """Stop the run at once if the server dies (as :meth:`TemporaryServer.watch`), told by the kernel
+        through a pidfd rather than by a wait only a parent may do."""
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except (OSError, AttributeError):
+            stop = RunStopped("stopped: the warm runner's Prefect API server is gone", EXIT_API_LOST)
+            raise record_stop(stop) from None
+
+        def wait_for_exit() -> None:
+            select.select([pidfd], [], [])
+            exit_now(
+                record_stop(RunStopped("stopped: the warm runner's Prefect API server died", EXIT_API_LOST)),
+                forced=True,
+            )
+
+        threading.Thread(target=wait_for_exit, name="warm-api-watch", daemon=True).start()
+
+
 @contextlib.contextmanager
 def prefect_api(prepare: Callable[[], None] | None = None, launch_first: bool = False) -> Iterator[str]:
-    """Yield the API URL in use: the configured server, or a temporary one for this command.
+    """Yield the API URL in use: the configured server, or a temporary one for this command (the warm
+    runner's, when it forked this process for the command).
 
     ``prepare`` runs while the temporary server starts (work that fills caches the run uses next).
     ``launch_first`` (the command, one run per process): the temporary server is launched before this
     process imports Prefect (about 1 s), unless the environment names an API; should a Prefect profile
     name one, it is stopped again."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    warm_description = os.environ.pop(WARM_API_ENV, None)  # not for the run's workers or subprocesses
+    warm = WarmApi(warm_description) if warm_description and not os.environ.get("PREFECT_API_URL") else None
     server = TemporaryServer(pass_settings=not launch_first)
-    if launch_first and not os.environ.get("PREFECT_API_URL"):
+    if warm is None and launch_first and not os.environ.get("PREFECT_API_URL"):
         server.launch()
         server.watch()
     fallback = None
@@ -257,34 +293,41 @@ def prefect_api(prepare: Callable[[], None] | None = None, launch_first: bool = 
         )
 
         configured = PREFECT_API_URL.value()
-        if configured:
+        if configured and warm is None:
             if server.process is not None:
                 logger.info("the Prefect profile names an API, %s: the run uses it", configured)
                 server.stop()
             yield configured
             return
-        # Prefect's default 20 s is too short on a busy machine; a slow start is not a reason to fail.
-        timeout = int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
-        if server.process is None:
-            server.launch()
-            server.watch()
-        _warm_imports()  # the heavy imports of the run overlap the server's start-up
-        if prepare is not None:
-            prepare()
-        # after prepare, which does not need it: the head start's tokenizing begins sooner
-        import flows.tokenize_mixer  # noqa: F401
+        if warm is not None:
+            logger.info("in the warm runner (pid %d): its Prefect API answers already", warm.runner)
+            warm.watch()
+            if prepare is not None:
+                prepare()
+            api_url, auth_string = warm.api_url, warm.auth_string
+        else:
+            # Prefect's default 20 s is too short on a busy machine; a slow start is not a reason to fail.
+            timeout = int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
+            if server.process is None:
+                server.launch()
+                server.watch()
+            _warm_imports()  # the heavy imports of the run overlap the server's start-up
+            if prepare is not None:
+                prepare()
+            # after prepare, which does not need it: the head start's tokenizing begins sooner
+            import flows.tokenize_mixer  # noqa: F401
 
-        try:
-            server.wait_ready(timeout)
-            api_url, auth_string = server.api_url, server.auth_string
-        except RuntimeError as exc:  # e.g. a Prefect whose server is launched differently: its own way
-            logger.warning("%s; starting it the way Prefect does", exc)
-            server.stop()
-            from prefect.server.api.server import SubprocessASGIServer
+            try:
+                server.wait_ready(timeout)
+                api_url, auth_string = server.api_url, server.auth_string
+            except RuntimeError as exc:  # e.g. a Prefect whose server is launched differently: its own way
+                logger.warning("%s; starting it the way Prefect does", exc)
+                server.stop()
+                from prefect.server.api.server import SubprocessASGIServer
 
-            fallback = SubprocessASGIServer()
-            fallback.start(timeout=timeout)
-            api_url, auth_string = fallback.api_url, None
+                fallback = SubprocessASGIServer()
+                fallback.start(timeout=timeout)
+                api_url, auth_string = fallback.api_url, None
         _set_api_url(api_url, auth_string)
         try:
             # Our own server does not come back once it is gone: one quick retry (not five with
