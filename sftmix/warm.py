@@ -334,6 +334,21 @@ def start_runner(argv: list[str]) -> None:
         os.close(log)
 
 
+def runner_argv(directory: Path, key: str, seconds: float, spawner: int) -> list[str]:
+    """The runner's command line: ``-P``, so that nothing in the working directory shadows our modules
+    (and the key it computes, like the command's, leaves out the script's directory)."""
+    return [
+        sys.executable,
+        "-P",
+        "-m",
+        "flows.warm_runner",
+        os.fspath(directory),
+        key,
+        str(seconds),
+        str(spawner),
+    ]
+
+
 def runner_alive(directory: Path, key: str) -> bool:
     """Whether a runner for ``key`` holds its lock (running, or starting)."""
     import fcntl

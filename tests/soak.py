@@ -38,6 +38,7 @@ from sftmix.assemble import PROCESSES_FROM_ENV
 from sftmix.digest import compare
 from sftmix.ownership import output_id
 from sftmix.warm import WARM_SECONDS_ENV
+from tests.cli_runs import launch_warm_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -781,9 +782,8 @@ class WarmRunner:
             **local_env(prefect_home, root / "tmp-warm"),
             "XDG_RUNTIME_DIR": str(self.dir),
             WARM_SECONDS_ENV: "3600",
-            "DO_NOT_TRACK": "1",  # as the command sets it before it computes its runner's key
         }
-        self.key = ""
+        self.key = ""  # (known once a runner was launched)
         self.state: dict[str, Any] = {}
 
     @property
@@ -815,42 +815,20 @@ class WarmRunner:
 
     def ensure(self) -> None:
         """A ready runner (its socket in place, it and its API alive): the one there, or a new one."""
-        if not self.key:
-            self.key = subprocess.run(
-                [sys.executable, "-P", "-c", "from sftmix.warm import runner_key; print(runner_key())"],
-                env=self.env, cwd=ROOT, capture_output=True, text=True, check=True, timeout=60,
-            ).stdout.strip()  # fmt: skip
-        sock = self.runners_dir / f"{self.key}.sock"
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError, ValueError):
                 state = json.loads((self.runners_dir / f"{self.key}.json").read_text())
-                if sock.exists() and alive(state["pid"]) and alive(state["api_pid"]):
+                if (
+                    (self.runners_dir / f"{self.key}.sock").exists()
+                    and alive(state["pid"])
+                    and alive(state["api_pid"])
+                ):
                     self.state = state
                     return
             if not self.runners():
-                self.runners_dir.mkdir(mode=0o700, exist_ok=True)
-                with open(self.runners_dir / f"{self.key}.log", "wb") as log:
-                    self.reaper.hold(
-                        subprocess.Popen(
-                            [
-                                sys.executable,
-                                "-P",
-                                "-m",
-                                "flows.warm_runner",
-                                str(self.runners_dir),
-                                self.key,
-                                "3600",
-                                "0",
-                            ],
-                            env=self.env,
-                            cwd=ROOT,
-                            stdin=subprocess.DEVNULL,
-                            stdout=log,
-                            stderr=log,
-                            start_new_session=True,
-                        )  # fmt: skip
-                    )
+                process, _, self.key = launch_warm_runner(self.env, 3600)
+                self.reaper.hold(process)
             time.sleep(0.2)
         raise RuntimeError(f"the soak's warm runner was not ready within 180 s:\n{self.log()[-TAIL:]}")
 

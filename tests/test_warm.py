@@ -22,7 +22,7 @@ import pytest
 
 from sftmix import warm
 from sftmix.digest import compare
-from tests.cli_runs import assert_rerun_resumes, cli_env
+from tests.cli_runs import assert_rerun_resumes, cli_env, launch_warm_runner
 
 ROOT = Path(__file__).parent.parent
 TOOL = Path(sys.executable).parent / "tokenize-mixer"
@@ -264,22 +264,9 @@ def short_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _direct_runner(root: Path, env: dict[str, str], seconds: float) -> dict:
-    """A runner started as a cold command starts one, without the cold run (its key from a process like
-    it: -P, the same environment and directory, DO_NOT_TRACK as the command sets it)."""
-    env = {"DO_NOT_TRACK": "1", **env}
-    key = subprocess.run(
-        [sys.executable, "-P", "-c", "from sftmix.warm import runner_key; print(runner_key())"],
-        env=env, cwd=ROOT, capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    directory = root / "run" / f"tokenize-mixer-{os.getuid()}"
-    directory.mkdir(parents=True, mode=0o700, exist_ok=True)
-    os.chmod(root / "run", 0o700)
-    with open(directory / f"{key}.log", "w") as log:
-        subprocess.Popen(
-            [sys.executable, "-P", "-m", "flows.warm_runner", str(directory), key, str(seconds), "0"],
-            env=env, cwd=ROOT, start_new_session=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-        )  # fmt: skip
+def _direct_runner(env: dict[str, str], seconds: float) -> dict:
+    """A runner started without a cold run (``launch_warm_runner``), once ready: its state."""
+    _, directory, key = launch_warm_runner(env, seconds)
     state = directory / f"{key}.json"
     _wait(lambda: (directory / f"{key}.sock").exists(), 180, "a ready runner")
     return {**json.loads(state.read_text()), "socket": directory / f"{key}.sock", "state": state}
@@ -287,8 +274,8 @@ def _direct_runner(root: Path, env: dict[str, str], seconds: float) -> dict:
 
 @pytest.mark.slow
 def test_a_dead_api_stops_the_run_and_its_runner(warm_runner, tmp_path, short_dir):
-    env = {**warm_runner.env, "XDG_RUNTIME_DIR": str(short_dir / "run")}
-    state = _direct_runner(short_dir, env, 300)
+    env = {**warm_runner.env, "XDG_RUNTIME_DIR": str(short_dir)}
+    state = _direct_runner(env, 300)
     work, out = tmp_path / "work", tmp_path / "out"
     run = Command(convert(warm_runner.data, work, out), env)
     run.wait_for(" slices on ")
@@ -301,8 +288,8 @@ def test_a_dead_api_stops_the_run_and_its_runner(warm_runner, tmp_path, short_di
 
 @pytest.mark.slow
 def test_a_runner_leaves_after_its_idle_time(warm_runner, short_dir):
-    env = {**warm_runner.env, "XDG_RUNTIME_DIR": str(short_dir / "run")}
-    state = _direct_runner(short_dir, env, 2)
+    env = {**warm_runner.env, "XDG_RUNTIME_DIR": str(short_dir)}
+    state = _direct_runner(env, 2)
     _wait(lambda: not _alive(state["pid"]) and not _alive(state["api_pid"]), 15, "the idle runner's end")
     assert not state["socket"].exists() and not state["state"].exists()
     assert list(state["socket"].parent.glob(".*")) == []  # no staged socket or state left
