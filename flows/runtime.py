@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
+import sftmix.warm
 from sftmix.stopping import (
     EXIT_API_LOST,
     RunStopped,
@@ -38,7 +39,7 @@ from sftmix.stopping import (
     first_stop,
     record_stop,
 )
-from sftmix.warm import WARM_API_ENV
+from sftmix.warm import WARM_API_ENV, WARM_SECONDS_ENV, warm_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,10 @@ def _warm_imports() -> None:
 
     import_transformers()
     import datasets  # noqa: F401
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 
 def _prefect_app_dir() -> str:
@@ -311,6 +316,14 @@ def prefect_api(prepare: Callable[[], None] | None = None, launch_first: bool = 
             if server.process is None:
                 server.launch()
                 server.watch()
+            if sftmix.warm.started_runner is not None:
+                logger.info(
+                    "a warm runner (pid %d) starts once this command ends: later runs here start at once "
+                    "(it stops after %s idle; %s=0 turns it off)",
+                    sftmix.warm.started_runner,
+                    _duration(warm_seconds() or 0),
+                    WARM_SECONDS_ENV,
+                )
             _warm_imports()  # the heavy imports of the run overlap the server's start-up
             if prepare is not None:
                 prepare()

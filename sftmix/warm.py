@@ -49,6 +49,8 @@ _PACKAGES = ("sftmix", "flows", "tasks")
 _LENGTH = struct.Struct("!I")
 #: Seconds the command waits for a runner to take its request before running cold instead.
 HANDOFF_SECONDS = 10.0
+#: The runner this command started for the next ones (its pid), for the command's log to mention.
+started_runner: int | None = None
 #: Exit status when the runner died before it could report how its run ended (its API died with it).
 EXIT_RUNNER_LOST = 5
 
@@ -309,9 +311,10 @@ def start_runner(argv: list[str]) -> None:
         return
     import subprocess
 
+    global started_runner
     log = os.open(log_path(directory, key), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        subprocess.Popen(
+        started_runner = subprocess.Popen(
             [
                 sys.executable,
                 "-P",
@@ -327,7 +330,7 @@ def start_runner(argv: list[str]) -> None:
             stderr=log,
             start_new_session=True,  # not in the terminal's group: its Ctrl-C is for the commands
             close_fds=True,
-        )
+        ).pid
     except OSError:
         pass
     finally:

@@ -122,7 +122,7 @@ def warm_runner(tmp_path_factory) -> Warm:
         convert(data, root / "work-cold", expected), env=env, cwd=ROOT, capture_output=True, text=True
     )
     assert cold.returncode == 0, cold.stderr[-3000:]
-    assert COLD_LINE in cold.stderr
+    assert COLD_LINE in cold.stderr and "a warm runner (pid " in cold.stderr  # said where it is seen
     found = Warm(root, env, data, expected)
     _wait(lambda: any(found.directory.glob("*.sock")), 180, "a ready runner")
     (socket,) = found.directory.glob("*.sock")
