@@ -315,16 +315,7 @@ def start_runner(argv: list[str]) -> None:
     log = os.open(log_path(directory, key), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         started_runner = subprocess.Popen(
-            [
-                sys.executable,
-                "-P",
-                "-m",
-                "flows.warm_runner",
-                os.fspath(directory),
-                key,
-                str(seconds),
-                str(os.getpid()),
-            ],
+            runner_argv(directory, key, seconds, os.getpid()),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
