@@ -51,7 +51,7 @@ def line_seconds() -> float:
         return 10.0
 
 
-def _duration(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
     seconds = round(seconds)
     if seconds < 60:
         return f"{seconds} s"
@@ -104,7 +104,7 @@ class ProgressFacts:
         return (
             "time left unknown yet"
             if self.seconds_left is None
-            else f"about {_duration(self.seconds_left)} left"
+            else f"about {duration_text(self.seconds_left)} left"
         )
 
     def short(self) -> str:
@@ -117,7 +117,7 @@ class ProgressFacts:
         if self.done >= self.total:
             parts.append("assembling")
         elif self.seconds_left is not None:
-            parts.append(f"{_duration(self.seconds_left)} left")
+            parts.append(f"{duration_text(self.seconds_left)} left")
         return ", ".join(parts)
 
     def line(self) -> str:
@@ -125,7 +125,7 @@ class ProgressFacts:
         rate = self.rate() + (f" (last {WINDOW:.0f} s)" if self.tokens_per_second else "")
         return (
             f"progress {self.counts()}, {100 * self.fraction:.0f}% of the input, {rate}, {self.left()}, "
-            f"{_duration(self.elapsed)} in"
+            f"{duration_text(self.elapsed)} in"
         )
 
 

@@ -54,10 +54,6 @@ def _warm_imports() -> None:
     import datasets  # noqa: F401
 
 
-def _duration(seconds: float) -> str:
-    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
-
-
 def _prefect_app_dir() -> str:
     """Where the ``prefect`` package lives (uvicorn's ``--app-dir``), found without importing it."""
     spec = importlib.util.find_spec("prefect")
@@ -317,11 +313,13 @@ def prefect_api(prepare: Callable[[], None] | None = None, launch_first: bool = 
                 server.launch()
                 server.watch()
             if sftmix.warm.started_runner is not None:
+                from flows.progress import duration_text
+
                 logger.info(
                     "a warm runner (pid %d) starts once this command ends: later runs here start at once "
                     "(it stops after %s idle; %s=0 turns it off)",
                     sftmix.warm.started_runner,
-                    _duration(warm_seconds() or 0),
+                    duration_text(warm_seconds() or 0),
                     WARM_SECONDS_ENV,
                 )
             _warm_imports()  # the heavy imports of the run overlap the server's start-up

@@ -25,10 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sftmix.stopping import STOP_SIGNALS
 from sftmix.warm import (
     WARM_API_ENV,
     lock_path,
-    receive_exactly,
+    receive_request,
     runner_key,
     send_message,
     socket_fits,
@@ -39,7 +40,6 @@ from sftmix.warm import (
 
 logger = logging.getLogger("tokenize_mixer.warm_runner")
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: Seconds the runs of a runner told to stop get to stop before their API goes.
 RUNS_STOP_WITHIN = 15.0
 _stopping = False
@@ -200,11 +200,8 @@ class Runner:
         uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
         if uid != os.getuid():
             raise PermissionError(f"a process of uid {uid} is not this runner's user")
-        header, fds, _, _ = socket.recv_fds(conn, 4, 3)
+        request, fds = receive_request(conn)
         try:
-            if len(fds) != 3 or len(header) != 4:
-                raise ValueError("the request did not carry the command's three streams")
-            request = json.loads(receive_exactly(conn, struct.unpack("!I", header)[0]))
             if request.get("key") != self.key:
                 raise ValueError("the request is for another runner")
             if threading.active_count() != 1:  # a fork must not copy locks another thread holds

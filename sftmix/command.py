@@ -38,11 +38,13 @@ def entry() -> None:
         os.environ.setdefault("DO_NOT_TRACK", "1")
     from sftmix import warm
 
-    code = warm.run_warm(sys.argv, STARTED)  # a warm runner takes it, or None: it runs here
-    if code is not None:
-        sys.stdout.flush()
-        os._exit(code)
-    warm.start_runner(sys.argv)  # for the next command, once this one has ended
+    place = warm.runner_place(sys.argv)
+    if place is not None:
+        code = warm.run_warm(place, sys.argv, STARTED)  # a warm runner takes it, or None: it runs here
+        if code is not None:
+            sys.stdout.flush()
+            os._exit(code)
+        warm.start_runner(place)  # for the next command, once this one has ended
     run_command(STARTED)
 
 

@@ -34,6 +34,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from sftmix.stopping import STOP_SIGNALS  # (imported already by the command's first step)
+
 #: Seconds a warm runner waits for the next run; 0 turns warm runners off.
 WARM_SECONDS_ENV = "TOKENIZE_MIXER_WARM_SECONDS"
 DEFAULT_WARM_SECONDS = 600.0
@@ -207,6 +209,27 @@ def receive_message(sock: socket.socket) -> dict[str, Any]:
     return json.loads(receive_exactly(sock, size))
 
 
+def send_request(sock: socket.socket, request: dict[str, Any]) -> None:
+    """The request, with this process's standard streams: their descriptors ride with its length."""
+    data = json.dumps(request).encode()
+    socket.send_fds(sock, [_LENGTH.pack(len(data))], [0, 1, 2])
+    sock.sendall(data)
+
+
+def receive_request(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """What :func:`send_request` sent: the request and the three descriptors (the caller closes them)."""
+    header, fds, _, _ = socket.recv_fds(sock, _LENGTH.size, 3)
+    try:
+        if len(fds) != 3 or len(header) != _LENGTH.size:
+            raise ValueError("the request did not carry the command's three streams")
+        (size,) = _LENGTH.unpack(header)
+        return json.loads(receive_exactly(sock, size)), fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
 def _request(argv: list[str], started: float, key: str) -> dict[str, Any]:
     umask = os.umask(0)
     os.umask(umask)
@@ -221,26 +244,31 @@ def _request(argv: list[str], started: float, key: str) -> dict[str, Any]:
     }
 
 
-def run_warm(argv: list[str], started: float) -> int | None:
-    """Hand this command to a warm runner and return its run's exit status; ``None`` when no runner
-    took it (none ready for this key), and the command runs cold. Signals are expected blocked
-    on entry (``sftmix.command``); they are let through once the run exists, and passed on to it."""
+def runner_place(argv: list[str]) -> tuple[Path, str] | None:
+    """Where this command's runner is or would be (its directory and key); ``None`` when the command is
+    not for a runner, or the place is not private or its socket's path too long."""
     if not wants_warm(argv):
         return None
     directory = runner_dir()
     if directory is None:
         return None
     key = runner_key()
+    return (directory, key) if socket_fits(directory, key) else None
+
+
+def run_warm(place: tuple[Path, str], argv: list[str], started: float) -> int | None:
+    """Hand this command to the warm runner at ``place`` and return its run's exit status; ``None`` when
+    no runner took it (none ready), and the command runs cold. Signals are expected blocked on entry
+    (``sftmix.command``); they are let through once the run exists, and passed on to it."""
+    directory, key = place
     path = socket_path(directory, key)
-    if not socket_fits(directory, key) or not path.exists():
+    if not path.exists():
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(HANDOFF_SECONDS)
         sock.connect(os.fspath(path))
-        data = json.dumps(_request(argv, started, key)).encode()
-        socket.send_fds(sock, [_LENGTH.pack(len(data))], [0, 1, 2])
-        sock.sendall(data)
+        send_request(sock, _request(argv, started, key))
         reply = receive_message(sock)
     except (OSError, EOFError, ValueError):
         sock.close()  # a run forked meanwhile sees the connection close and stops
@@ -259,10 +287,10 @@ def _follow(sock: socket.socket, pid: int) -> int:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in STOP_SIGNALS:
         if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, pass_on)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     try:
         reply = receive_message(sock)
     except (OSError, EOFError, ValueError):
@@ -297,17 +325,13 @@ def _runner_lost(pid: int) -> int:
 # ---- starting one ---------------------------------------------------------------------------------
 
 
-def start_runner(argv: list[str]) -> None:
-    """After a cold start: leave a runner for the next command, unless one runs or starts already. It
-    waits for this command to end before it imports anything, so this run is not slowed."""
+def start_runner(place: tuple[Path, str]) -> None:
+    """After a cold start: leave a runner at ``place`` for the next command, unless one runs or starts
+    already, or this command starts none. It waits for this command to end before it imports anything,
+    so this run is not slowed."""
     seconds = warm_seconds()
-    if not seconds or not wants_warm(argv):
-        return
-    directory = runner_dir()
-    if directory is None:
-        return
-    key = runner_key()
-    if not socket_fits(directory, key) or runner_alive(directory, key):
+    directory, key = place
+    if not seconds or runner_alive(directory, key):
         return
     import subprocess
 

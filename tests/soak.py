@@ -770,6 +770,15 @@ class Stack:
         return runs[0]
 
 
+def runners_in(directory: Path) -> list[int]:
+    """The warm runners (``flows.warm_runner``) of a runners' directory, ready or starting."""
+    return [
+        pid
+        for pid, proc in processes().items()
+        if "flows.warm_runner" in proc.cmdline and str(directory) in proc.cmdline
+    ]
+
+
 class WarmRunner:
     """The soak's warm runner, started as a cold command starts one (``python -P -m flows.warm_runner``),
     for the trials drawn to run in it; started again when a trial's fault ended it (a killed API). Its
@@ -793,11 +802,7 @@ class WarmRunner:
     def runners(self) -> list[int]:
         """Runners of the soak's directory, ready or starting (a cold rerun whose runner had died
         leaves a new one)."""
-        found = []
-        for pid, proc in processes().items():
-            if "flows.warm_runner" in proc.cmdline and str(self.runners_dir) in proc.cmdline:
-                found.append(pid)
-        return found
+        return runners_in(self.runners_dir)
 
     def sessions(self) -> set[int]:
         """The runners' sessions and their API servers' (each started in a session of its own)."""

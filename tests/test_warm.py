@@ -23,6 +23,7 @@ import pytest
 from sftmix import warm
 from sftmix.digest import compare
 from tests.cli_runs import assert_rerun_resumes, cli_env, launch_warm_runner
+from tests.soak import alive, children, runners_in
 
 ROOT = Path(__file__).parent.parent
 TOOL = Path(sys.executable).parent / "tokenize-mixer"
@@ -71,27 +72,6 @@ class Warm:
         return "".join(p.read_text() for p in self.directory.glob("*.log"))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return found
-
-
 def _wait(condition, seconds: float, what: str) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -101,7 +81,7 @@ def _wait(condition, seconds: float, what: str) -> None:
 
 def _runs_of(state: dict) -> list[int]:
     """The runner's forked runs (its children other than its API server)."""
-    return [c for c in _children(state["pid"]) if c != state["api_pid"]]
+    return [c for c in children(state["pid"]) if c != state["api_pid"]]
 
 
 @pytest.fixture(scope="module")
@@ -128,23 +108,13 @@ def warm_runner(tmp_path_factory) -> Warm:
     (socket,) = found.directory.glob("*.sock")
     found.key = socket.stem
     yield found
-    runners = _runners_in(found.directory)  # ready or starting (another environment's included)
+    runners = runners_in(found.directory)  # ready or starting (another environment's included)
     for pid in runners:
         os.kill(pid, signal.SIGTERM)
-    _wait(lambda: not any(_alive(p) for p in runners), 30, "the runners' end")
+    _wait(lambda: not any(alive(p) for p in runners), 30, "the runners' end")
     assert list(found.directory.glob("*.sock")) == []  # each took its socket away
-    assert not [s for s in found.states() if _alive(s["api_pid"])]
+    assert not [s for s in found.states() if alive(s["api_pid"])]
     shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def _runners_in(directory: Path) -> list[int]:
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        with contextlib.suppress(OSError):
-            args = cmdline.read_bytes().split(b"\0")
-            if b"flows.warm_runner" in args and os.fsencode(directory) in args:
-                found.append(int(cmdline.parent.name))
-    return found
 
 
 class Command:
@@ -239,7 +209,7 @@ def test_a_killed_command_stops_its_run_and_the_runner_stays(warm_runner, tmp_pa
     _wait(lambda: f"run {forked} ended: " in warm_runner.log(), STOP_WITHIN, "the orphaned run's stop")
     assert f"run {forked} ended: {{'exit': 7}}" in warm_runner.log()
     assert "error: stopped: the tokenize-mixer command that asked for this run is gone" in run.text()
-    assert _alive(state["pid"]) and _alive(state["api_pid"])
+    assert alive(state["pid"]) and alive(state["api_pid"])
     assert not out.exists()  # nothing published
     assert_rerun_resumes([str(c) for c in cmd], work, out, warm_runner.expected)
 
@@ -282,7 +252,7 @@ def test_a_dead_api_stops_the_run_and_its_runner(warm_runner, tmp_path, short_di
     os.kill(state["api_pid"], signal.SIGKILL)
     assert run.ended() == 5, run.text()[-3000:]
     assert "error: stopped: the warm runner's Prefect API server died" in run.text()
-    _wait(lambda: not _alive(state["pid"]), 5, "the runner's end")
+    _wait(lambda: not alive(state["pid"]), 5, "the runner's end")
     assert not state["socket"].exists() and not state["state"].exists()
 
 
@@ -290,7 +260,7 @@ def test_a_dead_api_stops_the_run_and_its_runner(warm_runner, tmp_path, short_di
 def test_a_runner_leaves_after_its_idle_time(warm_runner, short_dir):
     env = {**warm_runner.env, "XDG_RUNTIME_DIR": str(short_dir)}
     state = _direct_runner(env, 2)
-    _wait(lambda: not _alive(state["pid"]) and not _alive(state["api_pid"]), 15, "the idle runner's end")
+    _wait(lambda: not alive(state["pid"]) and not alive(state["api_pid"]), 15, "the idle runner's end")
     assert not state["socket"].exists() and not state["state"].exists()
     assert list(state["socket"].parent.glob(".*")) == []  # no staged socket or state left
 
