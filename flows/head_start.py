@@ -9,8 +9,9 @@ gets its task run when it ends; queued ones are cancelled and run as ordinary ta
 still a Prefect task run with its result persisted, nothing is tokenized twice, and the run counts the
 head start's slices as computed by this command (they finished after it began).
 
-Only the plain case gets a head start: a temporary API (a configured server answers at once), local
-work directory, process pool, neither ``force_recache`` nor ``disable_cache``. Anything unexpected
+With a configured server, the flow run's own start (about a second) is the head start's. Only the
+plain case gets one: a local work directory, process pool, neither ``force_recache`` nor
+``disable_cache``. Anything unexpected
 (an error planning, a broken pool, a plan the flow sees differently) discards it: the flow then runs
 as it would without one, and the slices the head start finished are reused as checkpoints.
 """

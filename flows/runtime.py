@@ -8,19 +8,27 @@ The server is Prefect's own ephemeral one, launched with the command Prefect's
 ``SubprocessASGIServer`` runs, but without importing ``prefect.server`` here first: that import takes
 seconds, and the server process needs seconds more to import the same modules, so launching it right
 away lets its start-up overlap everything this process does before the flow starts.
+
+Each temporary server has a database of its own, in a private directory on the local temp file system
+(leased, removed when the server stops; one left by a killed command is removed by the next): commands
+run at the same time never share the SQLite file under ``PREFECT_HOME`` (two at once there can answer
+``503 database is locked``, and SQLite's locks are not to be trusted on a network file system). A new
+database needs Prefect's migrations (about 4 s on 2 cores); the first server of a Prefect version
+saves its migrated, still empty database as a template under ``PREFECT_HOME``, and later ones start
+from a copy of it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import logging
 import os
 import secrets
-import select
+import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -30,7 +38,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
-import sftmix.warm
+from sftmix.ownership import leased, remove_abandoned
+from sftmix.redaction import add_secret
 from sftmix.stopping import (
     EXIT_API_LOST,
     RunStopped,
@@ -39,7 +48,6 @@ from sftmix.stopping import (
     first_stop,
     record_stop,
 )
-from sftmix.warm import WARM_API_ENV, WARM_SECONDS_ENV, warm_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +70,44 @@ def _prefect_app_dir() -> str:
     return str(Path(spec.origin).parent.parent)
 
 
+#: The private directories of temporary servers, in the temp directory (``TMPDIR``); recognised as ours by
+#: their lease, never by this prefix alone.
+PRIVATE_DIR_PREFIX = "tokenize-mixer-api-"
+#: Names the database of a temporary server (a user's explicit one is left as it is).
+DATABASE_URL_ENV = "PREFECT_SERVER_DATABASE_CONNECTION_URL"
+
+
+def _database_template() -> Path:
+    """Where a migrated, empty database of this Prefect version is kept, found without importing it."""
+    from importlib.metadata import version
+
+    home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+    return home / "tokenize-mixer" / f"api-database-{version('prefect')}.db"
+
+
+def _save_template(database: Path, template: Path) -> None:
+    """Copy a just-migrated database (the server holds it open: SQLite's online backup gives a consistent
+    copy) to ``template``, atomically; a failure only costs the next command the migrations."""
+    try:
+        template.parent.mkdir(parents=True, exist_ok=True)
+        staging = template.with_name(f"{template.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        source = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
+        try:
+            target = sqlite3.connect(staging)
+            try:
+                source.backup(target)
+            finally:
+                target.close()
+        finally:
+            source.close()
+        os.replace(staging, template)
+        logger.debug("saved the migrated Prefect database as %s", template)
+    except (OSError, sqlite3.Error) as exc:
+        logger.debug("could not save the Prefect database template %s: %s", template, exc)
+        with contextlib.suppress(UnboundLocalError, OSError):
+            staging.unlink(missing_ok=True)
+
+
 def _free_port() -> int:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -80,9 +126,13 @@ class TemporaryServer:
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
         self.auth_string = secrets.token_urlsafe(24)
+        add_secret(self.auth_string)
         self.log: IO[bytes] | None = None
         self.ready = False  # it answered its health check
         self._watched = False
+        self._private = contextlib.ExitStack()
+        self.database: Path | None = None  # its own, unless the environment names one
+        self._template: Path | None = None  # to save once migrated (there was none)
 
     def log_tail(self, nbytes: int = 2000) -> str:
         if self.log is None:
@@ -102,6 +152,23 @@ class TemporaryServer:
 
         return get_current_settings().to_environment_variables(exclude_unset=True)
 
+    def _private_database(self) -> dict[str, str]:
+        """A database of this server's own (see the module's docstring), as its environment setting."""
+        if os.environ.get(DATABASE_URL_ENV):
+            return {}
+        if self.database is None:
+            temp = Path(tempfile.gettempdir())
+            remove_abandoned(temp, PRIVATE_DIR_PREFIX)
+            directory = temp / f"{PRIVATE_DIR_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
+            self._private.enter_context(leased(directory, mode=0o700))
+            self.database = directory / "prefect.db"
+            template = _database_template()
+            try:
+                shutil.copyfile(template, self.database)
+            except OSError:
+                self._template = template  # migrated from scratch by the server, then saved
+        return {DATABASE_URL_ENV: f"sqlite+aiosqlite:///{self.database}"}
+
     def launch(self) -> None:
         self.port = _free_port()
         logger.info("starting a temporary Prefect API server on http://127.0.0.1:%d", self.port)
@@ -110,6 +177,7 @@ class TemporaryServer:
             "PREFECT_UI_ENABLED": "0",
             "PREFECT__SERVER_EPHEMERAL": "1",
             "PREFECT__SERVER_FINAL": "1",
+            **self._private_database(),
             **self._settings(),
             # Only this command and its workers (which inherit PREFECT_API_AUTH_STRING) may use it: a
             # web page the user visits cannot call a loopback API it does not know the secret of.
@@ -170,6 +238,9 @@ class TemporaryServer:
                 try:
                     if client.get(f"{self.api_url}/health").status_code == 200:
                         self.ready = True
+                        if self._template is not None and self.database is not None:
+                            _save_template(self.database, self._template)
+                            self._template = None
                         return
                 except httpx.TransportError:
                     pass
@@ -203,19 +274,20 @@ class TemporaryServer:
         threading.Thread(target=wait_for_exit, name="temporary-api-watch", daemon=True).start()
 
     def stop(self) -> None:
-        if self.process is None:
-            return
-        logger.info("stopping the temporary Prefect API server")
-        process, self.process = self.process, None  # first: the watch must not take this for a death
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if self.process is not None:
+            logger.info("stopping the temporary Prefect API server")
+            process, self.process = self.process, None  # first: the watch must not take this for a death
+            process.terminate()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
         if self.log is not None:
             self.log.close()
             self.log = None
+        self._private.close()  # its database, once nothing holds it open
+        self.database = None
 
 
 def _set_api_url(url: str | None, auth_string: str | None = None) -> None:
@@ -236,50 +308,24 @@ def _set_api_url(url: str | None, auth_string: str | None = None) -> None:
         prefect.context.GLOBAL_SETTINGS_CONTEXT = prefect.context.root_settings_context()
 
 
-class WarmApi:
-    """The API of the warm runner that forked this process for a command (``flows.warm_runner``): up
-    already, and watched as our temporary server is, though it is not this process's child."""
-
-    def __init__(self, description: str) -> None:
-        found = json.loads(description)
-        self.api_url: str = found["url"]
-        self.auth_string: str = found["auth"]
-        self.pid = int(found["pid"])
-        self.runner = int(found["runner"])
-
-    def watch(self) -> None:
-        """Stop the run at once if the server dies (as :meth:`TemporaryServer.watch`), told by the kernel
-        through a pidfd rather than by a wait only a parent may do."""
-        try:
-            pidfd = os.pidfd_open(self.pid)
-        except (OSError, AttributeError):
-            stop = RunStopped("stopped: the warm runner's Prefect API server is gone", EXIT_API_LOST)
-            raise record_stop(stop) from None
-
-        def wait_for_exit() -> None:
-            select.select([pidfd], [], [])
-            exit_now(
-                record_stop(RunStopped("stopped: the warm runner's Prefect API server died", EXIT_API_LOST)),
-                forced=True,
-            )
-
-        threading.Thread(target=wait_for_exit, name="warm-api-watch", daemon=True).start()
-
-
 @contextlib.contextmanager
-def prefect_api(prepare: Callable[[], None] | None = None, launch_first: bool = False) -> Iterator[str]:
-    """Yield the API URL in use: the configured server, or a temporary one for this command (the warm
-    runner's, when it forked this process for the command).
+def prefect_api(
+    prepare: Callable[[], None] | None = None, launch_first: bool = False, prepare_first: bool = False
+) -> Iterator[str]:
+    """Yield the API URL in use: the configured server, or a temporary one for this command.
 
-    ``prepare`` runs while the temporary server starts (work that fills caches the run uses next).
+    ``prepare`` runs before the flow: while the temporary server starts, or at once with a configured
+    one (the plan, the head start: work the run uses next).
     ``launch_first`` (the command, one run per process): the temporary server is launched before this
     process imports Prefect (about 1 s), unless the environment names an API; should a Prefect profile
-    name one, it is stopped again."""
+    name one, it is stopped again. ``prepare_first``: ``prepare`` runs before any server is launched
+    (a rerun whose plan may find its output up to date, and then starts no API)."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    warm_description = os.environ.pop(WARM_API_ENV, None)  # not for the run's workers or subprocesses
-    warm = WarmApi(warm_description) if warm_description and not os.environ.get("PREFECT_API_URL") else None
     server = TemporaryServer(pass_settings=not launch_first)
-    if warm is None and launch_first and not os.environ.get("PREFECT_API_URL"):
+    if prepare is not None and prepare_first:
+        prepare()
+        prepare = None
+    if launch_first and not os.environ.get("PREFECT_API_URL"):
         server.launch()
         server.watch()
     fallback = None
@@ -287,6 +333,7 @@ def prefect_api(prepare: Callable[[], None] | None = None, launch_first: bool = 
         import prefect.settings
         from prefect.settings import (
             PREFECT_API_AUTH_STRING,
+            PREFECT_API_KEY,
             PREFECT_API_URL,
             PREFECT_CLIENT_MAX_RETRIES,
             PREFECT_UI_URL,
@@ -294,51 +341,38 @@ def prefect_api(prepare: Callable[[], None] | None = None, launch_first: bool = 
         )
 
         configured = PREFECT_API_URL.value()
-        if configured and warm is None:
+        for secret in (PREFECT_API_AUTH_STRING.value(), PREFECT_API_KEY.value()):  # (a profile may set them)
+            add_secret(getattr(secret, "get_secret_value", lambda s=secret: s)())
+        if configured:
             if server.process is not None:
                 logger.info("the Prefect profile names an API, %s: the run uses it", configured)
                 server.stop()
+            if prepare is not None:  # the plan and the head start run ahead of the flow here too
+                prepare()
             yield configured
             return
-        if warm is not None:
-            logger.info("in the warm runner (pid %d): its Prefect API answers already", warm.runner)
-            warm.watch()
-            if prepare is not None:
-                prepare()
-            api_url, auth_string = warm.api_url, warm.auth_string
-        else:
-            # Prefect's default 20 s is too short on a busy machine; a slow start is not a reason to fail.
-            timeout = int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
-            if server.process is None:
-                server.launch()
-                server.watch()
-            if sftmix.warm.started_runner is not None:
-                from flows.progress import duration_text
+        # Prefect's default 20 s is too short on a busy machine; a slow start is not a reason to fail.
+        timeout = int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
+        if server.process is None:
+            server.launch()
+            server.watch()
+        _warm_imports()  # the heavy imports of the run overlap the server's start-up
+        if prepare is not None:
+            prepare()
+        # after prepare, which does not need it: the head start's tokenizing begins sooner
+        import flows.tokenize_mixer  # noqa: F401
 
-                logger.info(
-                    "a warm runner (pid %d) starts once this command ends: later runs here start at once "
-                    "(it stops after %s idle; %s=0 turns it off)",
-                    sftmix.warm.started_runner,
-                    duration_text(warm_seconds() or 0),
-                    WARM_SECONDS_ENV,
-                )
-            _warm_imports()  # the heavy imports of the run overlap the server's start-up
-            if prepare is not None:
-                prepare()
-            # after prepare, which does not need it: the head start's tokenizing begins sooner
-            import flows.tokenize_mixer  # noqa: F401
+        try:
+            server.wait_ready(timeout)
+            api_url, auth_string = server.api_url, server.auth_string
+        except RuntimeError as exc:  # e.g. a Prefect whose server is launched differently: its own way
+            logger.warning("%s; starting it the way Prefect does", exc)
+            server.stop()
+            from prefect.server.api.server import SubprocessASGIServer
 
-            try:
-                server.wait_ready(timeout)
-                api_url, auth_string = server.api_url, server.auth_string
-            except RuntimeError as exc:  # e.g. a Prefect whose server is launched differently: its own way
-                logger.warning("%s; starting it the way Prefect does", exc)
-                server.stop()
-                from prefect.server.api.server import SubprocessASGIServer
-
-                fallback = SubprocessASGIServer()
-                fallback.start(timeout=timeout)
-                api_url, auth_string = fallback.api_url, None
+            fallback = SubprocessASGIServer()
+            fallback.start(timeout=timeout)
+            api_url, auth_string = fallback.api_url, None
         _set_api_url(api_url, auth_string)
         try:
             # Our own server does not come back once it is gone: one quick retry (not five with

@@ -410,7 +410,7 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
     from .publish import check_output_free, paths_to_protect, refuse_different_settings
     from .roots import check_allowed_roots
     from .slices import SLICE_FORMAT_VERSION
-    from .up_to_date import UpToDate, mixer_recipe, remember_inputs, up_to_date
+    from .up_to_date import UpToDate, may_be_up_to_date, mixer_recipe, remember_inputs, up_to_date
 
     # The flow checks these again; here they fail fast, before a Prefect API starts.
     check_allowed_roots(mixer, run)
@@ -447,7 +447,10 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
         fork_workers_from_server()
         start_worker_server(mixer, run)
     try:
-        with head_start_scope(), prefect_api(prepare, launch_first=_one_run_per_process), _progress_bar():
+        api = prefect_api(
+            prepare, launch_first=_one_run_per_process, prepare_first=may_be_up_to_date(mixer, run)
+        )
+        with head_start_scope(), api, _progress_bar():
             # Imported here, not above: with a temporary API server, the import overlaps its start-up.
             from flows.tokenize_mixer import tokenize_mixer
 
@@ -474,8 +477,19 @@ def _say_up_to_date(report: RunReport) -> int:
 
 def _configure_logging(verbose: bool) -> None:
     configure_command_console(verbose)
-    for noisy in ("httpx", "httpcore", "datasets", "filelock", "urllib3", "fsspec", "gcsfs", "google"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # (websockets' DEBUG lines are frames and headers: noise, and secrets were it not for sftmix.redaction)
+    for name in (
+        "httpx",
+        "httpcore",
+        "websockets",
+        "datasets",
+        "filelock",
+        "urllib3",
+        "fsspec",
+        "gcsfs",
+        "google",
+    ):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _inspect(args: argparse.Namespace) -> int:

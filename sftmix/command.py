@@ -14,7 +14,6 @@ STARTED = time.time()
 signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
 
 import sys  # noqa: E402
-from collections.abc import Callable  # noqa: E402
 
 from sftmix.stopping import (  # noqa: E402 (the clock starts first)
     RUN_STOP_NOTE,
@@ -36,21 +35,6 @@ def entry() -> None:
         # (flows/runtime.py); Prefect's client would still greet a first interactive run with a notice
         # that usage data is collected. Not so here: a user's own server keeps the user's settings.
         os.environ.setdefault("DO_NOT_TRACK", "1")
-    from sftmix import warm
-
-    place = warm.runner_place(sys.argv)
-    if place is not None:
-        code = warm.run_warm(place, sys.argv, STARTED)  # a warm runner takes it, or None: it runs here
-        if code is not None:
-            sys.stdout.flush()
-            os._exit(code)
-        warm.start_runner(place)  # for the next command, once this one has ended
-    run_command(STARTED)
-
-
-def run_command(started: float, once_handled: Callable[[], None] | None = None) -> None:
-    """The command from its stop handling on (here, or in a warm runner's fork for the command that
-    asked it); ``once_handled`` runs once stops are handled, before the heavy imports."""
     guard_std_streams()
     install_signal_handlers()
     arm_watchdog()
@@ -58,12 +42,10 @@ def run_command(started: float, once_handled: Callable[[], None] | None = None) 
         set_stop_note(RUN_STOP_NOTE)
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-        if once_handled is not None:
-            once_handled()
         from sftmix import cli
     except RunStopped as stop:
         exit_now(stop)
-    cli.entry(started=started)
+    cli.entry(started=STARTED)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 
+from .redaction import add_secrets_from_environment
 from .report import is_summary_record
 
 LINE_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
@@ -33,7 +34,9 @@ class QuietConsole(logging.Filter):
 
 def configure_command_console(verbose: bool) -> None:
     """The command's logging: our line format on stderr, quiet unless ``verbose`` (on our console
-    handler only: a caller's own handlers are left as they are), and the same for its workers."""
+    handler only: a caller's own handlers are left as they are), and the same for its workers; no
+    secret of the environment in any line (``sftmix.redaction``)."""
+    add_secrets_from_environment()
     before = list(logging.getLogger().handlers)
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO, format=LINE_FORMAT, datefmt=TIME_FORMAT
@@ -50,6 +53,7 @@ def configure_worker_console() -> None:
     worker's logging when it was imported (its console handler on the root logger, where the task's
     "Finished in state ..." arrives, in Prefect's format, which names the task run); its API handlers
     are left alone."""
+    add_secrets_from_environment()
     if os.environ.get(CONSOLE_ENV) == "quiet":
         for handler in logging.getLogger().handlers:
             handler.addFilter(QuietConsole())

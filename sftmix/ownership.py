@@ -250,9 +250,10 @@ HEARTBEAT = Heartbeat()
 
 
 @contextlib.contextmanager
-def leased(directory: Path) -> Iterator[Path]:
-    """Hold a lease on ``directory`` (created) while the block runs; the directory is removed after."""
-    directory.mkdir()
+def leased(directory: Path, mode: int = 0o777) -> Iterator[Path]:
+    """Hold a lease on ``directory`` (created, with ``mode``) while the block runs; the directory is
+    removed after."""
+    directory.mkdir(mode=mode)
     write_lease(directory)
     HEARTBEAT.add(directory)
     on_forced_exit(id(directory), functools.partial(remove_tree, directory))

@@ -151,18 +151,34 @@ def _run_wants_more(mixer: MixerConfig, run: RunOptions, report: RunReport) -> s
     return None
 
 
+def _candidate_marker(mixer: MixerConfig, run: RunOptions) -> dict | None:
+    """The marker of a published output this run may find up to date (one with a recipe, local, no
+    ``force``); ``None`` when the run has work to do whatever its plan says."""
+    output = mixer.output.path
+    if run.force or run.force_recache or run.disable_cache or is_remote(output) or not os.path.isdir(output):
+        return None
+    marker = read_output_marker(Path(output))
+    if marker is None or not isinstance(marker.get("recipe"), dict):
+        return None
+    return marker
+
+
+def may_be_up_to_date(mixer: MixerConfig, run: RunOptions) -> bool:
+    """Whether only the plan can tell that this run has nothing to do (its output is published, its
+    inputs' stamps changed): the command then plans before it starts a Prefect API."""
+    return _candidate_marker(mixer, run) is not None
+
+
 def up_to_date(mixer: MixerConfig, run: RunOptions, recipe: dict | None = None) -> RunReport | None:
     """The published output's report, marked up to date, when this run would publish the same bytes
     into an intact output; ``None`` when the run must do its work. Without ``recipe`` only the quick
     way (recorded input stamps) is tried; with it, the recipe decides. A ``run.reference`` is compared
     with the digests the output was published with: a difference fails as validation does."""
+    marker = _candidate_marker(mixer, run)
+    if marker is None:
+        return None
     output = mixer.output.path
-    if run.force or run.force_recache or run.disable_cache or is_remote(output) or not os.path.isdir(output):
-        return None
     directory = Path(output)
-    marker = read_output_marker(directory)
-    if marker is None or not isinstance(marker.get("recipe"), dict):
-        return None
     if recipe is not None:
         same = marker["recipe"] == recipe
     else:

@@ -65,25 +65,3 @@ def machine_env(root: Path, shared: dict[str, str]) -> dict[str, str]:
         "TOKENIZE_MIXER_WORK_DIR": str(root / "work"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     }
-
-
-def launch_warm_runner(env: dict[str, str], seconds: float) -> tuple[subprocess.Popen, Path, str]:
-    """A warm runner for commands run with ``env`` (its ``XDG_RUNTIME_DIR``), started as a cold command
-    starts one but without the cold run: its key from a process like the runner (``-P``, the same
-    environment and directory, DO_NOT_TRACK as the command sets it). Returns the process, the runners'
-    directory and the key; the runner is ready once ``DIR/KEY.sock`` exists."""
-    from sftmix.warm import runner_argv
-
-    env = {"DO_NOT_TRACK": "1", **env}
-    key = subprocess.run(
-        [sys.executable, "-P", "-c", "from sftmix.warm import runner_key; print(runner_key())"],
-        env=env, cwd=ROOT, capture_output=True, text=True, check=True, timeout=60,
-    ).stdout.strip()  # fmt: skip
-    directory = Path(env["XDG_RUNTIME_DIR"]) / f"tokenize-mixer-{os.getuid()}"
-    directory.mkdir(parents=True, mode=0o700, exist_ok=True)
-    with open(directory / f"{key}.log", "wb") as log:
-        process = subprocess.Popen(
-            runner_argv(directory, key, seconds, 0),
-            env=env, cwd=ROOT, start_new_session=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-        )  # fmt: skip
-    return process, directory, key

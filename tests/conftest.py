@@ -18,8 +18,6 @@ if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-# No test's command leaves a warm runner behind, or runs in one, unless the test asks (tests/test_warm.py).
-os.environ.setdefault("TOKENIZE_MIXER_WARM_SECONDS", "0")
 
 
 @pytest.fixture(scope="session")

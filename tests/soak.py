@@ -37,8 +37,6 @@ from typing import IO, Any
 from sftmix.assemble import PROCESSES_FROM_ENV
 from sftmix.digest import compare
 from sftmix.ownership import output_id
-from sftmix.warm import WARM_SECONDS_ENV
-from tests.cli_runs import launch_warm_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -83,16 +81,6 @@ LOCAL_KINDS = (
 RERUN_KINDS = ("sigterm-rerun",)
 SERVER_KINDS = ("cancel", "kill-prefect-worker")
 KINDS = LOCAL_KINDS + SERVER_KINDS
-#: Kinds a trial may meet in a warm runner (sftmix/warm.py): the command hands itself to a process the
-#: runner forks, and its signals, pipes, killed workers and a dead API must end that run as they end a
-#: cold one. Not kill-api-early (a warm runner's API answers before the command starts), nor the server
-#: kinds (a configured API is never handed to a runner).
-WARM_KINDS = (*PIPE_KINDS, "sigint-group", "sigterm", "sighup-group", "kill-worker", "kill-api-late",
-              "sigterm-tail", "sigterm-rerun")  # fmt: skip
-#: Appended to a trial's start when it runs in the soak's warm runner.
-IN_WARM_RUNNER = ", warm runner"
-#: A trial of a WARM_KINDS kind runs in the warm runner one draw in this many.
-WARM_ONE_IN = 3
 
 #: README's stop table. kill-prefect-worker has no exit code of the run: its flow run must end Crashed.
 EXPECTED_CODE: dict[str, int | None] = {
@@ -770,86 +758,6 @@ class Stack:
         return runs[0]
 
 
-def runners_in(directory: Path) -> list[int]:
-    """The warm runners (``flows.warm_runner``) of a runners' directory, ready or starting."""
-    return [
-        pid
-        for pid, proc in processes().items()
-        if "flows.warm_runner" in proc.cmdline and str(directory) in proc.cmdline
-    ]
-
-
-class WarmRunner:
-    """The soak's warm runner, started as a cold command starts one (``python -P -m flows.warm_runner``),
-    for the trials drawn to run in it; started again when a trial's fault ended it (a killed API). Its
-    processes (the runner, its API server) are the soak's; the runs it forks are the trials'."""
-
-    def __init__(self, reaper: Reaper, prefect_home: Path, root: Path) -> None:
-        self.reaper = reaper
-        self.dir = Path(tempfile.mkdtemp(prefix="tm-soak-"))  # (a socket's path must be short)
-        self.env = {
-            **local_env(prefect_home, root / "tmp-warm"),
-            "XDG_RUNTIME_DIR": str(self.dir),
-            WARM_SECONDS_ENV: "3600",
-        }
-        self.key = ""  # (known once a runner was launched)
-        self.state: dict[str, Any] = {}
-
-    @property
-    def runners_dir(self) -> Path:
-        return self.dir / f"tokenize-mixer-{os.getuid()}"
-
-    def runners(self) -> list[int]:
-        """Runners of the soak's directory, ready or starting (a cold rerun whose runner had died
-        leaves a new one)."""
-        return runners_in(self.runners_dir)
-
-    def sessions(self) -> set[int]:
-        """The runners' sessions and their API servers' (each started in a session of its own)."""
-        table = processes()
-        owned = set()
-        for pid in self.runners():
-            owned.add(table[pid].sid if pid in table else pid)
-            owned |= {table[c].sid for c in children(pid) if c in table and "uvicorn" in table[c].cmdline}
-        return owned
-
-    def runs(self) -> list[int]:
-        """The runs the runner forked (its children but its API server)."""
-        pid = self.state.get("pid")
-        return [c for c in children(pid) if c != self.state.get("api_pid")] if pid else []
-
-    def ensure(self) -> None:
-        """A ready runner (its socket in place, it and its API alive): the one there, or a new one."""
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, ValueError):
-                state = json.loads((self.runners_dir / f"{self.key}.json").read_text())
-                if (
-                    (self.runners_dir / f"{self.key}.sock").exists()
-                    and alive(state["pid"])
-                    and alive(state["api_pid"])
-                ):
-                    self.state = state
-                    return
-            if not self.runners():
-                process, _, self.key = launch_warm_runner(self.env, 3600)
-                self.reaper.hold(process)
-            time.sleep(0.2)
-        raise RuntimeError(f"the soak's warm runner was not ready within 180 s:\n{self.log()[-TAIL:]}")
-
-    def log(self) -> str:
-        return "".join(p.read_text(errors="replace") for p in self.runners_dir.glob("*.log"))
-
-    def stop(self) -> None:
-        for pid in self.runners():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while self.runners() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 # --------------------------------------------------------------------------------------------------
 # the soak
 
@@ -871,7 +779,6 @@ class Soak:
         self.expected = self.root / "expected"
         self.home = self.root / "prefect-home"
         self.stack: Stack | None = None
-        self.warm: WarmRunner | None = None
         self.baseline: Baseline | None = None
         self.durations: dict[str, list[float]] = {}
         self._cancelled = ""  # the flow run a cancel trial cancelled
@@ -974,8 +881,6 @@ class Soak:
 
     def close(self) -> None:
         try:
-            if self.warm is not None:
-                self.warm.stop()
             if self.stack is not None:
                 self.stack.stop()
         finally:
@@ -1006,13 +911,6 @@ class Soak:
         # (a generator of its own: the draws above and after are those of older soaks)
         if start != "n/a" and random.Random(f"{self.seed}/{index}/{kind}/tail").random() < 0.5:
             start += TAIL_IN_PROCESSES
-        # a third of them in a warm runner, whose environment is its own (forked workers, a tail in
-        # this process); a generator of its own again
-        if (
-            kind in WARM_KINDS
-            and random.Random(f"{self.seed}/{index}/{kind}/warm").random() < 1 / WARM_ONE_IN
-        ):
-            start = "forked" + IN_WARM_RUNNER
         return rng, start
 
     def early_or_any(self, rng: random.Random) -> float:
@@ -1058,19 +956,9 @@ class Soak:
         return rec
 
     def owned(self) -> set[int]:
-        owned = set(self.stack.sessions) if self.stack is not None else set()
-        return owned | (self.warm.sessions() if self.warm is not None else set())
-
-    def _in_warm_runner(self, rec: TrialRecord) -> bool:
-        return rec.start.endswith(IN_WARM_RUNNER)
+        return set(self.stack.sessions) if self.stack is not None else set()
 
     def _env(self, rec: TrialRecord, tmp: Path) -> dict[str, str]:
-        if self._in_warm_runner(rec):
-            tmp.mkdir(exist_ok=True)  # (left empty: the runner's environment has a TMPDIR of its own)
-            if self.warm is None:
-                self.warm = WarmRunner(self.reaper, self.home, self.root)
-            self.warm.ensure()
-            return dict(self.warm.env)
         if rec.kind == "cancel":
             assert self.stack is not None
             tmp.mkdir(exist_ok=True)
@@ -1193,7 +1081,7 @@ class Soak:
             if not cmd.sleep_until(cmd.started + moment):
                 return None
             while cmd.running():
-                found = [w for pid in self._run_pids(rec, cmd) for w in workers_of(pid)]
+                found = workers_of(cmd.pid)
                 if found:
                     victim = rng.choice(sorted(found))
                     with contextlib.suppress(ProcessLookupError):
@@ -1219,9 +1107,6 @@ class Soak:
                 return None
             if not cmd.sleep_until(cmd.started + moment):
                 return None
-            if self._in_warm_runner(rec):
-                assert self.warm is not None
-                return self._kill(self.warm.state["api_pid"]) if cmd.running() else None
             server = self._api_server(cmd, time.monotonic() + 1)
             return None if server is None else self._kill(server)
         if kind == "cancel":
@@ -1248,13 +1133,6 @@ class Soak:
             self._cancelled = flow_run["id"]
             return time.monotonic()
         raise ValueError(kind)
-
-    def _run_pids(self, rec: TrialRecord, cmd: Command) -> list[int]:
-        """The processes that run the trial's flow: the command, or the run a warm runner forked for it."""
-        if self._in_warm_runner(rec):
-            assert self.warm is not None
-            return self.warm.runs()
-        return [cmd.pid]
 
     def _api_server(self, cmd: Command, deadline: float) -> int | None:
         while cmd.running() and time.monotonic() < deadline:

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import io
+import json
+import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,3 +100,157 @@ def test_an_api_named_by_a_profile_is_used_and_the_early_server_stopped(tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "OK http://127.0.0.1:9/api" in proc.stdout
     assert "the Prefect profile names an API" in proc.stderr
+
+
+# ---- a command's own temporary API: private, only when there is work, no secret in its logs -------------
+
+CLI = [sys.executable, "-m", "sftmix.cli"]
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """No configured API; a Prefect home and a temp directory of the test's own (to see what is left)."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING")}
+    env.update(
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_HOME=str(tmp_path / "prefect-home"),
+        TMPDIR=str(tmp_path / "tmp"),
+        **extra,
+    )
+    return env
+
+
+def _private_dirs(tmp_path: Path) -> list[str]:
+    return [
+        p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith(runtime_module().PRIVATE_DIR_PREFIX)
+    ]
+
+
+def runtime_module():
+    import flows.runtime
+
+    return flows.runtime
+
+
+@pytest.mark.slow
+def test_commands_at_once_on_one_prefect_home_each_have_a_database_of_their_own(golden_dir, tmp_path):
+    """Four conversions started together on one new PREFECT_HOME: all succeed with the reference's bytes,
+    none writes Prefect's own database there, and no private database is left behind."""
+    case = next(
+        c for c in json.loads((golden_dir / "cases.json").read_text())["cases"] if c["name"] == "tulu_amounts"
+    )
+    expected = golden_dir / "expected" / "tulu_amounts"
+    env = _env(tmp_path)
+    procs = [
+        subprocess.Popen(
+            [
+                *CLI,
+                "convert",
+                *case["args"],
+                "--output_dir",
+                str(tmp_path / f"out{i}"),
+                "--work_dir",
+                str(tmp_path / f"work{i}"),
+                "--reference",
+                str(expected),
+                "--workers",
+                "1",
+            ],
+            cwd=golden_dir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        for i in range(4)
+    ]
+    said = [p.communicate(timeout=900)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, "\n".join(s[-2000:] for s in said)
+    assert not any("database is locked" in s for s in said)
+    home = tmp_path / "prefect-home"
+    assert not (home / "prefect.db").exists()  # Prefect's shared database was never used
+    assert [p.name for p in (home / "tokenize-mixer").iterdir()] == [
+        runtime_module()._database_template().name
+    ]
+    assert _private_dirs(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_an_up_to_date_rerun_starts_no_api_even_when_only_its_plan_can_tell(tmp_path):
+    examples = tmp_path / "examples"
+    shutil.copytree(ROOT / "examples", examples)
+    config = examples / "mixer.yaml"
+    config.write_text(config.read_text().replace("examples/", f"{examples}/"))
+    args = [
+        *CLI,
+        "-v",
+        "run",
+        str(config),
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--work_dir",
+        str(tmp_path / "w"),
+    ]
+    env = _env(tmp_path)
+    first = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "starting a temporary Prefect API server" in first.stderr
+    for data in (examples / "data").iterdir():  # new stamps, same bytes: the plan's fingerprints decide
+        data.touch()
+    again = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "(up to date:" in again.stdout
+    assert "temporary Prefect API" not in again.stderr
+    assert _private_dirs(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_a_verbose_run_logs_no_secret(tmp_path):
+    """The temporary API's auth string, read from its server's environment while the run goes on, appears
+    nowhere in a ``-v`` run's output, raw or as a basic-auth header."""
+    proc = subprocess.Popen(
+        [*CLI, "-v", "run", "examples/mixer.yaml", "--output_dir", str(tmp_path / "o"), "--work_dir", str(tmp_path / "w")],
+        cwd=ROOT, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    auth = None
+    while auth is None and proc.poll() is None:
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            with contextlib.suppress(OSError):
+                items = environ.read_bytes().split(b"\0")
+                if f"TMPDIR={tmp_path}/tmp".encode() in items:  # this test's command's server
+                    for item in items:
+                        if item.startswith(b"PREFECT_SERVER_API_AUTH_STRING="):
+                            auth = item.split(b"=", 1)[1].decode()
+        time.sleep(0.05)
+    output = proc.communicate(timeout=600)[0].decode()
+    assert proc.returncode == 0, output[-3000:]
+    assert auth, "the temporary server's auth string was not seen"
+    assert auth not in output and base64.b64encode(auth.encode()).decode() not in output
+    assert "DEBUG" in output  # (verbose it was)
+
+
+def test_a_secret_is_masked_in_every_log_record(monkeypatch):
+    from sftmix import redaction
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    log = logging.getLogger("tests.redaction")
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    secret = "admin:s3cret-" + os.urandom(6).hex()
+    monkeypatch.setenv("PREFECT_API_AUTH_STRING", secret)
+    try:
+        redaction.add_secrets_from_environment()
+        header = base64.b64encode(secret.encode()).decode()
+        log.debug("> Authorization: Basic %s", header)
+        log.debug('> TEXT \'{"type":"auth","token":"%s"}\'', secret)
+        try:
+            raise RuntimeError(f"cannot reach http://{secret}@host/")
+        except RuntimeError:
+            log.exception("failed")
+        log.info("short values stay: %s", "abc")
+    finally:
+        log.removeHandler(handler)
+    text = stream.getvalue()
+    assert secret not in text and header not in text
+    assert "Basic ***" in text and '"token":"***"' in text and "short values stay: abc" in text
