@@ -87,7 +87,7 @@ EOF
     echo "== requirements of the carried packages, as this sys.path sees them (informational)"
     echo "   (apprise is left out of .whl on purpose: prefect imports it only to send notifications)"
     "$PY" bench/check_deps.py prefect datasets pydantic huggingface-hub transformers || true
-    "$PY" -m sftmix.cli --help >/dev/null && echo "== python -m sftmix.cli: ok"
+    "$PY" -m tokenize_mixer.cli --help >/dev/null && echo "== python -m tokenize_mixer.cli: ok"
 
     if [ "${BENCH:-scaling}" = scale ]; then
         echo "== $(date -u +%T) scale: bench/scale.py $*"

@@ -117,7 +117,7 @@ def run_ours(
     cmd = [
         sys.executable,
         "-m",
-        "sftmix.cli",
+        "tokenize_mixer.cli",
         "convert",
         "--dataset_mixer_list",
         str(data),

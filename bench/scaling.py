@@ -4,7 +4,7 @@
         --workers 1,2,4,8,16 --out /tmp/scaling
 
 For each worker count: one config (template olmo, max length 4096, amount 1.0, runner process, a fresh
-work directory and output directory), run as ``python -m sftmix.cli run CONFIG`` in a subprocess, with
+work directory and output directory), run as ``python -m tokenize_mixer.cli run CONFIG`` in a subprocess, with
 the wall time and the peak summed RSS of the whole process tree (CLI, temporary Prefect API, workers)
 measured from outside, plus the CPU seconds of that tree. ``--workers 16:1048576`` runs 16 workers with
 ``slice_bytes`` 1 MiB (more, smaller slices). An untimed warm-up run on a few rows goes first (bytecode,
@@ -173,7 +173,7 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 def run_once(
     label: str, config: Path, out_dir: Path, env: dict[str, str], log_path: Path, timeout: float
 ) -> dict:
-    cmd = [sys.executable, "-m", "sftmix.cli", "run", str(config)]
+    cmd = [sys.executable, "-m", "tokenize_mixer.cli", "run", str(config)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load_before = os.getloadavg()  # other load on the machine skews the timings: recorded
     with open(log_path, "w", encoding="utf-8") as log:

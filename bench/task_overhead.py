@@ -32,7 +32,7 @@ def measure(tasks: int, workers: int) -> dict:
     import psutil
     from prefect import flow, task
 
-    from flows.pool import process_pool
+    from tokenize_mixer.flows.pool import process_pool
 
     @task(persist_result=True, result_serializer="json", cache_policy=None)
     def empty(i: int) -> dict:
@@ -76,7 +76,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
     os.environ.pop("PREFECT_API_URL", None)  # the command's own temporary API, as a user gets it
-    from flows.runtime import prefect_api
+    from tokenize_mixer.flows.runtime import prefect_api
 
     with prefect_api():
         r = measure(args.tasks, args.workers)

@@ -18,19 +18,6 @@ from typing import Any
 from prefect import get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.head_start import HeadStart, take_head_start
-from flows.pool import (
-    pool_size,
-    pool_stalled,
-    process_pool,
-    run_order,
-    runner_name,
-    slices_to_compute,
-    was_running,
-    worker_died,
-)
-from flows.progress import BOARD, SliceProgress
-from flows.watch import StopWatch
 from sftmix.config import RunOptions
 from sftmix.errors import MixerError, SliceFailuresError, WorkerDiedError
 from sftmix.slices import (
@@ -40,7 +27,20 @@ from sftmix.slices import (
     push_worker_tokenizer,
     verify_slice,
 )
-from tasks.tokenize import slice_task_for
+from tokenize_mixer.flows.head_start import HeadStart, take_head_start
+from tokenize_mixer.flows.pool import (
+    pool_size,
+    pool_stalled,
+    process_pool,
+    run_order,
+    runner_name,
+    slices_to_compute,
+    was_running,
+    worker_died,
+)
+from tokenize_mixer.flows.progress import BOARD, SliceProgress
+from tokenize_mixer.flows.watch import StopWatch
+from tokenize_mixer.tasks.tokenize import slice_task_for
 
 
 @dataclass

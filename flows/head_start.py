@@ -40,9 +40,9 @@ class HeadStart:
     def __init__(
         self, todo: list[SliceSpec], ctx: TokenizeContext, workers: int, plan: list[SliceSpec] | None = None
     ) -> None:
-        from flows.pool import process_pool, run_order
-        from flows.progress import BOARD
-        from tasks.tokenize import tokenize_ahead
+        from tokenize_mixer.flows.pool import process_pool, run_order
+        from tokenize_mixer.flows.progress import BOARD
+        from tokenize_mixer.tasks.tokenize import tokenize_ahead
 
         self.started_at = time.time()
         self.ctx = ctx
@@ -82,7 +82,7 @@ class HeadStart:
 
 
 def _count_finished(spec: SliceSpec, fut: Future) -> None:
-    from flows.progress import BOARD
+    from tokenize_mixer.flows.progress import BOARD
 
     if not fut.cancelled() and fut.exception() is None:
         manifest = fut.result()
@@ -131,7 +131,7 @@ def begin_head_start(mixer: MixerConfig, run: RunOptions, plan: Plan | None = No
     to the flow's own plan."""
     if not _applies(run):
         return
-    from flows.pool import pool_size, slices_to_compute
+    from tokenize_mixer.flows.pool import pool_size, slices_to_compute
 
     if plan is None:
         try:

@@ -183,7 +183,7 @@ def runner_name(runner: Any) -> str:
 
 def process_pool(workers: int) -> ProcessPool:
     """The run's pool of ``workers`` tokenizing processes."""
-    from tasks.tokenize import init_worker
+    from tokenize_mixer.tasks.tokenize import init_worker
 
     return ProcessPool(max_workers=workers, initializer=init_worker)
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from sftmix import settings
 
 if TYPE_CHECKING:
     from sftmix.slices import SliceSpec
@@ -46,7 +47,7 @@ def is_progress_record(record: logging.LogRecord) -> bool:
 def line_seconds() -> float:
     """Seconds between two summary lines (``TOKENIZE_MIXER_PROGRESS_SECONDS``, default 10)."""
     try:
-        return max(0.5, float(os.environ.get("TOKENIZE_MIXER_PROGRESS_SECONDS", "10")))
+        return max(0.5, float(settings.PROGRESS_SECONDS.get()))
     except ValueError:
         return 10.0
 
@@ -323,7 +324,7 @@ class SliceProgress:
             return
         from prefect.artifacts import update_progress_artifact
 
-        from flows.watch import no_retries
+        from tokenize_mixer.flows.watch import no_retries
 
         try:
             with no_retries():  # an API that does not answer at once: skip this update, not wait

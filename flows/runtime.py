@@ -360,7 +360,7 @@ def prefect_api(
         if prepare is not None:
             prepare()
         # after prepare, which does not need it: the head start's tokenizing begins sooner
-        import flows.tokenize_mixer  # noqa: F401
+        import tokenize_mixer.flows.tokenize_mixer  # noqa: F401
 
         try:
             server.wait_ready(timeout)

@@ -18,9 +18,6 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.states import Cancelled, Failed
 from pydantic import Field
 
-from flows.artifacts import publish_artifacts, report_markdown
-from flows.fanout import SliceOutcome, run_slice_specs
-from flows.watch import StopWatch, report_crashed
 from sftmix.check import BROKEN, CHANGES_TRAINING, check_output
 from sftmix.config import MixerConfig, RunOptions
 from sftmix.digest import RUN_REPORT
@@ -35,16 +32,19 @@ from sftmix.storage import atomic_write_bytes, is_remote, remove_tree
 from sftmix.templates import template_drift
 from sftmix.tokenizer import TokenizerKey, own_chat_template
 from sftmix.up_to_date import remember_inputs, up_to_date
-from tasks.assemble import assemble_output
-from tasks.plan import plan_mixer
-from tasks.publish import publish_output
-from tasks.validate import validate_output
+from tokenize_mixer.flows.artifacts import publish_artifacts, report_markdown
+from tokenize_mixer.flows.fanout import SliceOutcome, run_slice_specs
+from tokenize_mixer.flows.watch import StopWatch, report_crashed
+from tokenize_mixer.tasks.assemble import assemble_output
+from tokenize_mixer.tasks.plan import plan_mixer
+from tokenize_mixer.tasks.publish import publish_output
+from tokenize_mixer.tasks.validate import validate_output
 
 
 def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
     """The plan's slices, on this run's pool or, for ``runner: work_pool``, as batch runs elsewhere."""
     if run.runner == "work_pool":
-        from flows.work_pool import run_on_work_pool
+        from tokenize_mixer.flows.work_pool import run_on_work_pool
 
         return run_on_work_pool(plan, run)
     return run_slice_specs(plan.slices, plan.context, run)

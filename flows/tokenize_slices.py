@@ -10,13 +10,13 @@ import os
 from prefect import flow
 from prefect.states import Cancelled, Failed
 
-from flows.fanout import run_slice_specs
-from flows.watch import report_crashed
 from sftmix.config import RunOptions
 from sftmix.errors import MixerError
 from sftmix.roots import check_slices_allowed
 from sftmix.slices import SliceSpec, TokenizeContext, context_here
 from sftmix.stopping import EXIT_CANCELLED, RunStopped, follow_supervisor
+from tokenize_mixer.flows.fanout import run_slice_specs
+from tokenize_mixer.flows.watch import report_crashed
 
 
 @flow(name="tokenize-slices", validate_parameters=True)

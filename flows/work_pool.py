@@ -21,13 +21,13 @@ from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
 from prefect.states import Cancelling
 
-from flows.fanout import SliceOutcome
-from flows.pool import run_order
-from flows.watch import StopWatch
 from sftmix.config import RunOptions
 from sftmix.errors import ConfigError, SliceFailuresError
 from sftmix.plan import Plan
 from sftmix.slices import SliceManifest, SliceSpec, push_worker_tokenizer, read_manifest, verify_slice
+from tokenize_mixer.flows.fanout import SliceOutcome
+from tokenize_mixer.flows.pool import run_order
+from tokenize_mixer.flows.watch import StopWatch
 
 #: A slice whose batch ended Crashed this many times fails the run.
 MAX_LOSSES = 3

@@ -18,6 +18,7 @@ import os
 from multiprocessing import resource_tracker
 from typing import TYPE_CHECKING
 
+from sftmix import settings
 from sftmix.parallel import available_cpus
 from sftmix.stopping import stop_signals_blocked
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from sftmix.config import MixerConfig, RunOptions
 
 #: What the fork server imports for its workers: what a worker needs before its first slice.
-WORKER_PRELOAD = ["tasks.worker_preload"]
+WORKER_PRELOAD = ["tokenize_mixer.flows.worker_preload"]
 
 #: Below this much local input a run is not expected to use worker processes (``flows.pool``'s
 #: ``SMALL_JOB_ROWS``), so the command does not start their server ahead of the plan.
@@ -47,13 +48,13 @@ def start_method(workers: int) -> str:
 
 
 #: Set to ``spawn`` to start workers as Prefect does (to compare, or should forking ever misbehave).
-START_METHOD_ENV = "TOKENIZE_MIXER_WORKER_START"
+START_METHOD_ENV = settings.WORKER_START.name
 
 
 def fork_workers_from_server() -> None:
     """In the command's own process: from now on, worker processes are forked from the fork server."""
     global _start_method
-    if os.environ.get(START_METHOD_ENV) == "spawn":
+    if settings.WORKER_START.get() == "spawn":
         return
     if "forkserver" in multiprocessing.get_all_start_methods():
         multiprocessing.get_context("forkserver").set_forkserver_preload(WORKER_PRELOAD)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from . import settings
 from .errors import ChecksumError, DatasetError
 from .hf_output import remove_olmo_parts, write_hf_parquet
 from .labels import DROP_REASONS, RowStatus
@@ -155,7 +156,7 @@ ASSEMBLE_THREADS: int | None = None
 #: loop over documents), below it on threads (starting processes costs more than it saves); the
 #: environment's ``TOKENIZE_MIXER_PROCESSES_FROM_TOKENS`` sets it (the fault soak writes small outputs so).
 PROCESSES_FROM_TOKENS = 16 * WINDOW
-PROCESSES_FROM_ENV = "TOKENIZE_MIXER_PROCESSES_FROM_TOKENS"
+PROCESSES_FROM_ENV = settings.PROCESSES_FROM_TOKENS.name
 #: How the parts are written: ``window``, ``slice``, or ``None``: by what the page cache holds.
 ASSEMBLE_BY: str | None = None
 #: The share of sampled documents in the page cache from which the output is written by window.
@@ -285,7 +286,7 @@ def _write_parts(
 
     workers = max(1, min(count, ASSEMBLE_THREADS or available_cpus()))
     logger.debug("writing %d tokens by %s on %d workers", total, how, workers)
-    if workers > 1 and total >= int(os.environ.get(PROCESSES_FROM_ENV) or PROCESSES_FROM_TOKENS):
+    if workers > 1 and total >= int(settings.PROCESSES_FROM_TOKENS.get() or PROCESSES_FROM_TOKENS):
         try:
             with worker_processes(workers) as pool:
                 run_bounded(pool, fn, jobs(), 2 * workers)

@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from . import settings
 from .errors import ConfigError
 from .form import blank_is_none, form_schema, lift_advanced
 from .selection import Amount, amount_text, parse_amount
@@ -465,7 +466,7 @@ def user_cache_dir() -> Path:
 
 def default_work_dir() -> Path:
     """``$TOKENIZE_MIXER_WORK_DIR``, else the user cache directory."""
-    env = os.environ.get("TOKENIZE_MIXER_WORK_DIR")
+    env = settings.WORK_DIR.get()
     if env:
         return Path(env).expanduser()
     return user_cache_dir() / "tokenize-mixer"

@@ -4,8 +4,8 @@ command's own process and in the worker processes it starts (their console is th
 from __future__ import annotations
 
 import logging
-import os
 
+from . import settings
 from .redaction import add_secrets_from_environment
 from .report import is_summary_record
 
@@ -14,7 +14,7 @@ TIME_FORMAT = "%H:%M:%S"
 
 #: Set by the command for the worker processes it starts: ``quiet`` or ``verbose``. Unset (a Prefect
 #: worker's flow run) or verbose, a worker's console stays as Prefect set it up.
-CONSOLE_ENV = "TOKENIZE_MIXER_CONSOLE"
+CONSOLE_ENV = settings.CONSOLE.name
 
 
 class QuietConsole(logging.Filter):
@@ -45,7 +45,7 @@ def configure_command_console(verbose: bool) -> None:
         for handler in logging.getLogger().handlers:
             if handler not in before:
                 handler.addFilter(QuietConsole())
-    os.environ[CONSOLE_ENV] = "verbose" if verbose else "quiet"
+    settings.CONSOLE.put("verbose" if verbose else "quiet")
 
 
 def configure_worker_console() -> None:
@@ -54,6 +54,6 @@ def configure_worker_console() -> None:
     "Finished in state ..." arrives, in Prefect's format, which names the task run); its API handlers
     are left alone."""
     add_secrets_from_environment()
-    if os.environ.get(CONSOLE_ENV) == "quiet":
+    if settings.CONSOLE.get() == "quiet":
         for handler in logging.getLogger().handlers:
             handler.addFilter(QuietConsole())

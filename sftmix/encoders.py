@@ -42,7 +42,6 @@ the engine setting (:func:`_analyse_sentencepiece`).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -50,6 +49,8 @@ from typing import Any
 from unicodedata import is_normalized
 
 import numpy as np
+
+from . import settings
 
 _CL100K = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
@@ -79,7 +80,7 @@ PROVEN_PATTERNS = {"cl100k": _CL100K, "qwen2": _QWEN2, "o200k": _O200K, "tekken"
 #: Engines for the ids of a proven tokenizer, fastest first (module docstring).
 ENGINES = ("fastokens", "tiktoken")
 #: Environment setting that picks one (``auto``, the default: the first installed).
-ENGINE_ENV = "TOKENIZE_MIXER_FAST_ENGINE"
+ENGINE_ENV = settings.FAST_ENGINE.name
 #: Patterns whose splits in PCRE2 (fastokens) are compared with Oniguruma's on random text.
 PCRE2_PROVEN_PATTERNS = frozenset([*PROVEN_PATTERNS.values(), _GPT2])
 #: The regex of a ByteLevel pre-tokenizer with ``use_regex`` (GPT-2's).
@@ -542,7 +543,7 @@ def _fastokens_from(tokenizer_json: str) -> Any:
 def fast_engine(pattern: str, requested: str | None = None) -> str:
     """The engine for a proven tokenizer with this split ``pattern``: ``requested`` (or
     :data:`ENGINE_ENV`), ``auto`` being the fastest installed one that is proven for the pattern."""
-    want = (requested or os.environ.get(ENGINE_ENV) or "auto").strip().lower()
+    want = (requested or settings.FAST_ENGINE.get()).strip().lower()
     if want not in ("auto", *ENGINES):
         from .errors import ConfigError
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from . import settings
 from .errors import DatasetError
 from .parallel import available_cpus
 from .sources import _valid_utf8, compression_of, local_builder
@@ -46,7 +47,7 @@ BATCH_BYTES = 10 << 20
 FINGERPRINT_PREFIX = "jsonl-batches:"
 #: Set to ``datasets`` to load every JSON file through ``datasets`` as before (to compare, or should
 #: reading by batch ever misbehave).
-READER_ENV = "TOKENIZE_MIXER_JSON_READER"
+READER_ENV = settings.JSON_READER.name
 
 
 class JsonlBatch(BaseModel):
@@ -105,7 +106,7 @@ class JsonlLayout:
 def applies(path: str, split: str) -> bool:
     """Whether ``path`` is a file this module reads: a local, uncompressed JSON file of the 'train'
     split, whose first byte (after a BOM) does not open a JSON array."""
-    if os.environ.get(READER_ENV) == "datasets":
+    if settings.JSON_READER.get() == "datasets":
         return False
     if is_remote(path) or local_builder(path) != "json" or compression_of(path) is not None:
         return False

@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from . import settings
 from .errors import ConfigError, OutputConflictError
 from .stopping import on_forced_exit
 from .storage import TMP_MARK, atomic_write_bytes, boot_id, remove_tree, writer_tag
@@ -43,7 +44,7 @@ HEARTBEAT_SECONDS = 10.0
 
 def lease_seconds() -> float:
     """How long a lease lives without a heartbeat before another machine may call it abandoned."""
-    return float(os.environ.get("TOKENIZE_MIXER_LEASE_SECONDS", "600"))
+    return float(settings.LEASE_SECONDS.get())
 
 
 # ---- outputs --------------------------------------------------------------------------------------

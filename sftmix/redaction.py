@@ -16,6 +16,8 @@ import os
 import threading
 from typing import Any
 
+from . import settings
+
 #: Environment settings whose values are secrets (read when the console is set up, here and in workers).
 SECRET_SETTINGS = (
     "PREFECT_API_AUTH_STRING",
@@ -23,7 +25,7 @@ SECRET_SETTINGS = (
     "PREFECT_API_KEY",
     "HF_TOKEN",
     "HUGGING_FACE_HUB_TOKEN",
-    "TOKENIZE_MIXER_AUTH_STRING",
+    settings.AUTH_STRING.name,
 )
 MASK = "***"
 #: Shorter values are not redacted: they would mask ordinary words (no real secret is this short).

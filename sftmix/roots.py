@@ -32,12 +32,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import settings
 from .config import MixerConfig, RunOptions, default_work_dir
 from .errors import ConfigError
 from .sources import local_builder, looks_local
 from .storage import is_remote
 
-ENV = "TOKENIZE_MIXER_ALLOWED_ROOTS"
+ENV = settings.ALLOWED_ROOTS.name
 
 _HUB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
@@ -135,7 +136,7 @@ def is_hub_name(name: str, dataset: bool = False) -> bool:
 
 def effective_roots(run: RunOptions) -> tuple[list[Place], str] | None:
     """The roots that bind this run and where they come from, or ``None`` (no restriction)."""
-    env = os.environ.get(ENV)
+    env = settings.ALLOWED_ROOTS.raw()
     worker = None if env is None else [root_place(t, ENV) for t in split_roots(env)]
     if run.allowed_roots is None:
         return None if worker is None else (worker, ENV)

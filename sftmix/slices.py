@@ -25,9 +25,9 @@ from typing import Any, BinaryIO
 import numpy as np
 from pydantic import BaseModel, Field
 
-from . import jsonl
+from . import jsonl, settings
 from .config import local_mirror
-from .encoders import ENGINE_ENV, FastEncoder
+from .encoders import FastEncoder
 from .errors import (
     BadRowError,
     ChecksumError,
@@ -347,7 +347,7 @@ def encoding_for(ctx: TokenizeContext, encoder: str | None = None) -> WorkerEnco
         ctx.tokenizer_revision,
         ctx.tokenizer_file,
         encoder or ctx.encoder,
-        os.environ.get(ENGINE_ENV),
+        settings.FAST_ENGINE.raw(),
     )
 
 

@@ -8,7 +8,7 @@ from prefect.cache_policies import NO_CACHE
 from sftmix.assemble import AssembleResult, assemble
 from sftmix.plan import Plan
 from sftmix.slices import SliceManifest
-from tasks import fail_cleanly
+from tokenize_mixer.tasks import fail_cleanly
 
 
 @task(name="assemble", cache_policy=NO_CACHE, persist_result=False)

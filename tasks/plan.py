@@ -5,7 +5,7 @@ from prefect.cache_policies import NO_CACHE
 
 from sftmix.config import MixerConfig, RunOptions
 from sftmix.plan import Plan, build_plan
-from tasks import fail_cleanly
+from tokenize_mixer.tasks import fail_cleanly
 
 
 @task(name="plan", cache_policy=NO_CACHE, persist_result=False)

@@ -6,7 +6,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from sftmix.publish import UNCHECKED, publish
-from tasks import fail_cleanly
+from tokenize_mixer.tasks import fail_cleanly
 
 
 @task(name="publish", cache_policy=NO_CACHE, persist_result=False)

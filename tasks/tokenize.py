@@ -20,7 +20,7 @@ from sftmix.errors import MixerError
 from sftmix.slices import SliceSpec, TokenizeContext, tokenize_slice
 from sftmix.stopping import follow_parent, ignore_stop_signals, silence_closed_pipes
 from sftmix.storage import join_url
-from tasks import fail_cleanly
+from tokenize_mixer.tasks import fail_cleanly
 
 
 def slice_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:

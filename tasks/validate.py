@@ -8,7 +8,7 @@ from prefect.cache_policies import NO_CACHE
 from sftmix.digest import compare, output_digests
 from sftmix.errors import ChecksumError
 from sftmix.report import Validation
-from tasks import fail_cleanly
+from tokenize_mixer.tasks import fail_cleanly
 
 
 @task(name="validate", cache_policy=NO_CACHE, persist_result=False)

@@ -16,7 +16,7 @@ ROOT = Path(__file__).parent.parent
 def convert_command(data: Path, work: Path, out: Path, slice_rows: int, *extra: str) -> list[str]:
     """``tokenize-mixer convert`` of ``data`` with the demo tokenizer and the olmo template."""
     return [
-        sys.executable, "-m", "sftmix.cli", "convert", "--dataset_mixer_list", str(data), "1.0",
+        sys.executable, "-m", "tokenize_mixer.cli", "convert", "--dataset_mixer_list", str(data), "1.0",
         "--tokenizer_name_or_path", str(ROOT / "examples" / "tokenizer"), "--chat_template_name", "olmo",
         "--max_seq_length", "256", "--work_dir", str(work), "--output_dir", str(out),
         "--slice_rows", str(slice_rows), *extra,

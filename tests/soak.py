@@ -596,7 +596,7 @@ def local_env(prefect_home: Path, tmp: Path) -> dict[str, str]:
 
 def stop_handling_begun(pid: int) -> bool:
     """Whether the command's first line has run in ``pid``: its stop signals held back
-    (``sftmix.command``) or caught by its handlers. Before that a Ctrl-C meets Python's own start
+    (``tokenize_mixer.command``) or caught by its handlers. Before that a Ctrl-C meets Python's own start
     (a KeyboardInterrupt from inside an import: exit 1 or 130 and Python's traceback; README)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()

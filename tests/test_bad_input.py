@@ -24,12 +24,12 @@ import pytest
 import sftmix.errors
 import sftmix.plan
 import sftmix.sources
-from sftmix.cli import main
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.errors import BadRowError, DatasetError
 from sftmix.plan import build_plan
 from sftmix.selection import ASSEMBLE_BYTES_PER_ROW, MAX_SELECTED_ROWS
 from sftmix.slices import load_slice_arrays, tokenize_slice
+from tokenize_mixer.cli import main
 
 TINY = Path(__file__).parent / "golden" / "tokenizers" / "tiny"
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
@@ -162,7 +162,7 @@ def test_a_parquet_file_without_rows_says_so(here, capsys):
 
 
 def test_the_console_script_prints_one_line_for_an_empty_file(tmp_path):
-    """The same through ``python -m sftmix.cli``, as a user sees it (it printed five tracebacks)."""
+    """The same through ``python -m tokenize_mixer.cli``, as a user sees it (it printed five tracebacks)."""
     (tmp_path / "empty.jsonl").write_bytes(b"")
     (tmp_path / "mixer.yaml").write_text(
         "datasets: [{path: empty.jsonl}]\n"
@@ -171,7 +171,15 @@ def test_the_console_script_prints_one_line_for_an_empty_file(tmp_path):
     )
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     proc = subprocess.run(
-        [sys.executable, "-m", "sftmix.cli", "plan", "mixer.yaml", "--work_dir", str(tmp_path / "work")],
+        [
+            sys.executable,
+            "-m",
+            "tokenize_mixer.cli",
+            "plan",
+            "mixer.yaml",
+            "--work_dir",
+            str(tmp_path / "work"),
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,

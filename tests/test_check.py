@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from flows.tokenize_mixer import tokenize_mixer
 from sftmix.check import check_output
-from sftmix.cli import main
 from sftmix.config import MixerConfig, RunOptions
+from tokenize_mixer.cli import main
+from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 

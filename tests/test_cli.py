@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).parent.parent
-CLI = [sys.executable, "-m", "sftmix.cli"]
+CLI = [sys.executable, "-m", "tokenize_mixer.cli"]
 
 
 def cli(

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from flows.tokenize_mixer import tokenize_mixer
 from sftmix.config import MixerConfig, RunOptions
 from sftmix.digest import output_digests
 from tests.cli_runs import machine_env
 from tests.ports import free_port
 from tests.test_gcs import gcs, parts  # noqa: F401 (the emulator fixture)
+from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
 pytestmark = pytest.mark.slow
 

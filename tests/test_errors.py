@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from sftmix.cli import main
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec, load_run_file
 from sftmix.errors import (
     BadRowError,
@@ -21,6 +20,7 @@ from sftmix.errors import (
 from sftmix.plan import build_plan
 from sftmix.publish import publish_local, staging_dir
 from sftmix.slices import tokenize_slice
+from tokenize_mixer.cli import main
 
 TINY = Path(__file__).parent / "golden" / "tokenizers" / "tiny"
 

@@ -82,8 +82,8 @@ def test_exact_spans_keep_rows_the_reference_rule_drops_and_count_them():
 
 
 def test_the_flow_keeps_and_reports_rows_with_exact_spans(golden_dir, prefect_api, tmp_path, monkeypatch):
-    from flows.tokenize_mixer import tokenize_mixer
     from sftmix.config import MixerConfig, RunOptions
+    from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
     monkeypatch.chdir(golden_dir)
 

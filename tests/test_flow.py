@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from flows.tokenize_mixer import tokenize_mixer
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.digest import compare
 from sftmix.slices import slice_dir
+from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
@@ -118,7 +118,7 @@ def test_retry_only_transient_failures():
     from prefect.states import Failed
 
     from sftmix.errors import BadRowError
-    from tasks.tokenize import retry_transient
+    from tokenize_mixer.tasks.tokenize import retry_transient
 
     assert retry_transient(None, None, Failed(data=OSError("connection reset"))) is True
     assert retry_transient(None, None, Failed(data=BadRowError("d", 1, "bad"))) is False

@@ -12,10 +12,10 @@ import yaml
 from prefect.utilities.callables import parameter_schema
 from prefect.utilities.schema_tools import validate
 
-from flows.tokenize_mixer import tokenize_mixer
 from sftmix.config import TOKENIZERS_OWN, RunFile, RunOptions, TokenizerSpec, load_run_file
 from sftmix.errors import ConfigError
 from sftmix.templates import NAMED_TEMPLATES
+from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
 ROOT = Path(__file__).parent.parent
 MODELS = ("DatasetEntry", "MixerConfig", "TokenizerSpec", "OutputSpec", "RunOptions", "RunFile")

@@ -19,13 +19,13 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from flows.tokenize_mixer import tokenize_mixer
 from sftmix.config import MixerConfig, RunOptions
 from sftmix.digest import OUTPUT_MANIFEST, output_digests, remote_output_digests
 from sftmix.errors import ConfigError, DatasetError, OutputConflictError
 from sftmix.plan import build_plan
 from sftmix.publish import publish_remote
 from tests.ports import free_port
+from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
 ROOT = Path(__file__).parent.parent
 EXAMPLES = ROOT / "examples"

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from flows.tokenize_mixer import tokenize_mixer
 from sftmix.check import check_output
-from sftmix.cli import build_parser, mixer_from_convert_args
 from sftmix.config import RunOptions
 from sftmix.digest import compare
 from sftmix.encoders import ENGINE_ENV, PROVEN_PATTERNS, fast_engine
 from tests.tokenizer_fixtures import GOLDEN
+from tokenize_mixer.cli import build_parser, mixer_from_convert_args
+from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
 ALL_CASES = {c["name"]: c for c in json.loads((GOLDEN / "cases.json").read_text())["cases"]}
 #: Cases the reference itself stops on: no bytes to match, and we must stop too (with our own message).

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from flows import head_start
-from flows.tokenize_mixer import tokenize_mixer
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.digest import compare
 from sftmix.plan import build_plan
+from tokenize_mixer.flows import head_start
+from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT / "examples"))

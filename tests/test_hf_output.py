@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from flows.tokenize_mixer import tokenize_mixer
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.digest import output_digests
 from sftmix.hf_output import best_fit_decreasing
+from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 MAX_LEN = 256

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from flows.tokenize_mixer import tokenize_mixer
-from sftmix.cli import main
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from tokenize_mixer.cli import main
+from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 GENERAL = EXAMPLES / "data" / "general.jsonl"

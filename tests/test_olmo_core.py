@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flows.tokenize_mixer import tokenize_mixer
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from tests.tokenizer_fixtures import cache_dir
+from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 READER = Path(__file__).parent / "consumers" / "olmo_core_reader.py"

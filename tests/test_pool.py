@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.pool import WorkerCallInterrupted, pool_stalled, process_pool
+from tokenize_mixer.flows.pool import WorkerCallInterrupted, pool_stalled, process_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def test_a_broken_pool_ends_at_once_with_its_other_workers_killed():
 POISONED_QUEUE = """
 import os, signal, time
 from concurrent.futures import wait
-from flows.pool import WorkerCallInterrupted, pool_stalled, process_pool
+from tokenize_mixer.flows.pool import WorkerCallInterrupted, pool_stalled, process_pool
 
 pool = process_pool(2)
 with pool:
@@ -97,9 +97,9 @@ def test_the_collector_hands_back_the_slices_of_a_pool_whose_management_thread_e
     go to a new pool (here: come back as lost) instead of being waited for for ever."""
     from prefect import flow
 
-    from flows.fanout import _collect, _Slices
-    from flows.watch import StopWatch
     from sftmix.slices import SliceSpec
+    from tokenize_mixer.flows.fanout import _collect, _Slices
+    from tokenize_mixer.flows.watch import StopWatch
 
     specs = [
         SliceSpec(

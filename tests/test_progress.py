@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from flows.progress import Board
 from sftmix.slices import SliceSpec
 from tests.test_cli import cli
+from tokenize_mixer.flows.progress import Board
 
 
 def _spec(index: int, est_bytes: int = 1000) -> SliceSpec:

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flows.tokenize_mixer import tokenize_mixer
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.digest import output_digests
 from sftmix.olmo_format import BOUNDS_PART, MASK_PART, TOKENS_PART
+from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 

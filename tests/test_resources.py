@@ -46,7 +46,7 @@ def convert(data: Path, work: Path, out: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     return subprocess.run(
         [
-            sys.executable, "-m", "sftmix.cli", "convert", "--dataset_mixer_list", str(data), "1.0",
+            sys.executable, "-m", "tokenize_mixer.cli", "convert", "--dataset_mixer_list", str(data), "1.0",
             "--tokenizer_name_or_path", str(ROOT / "examples" / "tokenizer"), "--chat_template_name", "olmo",
             "--max_seq_length", "256", "--work_dir", str(work), "--output_dir", str(out),
             "--slice_rows", "500",

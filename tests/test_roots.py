@@ -209,7 +209,7 @@ def test_set_but_empty_allows_nothing(tree, monkeypatch):
 
 
 def test_flow_run_outside_the_workers_roots_fails_before_any_slice(prefect_api, tmp_path, monkeypatch):
-    from flows.tokenize_mixer import tokenize_mixer
+    from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
     data = tmp_path / "data"
     shutil.copytree(EXAMPLES / "data", data)

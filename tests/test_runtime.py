@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = textwrap.dedent(
     """
     import sys, httpx
-    import flows.runtime as runtime
+    import tokenize_mixer.flows.runtime as runtime
 
     if sys.argv[1] == "broken":  # a Prefect whose server no longer starts the way we launch it
         import subprocess
@@ -104,7 +104,7 @@ def test_an_api_named_by_a_profile_is_used_and_the_early_server_stopped(tmp_path
 
 # ---- a command's own temporary API: private, only when there is work, no secret in its logs -------------
 
-CLI = [sys.executable, "-m", "sftmix.cli"]
+CLI = [sys.executable, "-m", "tokenize_mixer.cli"]
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -127,9 +127,9 @@ def _private_dirs(tmp_path: Path) -> list[str]:
 
 
 def runtime_module():
-    import flows.runtime
+    from tokenize_mixer.flows import runtime
 
-    return flows.runtime
+    return runtime
 
 
 @pytest.mark.slow

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from flows.worker_start import START_METHOD_ENV
 from sftmix.digest import compare
 from tests.cli_runs import assert_rerun_resumes, cli_env, convert_command
+from tokenize_mixer.flows.worker_start import START_METHOD_ENV
 
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
@@ -298,7 +298,7 @@ def test_a_cancel_through_the_api_stops_the_run_without_publishing(chats, tmp_pa
 
 def test_a_lost_prefect_server_stops_the_run(chats, tmp_path):
     """Server mode: the run was given a server (PREFECT_API_URL), which dies mid-run."""
-    from flows.runtime import TemporaryServer
+    from tokenize_mixer.flows.runtime import TemporaryServer
 
     data, expected = chats
     work, out = tmp_path / "work", tmp_path / "out"
@@ -495,7 +495,7 @@ def test_the_stop_line_starts_a_line_of_its_own_after_a_partial_one(tmp_path):
 
 
 def test_a_ctrl_c_at_any_moment_of_the_start_prints_one_line(tmp_path):
-    """From the command's first line on (sftmix.command), before its heavy imports: no traceback. The
+    """From the command's first line on (tokenize_mixer.command), before its heavy imports: no traceback. The
     interpreter's own start (about 50 ms) comes before any of our code and is left out."""
     tool = Path(sys.executable).parent / "tokenize-mixer"
     for delay in (0.08, 0.12, 0.2, 0.3, 0.5, 0.8):

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from flows.tokenize_mixer import tokenize_mixer
 from sftmix.config import OutputSpec, RunOptions
 from sftmix.errors import ChecksumError
 from sftmix.ownership import OUTPUT_MARKER
@@ -18,6 +17,7 @@ from sftmix.report import UP_TO_DATE
 from sftmix.up_to_date import input_record, up_to_date
 from tests.test_cli import cli
 from tests.test_flow import EXAMPLES, demo_mixer
+from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
 
 def _snapshot(directory: Path) -> dict[str, tuple[int, int, bytes]]:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from flows.worker_start import MIN_FORKED_WORKERS, START_METHOD_ENV
 from sftmix.digest import compare
 from tests.cli_runs import cli_env, convert_command
+from tokenize_mixer.flows.worker_start import MIN_FORKED_WORKERS, START_METHOD_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -78,7 +78,7 @@ def test_the_fork_server_imports_what_workers_use_and_no_more():
     plan's Arrow and tokenizer files never uses; Prefect's collections (prefect-dask: all of Dask) each
     worker would import at its first task."""
     probe = (
-        "import sys, tasks.worker_preload; "
+        "import sys, tokenize_mixer.flows.worker_preload; "
         "print(sorted(m for m in ('transformers', 'datasets', 'pandas', 'torch', 'prefect_dask') if m in sys.modules))"
     )
     done = subprocess.run(

@@ -10,7 +10,6 @@ import argparse
 import contextlib
 import json
 import logging
-import os
 import signal
 import sys
 import threading
@@ -19,13 +18,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec, load_run_file
-from .console import configure_command_console
-from .errors import ConfigError, MixerError, WorkerDiedError
-from .reference_flags import NEUTRAL_FLAGS, check_flags, transform_chain
-from .report import COMMAND_CLOCK, RunReport
-from .selection import parse_amount
-from .stopping import (
+from sftmix import settings
+from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec, load_run_file
+from sftmix.console import configure_command_console
+from sftmix.errors import ConfigError, MixerError, WorkerDiedError
+from sftmix.reference_flags import NEUTRAL_FLAGS, check_flags, transform_chain
+from sftmix.report import COMMAND_CLOCK, RunReport
+from sftmix.selection import parse_amount
+from sftmix.stopping import (
     EXIT_API_LOST,
     EXIT_CANCELLED,
     EXIT_WORKERS_DIED,
@@ -47,7 +47,7 @@ from .stopping import (
 logger = logging.getLogger("sftmix")
 
 #: Environment setting for convert's --unknown_template (a cluster's profile can make typos errors).
-UNKNOWN_TEMPLATE_ENV = "TOKENIZE_MIXER_UNKNOWN_TEMPLATE"
+UNKNOWN_TEMPLATE_ENV = settings.UNKNOWN_TEMPLATE.name
 #: Reference flags that are not mixer settings: checked by ``reference_flags.check_flags``.
 CHECKED_REFERENCE_FLAGS = (*NEUTRAL_FLAGS, "dataset_target_columns", "get_tokenizer_fn", "use_fast")
 
@@ -108,7 +108,13 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokenize-mixer", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="tokenize-mixer",
+        description=__doc__.splitlines()[0],
+        epilog="environment settings (for a machine or a cluster's profile):\n"
+        + "\n".join(f"  {s.name}: {s.help}" for s in settings.ALL if s is not settings.CONSOLE),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -126,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         conv,
         "unknown_template",
         choices=["fallback", "error"],
-        default=os.environ.get(UNKNOWN_TEMPLATE_ENV) or "fallback",
+        default=settings.UNKNOWN_TEMPLATE.get(),
         help="a --chat_template_name tokenize-mixer does not know: use the tokenizer's own template with a "
         f"warning, as the reference does (fallback, the default), or refuse the run (error; also "
         f"{UNKNOWN_TEMPLATE_ENV}=error)",
@@ -318,7 +324,7 @@ def _progress_bar() -> Iterator[None]:
     """The command's progress: a live bar on a terminal (slices, share of the input, the recent rate,
     time left), elsewhere a summary line every few seconds (``flows.progress``); both count the head
     start's slices as they finish, before the flow run exists."""
-    from flows.progress import BOARD, line_seconds
+    from tokenize_mixer.flows.progress import BOARD, line_seconds
 
     if not sys.stderr.isatty():
         stop, wake = threading.Event(), threading.Event()
@@ -382,9 +388,9 @@ def _progress_bar() -> Iterator[None]:
 def _write_tokenizer_only(mixer: MixerConfig) -> int:
     """--tokenizer_config_only: OUTPUT_DIR/tokenizer/ (the tokenizer with the chat template the run would
     use) and nothing else, as the reference writes it; an existing tokenizer/ is never replaced."""
-    from .assemble import save_tokenizer
-    from .plan import resolve_tokenizer
-    from .storage import is_remote, writer_tag
+    from sftmix.assemble import save_tokenizer
+    from sftmix.plan import resolve_tokenizer
+    from sftmix.storage import is_remote, writer_tag
 
     if is_remote(mixer.output.path):
         raise ConfigError("--tokenizer_config_only writes to a local --output_dir only")
@@ -404,13 +410,12 @@ def _write_tokenizer_only(mixer: MixerConfig) -> int:
 
 
 def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
-    from flows.runtime import prefect_api
-
-    from .plan import check_inputs
-    from .publish import check_output_free, paths_to_protect, refuse_different_settings
-    from .roots import check_allowed_roots
-    from .slices import SLICE_FORMAT_VERSION
-    from .up_to_date import UpToDate, may_be_up_to_date, mixer_recipe, remember_inputs, up_to_date
+    from sftmix.plan import check_inputs
+    from sftmix.publish import check_output_free, paths_to_protect, refuse_different_settings
+    from sftmix.roots import check_allowed_roots
+    from sftmix.slices import SLICE_FORMAT_VERSION
+    from sftmix.up_to_date import UpToDate, may_be_up_to_date, mixer_recipe, remember_inputs, up_to_date
+    from tokenize_mixer.flows.runtime import prefect_api
 
     # The flow checks these again; here they fail fast, before a Prefect API starts.
     check_allowed_roots(mixer, run)
@@ -426,9 +431,8 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
         """While the API starts: the plan, whose user errors end the command before a flow run exists
         (``prefect_api`` stops the server on the way out), and the head start where it applies (not
         when the plan finds the output up to date: the flow then says so and ends)."""
-        from flows.head_start import begin_head_start, plan_ahead
-
-        from .plan import prepare_plan
+        from sftmix.plan import prepare_plan
+        from tokenize_mixer.flows.head_start import begin_head_start, plan_ahead
 
         prepare_plan(mixer, run)
         plan = plan_ahead(mixer, run)
@@ -439,10 +443,10 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
             raise UpToDate(done)  # the API stops; no flow run
         begin_head_start(mixer, run, plan)  # tokenizing begins while the API is still starting
 
-    from flows.head_start import head_start_scope
+    from tokenize_mixer.flows.head_start import head_start_scope
 
     if _one_run_per_process:
-        from flows.worker_start import fork_workers_from_server, start_worker_server
+        from tokenize_mixer.flows.worker_start import fork_workers_from_server, start_worker_server
 
         fork_workers_from_server()
         start_worker_server(mixer, run)
@@ -452,7 +456,7 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
         )
         with head_start_scope(), api, _progress_bar():
             # Imported here, not above: with a temporary API server, the import overlaps its start-up.
-            from flows.tokenize_mixer import tokenize_mixer
+            from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
             state = tokenize_mixer(mixer=mixer, run=run, return_state=True)
     except UpToDate as done:
@@ -497,7 +501,7 @@ def _inspect(args: argparse.Namespace) -> int:
     from rich.text import Text
     from tokenizers import Tokenizer
 
-    from .inspect_output import find_document, load_document, segments
+    from sftmix.inspect_output import find_document, load_document, segments
 
     index = args.doc
     if index is None:
@@ -516,7 +520,14 @@ def _inspect(args: argparse.Namespace) -> int:
         f"{source}; {doc.tokens.shape[0]} tokens, {int(doc.mask.sum())} trainable"
     )
     if args.against:
-        from .inspect_output import BOTH, ONLY_HERE, ONLY_THERE, PLAIN_MARKERS, against, mask_diff_segments
+        from sftmix.inspect_output import (
+            BOTH,
+            ONLY_HERE,
+            ONLY_THERE,
+            PLAIN_MARKERS,
+            against,
+            mask_diff_segments,
+        )
 
         other = against(doc, args.against)
         runs = mask_diff_segments(doc, other, decode)
@@ -617,13 +628,13 @@ def _main(args: argparse.Namespace) -> int:
                 mixer = mixer.model_copy(update={"output": out})
             return _run_flow(mixer, run_options(args, rf.run))
         if args.command == "plan":
-            from .plan import build_plan
+            from sftmix.plan import build_plan
 
             rf = load_run_file(args.config)
             sys.stdout.write(build_plan(rf.mixer, run_options(args, rf.run)).summary() + "\n")
             return 0
         if args.command == "compare":
-            from .digest import compare
+            from sftmix.digest import compare
 
             result = compare(args.a, args.b)
             sys.stdout.write(result.render() + "\n")
@@ -631,7 +642,7 @@ def _main(args: argparse.Namespace) -> int:
         if args.command == "inspect":
             return _inspect(args)
         if args.command == "check":
-            from .check import check_output
+            from sftmix.check import check_output
 
             result = check_output(args.output, args.sequence_length, long_doc_strategy=args.long_doc_strategy)
             sys.stdout.write(result.render(template_diff=args.template_diff) + "\n")
@@ -639,13 +650,13 @@ def _main(args: argparse.Namespace) -> int:
                 Path(args.json).write_text(result.to_json(), encoding="utf-8")
             return result.exit_code
         if args.command == "report":
-            from .report_page import write_report
+            from sftmix.report_page import write_report
 
             png, md = write_report(args.output, args.out)
             sys.stdout.write(f"wrote {png} and {md}\n")
             return 0
         if args.command == "digest":
-            from .digest import digests_json
+            from sftmix.digest import digests_json
 
             text = digests_json(args.output)
             if args.out:
@@ -667,7 +678,7 @@ _one_run_per_process = False  # set by entry: this process ends with the run
 
 def entry(started: float | None = None) -> None:
     """The command, one run per process (``main`` returns instead, for callers in this process); the
-    ``tokenize-mixer`` script enters through :mod:`sftmix.command`, which installs the stop handling
+    ``tokenize-mixer`` script enters through :mod:`tokenize_mixer.command`, which installs the stop handling
     before this module's imports."""
     global _one_run_per_process
     _one_run_per_process = True

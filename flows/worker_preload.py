@@ -10,8 +10,8 @@ Not transformers or datasets, though the command imports both: a worker reads th
 and the plan's tokenizer file, and importing the two cost the server 1.2-1.5 s of CPU, competing with
 the API's start on a small machine. ``flows.worker_start`` adds datasets for a mixer that names a
 dataset the plan may not convert. Also imported: what the command's module imports, since each worker
-runs that module again as its main module (not ``sftmix.cli`` itself: runpy warns when
-``python -m sftmix.cli`` finds it imported already)."""
+runs that module again as its main module (not ``tokenize_mixer.cli`` itself: runpy warns when
+``python -m tokenize_mixer.cli`` finds it imported already)."""
 
 import prefect.task_engine  # noqa: F401
 import prefect.task_runners  # noqa: F401
@@ -19,12 +19,12 @@ import pyarrow  # noqa: F401
 import tokenizers  # noqa: F401
 from prefect.plugins import load_prefect_collections
 
-import flows.pool  # noqa: F401
-import flows.tokenize_mixer  # noqa: F401
 import sftmix.config  # noqa: F401
 import sftmix.reference_flags  # noqa: F401
 import sftmix.report  # noqa: F401
 import sftmix.selection  # noqa: F401
-import tasks.tokenize  # noqa: F401
+import tokenize_mixer.flows.pool  # noqa: F401
+import tokenize_mixer.flows.tokenize_mixer  # noqa: F401
+import tokenize_mixer.tasks.tokenize  # noqa: F401
 
 load_prefect_collections()

@@ -42,7 +42,7 @@ def entry() -> None:
         set_stop_note(RUN_STOP_NOTE)
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-        from sftmix import cli
+        from tokenize_mixer import cli
     except RunStopped as stop:
         exit_now(stop)
     cli.entry(started=STARTED)
