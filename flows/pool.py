@@ -27,8 +27,8 @@ from prefect.task_runners import ProcessPoolTaskRunner
 
 from sftmix.config import RunOptions
 from sftmix.parallel import available_cpus
+from sftmix.processes import stop_signals_blocked
 from sftmix.slices import SliceSpec, TokenizeContext, read_manifest
-from sftmix.stopping import stop_signals_blocked
 
 from .worker_start import start_method
 

@@ -39,11 +39,11 @@ from pathlib import Path
 from typing import IO
 
 from sftmix.ownership import leased, remove_abandoned
+from sftmix.processes import die_with_parent_preexec
 from sftmix.redaction import add_secret
 from sftmix.stopping import (
     EXIT_API_LOST,
     RunStopped,
-    die_with_parent_preexec,
     exit_now,
     first_stop,
     record_stop,

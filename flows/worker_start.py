@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from sftmix import settings
 from sftmix.parallel import available_cpus
-from sftmix.stopping import stop_signals_blocked
+from sftmix.processes import stop_signals_blocked
 
 if TYPE_CHECKING:
     from sftmix.config import MixerConfig, RunOptions

@@ -30,7 +30,7 @@ import numpy as np
 
 from .errors import ChecksumError
 from .olmo_format import part_spans
-from .stopping import ignore_stop_signals, stop_signals_blocked
+from .processes import ignore_stop_signals, stop_signals_blocked
 from .storage import pread_into, pwrite_all
 
 

@@ -1,6 +1,10 @@
-"""How a run stops: every way it can end (a signal, a closed output pipe, a cancel, a lost API) becomes
-one :class:`RunStopped` with a one-line reason and an exit code of its own; and processes we start
-never outlive the process that started them.
+"""How a run stops: every way it can end (a signal, a closed output pipe, a cancel, a lost API or
+supervisor) becomes one :class:`RunStopped` with a one-line reason and an exit code of its own, and the
+command ends with that line and code (:func:`exit_now`, :func:`finish`).
+
+The neighbours: ``sftmix.pipes`` turns a closed stdout or stderr into a stop, ``sftmix.processes``
+keeps the processes we start from outliving us, ``sftmix.watchdog`` ends a command whose stop never
+reached the place that would end its run.
 
 Finished slices are checkpointed by their own manifests, so stopping only has to stop promptly: a
 rerun of the same command reuses every finished slice and gives the same bytes.
@@ -10,18 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
-import io
 import logging
 import os
-import select
 import signal
-import stat
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TextIO
+from typing import Any
+
+from .processes import PR_SET_PDEATHSIG, STOP_SIGNALS, kill_descendants
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +52,8 @@ class RunStopped(BaseException):
 
 _first_stop: RunStopped | None = None
 _stop_lock = threading.RLock()  # reentrant: the signal handler runs in the main thread, maybe inside
-_stopped = threading.Event()
+#: Set once a stop is recorded (``sftmix.watchdog`` waits on it).
+stop_recorded = threading.Event()
 
 
 def record_stop(stop: RunStopped) -> RunStopped:
@@ -62,37 +65,13 @@ def record_stop(stop: RunStopped) -> RunStopped:
         if first:
             _first_stop = stop
     if first:  # once: a signal handler that runs meanwhile in this thread finds it recorded
-        _stopped.set()
+        stop_recorded.set()
     return _first_stop  # type: ignore[return-value]
 
 
 # ---- the last resort: a recorded stop ends the process in bounded time ---------------------------------
 
 _cleanups: dict[int, Callable[[], None]] = {}
-
-
-def arm_watchdog(seconds: float = 7.0) -> None:
-    """In a process that ends with its run (the command): once a stop is recorded, the process ends
-    within ``seconds`` (plus a bounded clean-up) with the stop's exit code, even if a thread is wedged
-    and the stop never reaches the place that would end the run. A thread that dies or waits for ever
-    can freeze a run that was told to stop; this cannot. (Its thread starts now: starting one from a
-    signal handler could wait on a lock the interrupted code holds.)"""
-    global _watchdog_armed
-    if _watchdog_armed:
-        return
-    _watchdog_armed = True
-
-    def watch() -> None:
-        _stopped.wait()
-        time.sleep(seconds)
-        stop = first_stop()
-        if stop is not None:
-            exit_now(stop, forced=True)
-
-    threading.Thread(target=watch, name="stop-watchdog", daemon=True).start()
-
-
-_watchdog_armed = False
 
 
 def on_forced_exit(key: int, cleanup: Callable[[], None] | None) -> None:
@@ -113,35 +92,6 @@ def _run_cleanups(within: float = 2.0) -> None:
     worker = threading.Thread(target=run_all, name="forced-exit-cleanup", daemon=True)
     worker.start()
     worker.join(within)
-
-
-def descendants(pid: int | None = None) -> list[int]:
-    """The processes started by ``pid`` (this process) and theirs, from /proc (Linux; elsewhere none)."""
-    found: list[int] = []
-    parents = [os.getpid() if pid is None else pid]
-    while parents:
-        parent = parents.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as fh:
-                    children = [int(c) for c in fh.read().split()]
-            except (OSError, ValueError):
-                continue
-            found += children
-            parents += children
-    return found
-
-
-def kill_descendants() -> None:
-    """SIGKILL every process this one started, and theirs (workers, the fork server, the API server):
-    their work is unfinished and a rerun redoes it."""
-    for pid in descendants():
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def first_stop() -> RunStopped | None:
@@ -215,9 +165,6 @@ def published_output() -> str | None:
     return _published
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
 def stop_run(stop: RunStopped) -> None:
     """Record ``stop`` and make the main thread raise it now: at once when called there, else by a real
     signal, which wakes it from any wait (its handler raises the first recorded stop). In a process
@@ -283,193 +230,6 @@ def _unraisable(unraisable: Any) -> None:
     threading.Thread(target=again, name="stop-again", daemon=True).start()
 
 
-# ---- a closed stdout or stderr ----------------------------------------------------------------------
-
-
-class _PipeGuard(io.TextIOBase):
-    """A stdout/stderr that turns a closed pipe (``cmd | head``) into a stop of the run, once, and then
-    discards what is written instead of failing every later log line.
-
-    ``stops_run=False`` (a worker process): the closed pipe is only silenced. A worker's output is not
-    the user's terminal, and a worker must never end its task run over it: ``rich``, through which
-    Prefect prints, answers a closed pipe with ``SystemExit``, which crossed back into the command as
-    a slice's outcome and silently ended its pool's management thread (a run frozen for good). The
-    command notices the closed pipe itself (:func:`watch_output_pipes`)."""
-
-    def __init__(self, stream: TextIO, stops_run: bool = True) -> None:
-        self._stream = stream
-        self._closed_pipe = False
-        self._stops_run = stops_run
-        self._lock = threading.Lock()
-        #: Once the run is stopped, nothing more is printed: what follows a stop is its consequences
-        #: (a task's crash, an exception a library made of the stop), not news.
-        self.quiet_after_stop = False
-        #: Whether what was last written ended its line. Not always: Prefect reports a failed log
-        #: upload as a message with no newline, and the stop's line must not be glued to it.
-        self.at_line_start = True
-
-    def reader_gone(self) -> bool:
-        """Whether this stream is a pipe (or socket) nobody reads any more, without writing to it."""
-        if self._closed_pipe:
-            return False
-        try:
-            fd = self._stream.fileno()
-            mode = os.fstat(fd).st_mode
-            if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
-                return False
-            poller = select.poll()
-            poller.register(fd, 0)  # no events asked: only an error or a hang-up is reported
-            return any(mask & (select.POLLERR | select.POLLHUP) for _, mask in poller.poll(0))
-        except (OSError, ValueError):
-            return False
-
-    def _broken(self) -> None:
-        with self._lock:
-            if self._closed_pipe:
-                return
-            self._closed_pipe = True
-            with contextlib.suppress(OSError, ValueError):
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, self._stream.fileno())  # children write to the same fd
-                os.close(devnull)
-            self._stream = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
-        if not self._stops_run:
-            return
-        stop_run(RunStopped("stopped: the output pipe was closed", EXIT_CLOSED_PIPE))
-
-    def write(self, text: str) -> int:
-        if self.quiet_after_stop and _first_stop is not None:
-            return len(text)  # the stop's one line says it all (exit_now writes it past this guard)
-        if text:
-            self.at_line_start = text.endswith("\n")
-        try:
-            return self._stream.write(text)
-        except OSError as exc:
-            if exc.errno != errno.EPIPE:
-                raise
-            self._broken()
-            return len(text)
-
-    def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except OSError as exc:
-            if exc.errno != errno.EPIPE:
-                raise
-            self._broken()
-
-    def fileno(self) -> int:
-        return self._stream.fileno()
-
-    def isatty(self) -> bool:
-        return self._stream.isatty()
-
-    def writable(self) -> bool:
-        return True
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-
-def new_line_if_needed() -> str:
-    """What goes before a line of our own on stderr so that it starts a line: a newline where the last
-    write through ``sys.stderr`` did not end one."""
-    stream = sys.stderr
-    return "" if not isinstance(stream, _PipeGuard) or stream.at_line_start else "\n"
-
-
-def guard_std_streams() -> None:
-    """Install the closed-pipe guard on ``sys.stdout`` and ``sys.stderr`` (before logging is set up)."""
-    for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        if stream is not None and not isinstance(stream, _PipeGuard):
-            setattr(sys, name, _PipeGuard(stream))
-
-
-def quiet_after_stop() -> None:
-    """In the command: once a stop is recorded, stdout and stderr print nothing more but its line."""
-    for stream in (sys.stdout, sys.stderr):
-        if isinstance(stream, _PipeGuard):
-            stream.quiet_after_stop = True
-
-
-def watch_output_pipes(poll_seconds: float = 0.25) -> None:
-    """In the command: stop the run as soon as the reader of its stdout or stderr is gone (``| grep -m1``,
-    ``| head``), not at its next write, which may come only after hours of tokenizing or assembling."""
-
-    def watch() -> None:
-        while first_stop() is None:
-            for stream in (sys.stdout, sys.stderr):
-                if isinstance(stream, _PipeGuard) and stream.reader_gone():
-                    stream._broken()
-            time.sleep(poll_seconds)
-
-    threading.Thread(target=watch, name="output-pipe-watch", daemon=True).start()
-
-
-def silence_closed_pipes() -> None:
-    """In a worker process: a closed stdout or stderr is silenced, never raised (see :class:`_PipeGuard`).
-    Log handlers made before (Prefect's console handler, which prints through ``rich``) are pointed at
-    the guarded streams too."""
-    replaced = {}
-    for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        if stream is not None and not isinstance(stream, _PipeGuard):
-            replaced[id(stream)] = guard = _PipeGuard(stream, stops_run=False)
-            setattr(sys, name, guard)
-    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
-    for log in loggers:
-        for handler in getattr(log, "handlers", []):
-            stream = getattr(handler, "stream", None)
-            if id(stream) in replaced:
-                handler.stream = replaced[id(stream)]
-            console = getattr(handler, "console", None)  # a rich Console keeps its own reference
-            if console is not None and id(getattr(console, "file", None)) in replaced:
-                console.file = replaced[id(console.file)]
-
-
-# ---- children that die with their parent --------------------------------------------------------------
-
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent_preexec() -> None:
-    """For ``subprocess.Popen(preexec_fn=...)`` from the main thread: the child gets SIGTERM when this
-    process dies, however it dies (Linux; elsewhere nothing)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
-def follow_parent(poll_seconds: float = 1.0) -> None:
-    """In a worker process: exit at once when the parent is gone (a kill -9 of the run), from a daemon
-    thread, so no worker keeps tokenizing for a run that no longer exists."""
-    _release_fork_server()
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(poll_seconds)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, name="follow-parent", daemon=True).start()
-
-
-def _release_fork_server() -> None:
-    """In a worker forked by multiprocessing's fork server (``flows.worker_start``), whose parent is that
-    server: close the worker's copy of the command's end of the server's pipe. The server ends when
-    that pipe has no writer left, so it ends with the command, and the worker follows it; each forked
-    process gets a copy (to start processes through the server itself, which a worker never does),
-    and with it a command killed outright left the server and its workers waiting on each other."""
-    forkserver = sys.modules.get("multiprocessing.forkserver")
-    server = getattr(forkserver, "_forkserver", None)
-    fd = getattr(server, "_forkserver_alive_fd", None)
-    if fd is not None:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-        server._forkserver_alive_fd = None  # type: ignore[union-attr]
-
-
 _supervisor_watched = False
 
 
@@ -521,7 +281,7 @@ def follow_supervisor(
     # backstop (the signal follows the parent's thread, not the process, and needs the main thread).
     with contextlib.suppress(ValueError, OSError):
         signal.signal(signal.SIGUSR2, lambda signum, frame: notice())
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGUSR2, 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGUSR2, 0, 0, 0)
 
     def watch() -> None:
         while (stop := notice()) is None:
@@ -533,29 +293,6 @@ def follow_supervisor(
         exit_now(stop)
 
     threading.Thread(target=watch, name="follow-supervisor", daemon=True).start()
-
-
-def ignore_stop_signals() -> None:
-    """In a worker process: a terminal's Ctrl-C or a group SIGTERM is for the run to handle (it stops
-    the workers itself), not a reason for each worker to die with a traceback. Signals held back
-    since the worker started (:func:`stop_signals_blocked`) are dropped, then let through again."""
-    for sig in STOP_SIGNALS:
-        with contextlib.suppress(ValueError, OSError):
-            signal.signal(sig, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-
-
-@contextlib.contextmanager
-def stop_signals_blocked() -> Iterator[None]:
-    """Around starting worker processes: they inherit the blocked stop signals, so a Ctrl-C that comes
-    while one imports its modules cannot end it with a traceback before it ignores them itself
-    (:func:`ignore_stop_signals`). In this thread they are only held back: one that comes meanwhile
-    is delivered when the block ends."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def finish(code: int) -> None:
@@ -629,7 +366,8 @@ def exit_now(stop: RunStopped, forced: bool = False) -> None:
     else:
         line = f"error: {stop.reason}" + (f"; {_stop_note}" if _stop_note else "") + "\n"
         code = stop.exit_code
-    line = new_line_if_needed() + line
+    if not getattr(sys.stderr, "at_line_start", True):  # (sftmix.pipes' guard knows)
+        line = "\n" + line
     with contextlib.suppress(OSError):  # (a closed stderr was pointed at /dev/null)
         os.write(2, line.encode("utf-8", "replace"))
     os._exit(code)

@@ -17,8 +17,9 @@ from prefect.states import State
 
 from sftmix.console import configure_worker_console
 from sftmix.errors import MixerError
+from sftmix.pipes import silence_closed_pipes
+from sftmix.processes import follow_parent, ignore_stop_signals
 from sftmix.slices import SliceSpec, TokenizeContext, tokenize_slice
-from sftmix.stopping import follow_parent, ignore_stop_signals, silence_closed_pipes
 from sftmix.storage import join_url
 from tokenize_mixer.tasks import fail_cleanly
 

@@ -422,10 +422,9 @@ def test_a_stop_while_the_command_finishes_does_not_change_its_exit_code(tmp_pat
 WEDGED = """
 import os, subprocess, sys, time
 from pathlib import Path
-from sftmix.stopping import (
-    RUN_STOP_NOTE, arm_watchdog, guard_std_streams, install_signal_handlers, on_forced_exit, set_stop_note,
-    mark_published,
-)
+from sftmix.pipes import guard_std_streams
+from sftmix.stopping import RUN_STOP_NOTE, install_signal_handlers, mark_published, on_forced_exit, set_stop_note
+from sftmix.watchdog import arm_watchdog
 guard_std_streams()
 install_signal_handlers()
 arm_watchdog()

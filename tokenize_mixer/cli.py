@@ -22,6 +22,7 @@ from sftmix import settings
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec, load_run_file
 from sftmix.console import configure_command_console
 from sftmix.errors import ConfigError, MixerError, WorkerDiedError
+from sftmix.pipes import guard_std_streams, new_line_if_needed, quiet_after_stop, watch_output_pipes
 from sftmix.reference_flags import NEUTRAL_FLAGS, check_flags, transform_chain
 from sftmix.report import COMMAND_CLOCK, RunReport
 from sftmix.selection import parse_amount
@@ -31,18 +32,14 @@ from sftmix.stopping import (
     EXIT_WORKERS_DIED,
     RUN_STOP_NOTE,
     RunStopped,
-    arm_watchdog,
     exit_now,
     finish,
     first_stop,
-    guard_std_streams,
     install_signal_handlers,
-    new_line_if_needed,
-    quiet_after_stop,
     record_stop,
     set_stop_note,
-    watch_output_pipes,
 )
+from sftmix.watchdog import arm_watchdog
 
 logger = logging.getLogger("sftmix")
 

@@ -15,16 +15,16 @@ signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.
 
 import sys  # noqa: E402
 
-from sftmix.stopping import (  # noqa: E402 (the clock starts first)
+from sftmix.pipes import guard_std_streams  # noqa: E402 (the clock starts first)
+from sftmix.processes import STOP_SIGNALS  # noqa: E402
+from sftmix.stopping import (  # noqa: E402
     RUN_STOP_NOTE,
-    STOP_SIGNALS,
     RunStopped,
-    arm_watchdog,
     exit_now,
-    guard_std_streams,
     install_signal_handlers,
     set_stop_note,
 )
+from sftmix.watchdog import arm_watchdog  # noqa: E402
 
 
 def entry() -> None:

@@ -1,0 +1,109 @@
+"""Processes we start never outlive the process that started them: a child dies with its parent however
+the parent dies (PDEATHSIG, or a worker's own watch of its parent), a stop kills what is left of them,
+and stop signals reach the command, never its workers (they would die with a traceback each).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+#: The signals that stop a command (``sftmix.stopping`` turns each into a stop of the run).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent_preexec() -> None:
+    """For ``subprocess.Popen(preexec_fn=...)`` from the main thread: the child gets SIGTERM when this
+    process dies, however it dies (Linux; elsewhere nothing)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def follow_parent(poll_seconds: float = 1.0) -> None:
+    """In a worker process: exit at once when the parent is gone (a kill -9 of the run), from a daemon
+    thread, so no worker keeps tokenizing for a run that no longer exists."""
+    _release_fork_server()
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_seconds)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="follow-parent", daemon=True).start()
+
+
+def _release_fork_server() -> None:
+    """In a worker forked by multiprocessing's fork server (``flows.worker_start``), whose parent is that
+    server: close the worker's copy of the command's end of the server's pipe. The server ends when
+    that pipe has no writer left, so it ends with the command, and the worker follows it; each forked
+    process gets a copy (to start processes through the server itself, which a worker never does),
+    and with it a command killed outright left the server and its workers waiting on each other."""
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        server._forkserver_alive_fd = None  # type: ignore[union-attr]
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """The processes started by ``pid`` (this process) and theirs, from /proc (Linux; elsewhere none)."""
+    found: list[int] = []
+    parents = [os.getpid() if pid is None else pid]
+    while parents:
+        parent = parents.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as fh:
+                    children = [int(c) for c in fh.read().split()]
+            except (OSError, ValueError):
+                continue
+            found += children
+            parents += children
+    return found
+
+
+def kill_descendants() -> None:
+    """SIGKILL every process this one started, and theirs (workers, the fork server, the API server):
+    their work is unfinished and a rerun redoes it."""
+    for pid in descendants():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def ignore_stop_signals() -> None:
+    """In a worker process: a terminal's Ctrl-C or a group SIGTERM is for the run to handle (it stops
+    the workers itself), not a reason for each worker to die with a traceback. Signals held back
+    since the worker started (:func:`stop_signals_blocked`) are dropped, then let through again."""
+    for sig in STOP_SIGNALS:
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+@contextlib.contextmanager
+def stop_signals_blocked() -> Iterator[None]:
+    """Around starting worker processes: they inherit the blocked stop signals, so a Ctrl-C that comes
+    while one imports its modules cannot end it with a traceback before it ignores them itself
+    (:func:`ignore_stop_signals`). In this thread they are only held back: one that comes meanwhile
+    is delivered when the block ends."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
