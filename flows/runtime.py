@@ -77,6 +77,12 @@ PRIVATE_DIR_PREFIX = "tokenize-mixer-api-"
 DATABASE_URL_ENV = "PREFECT_SERVER_DATABASE_CONNECTION_URL"
 
 
+def remove_abandoned_private_dirs() -> None:
+    """The private directories of temporary servers whose command was killed outright (their lease says
+    so: the process is gone, or its heartbeat is old)."""
+    remove_abandoned(Path(tempfile.gettempdir()), PRIVATE_DIR_PREFIX)
+
+
 def _database_template() -> Path:
     """Where a migrated, empty database of this Prefect version is kept, found without importing it."""
     from importlib.metadata import version
@@ -157,9 +163,10 @@ class TemporaryServer:
         if os.environ.get(DATABASE_URL_ENV):
             return {}
         if self.database is None:
-            temp = Path(tempfile.gettempdir())
-            remove_abandoned(temp, PRIVATE_DIR_PREFIX)
-            directory = temp / f"{PRIVATE_DIR_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
+            remove_abandoned_private_dirs()
+            directory = (
+                Path(tempfile.gettempdir()) / f"{PRIVATE_DIR_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
+            )
             self._private.enter_context(leased(directory, mode=0o700))
             self.database = directory / "prefect.db"
             template = _database_template()

@@ -37,6 +37,7 @@ from typing import IO, Any
 from sftmix.assemble import PROCESSES_FROM_ENV
 from sftmix.digest import compare
 from sftmix.ownership import output_id
+from tokenize_mixer.flows.runtime import PRIVATE_DIR_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -1209,6 +1210,8 @@ class Soak:
         self._judge_staging(rec, out, "the stopped run")
         with contextlib.suppress(OSError):
             rec.tmp_left = sorted(os.listdir(tdir / "tmp"))
+        if private := [name for name in rec.tmp_left if name.startswith(PRIVATE_DIR_PREFIX)]:
+            rec.problem("leftover", f"the temporary API's private directory after the stopped run: {private}")
 
     def _judge_code(self, rec: TrialRecord) -> None:
         """The exit code against the stop table: a fault after the publish (or none at all) is exit 0

@@ -254,3 +254,30 @@ def test_a_secret_is_masked_in_every_log_record(monkeypatch):
     text = stream.getvalue()
     assert secret not in text and header not in text
     assert "Basic ***" in text and '"token":"***"' in text and "short values stay: abc" in text
+
+
+@pytest.mark.slow
+def test_the_private_directory_of_a_command_killed_outright_is_removed_by_the_next(tmp_path):
+    env = _env(tmp_path)
+    args = [
+        *CLI,
+        "run",
+        "examples/mixer.yaml",
+        "--output_dir",
+        str(tmp_path / "o"),
+        "--work_dir",
+        str(tmp_path / "w"),
+    ]
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not _private_dirs(tmp_path) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    left = _private_dirs(tmp_path)
+    proc.kill()  # no clean-up of its own: its server dies with it (PDEATHSIG), its directory stays
+    proc.wait()
+    assert len(left) == 1 and _private_dirs(tmp_path) == left
+    (tmp_path / "tmp" / "not-ours").mkdir()  # (a neighbour's, with no lease: never touched)
+    again = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"removing {tmp_path / 'tmp' / left[0]}, left by an interrupted run" in again.stderr
+    assert _private_dirs(tmp_path) == [] and (tmp_path / "tmp" / "not-ours").is_dir()

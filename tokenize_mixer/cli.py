@@ -412,8 +412,9 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
     from sftmix.roots import check_allowed_roots
     from sftmix.slices import SLICE_FORMAT_VERSION
     from sftmix.up_to_date import UpToDate, may_be_up_to_date, mixer_recipe, remember_inputs, up_to_date
-    from tokenize_mixer.flows.runtime import prefect_api
+    from tokenize_mixer.flows.runtime import prefect_api, remove_abandoned_private_dirs
 
+    remove_abandoned_private_dirs()  # (a command killed outright could not remove its own)
     # The flow checks these again; here they fail fast, before a Prefect API starts.
     check_allowed_roots(mixer, run)
     check_output_free(mixer.output.path, paths_to_protect(mixer, run))
