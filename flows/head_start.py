@@ -111,8 +111,8 @@ def plan_ahead(mixer: MixerConfig, run: RunOptions) -> Plan | None:
     shards) is raised, so that the command refuses before a flow run exists; any other error is left to
     the flow's own plan, which meets it and reports it properly (``None``)."""
     from sftmix.errors import MixerError
+    from sftmix.output_dir import refuse_different_output
     from sftmix.plan import build_plan
-    from sftmix.publish import refuse_different_output
 
     try:
         plan = build_plan(mixer, run)

@@ -22,8 +22,9 @@ from sftmix.check import BROKEN, CHANGES_TRAINING, check_output
 from sftmix.config import MixerConfig, RunOptions
 from sftmix.digest import RUN_REPORT
 from sftmix.errors import CheckFailedError, MixerError
+from sftmix.output_dir import check_output_free, paths_to_protect, refuse_different_output
 from sftmix.plan import Plan
-from sftmix.publish import check_output_free, paths_to_protect, refuse_different_output, staging_dir
+from sftmix.publish import staging_dir
 from sftmix.report import COMMAND_CLOCK, SUMMARY_LOG, DatasetReport, RunReport
 from sftmix.report_page import REPORT_PNG, write_report
 from sftmix.roots import check_allowed_roots

@@ -11,27 +11,21 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-from .config import MixerConfig, RunOptions, default_work_dir, local_mirror
 from .digest import OUTPUT_MANIFEST, RUN_REPORT, in_parallel, is_shard, output_digests, read_output_manifest
-from .errors import ConfigError, OutputConflictError
-from .ownership import (
-    LEASE_MARKER,
+from .errors import OutputConflictError
+from .output_dir import (
     OUTPUT_MARKER,
     changed_since_published,
     check_replaceable,
-    leased,
     output_id,
     read_output_marker,
-    refuse_dangerous_output,
-    remove_abandoned,
-    write_lease,
     write_marker,
     write_output_marker,
 )
+from .ownership import LEASE_MARKER, leased, remove_abandoned, write_lease
 from .stopping import mark_published, stops_deferred
 from .storage import (
     TMP_MARK,
@@ -52,33 +46,6 @@ logger = logging.getLogger(__name__)
 OUTPUT_MANIFEST_FORMAT = "tokenize-mixer-output/1"
 
 
-def paths_to_protect(mixer: MixerConfig, run: RunOptions) -> list[tuple[str, str | Path]]:
-    """Local paths the output must never be, nor contain: the work directory, the current directory,
-    and every local input (datasets, tokenizer, template file, reference)."""
-    work = local_mirror(run.work_dir) if is_remote(run.work_dir) else (run.work_dir or default_work_dir())
-    paths: list[tuple[str, str | Path]] = [
-        ("the work directory", work),
-        ("the current directory", Path.cwd()),
-    ]
-    candidates = [(f"the input dataset {d.path}", d.path) for d in mixer.datasets]
-    candidates += [
-        ("the tokenizer", mixer.tokenizer.name_or_path),
-        ("the chat template file", mixer.tokenizer.chat_template or ""),
-        ("the reference", run.reference or ""),
-    ]
-    paths += [
-        (what, where) for what, where in candidates if where and not is_remote(where) and _exists(where)
-    ]
-    return paths
-
-
-def _exists(path: str) -> bool:
-    try:
-        return Path(path).expanduser().exists()
-    except OSError:
-        return False
-
-
 def _staging_parent(output: str | Path, local_root: str | Path) -> Path:
     return Path(local_root) / "staging" / "remote-output" if is_remote(output) else Path(output)
 
@@ -93,33 +60,6 @@ def staging_dir(output: str | Path, local_root: str | Path) -> Iterator[Path]:
     remove_abandoned(out.parent, f".{out.name}.")
     with leased(out.parent / f".{out.name}{TMP_MARK}{uuid.uuid4().hex[:12]}") as staging:
         yield staging
-
-
-def check_output_free(output: str | Path, protected: Iterable[tuple[str, str | Path]] = ()) -> str | None:
-    """Fail early (before any work) when the output cannot become this run's directory; returns the
-    publish id of the output there now (None when there is none), which publishing checks again."""
-    if is_remote(output):
-        url = str(output)
-        bucket = url.split("://", 1)[1].split("/", 1)[0]
-        try:
-            reachable = remote_fs(url).exists(url.split("://", 1)[0] + "://" + bucket)
-        except Exception as exc:
-            raise ConfigError(f"output {url}: cannot reach the bucket: {type(exc).__name__}: {exc}") from None
-        if not reachable:
-            raise ConfigError(f"output {url}: bucket {bucket!r} does not exist")
-        return None
-    refuse_dangerous_output(output, protected)
-    out = Path(output)
-    if out.exists() and not out.is_dir():
-        raise OutputConflictError(f"output {out} exists and is not a directory")
-    if out.is_dir():
-        check_replaceable(out)
-    with storage_errors(f"output {out} is not writable"):  # probe now, not after hours of work
-        out.parent.mkdir(parents=True, exist_ok=True)
-        probe = out.parent / f".{out.name}{TMP_MARK}probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        probe.mkdir()
-        probe.rmdir()
-    return output_id(out) if out.is_dir() else None
 
 
 #: ``seen_id`` value that skips the check for an output published by another run meanwhile.
@@ -139,80 +79,6 @@ def publish(
         return publish_remote(staging, output, overwrite)
     with storage_errors(f"cannot publish to {output}"):
         return publish_local(staging, output, overwrite, seen_id, recipe, inputs)
-
-
-def refuse_different_output(output: str, overwrite: bool, recipe: dict) -> None:
-    """Before any work: an output we published from another recipe would hold different shards, which
-    publishing refuses without ``overwrite``; say so now, with what changed, not after hours of work.
-    (An output with no recipe, from an older version, is compared when publishing, as before.)"""
-    if overwrite or is_remote(output) or not Path(output).is_dir():
-        return
-    marker = read_output_marker(Path(output))
-    before = None if marker is None else marker.get("recipe")
-    if not isinstance(before, dict) or before == recipe or _data_kinds(before) != _data_kinds(recipe):
-        return  # (data fingerprinted another way, by an older version: publishing compares the digests)
-    raise _conflict(output, recipe_changes(before, recipe))
-
-
-def refuse_different_settings(output: str, overwrite: bool, mixer: dict, recipe_format: str) -> None:
-    """:func:`refuse_different_output` from the settings alone (``mixer``: the recipe's ``mixer`` part,
-    made from the config), before a Prefect API starts or the tokenizer loads: the command says it in
-    under a second. An output whose recipe is of another format is left to the plan's check."""
-    if overwrite or is_remote(output) or not Path(output).is_dir():
-        return
-    marker = read_output_marker(Path(output))
-    before = None if marker is None else marker.get("recipe")
-    if not isinstance(before, dict) or before.get("format") != recipe_format or before.get("mixer") == mixer:
-        return
-    raise _conflict(output, recipe_changes(before.get("mixer"), mixer, "mixer"))
-
-
-def _conflict(output: str, changes: list[str]) -> OutputConflictError:
-    return OutputConflictError(
-        f"output directory {output} holds shards made with other settings or data ("
-        + "; ".join(changes[:3])
-        + (f"; {len(changes) - 3} more" if len(changes) > 3 else "")
-        + "): this run would replace them; choose another directory, or set overwrite (--overwrite, or "
-        "'Replace different shards' under Output in the UI) to replace them. Nothing was tokenized."
-    )
-
-
-def _data_kinds(recipe: dict) -> list[str]:
-    """How each dataset's content was fingerprinted ('sha256', 'jsonl-batches', 'hf')."""
-    data = recipe.get("data")
-    return [str(d).split(":", 1)[0] if ":" in str(d) else "" for d in data] if isinstance(data, list) else []
-
-
-def recipe_changes(before: Any, after: Any, where: str = "") -> list[str]:
-    """What differs between two recipes, as ``mixer.datasets[1].amount: 100 -> 50`` lines."""
-    if isinstance(before, dict) and isinstance(after, dict):
-        return [
-            change
-            for key in sorted(set(before) | set(after), key=str)
-            for change in recipe_changes(
-                before.get(key), after.get(key), f"{where}.{key}" if where else str(key)
-            )
-        ]
-    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
-        return [
-            c
-            for i, (a, b) in enumerate(zip(before, after, strict=True))
-            for c in recipe_changes(a, b, f"{where}[{i}]")
-        ]
-    if before == after:
-        return []
-    if where.startswith("data["):
-        return [f"the data of dataset {where[5:-1]} changed"]
-    if isinstance(before, list) and isinstance(after, list):
-        return [f"{where}: {len(before)} -> {len(after)} entries"]
-    if where in ("tokenizer", "template"):
-        return [f"the {where}'s content changed"]
-    return [f"{where}: {_short(before)} -> {_short(after)}"]
-
-
-def _short(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ import numpy as np
 from .digest import RUN_REPORT
 from .errors import ConfigError
 from .olmo_format import BOUNDS_PART, STATS_JSON, read_boundaries
-from .ownership import record_output_files
+from .output_dir import record_output_files
 from .storage import open_npy
 
 REPORT_PNG = "report.png"

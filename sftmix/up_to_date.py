@@ -34,7 +34,7 @@ from .check import CHANGES_TRAINING, INFORMATION
 from .config import MixerConfig, RunOptions
 from .digest import RUN_REPORT, compare, load_digests
 from .errors import ChecksumError
-from .ownership import OUTPUT_MARKER, changed_since_published, read_output_marker
+from .output_dir import OUTPUT_MARKER, changed_since_published, read_output_marker
 from .publish import update_output_marker
 from .report import UP_TO_DATE, RunReport, Validation
 from .sources import local_builder

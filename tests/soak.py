@@ -36,7 +36,7 @@ from typing import IO, Any
 
 from sftmix.assemble import PROCESSES_FROM_ENV
 from sftmix.digest import compare
-from sftmix.ownership import output_id
+from sftmix.output_dir import output_id
 from tokenize_mixer.flows.runtime import PRIVATE_DIR_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent

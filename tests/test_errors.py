@@ -230,7 +230,7 @@ def _hold_lock(out: str, log: str, k: int) -> None:
 
 
 def test_an_output_made_from_another_recipe_is_refused_before_any_work(tmp_path):
-    from sftmix.publish import refuse_different_output
+    from sftmix.output_dir import refuse_different_output
 
     recipe = {
         "mixer": {"datasets": [{"path": "a.jsonl", "amount": "1.0"}], "max_seq_length": 4096},
@@ -266,7 +266,7 @@ def test_an_output_made_from_another_recipe_is_refused_before_any_work(tmp_path)
 def test_other_settings_are_refused_from_the_config_alone(tmp_path):
     """The command's check before a Prefect API starts: the recipe's mixer part, made from the config,
     against the output's; other data, a tokenizer or a recipe of another format are the plan's to find."""
-    from sftmix.publish import refuse_different_settings
+    from sftmix.output_dir import refuse_different_settings
 
     mixer = {"datasets": [{"path": "a.jsonl", "amount": "1.0"}], "max_seq_length": 4096}
     recipe = {"format": "3", "mixer": mixer, "data": ["f0"], "tokenizer": "t0"}

@@ -143,7 +143,7 @@ def test_remote_errors_name_the_object(gcs, tmp_path):
     mixer = demo_mixer("gs://src/nowhere/general.jsonl", str(tmp_path / "o"))
     with pytest.raises(DatasetError, match=r"gs://src/nowhere/general.jsonl.*object not found"):
         build_plan(mixer, RunOptions(work_dir=str(tmp_path / "w")))
-    from sftmix.publish import check_output_free
+    from sftmix.output_dir import check_output_free
 
     with pytest.raises(ConfigError, match="bucket 'no-such-bucket' does not exist"):
         check_output_free("gs://no-such-bucket/out")

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from sftmix.errors import ConfigError, OutputConflictError
-from sftmix.ownership import LEASE_MARKER, OUTPUT_MARKER, lease_abandoned, remove_abandoned, write_lease
-from sftmix.publish import check_output_free, publish_local, staging_dir
+from sftmix.output_dir import OUTPUT_MARKER, check_output_free
+from sftmix.ownership import LEASE_MARKER, lease_abandoned, remove_abandoned, write_lease
+from sftmix.publish import publish_local, staging_dir
 from sftmix.report_page import write_report
 from tests.test_cli import cli
 

@@ -12,7 +12,7 @@ import pytest
 
 from sftmix.config import OutputSpec, RunOptions
 from sftmix.errors import ChecksumError
-from sftmix.ownership import OUTPUT_MARKER
+from sftmix.output_dir import OUTPUT_MARKER
 from sftmix.report import UP_TO_DATE
 from sftmix.up_to_date import input_record, up_to_date
 from tests.test_cli import cli

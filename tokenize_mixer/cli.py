@@ -407,8 +407,8 @@ def _write_tokenizer_only(mixer: MixerConfig) -> int:
 
 
 def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
+    from sftmix.output_dir import check_output_free, paths_to_protect, refuse_different_settings
     from sftmix.plan import check_inputs
-    from sftmix.publish import check_output_free, paths_to_protect, refuse_different_settings
     from sftmix.roots import check_allowed_roots
     from sftmix.slices import SLICE_FORMAT_VERSION
     from sftmix.up_to_date import UpToDate, may_be_up_to_date, mixer_recipe, remember_inputs, up_to_date
