@@ -39,7 +39,7 @@ from tokenize_mixer.flows.pool import (
     worker_died,
 )
 from tokenize_mixer.flows.progress import BOARD, SliceProgress
-from tokenize_mixer.flows.watch import StopWatch
+from tokenize_mixer.flows.watch import StopCheck
 from tokenize_mixer.tasks.tokenize import slice_task_for
 
 
@@ -142,7 +142,7 @@ def _run_batch(
     runner: Any,
     ctx: Any,
     state: _Slices,
-    watch: StopWatch,
+    watch: StopCheck,
     reuse: bool,
     ahead: dict[str, Future] | None = None,
 ) -> list[SliceSpec]:
@@ -187,7 +187,7 @@ def _collect(
     pending: dict,
     finished: queue.SimpleQueue,
     state: _Slices,
-    watch: StopWatch,
+    watch: StopCheck,
     lost: list[SliceSpec],
     waiting: dict[Future, SliceSpec],
     submit: Callable[[SliceSpec], Any],
@@ -278,7 +278,7 @@ def _run_all(
     alone, and one that kills its worker alone fails the run, named. The first pool is ``head``'s
     when there is one."""
     logger = get_run_logger()
-    watch = StopWatch()
+    watch = StopCheck()
     todo = specs
     while todo:
         suspects = [s for s in todo if state.deaths[s.index] >= SUSPECT_AFTER_DEATHS]

@@ -35,7 +35,7 @@ from sftmix.tokenizer import TokenizerKey, own_chat_template
 from sftmix.up_to_date import remember_inputs, up_to_date
 from tokenize_mixer.flows.artifacts import publish_artifacts, report_markdown
 from tokenize_mixer.flows.fanout import SliceOutcome, run_slice_specs
-from tokenize_mixer.flows.watch import StopWatch, report_crashed
+from tokenize_mixer.flows.watch import StopCheck, report_crashed
 from tokenize_mixer.tasks.assemble import assemble_output
 from tokenize_mixer.tasks.plan import plan_mixer
 from tokenize_mixer.tasks.publish import publish_output
@@ -264,7 +264,7 @@ def _assemble_and_publish(
     report.time = report.time_line()  # the JSON's times in words (start-up, planning, tokenizing, ...)
     report.publish = "pending"  # publish stamps its outcome into the staged copy before it shows
     atomic_write_bytes(staging / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8"))
-    StopWatch().check(force=True)  # a run cancelled while it assembled does not publish
+    StopCheck().check(force=True)  # a run cancelled while it assembled does not publish
     had_report = not is_remote(mixer.output.path) and (Path(mixer.output.path) / REPORT_PNG).exists()
     report.publish = _call(
         publish_output,

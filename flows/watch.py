@@ -20,8 +20,9 @@ from sftmix.stopping import EXIT_API_LOST, EXIT_CANCELLED, RunStopped, look_for_
 logger = logging.getLogger(__name__)
 
 
-class StopWatch:
-    """Raises :class:`RunStopped` from :meth:`check` once the run is cancelled or the API is lost."""
+class StopCheck:
+    """Raises :class:`RunStopped` from :meth:`check` once the run is stopped, cancelled or the API is lost
+    (asked every few seconds at most, unless forced)."""
 
     def __init__(self, every_seconds: float = 2.0, api_grace_seconds: float = 3.0) -> None:
         ctx = FlowRunContext.get()

@@ -27,7 +27,7 @@ from sftmix.plan import Plan
 from sftmix.slices import SliceManifest, SliceSpec, push_worker_tokenizer, read_manifest, verify_slice
 from tokenize_mixer.flows.fanout import SliceOutcome
 from tokenize_mixer.flows.pool import run_order
-from tokenize_mixer.flows.watch import StopWatch
+from tokenize_mixer.flows.watch import StopCheck
 
 #: A slice whose batch ended Crashed this many times fails the run.
 MAX_LOSSES = 3
@@ -72,7 +72,7 @@ def run_on_work_pool(plan: Plan, run: RunOptions) -> SliceOutcome:
         len(pending),
         run.slice_deployment,
     )
-    watch = StopWatch()
+    watch = StopCheck()
     with get_client(sync_client=True) as client:
         try:
             while pending:

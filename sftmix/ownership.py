@@ -12,6 +12,7 @@ Two markers decide what may ever be deleted:
   older than the lease, which works across machines sharing a file system. Our temp files are
   recognised by the writer tag in their names (host, boot and PID), the same way.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -99,7 +99,7 @@ def test_the_collector_hands_back_the_slices_of_a_pool_whose_management_thread_e
 
     from sftmix.slices import SliceSpec
     from tokenize_mixer.flows.fanout import _collect, _Slices
-    from tokenize_mixer.flows.watch import StopWatch
+    from tokenize_mixer.flows.watch import StopCheck
 
     specs = [
         SliceSpec(
@@ -118,7 +118,7 @@ def test_the_collector_hands_back_the_slices_of_a_pool_whose_management_thread_e
             pending = {stuck: specs[0], trigger: specs[1]}
             state = _Slices(specs)
             lost: list = []
-            _collect(pending, queue.SimpleQueue(), state, StopWatch(every_seconds=0.5), lost, {}, None, pool)
+            _collect(pending, queue.SimpleQueue(), state, StopCheck(every_seconds=0.5), lost, {}, None, pool)
             stalled = pool.broken()
         return [s.key for s in lost], state.stalls, stalled
 
