@@ -317,7 +317,9 @@ def _set_api_url(url: str | None, auth_string: str | None = None) -> None:
 
 @contextlib.contextmanager
 def prefect_api(
-    prepare: Callable[[], None] | None = None, launch_first: bool = False, prepare_first: bool = False
+    prepare: Callable[[], None] | None = None,
+    launch_first: bool = False,
+    before_launch: Callable[[], None] | None = None,
 ) -> Iterator[str]:
     """Yield the API URL in use: the configured server, or a temporary one for this command.
 
@@ -325,13 +327,13 @@ def prefect_api(
     one (the plan, the head start: work the run uses next).
     ``launch_first`` (the command, one run per process): the temporary server is launched before this
     process imports Prefect (about 1 s), unless the environment names an API; should a Prefect profile
-    name one, it is stopped again. ``prepare_first``: ``prepare`` runs before any server is launched
-    (a rerun whose plan may find its output up to date, and then starts no API)."""
+    name one, it is stopped again. ``before_launch`` runs before any server is launched (the plan of a
+    rerun that may find its output up to date, and then starts no API); the threads it starts have ended
+    when it returns, so the server is still launched from a single thread (``preexec_fn``)."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     server = TemporaryServer(pass_settings=not launch_first)
-    if prepare is not None and prepare_first:
-        prepare()
-        prepare = None
+    if before_launch is not None:
+        before_launch()
     if launch_first and not os.environ.get("PREFECT_API_URL"):
         server.launch()
         server.watch()

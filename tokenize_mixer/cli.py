@@ -425,21 +425,30 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
     if (done := up_to_date(mixer, run)) is not None:  # no API, no plan: the inputs' stamps say so
         return _say_up_to_date(done)
 
-    def prepare() -> None:
-        """While the API starts: the plan, whose user errors end the command before a flow run exists
-        (``prefect_api`` stops the server on the way out), and the head start where it applies (not
-        when the plan finds the output up to date: the flow then says so and ends)."""
+    planned: list[Any] = []
+
+    def plan_and_check() -> None:
+        """The plan, whose user errors end the command before a flow run exists, and whether it finds
+        the output up to date (then no flow run either)."""
         from sftmix.plan import prepare_plan
-        from tokenize_mixer.flows.head_start import begin_head_start, plan_ahead
+        from tokenize_mixer.flows.head_start import plan_ahead
 
         prepare_plan(mixer, run)
         plan = plan_ahead(mixer, run)
-        if plan is None:
-            return
-        if (done := up_to_date(mixer, run, plan.recipe())) is not None:
+        if plan is not None and (done := up_to_date(mixer, run, plan.recipe())) is not None:
             remember_inputs(mixer.output.path, plan.recipe(), plan.inputs)
-            raise UpToDate(done)  # the API stops; no flow run
-        begin_head_start(mixer, run, plan)  # tokenizing begins while the API is still starting
+            raise UpToDate(done)  # no API (or it stops); no flow run
+        planned.append(plan)
+
+    def prepare() -> None:
+        """While the API starts: the plan (unless made before), then the head start where it applies:
+        tokenizing begins while the API is still starting."""
+        from tokenize_mixer.flows.head_start import begin_head_start
+
+        if not planned:
+            plan_and_check()
+        if planned[0] is not None:
+            begin_head_start(mixer, run, planned[0])
 
     from tokenize_mixer.flows.head_start import head_start_scope
 
@@ -449,9 +458,9 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
         fork_workers_from_server()
         start_worker_server(mixer, run)
     try:
-        api = prefect_api(
-            prepare, launch_first=_one_run_per_process, prepare_first=may_be_up_to_date(mixer, run)
-        )
+        # An output that only the plan can find up to date: planned before any API is launched.
+        first = plan_and_check if may_be_up_to_date(mixer, run) else None
+        api = prefect_api(prepare, launch_first=_one_run_per_process, before_launch=first)
         with head_start_scope(), api, _progress_bar():
             # Imported here, not above: with a temporary API server, the import overlaps its start-up.
             from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
