@@ -11,9 +11,9 @@ head start's slices as computed by this command (they finished after it began).
 
 With a configured server, the flow run's own start (about a second) is the head start's. Only the
 plain case gets one: a local work directory, process pool, neither ``force_recache`` nor
-``disable_cache``. Anything unexpected
-(an error planning, a broken pool, a plan the flow sees differently) discards it: the flow then runs
-as it would without one, and the slices the head start finished are reused as checkpoints.
+``disable_cache``. Anything unexpected (an error planning, a broken pool, a plan the flow sees
+differently) discards it: the flow then runs as it would without one, and the slices the head start
+finished are reused as checkpoints.
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ from sftmix.stopping import (
     first_stop,
     record_stop,
 )
+from sftmix.storage import temp_name
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,8 @@ DATABASE_URL_ENV = "PREFECT_SERVER_DATABASE_CONNECTION_URL"
 
 def remove_abandoned_private_dirs() -> None:
     """The private directories of temporary servers whose command was killed outright (their lease says
-    so: the process is gone, or its heartbeat is old)."""
+    so: the process is gone, or its heartbeat is old); every ``run`` and ``convert`` does this first, an
+    up-to-date one (which starts no server) included."""
     remove_abandoned(Path(tempfile.gettempdir()), PRIVATE_DIR_PREFIX)
 
 
@@ -94,9 +96,9 @@ def _database_template() -> Path:
 def _save_template(database: Path, template: Path) -> None:
     """Copy a just-migrated database (the server holds it open: SQLite's online backup gives a consistent
     copy) to ``template``, atomically; a failure only costs the next command the migrations."""
+    staging = temp_name(template)  # (ours by its writer tag: removable once its writer is gone)
     try:
         template.parent.mkdir(parents=True, exist_ok=True)
-        staging = template.with_name(f"{template.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
         source = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
         try:
             target = sqlite3.connect(staging)
@@ -110,7 +112,7 @@ def _save_template(database: Path, template: Path) -> None:
         logger.debug("saved the migrated Prefect database as %s", template)
     except (OSError, sqlite3.Error) as exc:
         logger.debug("could not save the Prefect database template %s: %s", template, exc)
-        with contextlib.suppress(UnboundLocalError, OSError):
+        with contextlib.suppress(OSError):
             staging.unlink(missing_ok=True)
 
 
@@ -163,7 +165,6 @@ class TemporaryServer:
         if os.environ.get(DATABASE_URL_ENV):
             return {}
         if self.database is None:
-            remove_abandoned_private_dirs()
             directory = (
                 Path(tempfile.gettempdir()) / f"{PRIVATE_DIR_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
             )
@@ -350,8 +351,8 @@ def prefect_api(
         )
 
         configured = PREFECT_API_URL.value()
-        for secret in (PREFECT_API_AUTH_STRING.value(), PREFECT_API_KEY.value()):  # (a profile may set them)
-            add_secret(getattr(secret, "get_secret_value", lambda s=secret: s)())
+        add_secret(PREFECT_API_AUTH_STRING.value())  # (a profile may set them)
+        add_secret(PREFECT_API_KEY.value())
         if configured:
             if server.process is not None:
                 logger.info("the Prefect profile names an API, %s: the run uses it", configured)
