@@ -129,6 +129,9 @@ class _Slices:
         self.errors: list[tuple[SliceSpec, BaseException]] = []
         self.deaths = [0] * n
         self.stalls = 0  # pools whose management thread ended under them
+        # before the progress artifact: an API lost before the fan-out counts from here, not from after
+        # that artifact's own wait for it
+        self.watch = StopCheck()
         # the head start's slices stay counted; a local work directory's manifests are watched
         self.progress = SliceProgress(specs, keep=head_start, work_dir=work_dir)
         self.done = 0
@@ -202,7 +205,7 @@ def _collect(
         # Wake every couple of seconds to look for a cancel and a stalled pool (no alarm-based timeout
         # here: an alarm would fire inside the work done for a finished slice)
         try:
-            fut = finished.get(timeout=watch.every)
+            fut = finished.get(timeout=watch.seconds_to_next_look())
         except queue.Empty:
             watch.check()
             state.progress.tick()
@@ -278,7 +281,7 @@ def _run_all(
     alone, and one that kills its worker alone fails the run, named. The first pool is ``head``'s
     when there is one."""
     logger = get_run_logger()
-    watch = StopCheck()
+    watch = state.watch
     todo = specs
     while todo:
         suspects = [s for s in todo if state.deaths[s.index] >= SUSPECT_AFTER_DEATHS]

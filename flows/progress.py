@@ -267,6 +267,9 @@ class Board:
 
 BOARD = Board()
 
+#: Seconds without progress-artifact updates after one failed.
+ARTIFACT_PAUSE_SECONDS = 30.0
+
 
 class SliceProgress:
     """The flow's side: counts its slices on the board, logs a summary line every few seconds and keeps
@@ -281,13 +284,18 @@ class SliceProgress:
     ) -> None:
         from prefect.artifacts import create_progress_artifact
 
+        from tokenize_mixer.flows.watch import no_retries
+
         self.total = len(specs)
         BOARD.begin(specs, keep, work_dir)
         self.every = every_seconds
         self._last_artifact = self._last_line = time.monotonic()
         self._said_complete = False
         self.artifact = None
-        with contextlib.suppress(Exception):  # progress in the UI is a view: never a reason to fail
+        self._artifact_paused_until = 0.0
+        # progress in the UI is a view: never a reason to fail, nor to wait (Prefect's client retries a
+        # refused connection for minutes; an API lost meanwhile is the run's watch's to notice)
+        with contextlib.suppress(Exception), no_retries():
             self.artifact = create_progress_artifact(
                 progress=0.0, key="tokenize-mixer-progress", description=f"Slices tokenized (of {self.total})"
             )
@@ -320,7 +328,7 @@ class SliceProgress:
             get_run_logger().info(facts.line(), extra=PROGRESS_LOG)
 
     def _update_artifact(self, **fields: object) -> None:
-        if self.artifact is None:
+        if self.artifact is None or time.monotonic() < self._artifact_paused_until:
             return
         from prefect.artifacts import update_progress_artifact
 
@@ -330,4 +338,7 @@ class SliceProgress:
             with no_retries():  # an API that does not answer at once: skip this update, not wait
                 update_progress_artifact(self.artifact, **fields)  # type: ignore[arg-type]
         except Exception as exc:  # the API may be gone; the run's own watch decides what that means
+            # not asked again for a while: each try at an API that refuses costs seconds of connect
+            # retries, which the watch (looking every couple of seconds) would wait behind
+            self._artifact_paused_until = time.monotonic() + ARTIFACT_PAUSE_SECONDS
             logger.warning("could not update the progress artifact: %s: %s", type(exc).__name__, exc)

@@ -35,7 +35,7 @@ from sftmix.tokenizer import TokenizerKey, own_chat_template
 from sftmix.up_to_date import remember_inputs, up_to_date
 from tokenize_mixer.flows.artifacts import publish_artifacts, report_markdown
 from tokenize_mixer.flows.fanout import SliceOutcome, run_slice_specs
-from tokenize_mixer.flows.watch import StopCheck, report_crashed
+from tokenize_mixer.flows.watch import StopCheck, no_retries, report_crashed
 from tokenize_mixer.tasks.assemble import assemble_output
 from tokenize_mixer.tasks.plan import plan_mixer
 from tokenize_mixer.tasks.publish import publish_output
@@ -137,8 +137,9 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
     finally:
         if scratch is not None:
             remove_tree(scratch)
-    try:  # the output is published: the UI's view of it is no reason to fail the run now
-        publish_artifacts(report, result.statistics)
+    try:  # the output is published: the UI's view of it is no reason to fail the run now, nor to wait
+        with no_retries():
+            publish_artifacts(report, result.statistics)
     except Exception as exc:
         logger.warning("could not attach the report artifacts: %s: %s", type(exc).__name__, exc)
     for line in report.render().splitlines():
@@ -152,9 +153,10 @@ def _nothing_to_do(report: RunReport, started: float) -> dict:
     if COMMAND_CLOCK.started is not None:
         report.command_seconds = round(time.time() - COMMAND_CLOCK.started, 3)
     try:
-        create_markdown_artifact(
-            markdown=report_markdown(report), key="tokenize-mixer-report", description="Run report"
-        )
+        with no_retries():
+            create_markdown_artifact(
+                markdown=report_markdown(report), key="tokenize-mixer-report", description="Run report"
+            )
     except Exception as exc:
         get_run_logger().warning("could not attach the report artifact: %s: %s", type(exc).__name__, exc)
     for line in report.render().splitlines():

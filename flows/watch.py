@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Iterator
 
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.context import FlowRunContext
 
 from sftmix.stopping import EXIT_API_LOST, EXIT_CANCELLED, RunStopped, look_for_stop, record_stop
@@ -31,19 +31,29 @@ class StopCheck:
         self.grace = api_grace_seconds
         self._last_check = 0.0
         self._api_ok_at = time.monotonic()
+        self._api_failing = False
+
+    def seconds_to_next_look(self) -> float:
+        """How long a waiting caller may sleep before calling :meth:`check` again: every few seconds, or,
+        once the API failed to answer, just past the end of its grace period (not a whole interval later)."""
+        if not self._api_failing:
+            return self.every
+        return max(0.05, min(self.every, self._api_ok_at + self.grace + 0.05 - time.monotonic()))
 
     def check(self, force: bool = False) -> None:
         stop = look_for_stop()  # recorded by a thread that noticed it, or noticed now (sftmix.stopping)
         if stop is not None:
             raise stop
         now = time.monotonic()
-        if self.flow_run_id is None or (not force and now - self._last_check < self.every):
+        grace_over = self._api_failing and now - self._api_ok_at > self.grace
+        if self.flow_run_id is None or (not force and not grace_over and now - self._last_check < self.every):
             return
         self._last_check = now
         try:
-            with no_retries(), get_client(sync_client=True) as client:  # a look, not a vigil
+            with quick_client() as client:  # a look, not a vigil
                 state = client.read_flow_run(self.flow_run_id).state
         except Exception as exc:  # the API is down or unreachable: a grace period, then stop
+            self._api_failing = True
             if now - self._api_ok_at > self.grace:
                 _no_more_retries()
                 raise record_stop(
@@ -53,7 +63,7 @@ class StopCheck:
                     )
                 ) from None
             return
-        self._api_ok_at = now
+        self._api_ok_at, self._api_failing = now, False
         if state is not None and (state.is_cancelling() or state.is_cancelled()):
             raise record_stop(RunStopped("cancelled through the Prefect API", EXIT_CANCELLED))
 
@@ -72,6 +82,20 @@ def no_retries() -> Iterator[None]:
         yield
     finally:
         object.__setattr__(client_settings, "max_retries", before)
+
+
+@contextlib.contextmanager
+def quick_client() -> Iterator[SyncPrefectClient]:
+    """A client that asks once: no request retries (:func:`no_retries`) and no connection retries
+    either (Prefect sets its connection pool to retry a refused connect 3 times with backoff, 3.5 s a
+    request; set back to none here the way Prefect sets it, each attribute looked for first)."""
+    with no_retries(), get_client(sync_client=True) as client:
+        transport_for_url = getattr(getattr(client, "_client", None), "_transport_for_url", None)
+        if callable(transport_for_url):
+            pool = getattr(transport_for_url(client.api_url), "_pool", None)
+            if pool is not None and hasattr(pool, "_retries"):
+                pool._retries = 0
+        yield client
 
 
 def _no_more_retries() -> None:
