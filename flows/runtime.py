@@ -56,13 +56,6 @@ logger = logging.getLogger(__name__)
 _UVICORN_STARTUP_FAILURE = 3
 
 
-def _warm_imports() -> None:
-    from sftmix.tokenizer import import_transformers
-
-    import_transformers()
-    import datasets  # noqa: F401
-
-
 def _prefect_app_dir() -> str:
     """Where the ``prefect`` package lives (uvicorn's ``--app-dir``), found without importing it."""
     spec = importlib.util.find_spec("prefect")
@@ -366,7 +359,6 @@ def prefect_api(
         if server.process is None:
             server.launch()
             server.watch()
-        _warm_imports()  # the heavy imports of the run overlap the server's start-up
         if prepare is not None:
             prepare()
         # after prepare, which does not need it: the head start's tokenizing begins sooner

@@ -31,7 +31,8 @@ from sftmix.roots import check_allowed_roots
 from sftmix.stopping import EXIT_CANCELLED, RunStopped, first_stop, follow_supervisor, our_sigterm
 from sftmix.storage import atomic_write_bytes, is_remote, remove_tree
 from sftmix.templates import template_drift
-from sftmix.tokenizer import TokenizerKey, own_chat_template
+from sftmix.tokenizer import TokenizerKey
+from sftmix.tokenizer_facts import tokenizer_facts
 from sftmix.up_to_date import remember_inputs, up_to_date
 from tokenize_mixer.flows.artifacts import publish_artifacts, report_markdown
 from tokenize_mixer.flows.fanout import SliceOutcome, run_slice_specs
@@ -181,7 +182,9 @@ def _assemble_and_publish(
     drift = template_drift(
         plan.context.template_text,
         plan.template_source,
-        own_chat_template(TokenizerKey.of(plan.context.tokenizer, plan.context.tokenizer_revision)),
+        tokenizer_facts(
+            TokenizerKey.of(plan.context.tokenizer, plan.context.tokenizer_revision)
+        ).chat_template,
     )
     checked = None
     if run.check != "off" and mixer.output.format == "olmo":

@@ -6,9 +6,10 @@ Only what a worker of the command imports, taken from the modules a spawned work
 slices: Prefect's task engine, the installed Prefect collections (Prefect imports every one of them
 when a worker rebuilds the task's result storage: with prefect-dask that is all of Dask, 0.4 s), the
 tokenizers library, pyarrow, and the flow's modules (the task's functions are pickled from them).
-Not transformers or datasets, though the command imports both: a worker reads the plan's Arrow files
-and the plan's tokenizer file, and importing the two cost the server 1.2-1.5 s of CPU, competing with
-the API's start on a small machine. ``flows.worker_start`` adds datasets for a mixer that names a
+Not transformers or datasets (the command imports them only for a tokenizer or a file it has not
+seen before: :mod:`sftmix.tokenizer_facts`): a worker reads the plan's Arrow files and the plan's
+tokenizer file, and importing the two cost the server 1.2-1.5 s of CPU, competing with the API's start
+on a small machine. ``flows.worker_start`` adds datasets for a mixer that names a
 dataset the plan may not convert. Also imported: what the command's module imports, since each worker
 runs that module again as its main module (not ``tokenize_mixer.cli`` itself: runpy warns when
 ``python -m tokenize_mixer.cli`` finds it imported already)."""

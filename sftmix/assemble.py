@@ -8,7 +8,6 @@ memory-mapped parts at precomputed offsets, so memory is bounded by one slice, n
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 from collections import Counter
@@ -50,7 +49,8 @@ from .plan import Plan
 from .selection import selection_indices
 from .slices import ROW_DTYPE, SliceManifest, load_slice_rows, slice_dir
 from .storage import storage_errors
-from .tokenizer import TokenizerKey, load_hf_tokenizer
+from .tokenizer import TokenizerKey
+from .tokenizer_facts import write_tokenizer_dir
 
 logger = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ def _assemble(
         stats["hf_output"] = write_hf_parquet(staging, starts, lengths, dtype, per_part, pack_to)
         remove_olmo_parts(staging)
     write_statistics(staging, stats)
-    save_tokenizer(
+    write_tokenizer_dir(
         TokenizerKey.of(plan.context.tokenizer, plan.context.tokenizer_revision),
         plan.context.template_text,
         staging / "tokenizer",
@@ -372,21 +372,3 @@ def _sum_by(which: np.ndarray, values: np.ndarray, n: int) -> list[int]:
     sums = np.zeros(n, dtype=np.int64)
     np.add.at(sums, which, values.astype(np.int64))
     return sums.tolist()
-
-
-def save_tokenizer(key: TokenizerKey, template_text: str, directory: Path) -> None:
-    """The tokenizer with the chat template used, as the reference saves it (not digested)."""
-    import json
-
-    # A shallow copy is enough: only chat_template differs, and save_pretrained reads the rest (a deep
-    # copy of a 100k-entry vocabulary cost about a second at the end of every run).
-    tok = copy.copy(load_hf_tokenizer(key))
-    tok.chat_template = template_text
-    directory.mkdir(parents=True, exist_ok=True)
-    tok.save_pretrained(str(directory))
-    template_file, config_file = directory / "chat_template.jinja", directory / "tokenizer_config.json"
-    if template_file.exists() and config_file.exists():
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-        if "chat_template" not in config:
-            config["chat_template"] = template_file.read_text(encoding="utf-8")
-            config_file.write_text(json.dumps(config, indent=2), encoding="utf-8")

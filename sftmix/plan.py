@@ -43,17 +43,8 @@ from .templates import (
     read_template_file,
     resolve_template,
 )
-from .tokenizer import (
-    TokenizerKey,
-    choose_token_dtype,
-    load_hf_tokenizer,
-    load_worker_tokenizer,
-    own_chat_template,
-    save_worker_tokenizer,
-    special_tokens,
-    tokenizer_fingerprint,
-    tokenizer_path_problem,
-)
+from .tokenizer import TokenizerKey, load_worker_tokenizer, tokenizer_path_problem
+from .tokenizer_facts import TokenizerFacts, tokenizer_facts, worker_tokenizer_file
 from .up_to_date import input_record, mixer_recipe
 
 logger = logging.getLogger(__name__)
@@ -267,27 +258,26 @@ def prepare_plan(mixer: MixerConfig, run: RunOptions) -> None:
     datasets_ahead.start()
     try:
         tk = TokenizerKey.of(mixer.tokenizer.name_or_path, mixer.tokenizer.revision)
-        load_hf_tokenizer(tk)
-        save_worker_tokenizer(tk, work_dir / "tokenizers", tokenizer_fingerprint(tk))
+        worker_tokenizer_file(tk, work_dir / "tokenizers")
     except Exception as exc:
         logger.debug("loading the tokenizer ahead of the plan stopped: %s: %s", type(exc).__name__, exc)
     finally:
         datasets_ahead.join()
 
 
-def resolve_tokenizer(spec: TokenizerSpec) -> tuple[TokenizerKey, Any, ResolvedTemplate]:
-    """The tokenizer (its key and the loaded transformers tokenizer) and the chat template it renders with."""
+def resolve_tokenizer(spec: TokenizerSpec) -> tuple[TokenizerKey, TokenizerFacts, ResolvedTemplate]:
+    """The tokenizer (its key and what the run needs to know of it) and the chat template it renders with."""
     tk = TokenizerKey.of(spec.name_or_path, spec.revision)
-    hf = load_hf_tokenizer(tk)
+    facts = tokenizer_facts(tk)
     template = resolve_template(
         spec.chat_template,
-        own_chat_template(tk),
+        facts.chat_template,
         spec.name_or_path,
         unknown=spec.unknown_template,
         add_bos=spec.add_bos,
-        bos_token=hf.bos_token,
+        bos_token=facts.bos_token,
     )
-    return tk, hf, template
+    return tk, facts, template
 
 
 #: Rows of each dataset that the plan encodes with both encoders before trusting the fast one.
@@ -318,7 +308,7 @@ def choose_encoder(
     encoded both ways, ids and offsets), else ``hf``; ``encoder: fast`` refuses the run instead."""
     if spec.encoder == "hf":
         return "hf"
-    renderer = ChatRenderer(ctx.template_text, special_tokens(load_hf_tokenizer(tk)))
+    renderer = ChatRenderer(ctx.template_text, tokenizer_facts(tk).special_tokens)
     texts = []
     for conv in samples:
         try:
@@ -367,18 +357,18 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
     inputs = input_record(mixer)  # first: a file that changes while the plan reads it will not match
     work_dir, remote = _work_dir(run)
     datasets_cache = work_dir / "datasets-cache"
-    tk, hf, template = resolve_tokenizer(mixer.tokenizer)
+    tk, facts, template = resolve_tokenizer(mixer.tokenizer)
     if mixer.mask == "generation_tags" and not has_generation_tags(template.text):
         raise TemplateError(
             f"mask generation_tags needs a template that marks assistant text with {{% generation %}} ... "
             f"{{% endgeneration %}}; template {template.source} has no such block"
         )
-    dtype = choose_token_dtype(hf, mixer.output.token_dtype_rule)
-    tok_fp = tokenizer_fingerprint(tk)
+    dtype = facts.token_dtype(mixer.output.token_dtype_rule)
+    tok_fp = facts.fingerprint
     ctx = TokenizeContext(
         tokenizer=tk.name_or_path,
         tokenizer_revision=tk.revision,
-        tokenizer_file=save_worker_tokenizer(tk, work_dir / "tokenizers", tok_fp),
+        tokenizer_file=worker_tokenizer_file(tk, work_dir / "tokenizers"),
         template_text=template.text,
         max_seq_length=mixer.max_seq_length,
         token_dtype=dtype.name,

@@ -35,7 +35,8 @@ from .sources import _relative_note, looks_local
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = (np.uint8, np.uint16, np.uint32, np.uint64)
+#: The dtypes a token part may have, smallest first.
+TOKEN_DTYPES = (np.uint8, np.uint16, np.uint32, np.uint64)
 
 
 def quiet_transformers() -> None:
@@ -131,11 +132,6 @@ def load_hf_tokenizer(key: TokenizerKey) -> Any:
             tok.add_special_tokens({"pad_token": "<pad>"})
             logger.info("tokenizer %s: added a <pad> token, as the reference does", key.name_or_path)
     return tok
-
-
-def own_chat_template(key: TokenizerKey) -> str | dict[str, str] | None:
-    """The chat_template the tokenizer ships with (before any template is chosen)."""
-    return load_hf_tokenizer(key).chat_template
 
 
 def special_tokens(tok: Any) -> dict[str, str]:
@@ -350,15 +346,6 @@ def tokenizer_fingerprint(key: TokenizerKey) -> str:
 def largest_token_id(tok: Any) -> int:
     """The largest id this tokenizer can emit, added tokens included."""
     return max(len(tok) - 1, tok.vocab_size - 1, max(tok.get_vocab().values(), default=0))
-
-
-def choose_token_dtype(tok: Any, rule: str = "vocab_size") -> np.dtype:
-    """Smallest unsigned dtype for the token parts; 'vocab_size' is the reference's rule."""
-    top = tok.vocab_size - 1 if rule == "vocab_size" else largest_token_id(tok)
-    for dt in _DTYPES:
-        if top <= np.iinfo(dt).max:
-            return np.dtype(dt)
-    raise TokenDtypeError(f"vocabulary of {top + 1} ids does not fit any unsigned integer dtype")
 
 
 def check_ids_fit(ids: np.ndarray, dtype: np.dtype, where: str) -> None:

@@ -385,9 +385,9 @@ def _progress_bar() -> Iterator[None]:
 def _write_tokenizer_only(mixer: MixerConfig) -> int:
     """--tokenizer_config_only: OUTPUT_DIR/tokenizer/ (the tokenizer with the chat template the run would
     use) and nothing else, as the reference writes it; an existing tokenizer/ is never replaced."""
-    from sftmix.assemble import save_tokenizer
     from sftmix.plan import resolve_tokenizer
     from sftmix.storage import is_remote, writer_tag
+    from sftmix.tokenizer_facts import write_tokenizer_dir
 
     if is_remote(mixer.output.path):
         raise ConfigError("--tokenizer_config_only writes to a local --output_dir only")
@@ -396,7 +396,7 @@ def _write_tokenizer_only(mixer: MixerConfig) -> int:
         raise ConfigError(f"{target} already exists; remove it or choose another --output_dir")
     key, _, template = resolve_tokenizer(mixer.tokenizer)
     staging = target.with_name(f".tokenizer.tmp-{writer_tag()}")
-    save_tokenizer(key, template.text, staging)
+    write_tokenizer_dir(key, template.text, staging)
     staging.rename(target)
     logger.info(
         "wrote %s (chat template %s); no data was converted (--tokenizer_config_only)",
