@@ -196,6 +196,8 @@ def _assemble_and_publish(
             template=drift,
             documents_file=result.documents_path,
             dataset_names=[d.name for d in plan.datasets],
+            # strict refuses an output with findings, unpublished: its document numbers open nothing
+            published=run.check != "strict",
         )
     digests, validation = _call(validate_output, staging, run.reference, checked.digests if checked else None)
     dropped: dict[str, int] = {}
@@ -255,7 +257,8 @@ def _assemble_and_publish(
                 f"{'break it' if serious[0].severity == BROKEN else 'change training'}: "
                 + "; ".join(f.line() for f in serious)
                 + ". Nothing was published; with --check report (run.check: report) it is, and "
-                "`tokenize-mixer check OUTPUT` lists the same findings"
+                "`tokenize-mixer check OUTPUT` lists the same findings",
+                exit_code=checked.exit_code,
             )
     report.wall_seconds = round(time.perf_counter() - started, 3)
     # one throughput everywhere: tokens of the slices computed in this run over the tokenizing time

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -192,6 +193,7 @@ def check_output(
     documents_file: str | None = None,
     dataset_names: list[str] | None = None,
     max_seq_length: int | None = None,
+    published: bool = True,
 ) -> CheckReport:
     """``digests=False`` skips hashing the files again and ``token_dtype`` gives the dtype otherwise read
     from ``run_report.json`` (the flow checks its staging right after computing both). With a
@@ -199,7 +201,9 @@ def check_output(
     ``template`` is the template drift the run recorded, ``documents_file`` the run's document map and
     ``dataset_names`` its datasets in mixer order (all read from ``run_report.json`` otherwise);
     ``max_seq_length`` the conversion's (read from the statistics otherwise): a document of exactly that
-    length without a final EOS was truncated by the user's setting, which is information, not a warning."""
+    length without a final EOS was truncated by the user's setting, which is information, not a warning.
+    Examples name each document's dataset and source row (``inspect --dataset D --row R`` opens it), and its
+    index in the output unless ``published`` is false (a staged output that will not be published)."""
     if long_doc_strategy not in STRATEGIES:
         raise ConfigError(
             f"long_doc_strategy must be one of {', '.join(STRATEGIES)}, not {long_doc_strategy!r}"
@@ -272,6 +276,12 @@ def check_output(
         result.trainable_tokens += f.trainable_tokens
         doc_base += f.documents
 
+    where = _document_namer(
+        documents_file or report_json.get("documents_file"),
+        dataset_names or report_json.get("datasets") or [],
+        result.documents,
+        published,
+    )
     result.add("integrity", "parts whose token and mask files differ in length", len(uneven), "parts", uneven)
     result.add(
         "integrity", "parts whose document boundaries do not tile the part", len(untiled), "parts", untiled
@@ -289,7 +299,7 @@ def check_output(
         "documents with no trainable token (kept: drop_untrainable is off)",
         len(empty),
         "documents",
-        [f"document {d}" for d in empty],
+        [where(d) for d in empty],
         INFORMATION,
     )
     for tok_id, docs in sorted(special_trained.items()):
@@ -299,14 +309,14 @@ def check_output(
             "text (a header or marker the model would learn to emit mid-answer)",
             len(docs),
             "documents",
-            [f"document {d}" for d in docs],
+            [where(d) for d in docs],
         )
     result.add(
         "fit",
         "documents with an EOS token before their end",
         len(eos_inside),
         "documents",
-        [f"document {d}" for d in eos_inside],
+        [where(d) for d in eos_inside],
     )
     result.add(
         "fit",
@@ -314,7 +324,7 @@ def check_output(
         "document)",
         no_final_eos,
         "documents",
-        [f"document {d}" for d in no_final_eos_examples],
+        [where(d) for d in no_final_eos_examples],
     )
     result.add(
         "fit",
@@ -322,7 +332,7 @@ def check_output(
         "boundaries, by EOS, join each to the next document)",
         truncated_no_eos,
         "documents",
-        [f"document {d}" for d in truncated_no_eos_examples],
+        [where(d) for d in truncated_no_eos_examples],
         INFORMATION,
     )
     if sequence_length is not None:
@@ -331,7 +341,7 @@ def check_output(
             f"documents longer than sequence length {sequence_length}",
             len(long_docs),
             "documents",
-            [f"document {d}" for d in long_docs],
+            [where(d) for d in long_docs],
             INFORMATION,
         )
     if result.olmo_core is not None:
@@ -342,6 +352,7 @@ def check_output(
         shares,
         documents_file or report_json.get("documents_file"),
         dataset_names or report_json.get("datasets") or [],
+        where,
     )
     for entry in stats.get("per_dataset_statistics", []):
         tokens = entry.get("final_tokens_in_output") or 0
@@ -631,8 +642,34 @@ def _template_lines(drift: dict[str, Any] | None) -> list[str]:
 OUTLIER_IQRS, OUTLIER_MIN_RATIO, OUTLIER_MIN_DOCUMENTS = 3.0, 2.0, 20
 
 
+def _document_namer(
+    documents_file: str | None, names: list[str], documents: int, published: bool
+) -> Callable[[int], str]:
+    """How an example names a document: its dataset and source row, from the run's document map (what
+    ``inspect --dataset D --row R`` opens, and what a user can find in the data), then its index in the
+    output where there is one to open; the index alone when the map is gone."""
+    try:
+        mapped = open_npy(documents_file) if documents_file else None
+    except (OSError, ValueError):
+        mapped = None
+    if mapped is None or mapped.shape[0] != documents:
+        return lambda d: f"document {d}"
+
+    def where(d: int) -> str:
+        record = mapped[d]
+        k = int(record["dataset"])
+        source = f"{names[k] if k < len(names) else f'dataset {k}'} row {int(record['row'])}"
+        return f"{source} (document {d})" if published else source
+
+    return where
+
+
 def _share_outliers(
-    result: CheckReport, shares: np.ndarray, documents_file: str | None, names: list[str]
+    result: CheckReport,
+    shares: np.ndarray,
+    documents_file: str | None,
+    names: list[str],
+    where: Callable[[int], str],
 ) -> None:
     """Documents whose trainable share is far from the rest of their dataset's: a template that lost
     its markers on some rows, a conversation with a huge user turn, a mask that bled into a header."""
@@ -656,8 +693,8 @@ def _share_outliers(
         found += out.size
         name = names[k] if k < len(names) else f"dataset {k}"
         examples += [
-            f"document {int(d)} ({name}: {100 * float(shares[d]):.1f}% trainable, the middle half "
-            f"{100 * float(q1):.0f}-{100 * float(q3):.0f}%)"
+            f"{where(int(d))}: {100 * float(shares[d]):.1f}% trainable, the middle half of {name} "
+            f"{100 * float(q1):.0f}-{100 * float(q3):.0f}%"
             for d in out[:EXAMPLES].tolist()
         ]
     result.add(

@@ -62,7 +62,15 @@ class ChecksumError(MixerError):
 
 
 class CheckFailedError(MixerError):
-    """``run.check: strict`` and the staged output has findings; nothing was published."""
+    """``run.check: strict`` and the staged output has findings; nothing was published. The command exits
+    with ``exit_code``, the one ``tokenize-mixer check`` gives for the same findings (1 or 3)."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def __reduce__(self) -> tuple:  # (a flow run's result may be pickled: the code goes with it)
+        return (type(self), (str(self), self.exit_code))
 
 
 class SliceFailuresError(MixerError):

@@ -28,7 +28,14 @@ def _relative_files(root: Path) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir())
 
 
-def write_output_marker(staging: Path, recipe: dict | None = None, inputs: dict | None = None) -> str:
+def utc_stamp() -> str:
+    """Now, as the output's records write a time: ``2026-11-29T09:40:41Z``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def write_output_marker(
+    staging: Path, recipe: dict | None = None, inputs: dict | None = None, published_at: str | None = None
+) -> str:
     """Mark ``staging`` (about to be published, every file in place) as our output; returns the publish
     id. ``recipe``: what its bytes follow from (``Plan.recipe``), for the next run into it to compare
     before any work; ``inputs``: the stamps of the files it was computed from
@@ -39,7 +46,7 @@ def write_output_marker(staging: Path, recipe: dict | None = None, inputs: dict 
     marker = {
         "format": OUTPUT_MARKER_FORMAT,
         "id": ident,
-        "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "published_at": published_at or utc_stamp(),
         "files": files,
         "stamps": {f: [(st := (staging / f).stat()).st_size, st.st_mtime_ns] for f in files},
         **({} if recipe is None else {"recipe": recipe}),

@@ -9,7 +9,6 @@ import hashlib
 import json
 import logging
 import os
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from .output_dir import (
     check_replaceable,
     output_id,
     read_output_marker,
+    utc_stamp,
     write_marker,
     write_output_marker,
 )
@@ -161,8 +161,10 @@ def publish_local(
                         "or set overwrite (--overwrite, or 'Replace different shards' under Output in the UI) to replace them"
                     )
                 status = "overwritten"
-        stamp_report(staging, status)
-        write_output_marker(staging, recipe, inputs)  # last: it records every file's size and mtime
+        published_at = utc_stamp()
+        stamp_report(staging, status, published_at)
+        # last: it records every file's size and mtime
+        write_output_marker(staging, recipe, inputs, published_at)
         old: Path | None = None
         with stops_deferred():  # published or not, never half-way (a stop meanwhile is raised after)
             if not out.exists():
@@ -297,7 +299,8 @@ def publish_remote(staging: Path, url: str, overwrite: bool) -> str:
     if fs.exists(url):
         existing = {_relative(url, p): info for p, info in fs.find(url, detail=True).items()}
     status = remote_publish_status(staging, url, overwrite, digests, set(existing))
-    stamp_report(staging, status)
+    published_at = utc_stamp()
+    stamp_report(staging, status, published_at)
     files = _local_files(staging)
     ours = sorted((set(existing) | set(files)) - {OUTPUT_MANIFEST, PUBLISHING_MARKER})
     write_remote_bytes(join_url(url, PUBLISHING_MARKER), json.dumps({"files": ours}).encode())
@@ -319,7 +322,7 @@ def publish_remote(staging: Path, url: str, overwrite: bool) -> str:
         fs.rm_file(join_url(url, name))
     manifest = {
         "format": OUTPUT_MANIFEST_FORMAT,
-        "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "published_at": published_at,
         "files": entries,
         "digests": digests,
     }
@@ -335,10 +338,11 @@ def publish_remote(staging: Path, url: str, overwrite: bool) -> str:
     return status
 
 
-def stamp_report(staging: Path, status: str) -> None:
-    """Record the publish outcome in the staged run report before it becomes visible."""
+def stamp_report(staging: Path, status: str, published_at: str) -> None:
+    """Record the publish outcome and time in the staged run report before it becomes visible."""
     path = staging / RUN_REPORT
     if path.is_file():
         report = json.loads(path.read_text(encoding="utf-8"))
         report["publish"] = status
+        report["published_at"] = published_at
         atomic_write_bytes(path, json.dumps(report, indent=2).encode("utf-8"))

@@ -66,7 +66,9 @@ class RunReport(BaseModel):
     output_dir: str
     publish: str = ""
     published_at: str | None = Field(
-        None, description="When the output was published, for a run that found it up to date."
+        None,
+        description="When the output was published (UTC): by this run, or, for a run that found it up to "
+        "date, by the run that made it.",
     )
     slices_total: int
     slices_computed: int
@@ -177,10 +179,10 @@ class RunReport(BaseModel):
         else:
             head = [
                 f"output      {self.output_dir} ({self.publish})",
-                f"slices      {self.slices_total} total: {self.slices_computed} computed, "
-                f"{self.slices_reused} reused"
+                f"slices      {self.slices_total:,} total: {self.slices_computed:,} computed, "
+                f"{self.slices_reused:,} reused"
                 + (
-                    f", {self.slices_rechecked} recomputed after a failed check"
+                    f", {self.slices_rechecked:,} recomputed after a failed check"
                     if self.slices_rechecked
                     else ""
                 ),
@@ -189,7 +191,7 @@ class RunReport(BaseModel):
             *head,
             *self._template_lines(),
             *self._rows_lines(),
-            f"documents   {self.documents} in {self.parts} part(s), {self.tokens:,} tokens "
+            f"documents   {self.documents:,} in {self.parts:,} part(s), {self.tokens:,} tokens "
             f"({self.trainable_tokens:,} trainable), dtype {self.token_dtype}",
             "time        " + self.time_line(),
         ]

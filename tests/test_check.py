@@ -138,6 +138,8 @@ def test_the_flow_checks_before_publishing(prefect_api, tmp_path):
     strict = flow("strict", "strict")
     assert strict.is_failed() and "run.check is strict" in strict.message and "EOS" in strict.message
     assert "that change training" in strict.message and "--check report" in strict.message
+    # the refused output is not published: its example is the source row, no document number
+    assert f"(e.g. {data} row 0)" in strict.message, strict.message
     assert not (tmp_path / "strict").exists()
 
 
@@ -288,7 +290,13 @@ def test_a_finding_counts_in_words_and_names_its_documents(prefect_api, tmp_path
     [found] = [f for f in check_output(out).findings if "special token" in f.what]
     assert (found.count, found.unit, len(found.examples)) == (2, "documents", 2)
     assert "<|im_start|> (id 1)" in found.what
-    assert found.line().startswith(f"[masks] {found.what}: 2 documents (e.g. document ")
+    # each example names the dataset and source row (what `inspect --dataset D --row R` opens), then the
+    # document of the published output
+    assert found.line().startswith(f"[masks] {found.what}: 2 documents (e.g. {out}.jsonl row ")
+    named = sorted(e.split(" (document ")[0] for e in found.examples)
+    assert named == [f"{out}.jsonl row 0", f"{out}.jsonl row 2"] and all(
+        "(document " in e for e in found.examples
+    )
     assert main(["check", str(out)]) == 1
     assert f"WARNING (changes training) {found.line()}" in capsys.readouterr().out.splitlines()
 

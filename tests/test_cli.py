@@ -344,3 +344,122 @@ def test_the_run_summary_is_printed_once(tmp_path):
         "run", "examples/mixer.yaml", "--output_dir", str(tmp_path / "out"), "--work_dir", str(tmp_path / "w")
     )
     assert (proc.stdout + proc.stderr).count("documents   283 in 1 part(s)") == 1
+
+
+def test_the_command_lines_conventions():
+    """``--version``; ``-v`` after the subcommand as before it; no abbreviated flags; ``plan`` refuses the
+    run flags it would ignore; every flag and positional a user can give says what it is."""
+    import argparse
+
+    from tokenize_mixer.cli import build_parser
+
+    version = cli("--version")
+    assert version.stdout.startswith("tokenize-mixer ") and version.stdout.split()[1][0].isdigit()
+    parser = build_parser()
+    assert parser.parse_args(["plan", "c.yaml", "-v"]).verbose is True
+    assert parser.parse_args(["-v", "plan", "c.yaml"]).verbose is True
+    assert parser.parse_args(["plan", "c.yaml"]).verbose is False
+    for argv, wrong in (
+        (["run", "examples/mixer.yaml", "--output", "x"], "--output"),  # a prefix of --output_dir
+        (["plan", "examples/mixer.yaml", "--force"], "--force"),
+        (["plan", "examples/mixer.yaml", "--check", "strict"], "--check"),
+        (["plan", "examples/mixer.yaml", "--reference", "x"], "--reference"),
+    ):
+        refused = cli(*argv, check=False)
+        assert refused.returncode == 2 and f"unrecognized arguments: {wrong}" in refused.stderr, argv
+
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    silent = []
+    for name, sub in subparsers.choices.items():
+        for action in sub._actions:
+            if action.help is None and not isinstance(action, argparse._HelpAction):
+                silent.append(f"{name} {action.option_strings or action.dest}")
+    assert not silent, silent
+
+
+@pytest.mark.slow
+def test_a_published_report_says_when(tmp_path):
+    """``published_at`` is the publish's time, the output marker's and the report's alike."""
+    from sftmix.output_dir import OUTPUT_MARKER
+
+    out = tmp_path / "out"
+    cli("run", "examples/mixer.yaml", "--output_dir", str(out), "--work_dir", str(tmp_path / "w"))
+    report = json.loads((out / "run_report.json").read_text())
+    marker = json.loads((out / OUTPUT_MARKER).read_text())
+    assert report["published_at"] and report["published_at"] == marker["published_at"]
+
+
+def _on_a_terminal(*args: str, columns: int = 120) -> tuple[int, str]:
+    """The command with stdin, stdout and stderr on a pseudo-terminal (as a person runs it): its exit code
+    and what the terminal received, escape sequences removed."""
+    import pty
+    import re
+    import select
+
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", COLUMNS=str(columns), LINES="40", TERM="xterm")
+    proc = subprocess.Popen(
+        [*CLI, *args], stdin=slave, stdout=slave, stderr=slave, env=env, cwd=ROOT, start_new_session=True
+    )
+    os.close(slave)
+    received = b""
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # the terminal's last reader is gone (Linux)
+                    break
+                if not data:
+                    break
+                received += data
+            elif proc.poll() is not None:
+                break
+    finally:
+        os.close(master)
+    code = proc.wait(timeout=600)
+    return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", received.decode("utf-8", "replace"))
+
+
+@pytest.mark.slow
+def test_log_lines_print_above_the_bar_never_glued_to_it(tmp_path):
+    """On a terminal the live bar owns its line: every log line starts a line of its own."""
+    import re
+
+    code, screen = _on_a_terminal(
+        "run", "examples/mixer.yaml", "--output_dir", str(tmp_path / "out"), "--work_dir", str(tmp_path / "w")
+    )
+    assert code == 0, screen[-3000:]
+    assert "━" in screen and "Beginning flow run" in screen  # the bar, and log lines while it shows
+    glued = []
+    for line in re.split(r"[\r\n]", screen):
+        found = re.search(r"\d\d:\d\d:\d\d (DEBUG|INFO|WARNING|ERROR) ", line)
+        if found and line[: found.start()].strip():
+            glued.append(line)
+    assert not glued, glued
+
+
+@pytest.mark.slow
+def test_strict_refuses_with_the_exit_code_check_gives_and_names_rows(tmp_path):
+    """``--check strict`` exits as ``check`` would for the same findings (1: changes training), its
+    example the dataset's row (nothing was published, so no document number)."""
+    data = tmp_path / "chats.jsonl"
+    chats = [("q?", "fine."), ("q2?", "a <|endoftext|> b")]
+    data.write_text(
+        "".join(
+            json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
+            + "\n"
+            for q, a in chats
+        )
+    )
+    convert = [
+        "convert", "--dataset_mixer_list", str(data), "1.0", "--tokenizer_name_or_path", "examples/tokenizer",
+        "--chat_template_name", "olmo", "--work_dir", str(tmp_path / "w"),
+    ]  # fmt: skip
+    strict = cli(*convert, "--output_dir", str(tmp_path / "strict"), "--check", "strict", check=False)
+    assert strict.returncode == 1, strict.stderr[-3000:]
+    assert f"(e.g. {data} row 1)" in strict.stderr and not (tmp_path / "strict").exists()
+    cli(*convert, "--output_dir", str(tmp_path / "out"))
+    assert cli("check", str(tmp_path / "out"), check=False).returncode == 1

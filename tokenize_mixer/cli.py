@@ -21,7 +21,7 @@ from typing import Any
 from sftmix import settings
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec, load_run_file
 from sftmix.console import configure_command_console
-from sftmix.errors import ConfigError, MixerError, WorkerDiedError
+from sftmix.errors import CheckFailedError, ConfigError, MixerError, WorkerDiedError
 from sftmix.pipes import guard_std_streams, new_line_if_needed, quiet_after_stop, watch_output_pipes
 from sftmix.reference_flags import NEUTRAL_FLAGS, check_flags, transform_chain
 from sftmix.report import COMMAND_CLOCK, RunReport
@@ -65,13 +65,13 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
 
 
-def _run_flags(parser: argparse.ArgumentParser) -> None:
+def _plan_flags(parser: argparse.ArgumentParser) -> None:
+    """The run options a plan reads (``plan`` takes these alone: it would ignore the others)."""
     _flag(
         parser,
         "work_dir",
         help="checkpoint directory (default: $TOKENIZE_MIXER_WORK_DIR or ~/.cache/tokenize-mixer)",
     )
-    _flag(parser, "workers", type=int, help="worker processes (default: the CPUs this process may use)")
     _flag(parser, "slice_rows", type=int, help="most source rows per slice")
     _flag(
         parser,
@@ -79,6 +79,11 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="target source bytes per slice when --slice_rows is not given (default 4 MiB)",
     )
+
+
+def _run_flags(parser: argparse.ArgumentParser) -> None:
+    _plan_flags(parser)
+    _flag(parser, "workers", type=int, help="worker processes (default: the CPUs this process may use)")
     _flag(parser, "runner", choices=["auto", "process", "thread", "dask", "work_pool"], help="task runner")
     _flag(parser, "slice_deployment", help="runner work_pool: deployment of the tokenize-slices flow")
     _flag(parser, "batch_slices", type=int, help="runner work_pool: slices per batch flow run")
@@ -99,8 +104,9 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
         parser,
         "check",
         choices=["report", "strict", "off"],
-        help="check the output before publishing it: list findings (report, the default), fail on any "
-        "(strict), or skip (off)",
+        help="check the output before publishing it: list its findings (report, the default); refuse to "
+        "publish it when one breaks it or changes training (strict: exit 3 or 1, as `tokenize-mixer check` "
+        "exits for the same findings; notes for information do not refuse it); or skip (off)",
     )
 
 
@@ -111,9 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="environment settings (for a machine or a cluster's profile):\n"
         + "\n".join(f"  {s.name}: {s.help}" for s in settings.ALL if s is not settings.CONSOLE),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = _Subcommands(parser.add_subparsers(dest="command", required=True))
 
     conv = sub.add_parser("convert", help="the reference converter's flags, same bytes out")
     _flag(
@@ -122,9 +130,19 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(
         conv, "dataset_mixer_list_splits", nargs="+", default=["train"], help="one split, or one per dataset"
     )
-    _flag(conv, "tokenizer_name_or_path", required=True)
-    _flag(conv, "tokenizer_revision")
-    _flag(conv, "chat_template_name")
+    _flag(
+        conv,
+        "tokenizer_name_or_path",
+        required=True,
+        help="a hub name or a local directory holding tokenizer.json",
+    )
+    _flag(conv, "tokenizer_revision", help="the hub revision (branch, tag or commit) of the tokenizer")
+    _flag(
+        conv,
+        "chat_template_name",
+        help="one of the reference's named chat templates (olmo, tulu, zephyr, ...); none, or a name "
+        "tokenize-mixer does not know: the tokenizer's own (see --unknown_template)",
+    )
     _flag(
         conv,
         "unknown_template",
@@ -134,11 +152,27 @@ def build_parser() -> argparse.ArgumentParser:
         f"warning, as the reference does (fallback, the default), or refuse the run (error; also "
         f"{UNKNOWN_TEMPLATE_ENV}=error)",
     )
-    _flag(conv, "add_bos", type=_bool, nargs="?", const=True, default=False)
-    _flag(conv, "max_seq_length", type=int)
-    _flag(conv, "num_examples", type=int, default=0)
-    _flag(conv, "shuffle_seed", type=int, default=42)
-    _flag(conv, "output_dir", required=True)
+    _flag(
+        conv,
+        "add_bos",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        help="start every document with the tokenizer's bos token, where the template does not",
+    )
+    _flag(
+        conv,
+        "max_seq_length",
+        type=int,
+        help="longest document in tokens: longer chats are truncated, not dropped, as the reference does "
+        "(default: no limit)",
+    )
+    _flag(conv, "num_examples", type=int, default=0, help="keep the first N rows after the shuffle (0: all)")
+    _flag(
+        conv, "shuffle_seed", type=int, default=42, help="seed of the shuffle of the kept rows (default 42)"
+    )
+    _flag(conv, "output_dir", required=True, help="where the shards go: a local directory or gs://...")
     _flag(
         conv,
         "encoder",
@@ -190,20 +224,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = sub.add_parser("plan", help="print the slices of a mixer config without running")
     plan.add_argument("config", help="a mixer config file, YAML or JSON")
-    _run_flags(plan)
+    _plan_flags(plan)
 
     cmp_ = sub.add_parser(
         "compare", help="compare two outputs (directories or digests JSON); exit 1 on mismatch"
     )
-    cmp_.add_argument("a")
-    cmp_.add_argument("b")
+    cmp_.add_argument("a", help="an output directory or a digests JSON file")
+    cmp_.add_argument("b", help="another output directory or digests JSON file")
 
     dig = sub.add_parser("digest", help="write the digests of an output directory as JSON")
-    dig.add_argument("output")
+    dig.add_argument("output", help="an output directory")
     dig.add_argument("-o", "--out", help="file to write (default: stdout)")
 
     ins = sub.add_parser("inspect", help="decode a written document with its trainable tokens highlighted")
-    ins.add_argument("output")
+    ins.add_argument("output", help="an output directory")
     ins.add_argument("--doc", type=int, help="document index in output order (default: the first)")
     ins.add_argument("--dataset", help="the first document of this dataset (its path, or file name)")
     ins.add_argument("--row", type=int, help="with or without --dataset: the document of this source row")
@@ -225,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
         "nothing changes training (notes for information may remain), 1 when something changes training, 3 "
         "when something is broken",
     )
-    chk.add_argument("output")
+    chk.add_argument("output", help="an output directory")
     _flag(
         chk,
         "sequence_length",
@@ -252,9 +286,33 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser(
         "report", help="write report.png and report.md: lengths, trainable %%, dataset shares"
     )
-    rep.add_argument("output")
+    rep.add_argument("output", help="an output directory")
     rep.add_argument("-o", "--out", help="directory for the report (default: the output directory)")
     return parser
+
+
+class _Subcommands:
+    """Subcommands that take no abbreviated flags and take ``-v`` after their name too (its value
+    is left alone when not given there)."""
+
+    def __init__(self, action: Any) -> None:
+        self.action = action
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        parser = self.action.add_parser(name, allow_abbrev=False, **kwargs)
+        parser.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging"
+        )
+        return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tokenize-mixer")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        return "(not installed)"
 
 
 def mixer_from_convert_args(args: argparse.Namespace) -> MixerConfig:
@@ -375,11 +433,37 @@ def _progress_bar() -> Iterator[None]:
         bar.update(task_id, completed=facts.fraction)
 
     BOARD.add_listener(update)
+    stderr = sys.stderr
     try:
-        with bar:
+        with bar, _log_handlers_writing_to(stderr, sys.stderr):  # (the bar's stderr: lines above it)
             yield
     finally:
         BOARD.remove_listener(update)
+
+
+@contextlib.contextmanager
+def _log_handlers_writing_to(stream: Any, instead: Any) -> Iterator[None]:
+    """Every log handler that writes to ``stream`` writes to ``instead`` meanwhile. A live bar's console
+    puts what is written to its stderr above the bar; a handler holding the stream it was made with
+    (ours, Prefect's) would write over the bar, its line glued to the bar's text."""
+    loggers = [logging.getLogger()] + [
+        each for each in logging.Logger.manager.loggerDict.values() if isinstance(each, logging.Logger)
+    ]
+    moved = [
+        handler
+        for logger in loggers
+        for handler in logger.handlers
+        if isinstance(handler, logging.StreamHandler) and handler.stream is stream
+    ]
+    if instead is stream:  # (no terminal: nothing to move)
+        moved = []
+    for handler in moved:
+        handler.setStream(instead)
+    try:
+        yield
+    finally:
+        for handler in moved:
+            handler.setStream(stream)
 
 
 def _write_tokenizer_only(mixer: MixerConfig) -> int:
@@ -676,7 +760,9 @@ def _main(args: argparse.Namespace) -> int:
             return 0
     except MixerError as exc:
         sys.stderr.write(f"{new_line_if_needed()}error: {exc}\n")
-        return EXIT_WORKERS_DIED if isinstance(exc.__cause__, WorkerDiedError) else 2
+        if isinstance(exc.__cause__, WorkerDiedError):
+            return EXIT_WORKERS_DIED
+        return exc.exit_code if isinstance(exc, CheckFailedError) else 2
     return 2
 
 
