@@ -198,6 +198,7 @@ def _assemble_and_publish(
             dataset_names=[d.name for d in plan.datasets],
             # strict refuses an output with findings, unpublished: its document numbers open nothing
             published=run.check != "strict",
+            unrendered=plan.unrendered,
         )
     digests, validation = _call(validate_output, staging, run.reference, checked.digests if checked else None)
     dropped: dict[str, int] = {}
@@ -238,6 +239,7 @@ def _assemble_and_publish(
             {"dataset": m.dataset, **example} for m in outcome.manifests for example in m.drop_examples
         ][:20],
         warnings=plan.warnings,
+        unrendered=plan.unrendered,
     )
     report.template_drift = drift
     report.assemble_seconds = round(assembled - tail_started, 3)

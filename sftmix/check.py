@@ -55,7 +55,7 @@ SEVERITY_WORDS = {BROKEN: "BROKEN", CHANGES_TRAINING: "WARNING", INFORMATION: "n
 
 @dataclass
 class Finding:
-    kind: str  # integrity | fit | masks
+    kind: str  # integrity | fit | masks | template
     what: str
     count: int
     examples: list[Any] = field(default_factory=list)
@@ -194,6 +194,7 @@ def check_output(
     dataset_names: list[str] | None = None,
     max_seq_length: int | None = None,
     published: bool = True,
+    unrendered: list[str] | None = None,
 ) -> CheckReport:
     """``digests=False`` skips hashing the files again and ``token_dtype`` gives the dtype otherwise read
     from ``run_report.json`` (the flow checks its staging right after computing both). With a
@@ -203,7 +204,9 @@ def check_output(
     ``max_seq_length`` the conversion's (read from the statistics otherwise): a document of exactly that
     length without a final EOS was truncated by the user's setting, which is information, not a warning.
     Examples name each document's dataset and source row (``inspect --dataset D --row R`` opens it), and its
-    index in the output unless ``published`` is false (a staged output that will not be published)."""
+    index in the output unless ``published`` is false (a staged output that will not be published).
+    ``unrendered``: what the plan found the template leaves out of the rows (``run_report.json``'s
+    otherwise)."""
     if long_doc_strategy not in STRATEGIES:
         raise ConfigError(
             f"long_doc_strategy must be one of {', '.join(STRATEGIES)}, not {long_doc_strategy!r}"
@@ -219,6 +222,14 @@ def check_output(
     dtype = np.dtype(token_dtype or report_json.get("token_dtype") or "uint32")
     vocab, eos, special = _tokenizer_facts(out)
     result = CheckReport(output=str(out), template=template or report_json.get("template_drift"))
+    left_out = unrendered if unrendered is not None else report_json.get("unrendered") or []
+    result.add(
+        "template",
+        "data in the rows that the chat template never renders (the model trains without it)",
+        len(left_out),
+        "items",
+        list(left_out),
+    )
     if vocab is None:
         result.add("integrity", "tokenizer/ is missing or unreadable", 1, "")
     elif vocab - 1 > np.iinfo(dtype).max:

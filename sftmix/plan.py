@@ -45,6 +45,7 @@ from .templates import (
 )
 from .tokenizer import TokenizerKey, load_worker_tokenizer, tokenizer_path_problem
 from .tokenizer_facts import TokenizerFacts, tokenizer_facts, worker_tokenizer_file
+from .unrendered import unrendered, what_it_reads
 from .up_to_date import input_record, mixer_recipe
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class Plan(BaseModel):
     template_sha256: str
     tokenizer_fingerprint: str
     warnings: list[str]
+    unrendered: list[str] = []  # (also in warnings) data the template leaves out, in words
     inputs: dict | None = None  # the input files' stamps, taken before the plan read them (up_to_date)
 
     def recipe(self) -> dict[str, Any]:
@@ -403,6 +405,9 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
     slices: list[SliceSpec] = []
     selected_total, memory = 0, memory_limit()
     samples: list[Conversation] = []
+    # what the rows hold that the template never renders (a field, a role): said before any work
+    renderer, reads = ChatRenderer(template.text, facts.special_tokens), what_it_reads(template.text)
+    left_out: list[str] = []
     hash_ahead([entry.path for entry in mixer.datasets if not jsonl.applies(entry.path, entry.split)])
     for index, entry in enumerate(mixer.datasets):
         batched = _jsonl_layout(entry.path, entry.split)
@@ -483,8 +488,13 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
             )
         memo.save()
         fingerprint_rows.close()
+        sample = _sample_rows(slices[ids[0]], datasets_cache)
         if mixer.tokenizer.encoder != "hf":
-            samples += _sample_rows(slices[ids[0]], datasets_cache)
+            samples += sample
+        for found in unrendered(renderer, sample):
+            line = found.describe(entry.path, template.source, reads)
+            left_out.append(line)
+            logger.warning(line)
         datasets.append(
             DatasetPlan(
                 index=index,
@@ -508,6 +518,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         template_source=template.source,
         template_sha256=template.sha256,
         tokenizer_fingerprint=tok_fp,
-        warnings=warnings,
+        warnings=warnings + left_out,
+        unrendered=left_out,
         inputs=inputs,
     )

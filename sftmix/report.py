@@ -138,6 +138,10 @@ class RunReport(BaseModel):
         "and `inspect` read: in the work directory, so it lasts as long as that does."
     )
     warnings: list[str] = Field(default_factory=list)
+    unrendered: list[str] = Field(
+        default_factory=list,
+        description="Message fields and roles in the sample rows that the chat template never renders.",
+    )
     time: str = Field(
         "",
         description="The times above in words: command_seconds is the whole command (the temporary Prefect "
@@ -191,6 +195,7 @@ class RunReport(BaseModel):
             *head,
             *self._template_lines(),
             *self._rows_lines(),
+            *(f"unrendered  {line}" for line in self.unrendered),
             f"documents   {self.documents:,} in {self.parts:,} part(s), {self.tokens:,} tokens "
             f"({self.trainable_tokens:,} trainable), dtype {self.token_dtype}",
             "time        " + self.time_line(),

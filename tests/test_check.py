@@ -314,3 +314,30 @@ def test_a_differing_template_is_one_line_and_its_diff_is_asked_for(clean, tmp_p
     assert diff[0].startswith("--- tokenizer's chat_template")
     assert main(["check", str(clean), "--template-diff"]) == 0
     assert f"    {diff[1]}" in capsys.readouterr().out.splitlines()
+
+
+def test_data_the_template_never_renders_is_a_finding(prefect_api, tmp_path, capsys):
+    """A chat in Hugging Face's tool format under olmo: its tool_calls and its tool message are in no
+    render; the run says so in its summary and check finds it (changes training), the bytes unchanged."""
+    tool_chat = {
+        "messages": [
+            {"role": "user", "content": "6 x 7?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"type": "function", "function": {"name": "m"}}],
+            },
+            {"role": "tool", "content": "42"},
+            {"role": "assistant", "content": "42."},
+        ]
+    }
+    out = run(tmp_path, [tool_chat, chat("q?", "fine.")], "tools")
+    report = json.loads((out / "run_report.json").read_text())
+    assert [line.split(" hold ")[1].split(",")[0] for line in report["unrendered"]] == [
+        "message field 'tool_calls'",
+        "messages of role 'tool'",
+    ]
+    [found] = [f for f in check_output(out).findings if f.kind == "template"]
+    assert (found.count, found.severity, found.examples) == (2, "changes training", report["unrendered"])
+    assert main(["check", str(out)]) == 1
+    assert "tool_calls" in capsys.readouterr().out

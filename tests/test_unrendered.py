@@ -1,0 +1,88 @@
+"""Data a chat template never renders (a message field, a role) is said before any work, in the plan's
+warnings, and found again by ``check``; the bytes stay the reference's (nothing is rendered differently)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sftmix.config import MixerConfig, RunOptions
+from sftmix.formats import Conversation
+from sftmix.plan import build_plan
+from sftmix.templates import ChatRenderer, named_template
+from sftmix.unrendered import unrendered, what_it_reads
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+SPECIALS = {"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"}
+
+TOOL_CHAT = [
+    {"role": "user", "content": "What is 6 x 7?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"type": "function", "function": {"name": "mul", "arguments": '{"a": 6, "b": 7}'}}],
+    },
+    {"role": "tool", "content": "42"},
+    {"role": "assistant", "content": "It is 42."},
+]
+OLMO_TOOL_CHAT = [  # the olmo template's own way: function_calls and environment
+    {"role": "user", "content": "What is 6 x 7?"},
+    {"role": "assistant", "content": "", "function_calls": "mul(6, 7)"},
+    {"role": "environment", "content": "42"},
+    {"role": "assistant", "content": "It is 42."},
+]
+
+
+def test_a_field_and_a_role_the_template_never_renders_are_found():
+    renderer = ChatRenderer(named_template("olmo"), SPECIALS)
+    wizard = [{"role": "user", "content": "hi"}, {"role": "wizard", "content": "poof"}]
+    found = unrendered(
+        renderer,
+        [Conversation(TOOL_CHAT, None), Conversation(wizard, None), Conversation(OLMO_TOOL_CHAT, None)],
+    )
+    assert [(u.kind, u.name, u.rows, u.of) for u in found] == [
+        ("field", "tool_calls", 1, 3),
+        ("role", "tool", 1, 3),
+        ("role", "wizard", 1, 3),
+    ]
+    reads = what_it_reads(named_template("olmo"))
+    assert "function_calls" in reads and "environment" in reads  # what to write instead
+    assert "tool_calls" not in reads
+
+
+def test_a_template_that_renders_every_field_finds_nothing():
+    """function_calls and environment under olmo; plain chats under every named template."""
+    renderer = ChatRenderer(named_template("olmo"), SPECIALS)
+    assert unrendered(renderer, [Conversation(OLMO_TOOL_CHAT, None)]) == []
+    plain = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    plain.append({"role": "assistant", "content": "hello"})
+    for name in ("olmo", "tulu", "zephyr", "olmo_thinker"):
+        assert unrendered(ChatRenderer(named_template(name), SPECIALS), [Conversation(plain, None)]) == [], (
+            name
+        )
+
+
+def _mixer(tmp_path: Path, rows: list[list[dict]]) -> MixerConfig:
+    data = tmp_path / "tools.jsonl"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    data.write_text("".join(json.dumps({"messages": r}) + "\n" for r in rows))
+    return MixerConfig.model_validate(
+        {
+            "datasets": [{"path": str(data), "amount": "1.0"}],
+            "tokenizer": {"name_or_path": str(EXAMPLES / "tokenizer"), "chat_template": "olmo"},
+            "output": {"path": str(tmp_path / "out")},
+        }
+    )
+
+
+def test_the_plan_says_what_the_template_leaves_out(tmp_path):
+    plan = build_plan(_mixer(tmp_path, [TOOL_CHAT, OLMO_TOOL_CHAT]), RunOptions(work_dir=str(tmp_path / "w")))
+    assert len(plan.unrendered) == 2 and all(line in plan.warnings for line in plan.unrendered)
+    field, role = plan.unrendered
+    assert field.startswith(
+        f"{tmp_path / 'tools.jsonl'}: 1 of its first 2 rows hold message field 'tool_calls'"
+    )
+    assert "chat template tokenize-mixer:olmo never renders" in field and "function_calls" in field
+    assert "messages of role 'tool'" in role
+    clean = build_plan(_mixer(tmp_path / "c", [OLMO_TOOL_CHAT]), RunOptions(work_dir=str(tmp_path / "w2")))
+    assert clean.unrendered == []
