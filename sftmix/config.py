@@ -464,6 +464,12 @@ def user_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"))
 
 
+def cache_subdir(name: str) -> Path:
+    """``$XDG_CACHE_HOME/tokenize-mixer/NAME``: what a machine keeps across runs and work directories
+    (encoder proofs, tokenizer facts, schemas), each made again where it is missing."""
+    return user_cache_dir() / "tokenize-mixer" / name
+
+
 def default_work_dir() -> Path:
     """``$TOKENIZE_MIXER_WORK_DIR``, else the user cache directory."""
     env = settings.WORK_DIR.get()

@@ -209,7 +209,7 @@ def _features_schema(table: Any) -> Any:
     otherwise the largest part of planning a small file."""
     import pyarrow as pa
 
-    from .storage import atomic_write_bytes
+    from .storage import write_cache_file
 
     found = table.schema.serialize().to_pybytes()
     kept = _kept_schema_path(found)
@@ -220,21 +220,17 @@ def _features_schema(table: Any) -> Any:
     import datasets
 
     schema = datasets.Features.from_arrow_schema(table.schema).arrow_schema
-    try:
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(kept, schema.serialize().to_pybytes())
-    except OSError:  # a read-only home: converted again next time
-        pass
+    write_cache_file(kept, schema.serialize().to_pybytes())  # (else converted again next time)
     return schema
 
 
 def _kept_schema_path(serialized: bytes) -> Any:
     from importlib.metadata import version
 
-    from .config import user_cache_dir
+    from .config import cache_subdir
 
     key = hashlib.sha256(f"datasets {version('datasets')}\0".encode() + serialized).hexdigest()[:32]
-    return user_cache_dir() / "tokenize-mixer" / "features-schemas" / f"{key}.arrow"
+    return cache_subdir("features-schemas") / f"{key}.arrow"
 
 
 @lru_cache(maxsize=8)

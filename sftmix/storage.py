@@ -6,6 +6,7 @@ import contextlib
 import errno
 import functools
 import hashlib
+import logging
 import os
 import shutil
 import socket
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .errors import StorageError
+
+logger = logging.getLogger(__name__)
 
 TMP_MARK = ".tmp-"
 
@@ -95,6 +98,15 @@ def atomic_open(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     with atomic_open(path) as fh:
         fh.write(data)
+
+
+def write_cache_file(path: str | os.PathLike[str], data: bytes) -> None:
+    """A file of a cache that can be made again, written atomically; where it cannot be written (a
+    read-only home) it is left out, and made again next time."""
+    try:
+        atomic_write_bytes(path, data)
+    except OSError as exc:
+        logger.debug("cannot keep %s: %s", path, exc)
 
 
 def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]) -> None:

@@ -194,7 +194,7 @@ def fast_analysis(key: TokenizerKey) -> FastAnalysis | str:
     proof's version, tiktoken's and fastokens': a machine proves each tokenizer once."""
     import tiktoken
 
-    from .storage import atomic_write_bytes
+    from .storage import write_cache_file
 
     try:
         from importlib.metadata import version
@@ -212,18 +212,15 @@ def fast_analysis(key: TokenizerKey) -> FastAnalysis | str:
         found: FastAnalysis | str = analyse(rust_tokenizer(key).to_str())
     except Unproven as exc:
         found = str(exc)
-    try:
-        atomic_write_bytes(cached, json.dumps(analysis_json(found)).encode("utf-8"))
-    except OSError as exc:  # a read-only home: prove again next time
-        logger.debug("cannot keep the encoder proof in %s: %s", cached, exc)
+    write_cache_file(cached, json.dumps(analysis_json(found)).encode("utf-8"))  # (else proved again)
     return found
 
 
 def proofs_dir() -> Path:
     """``$XDG_CACHE_HOME/tokenize-mixer/encoder-proofs`` (not the work directory: proofs outlive it)."""
-    from .config import user_cache_dir
+    from .config import cache_subdir
 
-    return user_cache_dir() / "tokenize-mixer" / "encoder-proofs"
+    return cache_subdir("encoder-proofs")
 
 
 def analysis_json(found: FastAnalysis | str) -> dict[str, Any]:

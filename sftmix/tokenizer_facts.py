@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import logging
 import os
 import shutil
 from dataclasses import asdict, dataclass
@@ -25,6 +24,7 @@ import numpy as np
 
 from .encoders import ANALYSIS_VERSION
 from .errors import TokenDtypeError
+from .storage import write_cache_file
 from .tokenizer import (
     TOKEN_DTYPES,
     TokenizerKey,
@@ -34,8 +34,6 @@ from .tokenizer import (
     special_tokens,
     tokenizer_fingerprint,
 )
-
-logger = logging.getLogger(__name__)
 
 #: Part of every key: raise it when what is kept, or how it is made, changes.
 FACTS_VERSION = 1
@@ -69,9 +67,9 @@ class TokenizerFacts:
 
 def facts_dir() -> Path:
     """``$XDG_CACHE_HOME/tokenize-mixer/tokenizer-facts``."""
-    from .config import user_cache_dir
+    from .config import cache_subdir
 
-    return user_cache_dir() / "tokenize-mixer" / "tokenizer-facts"
+    return cache_subdir("tokenizer-facts")
 
 
 @lru_cache(maxsize=4)
@@ -120,7 +118,7 @@ def tokenizer_facts(key: TokenizerKey) -> TokenizerFacts:
         largest_id=int(largest_token_id(tok)),
     )
     if kept is not None:
-        _keep(kept / "facts.json", json.dumps(asdict(facts), sort_keys=True).encode("utf-8"))
+        write_cache_file(kept / "facts.json", json.dumps(asdict(facts), sort_keys=True).encode("utf-8"))
     return facts
 
 
@@ -141,7 +139,7 @@ def worker_tokenizer_file(key: TokenizerKey, directory: str | os.PathLike[str]) 
             pass
     written = save_worker_tokenizer(key, directory, fingerprint)
     if kept is not None and not (kept / "worker.json").is_file():
-        _keep(kept / "worker.json", Path(written).read_bytes())
+        write_cache_file(kept / "worker.json", Path(written).read_bytes())
     return written
 
 
@@ -191,21 +189,8 @@ def _saved_names(saved: Path) -> list[str] | None:
 
 
 def _keep_saved(directory: Path, saved: Path) -> None:
+    """A copy of ``directory``'s files in ``saved``, its list last (a copy missing one is never used)."""
     names = sorted(p.name for p in directory.iterdir() if p.is_file())
-    try:
-        saved.mkdir(parents=True, exist_ok=True)
-        for name in names:
-            _keep(saved / name, (directory / name).read_bytes())
-        _keep(saved / FILE_LIST, json.dumps(names).encode("utf-8"))
-    except OSError as exc:  # a read-only home: load the tokenizer again next time
-        logger.debug("cannot keep the tokenizer's files in %s: %s", saved, exc)
-
-
-def _keep(path: Path, data: bytes) -> None:
-    from .storage import atomic_write_bytes
-
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, data)
-    except OSError as exc:  # a read-only home: load the tokenizer again next time
-        logger.debug("cannot keep %s: %s", path, exc)
+    for name in names:
+        write_cache_file(saved / name, (directory / name).read_bytes())
+    write_cache_file(saved / FILE_LIST, json.dumps(names).encode("utf-8"))
