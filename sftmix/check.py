@@ -287,12 +287,10 @@ def check_output(
         result.trainable_tokens += f.trainable_tokens
         doc_base += f.documents
 
-    where = _document_namer(
-        documents_file or report_json.get("documents_file"),
-        dataset_names or report_json.get("datasets") or [],
-        result.documents,
-        published,
-    )
+    # the run's document map, read once: it names each example's dataset and row, and groups outliers
+    mapped = _document_map(documents_file or report_json.get("documents_file"), result.documents)
+    names = dataset_names or report_json.get("datasets") or []
+    where = _document_namer(mapped, names, published)
     result.add("integrity", "parts whose token and mask files differ in length", len(uneven), "parts", uneven)
     result.add(
         "integrity", "parts whose document boundaries do not tile the part", len(untiled), "parts", untiled
@@ -358,13 +356,7 @@ def check_output(
     if result.olmo_core is not None:
         _fit_findings(result, result.olmo_core, INFORMATION if not no_final_eos else CHANGES_TRAINING)
     shares = np.concatenate([f.trainable_share for f in facts]) if facts else np.zeros(0, np.float32)
-    _share_outliers(
-        result,
-        shares,
-        documents_file or report_json.get("documents_file"),
-        dataset_names or report_json.get("datasets") or [],
-        where,
-    )
+    _share_outliers(result, shares, mapped, names, where)
     for entry in stats.get("per_dataset_statistics", []):
         tokens = entry.get("final_tokens_in_output") or 0
         result.per_dataset_trainable_percent[entry["dataset_name"]] = (
@@ -653,23 +645,30 @@ def _template_lines(drift: dict[str, Any] | None) -> list[str]:
 OUTLIER_IQRS, OUTLIER_MIN_RATIO, OUTLIER_MIN_DOCUMENTS = 3.0, 2.0, 20
 
 
-def _document_namer(
-    documents_file: str | None, names: list[str], documents: int, published: bool
-) -> Callable[[int], str]:
-    """How an example names a document: its dataset and source row, from the run's document map (what
-    ``inspect --dataset D --row R`` opens, and what a user can find in the data), then its index in the
-    output where there is one to open; the index alone when the map is gone."""
+def _document_map(documents_file: str | None, documents: int) -> np.ndarray | None:
+    """The run's document map (dataset and source row of each document), or ``None`` when it is gone
+    (its work directory was cleaned) or is not this output's."""
     try:
         mapped = open_npy(documents_file) if documents_file else None
     except (OSError, ValueError):
-        mapped = None
-    if mapped is None or mapped.shape[0] != documents:
+        return None
+    return mapped if mapped is not None and mapped.shape[0] == documents else None
+
+
+def _dataset_name(names: list[str], k: int) -> str:
+    return names[k] if k < len(names) else f"dataset {k}"
+
+
+def _document_namer(mapped: np.ndarray | None, names: list[str], published: bool) -> Callable[[int], str]:
+    """How an example names a document: its dataset and source row, from the run's document map (what
+    ``inspect --dataset D --row R`` opens, and what a user can find in the data), then its index in the
+    output where there is one to open; the index alone when the map is gone."""
+    if mapped is None:
         return lambda d: f"document {d}"
 
     def where(d: int) -> str:
         record = mapped[d]
-        k = int(record["dataset"])
-        source = f"{names[k] if k < len(names) else f'dataset {k}'} row {int(record['row'])}"
+        source = f"{_dataset_name(names, int(record['dataset']))} row {int(record['row'])}"
         return f"{source} (document {d})" if published else source
 
     return where
@@ -678,16 +677,12 @@ def _document_namer(
 def _share_outliers(
     result: CheckReport,
     shares: np.ndarray,
-    documents_file: str | None,
+    documents: np.ndarray | None,
     names: list[str],
     where: Callable[[int], str],
 ) -> None:
     """Documents whose trainable share is far from the rest of their dataset's: a template that lost
     its markers on some rows, a conversation with a huge user turn, a mask that bled into a header."""
-    try:
-        documents = open_npy(documents_file) if documents_file else None
-    except (OSError, ValueError):
-        documents = None
     if documents is None or documents.shape[0] != shares.shape[0]:
         return  # the document map is gone (its work directory was cleaned): nothing to group by
     dataset = np.asarray(documents["dataset"])
@@ -702,7 +697,7 @@ def _share_outliers(
         out = idx[(logs < q1 - OUTLIER_IQRS * spread) | (logs > q3 + OUTLIER_IQRS * spread)]
         q1, q3 = np.exp(q1), np.exp(q3)
         found += out.size
-        name = names[k] if k < len(names) else f"dataset {k}"
+        name = _dataset_name(names, k)
         examples += [
             f"{where(int(d))}: {100 * float(shares[d]):.1f}% trainable, the middle half of {name} "
             f"{100 * float(q1):.0f}-{100 * float(q3):.0f}%"
