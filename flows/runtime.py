@@ -326,13 +326,13 @@ def prefect_api(
     when it returns, so the server is still launched from a single thread (``preexec_fn``)."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     server = TemporaryServer(pass_settings=not launch_first)
-    if before_launch is not None:
-        before_launch()
-    if launch_first and not os.environ.get("PREFECT_API_URL"):
-        server.launch()
-        server.watch()
     fallback = None
-    try:
+    try:  # from before the launch: a stop that comes during it still removes the private directory
+        if before_launch is not None:
+            before_launch()
+        if launch_first and not os.environ.get("PREFECT_API_URL"):
+            server.launch()
+            server.watch()
         import prefect.settings
         from prefect.settings import (
             PREFECT_API_AUTH_STRING,

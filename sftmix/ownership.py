@@ -126,10 +126,10 @@ def leased(directory: Path, mode: int = 0o777) -> Iterator[Path]:
     """Hold a lease on ``directory`` (created, with ``mode``) while the block runs; the directory is
     removed after."""
     directory.mkdir(mode=mode)
-    write_lease(directory)
-    HEARTBEAT.add(directory)
-    on_forced_exit(id(directory), functools.partial(remove_tree, directory))
-    try:
+    try:  # from right after the mkdir: a stop while the lease is written still removes the directory
+        write_lease(directory)
+        HEARTBEAT.add(directory)
+        on_forced_exit(id(directory), functools.partial(remove_tree, directory))
         yield directory
     finally:
         on_forced_exit(id(directory), None)

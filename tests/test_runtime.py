@@ -48,6 +48,25 @@ SCRIPT = textwrap.dedent(
         print("OK", url)
         sys.exit(0)
 
+    if sys.argv[1] == "stopped-in-launch":  # a Ctrl-C that lands while the server is being launched
+        import os, signal, subprocess
+        from sftmix.stopping import RunStopped, install_signal_handlers
+
+        install_signal_handlers()
+        real_popen = subprocess.Popen
+
+        def popen(*args, **kwargs):  # the private directory exists; the signal comes now, for real
+            os.kill(os.getpid(), signal.SIGINT)
+            return real_popen(*args, **kwargs)
+
+        subprocess.Popen = popen
+        try:
+            with runtime.prefect_api(launch_first=True):
+                raise AssertionError("the stop was not raised")
+        except RunStopped as stop:
+            print("STOPPED", stop.exit_code)
+        sys.exit(0)
+
     prepared = []
     with runtime.prefect_api(prepare=lambda: prepared.append(1), launch_first=sys.argv[1] == "first") as url:
         assert httpx.get(url + "/health").status_code == 200
@@ -254,6 +273,13 @@ def test_a_secret_is_masked_in_every_log_record(monkeypatch):
     text = stream.getvalue()
     assert secret not in text and header not in text
     assert "Basic ***" in text and '"token":"***"' in text and "short values stay: abc" in text
+
+
+def test_a_stop_while_the_server_is_launched_leaves_no_private_directory(tmp_path):
+    proc = run("stopped-in-launch", **_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "STOPPED 130" in proc.stdout
+    assert _private_dirs(tmp_path) == []
 
 
 @pytest.mark.slow
