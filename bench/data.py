@@ -5,9 +5,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.sharegpt import sharegpt_chats, write_jsonl
-from tests.tokenizer_fixtures import DOLMA2_DIR, ensure_dolma2, llama3_dir, tekken_dir
+from tests.tokenizer_fixtures import (
+    DOLMA2_DIR,
+    deepseek_v3_dir,
+    ensure_dolma2,
+    gemma3_dir,
+    llama3_dir,
+    mistral_sp_dir,
+    tekken_dir,
+)
 
-__all__ = ["dolma2_dir", "llama3_dir", "sharegpt_chats", "tekken_dir", "write_jsonl"]
+__all__ = [
+    "deepseek_v3_dir",
+    "dolma2_dir",
+    "gemma3_dir",
+    "llama3_dir",
+    "mistral_sp_dir",
+    "sharegpt_chats",
+    "tekken_dir",
+    "write_jsonl",
+]
 
 
 def dolma2_dir() -> Path:

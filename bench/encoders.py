@@ -1,6 +1,7 @@
 """The fast encoder against the tokenizers library on every ShareGPT chat: same ids and offsets, and speed.
 
     python bench/encoders.py                       # dolma2 (olmo template), Llama-3 and tekken (tulu), all chats
+    python bench/encoders.py --tokenizers mistral-v3,deepseek-v3,gemma3   # fastokens only
     python bench/encoders.py --rows 2000 --tokenizers dolma2
 
 For each tokenizer, in this one process and one thread: the proof (:func:`sftmix.encoders.analyse`,
@@ -26,11 +27,26 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.data import dolma2_dir, llama3_dir, sharegpt_chats, tekken_dir  # noqa: E402
+from bench.data import (  # noqa: E402
+    deepseek_v3_dir,
+    dolma2_dir,
+    gemma3_dir,
+    llama3_dir,
+    mistral_sp_dir,
+    sharegpt_chats,
+    tekken_dir,
+)
 from sftmix.encoders import ENGINES, FastEncoder, analyse  # noqa: E402
 from sftmix.templates import ChatRenderer, named_template  # noqa: E402
 
-SETUPS = {"dolma2": (dolma2_dir, "olmo"), "llama3": (llama3_dir, "tulu"), "tekken": (tekken_dir, "tulu")}
+SETUPS = {
+    "dolma2": (dolma2_dir, "olmo"),
+    "llama3": (llama3_dir, "tulu"),
+    "tekken": (tekken_dir, "tulu"),
+    "mistral-v3": (mistral_sp_dir, "tulu"),
+    "deepseek-v3": (deepseek_v3_dir, "tulu"),
+    "gemma3": (gemma3_dir, "tulu"),
+}
 
 
 def main() -> None:
@@ -47,7 +63,11 @@ def main() -> None:
         folder, template = SETUPS[name]
         path = folder() / "tokenizer.json"
         config = json.loads((path.parent / "tokenizer_config.json").read_text())
-        specials = {k: v for k, v in config.items() if k.endswith("_token") and isinstance(v, str)}
+        specials = {  # (DeepSeek's config writes them as AddedToken objects)
+            k: v["content"] if isinstance(v, dict) else v
+            for k, v in config.items()
+            if k.endswith("_token") and isinstance(v, str | dict)
+        }
         renderer = ChatRenderer(named_template(template), specials)
         texts = [renderer.render(c, None, False) for c in chats]
         rust = Tokenizer.from_file(str(path))
@@ -95,7 +115,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     print()
-    line = "{:<8} {:>7} {:>12} {:>8} {:>9} {:>12}" + " {:>28}" * len(ENGINES)
+    line = "{:<11} {:>7} {:>12} {:>8} {:>9} {:>12}" + " {:>28}" * len(ENGINES)
     print(line.format("tok", "chats", "chars", "prove s", "unproven", "lib char/s", *ENGINES))
     print(line.format("", "", "", "", "", "", *["char/s, speedup, to lib, differ"] * len(ENGINES)))
     for r in rows:

@@ -34,9 +34,12 @@ splits tests/test_encoders.py compares in all three on random text, and the run'
 random-text tests and the goldens run with either engine. Both give the same ids on every proven text; a
 text either refuses (lone surrogates) or whose ids hold an unsafe token still goes to the library.
 
-SentencePiece-style BPE (a Metaspace pre-tokenizer that does not split, or a normalizer that only turns
-spaces into the marker; byte fallback) has no tiktoken equivalent: fastokens alone encodes it, whatever
-the engine setting (:func:`_analyse_sentencepiece`).
+Two shapes have no tiktoken equivalent, and fastokens alone encodes them, whatever the engine setting: a
+pre-tokenizer that is a sequence of several Splits (DeepSeek-V3's: digits by three, CJK runs, then words;
+each Split cuts the pieces of the one before, which no single regex's find-all does), proven as a whole
+sequence in PCRE2 against Oniguruma (:data:`PROVEN_SPLIT_SEQUENCES`); and SentencePiece-style BPE (a
+Metaspace pre-tokenizer that does not split, or a normalizer that only turns spaces into the marker; byte
+fallback; :func:`_analyse_sentencepiece`).
 """
 
 from __future__ import annotations
@@ -85,6 +88,18 @@ ENGINE_ENV = settings.FAST_ENGINE.name
 PCRE2_PROVEN_PATTERNS = frozenset([*PROVEN_PATTERNS.values(), _GPT2])
 #: The regex of a ByteLevel pre-tokenizer with ``use_regex`` (GPT-2's).
 BYTE_LEVEL_PATTERN = _GPT2
+#: Sequences of Split regexes (each keeping its matches, before a ByteLevel step without a regex of its own)
+#: whose pieces fastokens (PCRE2) and the tokenizers library (Oniguruma) find the same: each is compared on
+#: random text in tests/test_encoders.py. DeepSeek-V3's (and R1's, V3.1's, V3.2's): digits by three, runs of
+#: CJK ideographs and kana, then words, punctuation and spaces.
+PROVEN_SPLIT_SEQUENCES = {
+    "deepseek-v3": (
+        r"\p{N}{1,3}",
+        "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+        "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
+        " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+    ),
+}
 
 
 @lru_cache(maxsize=1)
@@ -107,13 +122,14 @@ def byte_alphabet() -> dict[str, int]:
 class FastAnalysis:
     """What :func:`analyse` proved: enough to build the fast encoder without proving again."""
 
-    pattern: str
+    pattern: str  # the one Split regex ("" with ``splits`` or ``metaspace``)
     unsafe: tuple[int, ...]  # tokens whose merges the two rules make differently (see the module doc)
     one_merge_per_token: bool  # then every text with only safe tokens is proven, ties included
     trim: Trim | None = None  # a ByteLevel post-processor's offset trimming, done as it does it
     decodes: bool = False  # tiktoken's decode (bytes, then UTF-8 with replacement) is the library's too
     nfc: bool = False  # an NFC normalizer: only texts already in NFC (where it changes nothing) are fast
     metaspace: str | None = None  # SentencePiece-style BPE (no regex, no byte level): its prepend scheme
+    splits: tuple[str, ...] = ()  # a proven sequence of several Split regexes (fastokens only)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -124,6 +140,7 @@ class FastAnalysis:
             "decodes": self.decodes,
             "nfc": self.nfc,
             "metaspace": self.metaspace,
+            "splits": list(self.splits),
         }
 
     @classmethod
@@ -137,6 +154,7 @@ class FastAnalysis:
             bool(data.get("decodes", False)),
             bool(data.get("nfc", False)),
             data.get("metaspace"),
+            tuple(str(r) for r in data.get("splits", ())),
         )
 
 
@@ -168,9 +186,18 @@ def analyse(tokenizer_json: str | dict[str, Any]) -> FastAnalysis:
     if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
         raise Unproven("its BPE marks word pieces with a prefix or suffix")
     nfc = _nfc_only(data.get("normalizer"))
-    pattern = _pattern(data.get("pre_tokenizer"))
+    normalizes = not normalizer_does_nothing(data.get("normalizer"))
+    splits = _splits(data.get("pre_tokenizer"))
+    pattern = splits[0] if len(splits) == 1 else ""
+    if not pattern:
+        try:
+            import fastokens  # noqa: F401
+        except ImportError:
+            raise Unproven(
+                "a sequence of Split pre-tokenizers is fast only with fastokens, not installed here"
+            ) from None
     trims = _post_processor_trims(data.get("post_processor"))
-    added = _added_tokens(data.get("added_tokens") or [])
+    added = _added_tokens(data.get("added_tokens") or [], normalizes=normalizes)
     if trims and any(t[:1].isspace() or t[-1:].isspace() for t in added):
         raise Unproven("its post-processor trims offsets and an added token starts or ends with whitespace")
     ranks = _ranks(model.get("vocab") or {}, added)
@@ -178,7 +205,8 @@ def analyse(tokenizer_json: str | dict[str, Any]) -> FastAnalysis:
     index, one_merge = _merge_index(merges, ranks)
     trim = None if not trims else Trim(keep_first_space=trims[0])
     decodes = _decodes_as_bytes(data.get("decoder"), added)
-    return FastAnalysis(pattern, tuple(_unsafe_tokens(ranks, index)), one_merge, trim, decodes, nfc)
+    unsafe = tuple(_unsafe_tokens(ranks, index))
+    return FastAnalysis(pattern, unsafe, one_merge, trim, decodes, nfc, splits=() if pattern else splits)
 
 
 #: SentencePiece's word marker: a space is this character, and a text's first word starts with one.
@@ -196,7 +224,7 @@ def _metaspace_scheme(normalizer: Any, pre: Any) -> str | None:
     marker (``never``, Gemma's), or one that prepends a marker first (``prepend``, Llama-2's and Mistral's
     legacy ``tokenizer.json``), with no pre-tokenizer; None for any other shape (no marker involved)."""
     replace = {"type": "Replace", "pattern": {"String": " "}, "content": METASPACE}
-    if pre is None and normalizer == replace:
+    if normalizer == replace and (pre is None or _splits_at_a_space(pre)):
         return "never"
     legacy = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": METASPACE}, replace]}
     if pre is None and normalizer == legacy:
@@ -215,6 +243,17 @@ def _metaspace_scheme(normalizer: Any, pre: Any) -> str | None:
     if scheme not in METASPACE_SCHEMES:
         raise Unproven(f"its Metaspace pre-tokenizer's prepend_scheme is {scheme!r}")
     return str(scheme)
+
+
+def _splits_at_a_space(pre: Any) -> bool:
+    """A Split on the plain text " " that keeps the text it does not match (Gemma 3's): after a normalizer
+    that made every space a marker it finds nothing, and each piece passes whole, whatever its behavior."""
+    return (
+        isinstance(pre, dict)
+        and pre.get("type") == "Split"
+        and pre.get("pattern") == {"String": " "}
+        and not pre.get("invert", False)
+    )
 
 
 def _mentions_metaspace(node: Any) -> bool:
@@ -254,6 +293,9 @@ def _analyse_sentencepiece(data: dict[str, Any], scheme: str) -> FastAnalysis:
         raise Unproven("an added token's text is a vocabulary entry with another id")
     if scheme in ("first", "always") and any(text.startswith(" ") for text in added):
         raise Unproven("an added token starts with a space (a marker prepended as one could complete it)")
+    if scheme != "never" and any(METASPACE in text for text in added):
+        # (the model makes it of spaces too, and the runs between added tokens are where markers go)
+        raise Unproven("an added token holds SentencePiece's marker and the pipeline prepends markers")
     try:
         import fastokens  # noqa: F401
     except ImportError:
@@ -262,15 +304,26 @@ def _analyse_sentencepiece(data: dict[str, Any], scheme: str) -> FastAnalysis:
 
 
 def _nfc_only(normalizer: Any) -> bool:
-    """Whether the normalizer is NFC (Qwen2's and Qwen3's), alone or in a sequence of NFCs; none is
-    False. On a text already in NFC it changes nothing, characters or alignments, so the pipeline is the
-    one without it (added tokens matched on normalized text included); any other normalizer is refused."""
-    if normalizer is None:
+    """Whether the normalizer is NFC (Qwen2's and Qwen3's), alone or in a sequence of NFCs; none, or an
+    empty sequence (DeepSeek-V3's, which changes nothing), is False. On a text already in NFC it changes
+    nothing, characters or alignments, so the pipeline is the one without it (added tokens matched on
+    normalized text included); any other normalizer is refused, named."""
+    if normalizer_does_nothing(normalizer):
         return False
     steps = normalizer.get("normalizers") if _kind(normalizer) == "Sequence" else [normalizer]
     if steps and all(_kind(step) == "NFC" for step in steps):
         return True
-    raise Unproven(f"it has a normalizer ({_kind(normalizer)}) other than NFC")
+    others = sorted({_kind(step) for step in steps or [normalizer] if _kind(step) != "NFC"})
+    raise Unproven(f"it has a normalizer ({', '.join(others)}) other than NFC")
+
+
+def normalizer_does_nothing(normalizer: Any) -> bool:
+    """None, or a Sequence of no steps (nested ones included): the text passes as it is."""
+    if normalizer is None:
+        return True
+    return _kind(normalizer) == "Sequence" and all(
+        normalizer_does_nothing(step) for step in normalizer.get("normalizers") or []
+    )
 
 
 def _decodes_as_bytes(decoder: Any, added: dict[str, int]) -> bool:
@@ -290,31 +343,44 @@ def _kind(node: Any) -> str:
     return str(node.get("type")) if isinstance(node, dict) else type(node).__name__
 
 
-def _pattern(pre: Any) -> str:
-    """The regex tiktoken must split with, from a pre-tokenizer that amounts to its find-all."""
+def _splits(pre: Any) -> tuple[str, ...]:
+    """The Split regexes, in order, of a pre-tokenizer that is Splits then ByteLevel: one that amounts to
+    tiktoken's find-all (:data:`PROVEN_PATTERNS`), or a proven sequence (:data:`PROVEN_SPLIT_SEQUENCES`)."""
     steps = pre.get("pretokenizers", []) if isinstance(pre, dict) and pre.get("type") == "Sequence" else [pre]
     if len(steps) == 1 and isinstance(steps[0], dict) and steps[0].get("type") == "ByteLevel":
         level = steps[0]
         if level.get("add_prefix_space") or not level.get("use_regex", True):
             raise Unproven("its ByteLevel pre-tokenizer adds a prefix space or splits with no regex")
-        return BYTE_LEVEL_PATTERN
-    if len(steps) != 2 or not all(isinstance(s, dict) for s in steps):
-        raise Unproven(f"its pre-tokenizer is not a Split then ByteLevel ({_kind(pre)})")
-    split, level = steps
-    if split.get("type") != "Split" or level.get("type") != "ByteLevel":
-        raise Unproven(f"its pre-tokenizer is {_kind(split)} then {_kind(level)}, not Split then ByteLevel")
+        return (BYTE_LEVEL_PATTERN,)
+    if len(steps) < 2 or not all(isinstance(s, dict) for s in steps):
+        raise Unproven(f"its pre-tokenizer is not Splits then ByteLevel ({_kind(pre)})")
+    *splits, level = steps
+    kinds = [_kind(step) for step in steps]
+    if any(kind != "Split" for kind in kinds[:-1]) or kinds[-1] != "ByteLevel":
+        raise Unproven(f"its pre-tokenizer is {' then '.join(kinds)}, not Splits then ByteLevel")
     if level.get("add_prefix_space") or level.get("use_regex"):
         raise Unproven("its ByteLevel step adds a prefix space or splits again with GPT-2's regex")
-    keeps_matches = (split.get("behavior"), bool(split.get("invert"))) in {
-        ("Isolated", False),
-        ("Removed", True),
-    }
-    if not keeps_matches:
-        raise Unproven(f"its Split keeps pieces as {split.get('behavior')!r} (invert {split.get('invert')})")
-    regex = (split.get("pattern") or {}).get("Regex")
-    if regex not in PROVEN_PATTERNS.values():
+    regexes = []
+    for split in splits:
+        keeps_matches = (split.get("behavior"), bool(split.get("invert"))) in {
+            ("Isolated", False),
+            ("Removed", True),
+        }
+        if not keeps_matches:
+            raise Unproven(
+                f"its Split keeps pieces as {split.get('behavior')!r} (invert {split.get('invert')})"
+            )
+        regex = (split.get("pattern") or {}).get("Regex")
+        if not isinstance(regex, str):
+            raise Unproven("its Split matches a plain string, not a regex")
+        regexes.append(regex)
+    if len(regexes) == 1 and regexes[0] not in PROVEN_PATTERNS.values():
         raise Unproven("its Split regex is not one proven to split the same in every regex engine we use")
-    return regex
+    if len(regexes) > 1 and tuple(regexes) not in PROVEN_SPLIT_SEQUENCES.values():
+        raise Unproven(
+            f"its {len(regexes)} Split regexes are not a sequence proven to split the same in every regex engine we use"
+        )
+    return tuple(regexes)
 
 
 def _post_processor_trims(node: Any) -> list[bool]:
@@ -335,23 +401,54 @@ def _post_processor_trims(node: Any) -> list[bool]:
     raise Unproven(f"its post-processor is {kind!r}")
 
 
-def _added_tokens(tokens: list[dict[str, Any]], prefixes: bool = False) -> dict[str, int]:
+def _added_tokens(
+    tokens: list[dict[str, Any]], prefixes: bool = False, normalizes: bool = True
+) -> dict[str, int]:
     """Added tokens matched as plain text. ``prefixes``: one may be a prefix of another (fastokens, like the
-    library, takes the longest match; tiktoken's regex would take the first)."""
+    library, takes the longest match; tiktoken's regex would take the first). ``normalizes``: whether the
+    tokenizer has a normalizer that does something; with none, a ``normalized`` token (matched by the
+    library in a second pass, on the normalized text) is matched as the others are, where no text can
+    hold it overlapping one of them (:func:`_overlaps`)."""
     added: dict[str, int] = {}
+    normalized: list[str] = []
     for t in tokens:
         content = t.get("content", "")
         if not content:
             raise Unproven("an added token is empty")
         for flag in ("lstrip", "rstrip", "single_word", "normalized"):
-            if t.get(flag):
+            if t.get(flag) and not (flag == "normalized" and not normalizes):
                 raise Unproven(f"added token {content!r} is {flag}")
+        if t.get("normalized"):
+            normalized.append(content)
         added[content] = int(t["id"])
+    if normalized:
+        first = set(added) - set(normalized)
+        if (pair := _overlaps(normalized, first)) is not None:
+            raise Unproven(
+                f"added token {pair[0]!r}, matched after the others, can overlap {pair[1]!r} in a text"
+            )
     ordered = [] if prefixes else sorted(added)
     for a, b in zip(ordered, ordered[1:], strict=False):
         if b.startswith(a):
             raise Unproven(f"added token {a!r} is a prefix of {b!r} (first and longest match may differ)")
     return added
+
+
+def _overlaps(later: list[str], first: set[str]) -> tuple[str, str] | None:
+    """A token of ``later`` that could take text from one of ``first`` in a single leftmost-longest pass:
+    one that holds it, or ends with its start (matched there first, it would cut it off); None when none
+    can. Then matching ``first`` in a pass of its own, then ``later`` between those matches (the library's
+    two passes), finds what one pass over all of them finds: a token of ``first`` that starts earlier wins
+    either way."""
+    starts = {t[:k] for t in first for k in range(1, len(t))}
+    for n in later:
+        for m in first:
+            if m in n:
+                return n, m
+        for k in range(1, len(n)):
+            if n[-k:] in starts:
+                return n, next(m for m in first if m.startswith(n[-k:]))
+    return None
 
 
 def _ranks(vocab: dict[str, int], added: dict[str, int]) -> dict[bytes, int]:
@@ -501,7 +598,7 @@ def char_offsets(text: str, token_bytes: np.ndarray) -> np.ndarray:
 
 
 #: Bump when :func:`analyse` proves something else: cached proofs of the old one are not used.
-ANALYSIS_VERSION = 3
+ANALYSIS_VERSION = 4
 
 
 def vocabulary(tokenizer_json: str) -> tuple[dict[bytes, int], dict[str, int]]:
@@ -580,7 +677,7 @@ class FastEncoder:
         if analysis.metaspace:
             self._init_sentencepiece(rust.to_str() if tokenizer_json is None else tokenizer_json)
             return
-        self.engine = fast_engine(analysis.pattern, engine)
+        self.engine = "fastokens" if analysis.splits else fast_engine(analysis.pattern, engine)
         if tokenizer_json is None and (vocab is None or self.engine == "fastokens"):
             tokenizer_json = rust.to_str()
         ranks, added = vocab if vocab is not None else vocabulary(tokenizer_json)
@@ -629,8 +726,9 @@ class FastEncoder:
         for piece, i in vocab.items():
             self.marked[i] = 1 if piece in bytes_ else len(piece.encode("utf-8"))
             self.lengths[i] = 1 if piece in bytes_ else self.marked[i] - 2 * piece.count(METASPACE)
-        for text, i in added.items():
-            self.marked[i] = self.lengths[i] = len(text.encode("utf-8"))
+        for text, i in added.items():  # (Gemma's "▁▁" is also what the model makes of two spaces)
+            self.marked[i] = len(text.encode("utf-8"))
+            self.lengths[i] = self.marked[i] - 2 * text.count(METASPACE)
             self._added_ids[i] = True
         self._unsafe_ids = np.zeros(size, dtype=bool)
 
@@ -705,8 +803,10 @@ class FastEncoder:
         import tiktoken
 
         ranks, added = self._vocab
+        # (with a sequence of splits it only decodes: any pattern it compiles will do)
+        pattern = self.analysis.pattern or BYTE_LEVEL_PATTERN
         return tiktoken.Encoding(
-            "tokenize-mixer", pat_str=self.analysis.pattern, mergeable_ranks=ranks, special_tokens=added
+            "tokenize-mixer", pat_str=pattern, mergeable_ranks=ranks, special_tokens=added
         )
 
     @cached_property

@@ -343,6 +343,8 @@ def _prove_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, 
             how = "every token checked"
         else:
             how = f"texts with any of {len(found.unsafe)} tokens go to the tokenizers library"
+        if found.splits:
+            how += f"; its pre-tokenizer's {len(found.splits)} Splits in sequence, as fastokens runs them"
         logger.info(
             "encoder: %s, proven the same tokenizer as %s (%s)", encoding.engine, tk.name_or_path, how
         )

@@ -24,6 +24,7 @@ from .encoders import (
     FastAnalysis,
     Unproven,
     analyse,
+    normalizer_does_nothing,
     pack_vocabulary,
     unpack_vocabulary,
     vocabulary,
@@ -168,12 +169,12 @@ def segment_boundaries(key: TokenizerKey) -> SegmentBoundaries | None:
 
 def boundaries_of(rust: Any) -> SegmentBoundaries | None:
     """Added tokens after which tokenization restarts, or ``None`` when this tokenizer's segments are not
-    independent (a normalizer, or a pre-tokenizer that adds a prefix space). The pre-tokenizer's own JSON,
+    independent (a normalizer that does something, or a pre-tokenizer that adds a prefix space). The pre-tokenizer's own JSON,
     not the whole tokenizer's: that one holds the vocabulary and merges (0.1 s per worker for dolma2)."""
-    pre = rust.pre_tokenizer
-    if rust.normalizer is not None or _adds_prefix_space(
-        None if pre is None else json.loads(pre.__getstate__())
-    ):
+    pre, normalizer = rust.pre_tokenizer, rust.normalizer
+    if not normalizer_does_nothing(
+        None if normalizer is None else json.loads(normalizer.__getstate__())
+    ) or _adds_prefix_space(None if pre is None else json.loads(pre.__getstate__())):
         return None
     added = rust.get_added_tokens_decoder()
     safe = {i: t for i, t in added.items() if not (t.lstrip or t.rstrip or t.single_word)}

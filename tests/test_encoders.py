@@ -24,6 +24,7 @@ from sftmix.encoders import (
     ENGINES,
     METASPACE,
     PROVEN_PATTERNS,
+    PROVEN_SPLIT_SEQUENCES,
     FastEncoder,
     Unproven,
     analyse,
@@ -41,7 +42,9 @@ from tests.test_labels import conversation
 from tests.tokenizer_fixtures import (
     DOLMA2_DIR,
     GOLDEN,
+    deepseek_v3_dir,
     ensure_dolma2,
+    gemma3_dir,
     llama3_dir,
     mistral_sp_dir,
     tekken_dir,
@@ -95,6 +98,14 @@ def _sentencepiece(name: str) -> dict:
     elif name == "sp-replace-normalizer":  # Gemma's shape: spaces become markers in the normalizer
         data["pre_tokenizer"] = None
         data["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": METASPACE}
+    elif name == "sp-gemma3-shape":  # Gemma 3's: then a Split on " ", which finds none left
+        data["pre_tokenizer"] = {
+            "type": "Split",
+            "pattern": {"String": " "},
+            "behavior": "MergedWithPrevious",
+            "invert": False,
+        }
+        data["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": METASPACE}
     return data
 
 
@@ -124,6 +135,9 @@ TOKENIZERS = [
     "mistral-v3-always",
     "sp-replace-normalizer",
     "sp-prepend-normalizer",
+    "sp-gemma3-shape",
+    "gemma3",
+    "deepseek-v3",
 ]
 #: SentencePiece-style tokenizers: fastokens is their only engine (tiktoken has no such pipeline).
 SENTENCEPIECE = (
@@ -132,7 +146,11 @@ SENTENCEPIECE = (
     "mistral-v3-always",
     "sp-replace-normalizer",
     "sp-prepend-normalizer",
+    "sp-gemma3-shape",
+    "gemma3",
 )
+#: Tokenizers only fastokens encodes fast: SentencePiece-style ones and sequences of splits.
+FASTOKENS_ONLY = (*SENTENCEPIECE, "deepseek-v3")
 
 
 @cache
@@ -145,6 +163,10 @@ def encoders(name: str, engine: str = "auto") -> tuple[Tokenizer, FastEncoder]:
         text = (llama3_dir() / "tokenizer.json").read_text(encoding="utf-8")
     elif name == "tekken":
         text = (tekken_dir() / "tokenizer.json").read_text(encoding="utf-8")
+    elif name == "deepseek-v3":
+        text = (deepseek_v3_dir() / "tokenizer.json").read_text(encoding="utf-8")
+    elif name == "gemma3":
+        text = (gemma3_dir() / "tokenizer.json").read_text(encoding="utf-8")
     elif name in SENTENCEPIECE:
         text = json.dumps(_sentencepiece(name))
     else:
@@ -152,12 +174,13 @@ def encoders(name: str, engine: str = "auto") -> tuple[Tokenizer, FastEncoder]:
     rust = Tokenizer.from_str(text)
     rust.no_truncation()
     rust.no_padding()
-    if name in SENTENCEPIECE and engine == "tiktoken":
-        pytest.skip("tiktoken cannot encode SentencePiece-style BPE")
-    if engine == "fastokens" or name in SENTENCEPIECE:
+    if name in FASTOKENS_ONLY and engine == "tiktoken":
+        pytest.skip("tiktoken has no SentencePiece-style BPE, nor a sequence of splits")
+    if engine == "fastokens" or name in FASTOKENS_ONLY:
         pytest.importorskip("fastokens")  # a dependency only where it has wheels (pyproject.toml)
     fast = FastEncoder(rust, analyse(text), engine=engine)
     assert engine == "auto" or fast.engine == engine, f"{engine} is not used for {name}"
+    assert fast.engine == "fastokens" or name not in FASTOKENS_ONLY
     return rust, fast
 
 
@@ -232,6 +255,24 @@ FRAGMENTS = [
     "▁▁x",
     "[INST]",
     "[REFERENCE_DOC_1]0",
+    # DeepSeek-V3's splits: digits by three, runs of ideographs and kana (not Hangul), ASCII punctuation
+    # before letters, marks after letters, punctuation and symbols in runs
+    "1234567",
+    "漢字かなカナ",
+    "ひらがなテスト123",
+    "龥龦",
+    "ー・",
+    "(foo",
+    "#define",
+    "\\x",
+    "«a»",
+    "—x",
+    "a\u0300b",
+    " $100",
+    "€5",
+    "x++",
+    "...\n\n",
+    "|DSML|",
 ]
 
 
@@ -375,6 +416,40 @@ def test_the_fast_encoders_rows_are_the_librarys(convs, name, engine, template, 
     assert_same_rows(rust, fast, renderer, convs, max_len, drop)
 
 
+#: DeepSeek-V3's turn tokens (matched by the library on normalized text) around each turn, and its bos.
+DEEPSEEK_TURNS = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}<｜User｜>{{ m['content'] }}"
+    "{% elif m['role'] == 'assistant' %}<｜Assistant｜>{{ m['content'] }}<｜end▁of▁sentence｜>"
+    "{% else %}{{ m['content'] }}\n\n{% endif %}{% endfor %}"
+)
+#: Gemma 3's turns as its template writes them (without its refusal of turns that do not alternate).
+GEMMA3_TURNS = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>"
+    "{{ 'model' if m['role'] == 'assistant' else 'user' }}\n{{ m['content'] | trim }}<end_of_turn>\n"
+    "{% endfor %}"
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    convs=st.lists(conversation, min_size=1, max_size=5),
+    name=st.sampled_from(["deepseek-v3", "gemma3"]),
+    max_len=st.sampled_from([None, 12, 48]),
+    drop=st.booleans(),
+)
+def test_deepseek_and_gemma3_rows_are_the_librarys(convs, name, max_len, drop):
+    """DeepSeek-V3 (segment cuts after its turn tokens: its normalizer does nothing) and Gemma 3, each with
+    its own turn tokens: every row as the library gives it."""
+    rust, fast = encoders(name)
+    if name == "deepseek-v3":
+        assert boundaries_of(rust) is not None and fast.analysis.splits
+        renderer = ChatRenderer(DEEPSEEK_TURNS, {"bos_token": "<｜begin▁of▁sentence｜>"})
+    else:
+        assert boundaries_of(rust) is None and fast.analysis.metaspace == "never"
+        renderer = ChatRenderer(GEMMA3_TURNS, {"bos_token": "<bos>"})
+    assert_same_rows(rust, fast, renderer, convs, max_len, drop)
+
+
 def assert_same_rows(rust, fast, renderer, convs, max_len, drop) -> None:
     """Each row of ``convs`` (status, reason; ids and mask where kept or not dropped) from the library's
     encodes and from the fast encoder's."""
@@ -419,7 +494,6 @@ REFUSED = {
         "pre-tokenizer",
     ),
     "an lstrip added token": (lambda d: d["added_tokens"][1].update(lstrip=True), "lstrip"),
-    "a normalized added token": (lambda d: d["added_tokens"][1].update(normalized=True), "normalized"),
     "another regex": (
         lambda d: d["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex=r"\w+|\s+|[^\w\s]+"),
         "regex",
@@ -450,6 +524,32 @@ REFUSED = {
             post_processor={"type": "RobertaProcessing", "sep": ["</s>", 2], "cls": ["<s>", 0]}
         ),
         "post-processor",
+    ),
+    "a normalized added token behind a normalizer": (
+        lambda d: (d.update(normalizer={"type": "NFC"}), d["added_tokens"][1].update(normalized=True)),
+        "normalized",
+    ),
+    "a normalized added token that ends with another's start": (
+        lambda d: d["added_tokens"].append(
+            {**d["added_tokens"][1], "id": 200000, "content": "x<|fim", "normalized": True}
+        ),
+        "can overlap '<\\|fim_",
+    ),
+    "a normalized added token holding another": (
+        lambda d: d["added_tokens"].append(
+            {**d["added_tokens"][1], "id": 200000, "content": "[<|endoftext|>]", "normalized": True}
+        ),
+        "can overlap '<\\|endoftext",
+    ),
+    "two splits not proven as a sequence": (
+        lambda d: d["pre_tokenizer"]["pretokenizers"].insert(
+            0, {"type": "Split", "pattern": {"Regex": "\\p{N}{1,3}"}, "behavior": "Isolated", "invert": False}
+        ),
+        "2 Split regexes are not a sequence proven",
+    ),
+    "a split of a plain string before ByteLevel": (
+        lambda d: d["pre_tokenizer"]["pretokenizers"][0].update(pattern={"String": " "}),
+        "plain string",
     ),
     "an added token inside another": (
         lambda d: d["added_tokens"].append(
@@ -552,7 +652,7 @@ def test_sentencepiece_marks_and_offsets_where_the_library_does(name):
     assert fast.fallbacks == 0
     if name in ("mistral-v3", "mistral-v3-always"):
         assert [fast.prepends(t) for t in texts[:5]] == [True, False, False, False, False]
-    if name != "mistral-v3-never" and name != "sp-replace-normalizer":
+    if fast.analysis.metaspace != "never":
         [enc] = fast.encode_batch(["😀"])
         assert enc.offsets[0].tolist() == [0, 1] and rust.id_to_token(int(enc.ids[0])) == METASPACE
     if name in ("mistral-v3-always", "sp-prepend-normalizer"):  # a marker before each run, alone or not
@@ -630,6 +730,34 @@ def test_the_fastest_installed_engine_is_the_default_and_one_can_be_chosen(monke
 def test_the_patterns_proven_are_the_ones_tested():
     assert set(PROVEN_PATTERNS) == {"cl100k", "qwen2", "o200k", "tekken"}
     assert BYTE_LEVEL_PATTERN.startswith("'s|'t")
+    assert set(PROVEN_SPLIT_SEQUENCES) == {"deepseek-v3"}
+    _, fast = encoders("deepseek-v3")
+    assert fast.analysis.splits == PROVEN_SPLIT_SEQUENCES["deepseek-v3"]
+
+
+def test_a_normalized_added_token_with_no_normalizer_is_matched_as_the_others():
+    """dolma2 has no normalizer: a ``normalized`` token that cannot overlap another is proven (the library's
+    second pass finds what one pass would), and encodes as the library does."""
+    data = _dolma2_json()
+    data["added_tokens"].append(
+        {**data["added_tokens"][1], "id": 100300, "content": "<｜User｜>", "normalized": True}
+    )
+    data["normalizer"] = {"type": "Sequence", "normalizers": []}
+    analysis = analyse(data)
+    rust = Tokenizer.from_str(json.dumps(data))
+    fast = FastEncoder(rust, analysis)
+    assert_same(rust, fast, ["a<｜User｜>b", "<|endoftext|><｜User｜><|endoftext|>", "<｜User<|endoftext|>"])
+    assert fast.fallbacks == 0
+
+
+def test_deepseek_v3_has_segment_cuts_and_takes_the_fast_path_on_its_chat_tokens():
+    rust, fast = encoders("deepseek-v3")
+    texts = ["<｜begin▁of▁sentence｜><｜User｜>你好123456<｜Assistant｜>ok<｜end▁of▁sentence｜>"]
+    before = fast.fallbacks
+    assert_same(rust, fast, texts)
+    assert fast.fallbacks == before
+    boundaries = boundaries_of(rust)
+    assert boundaries is not None and rust.token_to_id("<｜User｜>") in boundaries.ids
 
 
 @pytest.mark.parametrize("name", ["dolma2", "tiny", "llama3"])
@@ -683,6 +811,15 @@ def _plan_of_chats(tmp_path: Path, tokenizer: Path, user: str, assistant: str):
 
 def test_the_default_run_on_llama3_uses_the_fast_encoder(tmp_path):
     assert _plan_of_chats(tmp_path, llama3_dir(), "q{i} é 😀", "a{i}").context.encoder == "fast"
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "gemma3"])
+def test_the_default_run_on_deepseek_v3_and_gemma3_uses_the_fast_encoder(tmp_path, name):
+    """As transformers loads them: proven (the plan's log would say which part refused it), checked on the
+    run's sample rows."""
+    pytest.importorskip("fastokens")
+    folder = deepseek_v3_dir() if name == "deepseek-v3" else gemma3_dir()
+    assert _plan_of_chats(tmp_path, folder, "q{i} 漢字 123456 é 😀", " a{i}").context.encoder == "fast"
 
 
 def test_the_default_run_on_a_sentencepiece_tokenizer_uses_the_fast_encoder(tmp_path):

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from sftmix.prefix_renders import common_prefix_length
 from sftmix.segments import PrefixEncoder
 from sftmix.tokenizer import TokenizerKey, rust_tokenizer, segment_boundaries
+from tests.test_encoders import encoders
 from tests.test_labels import PIECES, TOKENIZERS, conversation, masker
 from tests.tokenizer_fixtures import GOLDEN, ensure_dolma2
 
@@ -163,8 +164,6 @@ def _cut_whole(boundaries, text: str, full: str, starts, ends, index) -> tuple[i
 def test_the_fast_encoders_pieces_give_the_librarys_offsets_and_decodes(texts, name, engine, want, spans):
     """With the fast encoder's pieces, the boundary tokens' offsets (made for those tokens only) and the
     decoded spans (read from the text) are the library's."""
-    from tests.test_encoders import encoders
-
     if name == "dolma2":
         ensure_dolma2()
     rust, fast = encoders(name, engine)

