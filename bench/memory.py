@@ -34,6 +34,7 @@ class PeakMemory:
         self.peak = 0
         self.peak_private = 0
         self.peak_anonymous = 0
+        self.peak_root = 0  # the RSS of the process itself (the command: plan, flow and tail run there)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -50,6 +51,8 @@ class PeakMemory:
                         total += info.rss
                         private += info.rss - getattr(info, "shared", 0)
                 self.peak = max(self.peak, total)
+                with contextlib.suppress(psutil.Error):
+                    self.peak_root = max(self.peak_root, self.root.memory_info().rss)
                 self.peak_private = max(self.peak_private, private)
                 if samples % 5 == 0:  # the kernel walks every mapping for this: not every 50 ms
                     self.peak_anonymous = max(self.peak_anonymous, sum(anonymous_pss(p.pid) for p in procs))

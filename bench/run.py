@@ -157,6 +157,7 @@ def run_ours(
         "peak": peak,
         "peak_private": peak_private,
         "peak_anonymous": mem.peak_anonymous,
+        "peak_root": mem.peak_root,
         "log": log,
         **report,
     }

@@ -7,6 +7,9 @@ slice must be in WORK_DIR already), then times, in this one process, on the CPUs
 ``taskset -c 0`` for one core): the global order, the assembly into a fresh staging directory, the output's
 digests, and the check without and with the digests (hashed in the same read).
 Each phase is run ``--repeat`` times; the page cache is warm after the first assembly, as it is in a run.
+``--memory``: each phase's peak of memory allocated in this process above what it held before (Python
+objects and numpy arrays, by ``tracemalloc``; slower, so its times are not the phases' own), in MiB and in
+bytes per output document: what the tail holds that grows with rows.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import shutil
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,13 +28,23 @@ sys.path.insert(0, str(ROOT))
 
 
 def timed(label: str, fn, results: dict, repeat: int):  # type: ignore[no-untyped-def]
-    best, value = float("inf"), None
+    best, value, peak = float("inf"), None, 0
     for _ in range(repeat):
+        value = None  # (the last value is not held while the phase runs again)
+        if tracemalloc.is_tracing():
+            held = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
         started = time.perf_counter()
         value = fn()
         best = min(best, time.perf_counter() - started)
+        if tracemalloc.is_tracing():
+            peak = max(peak, tracemalloc.get_traced_memory()[1] - held)
     results[label] = round(best, 3)
-    print(f"{label:<28} {best:8.2f} s", flush=True)
+    extra = ""
+    if tracemalloc.is_tracing():
+        results.setdefault("peak_bytes", {})[label] = peak
+        extra = f"   peak {peak / 2**20:9.1f} MiB"
+    print(f"{label:<28} {best:8.2f} s{extra}", flush=True)
     return value
 
 
@@ -40,6 +54,7 @@ def main() -> None:
     ap.add_argument("--work-dir", type=Path, required=True)
     ap.add_argument("--tokenizer", type=Path, default=None, help="default: the dolma2 tokenizer of the tests")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--memory", action="store_true", help="each phase's peak memory (tracemalloc)")
     ap.add_argument("--reference", type=Path, default=None, help="an output of the same mixer: same digests")
     ap.add_argument("--out", type=Path, default=None, help="write the timings here as JSON")
     ap.add_argument(
@@ -73,6 +88,8 @@ def main() -> None:
     sftmix.assemble.ASSEMBLE_BY = args.by
     results: dict = {"cpus": available_cpus(), "by": args.by or "page cache"}
     print(f"{available_cpus()} CPUs", flush=True)
+    if args.memory:
+        tracemalloc.start()
     plan = timed("plan", lambda: build_plan(mixer, RunOptions(work_dir=str(args.work_dir))), results, 1)
     manifests = [read_manifest(plan.context.work_dir, s.key) for s in plan.slices]
     missing = sum(m is None for m in manifests)
@@ -89,6 +106,7 @@ def main() -> None:
 
         result = timed("assemble", assemble_once, results, args.repeat)
         results["tokens"] = result.tokens
+        results["documents"] = result.documents
         results["parts"] = result.parts
         digests = timed("digests", lambda: output_digests(staging), results, args.repeat)
         if args.reference is not None:
@@ -110,6 +128,10 @@ def main() -> None:
             args.repeat,
         )
         assert checked.digests == digests, "the check's digests differ from output_digests"
+    if args.memory:
+        documents = int(results["documents"])
+        for label, peak in results["peak_bytes"].items():
+            print(f"{label:<28} {peak / max(1, documents):8.1f} bytes per document", flush=True)
     print(json.dumps(results), flush=True)
     if args.out:
         args.out.write_text(json.dumps(results, indent=2) + "\n")

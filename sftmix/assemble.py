@@ -1,9 +1,11 @@
 """From slice manifests to the final shards: global order first, then a streamed scatter.
 
 The order (kept rows per dataset in selection order, concatenated in mixer order, shuffled with
-``numpy.random.default_rng(seed).permutation``, cut to ``num_examples``) needs only the small per-row
-records. Tokens are then copied slice by slice (each slice file read once, sequentially) into
-memory-mapped parts at precomputed offsets, so memory is bounded by one slice, not by the dataset.
+``numpy.random.default_rng(seed).permutation``, cut to ``num_examples``) needs only the slices' row
+records, read through their memory maps: what the tail holds per output document is one 40-byte record
+(:data:`DOCUMENT_DTYPE`) and its start and end (about 90 bytes a document at the peak, measured in
+bench/results). Tokens are then copied by window or slice into the parts at precomputed offsets, so the
+tokens in memory are bounded by a window or a slice, not by the dataset.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ from .part_writing import (
 )
 from .plan import Plan
 from .selection import selection_indices
-from .slices import ROW_DTYPE, SliceManifest, load_slice_rows, slice_dir
-from .storage import storage_errors
+from .slices import SliceManifest, load_slice_rows, slice_dir
+from .storage import storage_errors, temp_name
 from .tokenizer import TokenizerKey
 from .tokenizer_facts import write_tokenizer_dir
 
@@ -78,55 +80,83 @@ class AssembleResult:
     documents_path: str
 
 
-def _records(
-    plan: Plan, manifests: list[SliceManifest], slice_ids: list[int]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Row records of a dataset's slices (sorted by source row) and the slice each came from."""
-    arrays, owners = [], []
-    for sid in slice_ids:
-        rows = load_slice_rows(plan.context.work_dir, manifests[sid])
-        arrays.append(rows)
-        owners.append(np.full(rows.shape[0], sid, dtype=np.int64))
-    if not arrays:
-        return np.zeros(0, dtype=ROW_DTYPE), np.zeros(0, dtype=np.int64)
-    return np.concatenate(arrays), np.concatenate(owners)
+#: An output document as the tail needs it, in output order: 40 bytes, the one array that grows with the
+#: output's documents while it is written (the slices' row records are read through their memory maps).
+DOCUMENT_DTYPE = np.dtype(
+    [
+        ("dataset", "<i4"),
+        ("slice", "<i4"),
+        ("row", "<i8"),
+        ("offset", "<i8"),
+        ("length", "<i8"),
+        ("trainable", "<i8"),
+    ]
+)
 
 
-def global_order(
-    plan: Plan, manifests: list[SliceManifest]
-) -> tuple[np.ndarray, np.ndarray, list[DatasetTally]]:
-    """Every output document as (dataset, record) plus the concatenated record table."""
-    tables, owners, doc_dataset, doc_record, tallies = [], [], [], [], []
-    base = 0
-    for d in plan.datasets:
-        records, owner = _records(plan, manifests, d.slices)
-        sel = selection_indices(d.n_rows, d.target)
-        pos = np.searchsorted(records["row"], sel)
-        if pos.size and (pos.max() >= records.shape[0] or not np.array_equal(records["row"][pos], sel)):
-            raise ChecksumError(
-                f"dataset {d.name!r}: slice checkpoints do not cover the selected rows; rerun"
-            )
-        status = records["status"][pos]
-        kept = pos[status == RowStatus.KEPT]
-        tally = DatasetTally(name=d.name, selected=int(sel.size), kept=int(kept.size))
-        for code, count in zip(*np.unique(status[status != RowStatus.KEPT], return_counts=True), strict=True):
-            tally.dropped[DROP_REASONS[RowStatus(int(code))]] += int(count)
-        if tally.kept == 0:
-            raise DatasetError(
-                d.name,
-                f"no rows left after tokenization ({tally.selected} selected, dropped: {dict(tally.dropped)})",
-            )
-        tallies.append(tally)
-        tables.append(records)
-        owners.append(owner)
-        doc_dataset.append(np.full(kept.size, d.index, dtype=np.int32))
-        doc_record.append(kept + base)
-        base += records.shape[0]
-    table = np.concatenate(tables)
-    table_owner = np.concatenate(owners)
-    datasets = np.concatenate(doc_dataset)
-    record = np.concatenate(doc_record)
-    perm = np.random.default_rng(plan.mixer.shuffle_seed).permutation(record.shape[0])
+def _dataset_documents(plan: Plan, manifests: list[SliceManifest], d: Any) -> tuple[np.ndarray, DatasetTally]:
+    """A dataset's kept documents in selection order (:data:`DOCUMENT_DTYPE`) and its tally. Of its rows
+    only the source row and status are copied (9 bytes a row); the rest is read for kept documents only,
+    slice by slice from the row records' memory maps, each mapped only while it is read (a live map holds
+    a file descriptor: a dataset may have tens of thousands of slices)."""
+
+    def records(k: int) -> np.ndarray:
+        return load_slice_rows(plan.context.work_dir, manifests[d.slices[k]])
+
+    rows, statuses = [], []
+    for k in range(len(d.slices)):
+        r = records(k)
+        rows.append(np.array(r["row"], dtype=np.int64))
+        statuses.append(np.array(r["status"], dtype=np.int8))
+        del r
+    first = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum([r.shape[0] for r in rows], out=first[1:])
+    row = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+    status = np.concatenate(statuses) if statuses else np.zeros(0, np.int8)
+    del rows, statuses
+    sel = selection_indices(d.n_rows, d.target)
+    pos = np.searchsorted(row, sel)
+    if pos.size and (pos.max() >= row.shape[0] or not np.array_equal(row[pos], sel)):
+        raise ChecksumError(f"dataset {d.name!r}: slice checkpoints do not cover the selected rows; rerun")
+    del row, sel
+    chosen = status[pos]
+    del status
+    kept = pos[chosen == RowStatus.KEPT]
+    tally = DatasetTally(name=d.name, selected=int(pos.size), kept=int(kept.size))
+    for code, count in zip(*np.unique(chosen[chosen != RowStatus.KEPT], return_counts=True), strict=True):
+        tally.dropped[DROP_REASONS[RowStatus(int(code))]] += int(count)
+    del pos, chosen
+    if tally.kept == 0:
+        raise DatasetError(
+            d.name,
+            f"no rows left after tokenization ({tally.selected} selected, dropped: {dict(tally.dropped)})",
+        )
+    docs = np.empty(kept.shape[0], dtype=DOCUMENT_DTYPE)
+    docs["dataset"] = d.index
+    owner = np.searchsorted(first, kept, side="right") - 1  # which of the dataset's slices
+    by_owner = np.argsort(owner, kind="stable")
+    bounds = np.searchsorted(owner[by_owner], np.arange(len(d.slices) + 1))
+    for k in range(len(d.slices)):
+        group = by_owner[bounds[k] : bounds[k + 1]]
+        if not group.size:
+            continue
+        local = kept[group] - first[k]
+        r = records(k)
+        docs["slice"][group] = d.slices[k]
+        for name in ("row", "offset", "length", "trainable"):
+            docs[name][group] = r[name][local]
+        del r
+    return docs, tally
+
+
+def global_order(plan: Plan, manifests: list[SliceManifest]) -> tuple[np.ndarray, list[DatasetTally]]:
+    """Every output document in output order (:data:`DOCUMENT_DTYPE`): kept rows per dataset in selection
+    order, concatenated in mixer order, shuffled, cut to ``num_examples``."""
+    found = [_dataset_documents(plan, manifests, d) for d in plan.datasets]
+    tallies = [t for _, t in found]
+    every = np.concatenate([docs for docs, _ in found]) if found else np.zeros(0, DOCUMENT_DTYPE)
+    del found
+    perm = np.random.default_rng(plan.mixer.shuffle_seed).permutation(every.shape[0])
     n = plan.mixer.num_examples
     if n > 0:
         if n > perm.shape[0]:
@@ -134,18 +164,7 @@ def global_order(
                 "num_examples=%d but only %d rows were kept: writing all of them", n, perm.shape[0]
             )
         perm = perm[:n]
-    order = np.empty(perm.shape[0], dtype=[("dataset", "<i4"), ("record", "<i8")])
-    order["dataset"] = datasets[perm]
-    order["record"] = record[perm]
-    return order, _with_owner(table, table_owner), tallies
-
-
-def _with_owner(table: np.ndarray, owner: np.ndarray) -> np.ndarray:
-    out = np.empty(table.shape[0], dtype=ROW_DTYPE.descr + [("slice", "<i8")])
-    for name in ROW_DTYPE.names:
-        out[name] = table[name]
-    out["slice"] = owner
-    return out
+    return every[perm], tallies
 
 
 #: Tokens of the output gathered at once (per worker: a window's tokens and mask in memory).
@@ -174,8 +193,7 @@ def assemble(
 def _assemble(
     plan: Plan, manifests: list[SliceManifest], staging: Path, documents_path: Path
 ) -> AssembleResult:
-    order, table, tallies = global_order(plan, manifests)
-    docs = table[order["record"]]
+    docs, tallies = global_order(plan, manifests)
     lengths = docs["length"]
     ends = np.cumsum(lengths, dtype=np.int64)
     starts = ends - lengths
@@ -192,7 +210,7 @@ def _assemble(
     n_parts = len(range(0, total, per_part))
     write_boundaries(staging, starts, ends, per_part, n_parts)
 
-    stats = _statistics(plan, order, docs, tallies, total)
+    stats = _statistics(plan, docs, tallies, total)
     output = plan.mixer.output
     if output.format == "hf_parquet":
         pack_to = plan.mixer.max_seq_length if output.packing != "none" else None
@@ -205,15 +223,10 @@ def _assemble(
         staging / "tokenizer",
     )
 
-    documents = np.empty(order.shape[0], dtype=DOC_DTYPE)
-    documents["dataset"] = order["dataset"]
-    documents["row"] = docs["row"]
-    documents["start"] = starts
-    documents["length"] = lengths
     documents_path.parent.mkdir(parents=True, exist_ok=True)
-    np.save(documents_path, documents)
+    _write_documents(documents_path, docs, starts)
     return AssembleResult(
-        documents=int(order.shape[0]),
+        documents=int(docs.shape[0]),
         tokens=total,
         trainable_tokens=int(docs["trainable"].sum()),
         untrainable_documents=int((docs["trainable"] == 0).sum()),
@@ -311,9 +324,20 @@ def _way_to_write(docs: np.ndarray, slice_dirs: list[str], dtype: np.dtype) -> s
     return "window" if share is not None and share >= CACHED_ENOUGH else "slice"
 
 
-def _statistics(
-    plan: Plan, order: np.ndarray, docs: np.ndarray, tallies: list[DatasetTally], total: int
-) -> dict:
+def _write_documents(path: Path, docs: np.ndarray, starts: np.ndarray) -> None:
+    """The run's document map (:data:`DOC_DTYPE`, ``np.save``'s format), filled in place through a memory
+    map: not one more array of every document in memory."""
+    staging = temp_name(path)
+    out = np.lib.format.open_memmap(staging, mode="w+", dtype=DOC_DTYPE, shape=(docs.shape[0],))
+    for name in ("dataset", "row", "length"):
+        out[name] = docs[name]
+    out["start"] = starts
+    out.flush()
+    del out
+    os.replace(staging, path)
+
+
+def _statistics(plan: Plan, docs: np.ndarray, tallies: list[DatasetTally], total: int) -> dict:
     pre: dict[str, dict[str, Any]] = {}
     for d, t in zip(plan.datasets, tallies, strict=True):
         pre[d.name] = {
@@ -327,7 +351,7 @@ def _statistics(
             "upsampling_factor": d.target / d.n_rows if d.n_rows > 0 else 1.0,
         }
     # per dataset by its index (numpy over every document), then by name in order of first appearance
-    which, n = order["dataset"], len(plan.datasets)
+    which, n = docs["dataset"], len(plan.datasets)
     by_index = [
         np.bincount(which, minlength=n).tolist(),
         _sum_by(which, docs["length"], n),
@@ -360,7 +384,7 @@ def _statistics(
         tokens=tokens,
         trainable=trainable,
         filtered=filtered,
-        total_instances=int(order.shape[0]),
+        total_instances=int(docs.shape[0]),
         total_tokens=total,
         total_trainable=total_trainable,
         num_filtered=int((docs["trainable"] == 0).sum()),

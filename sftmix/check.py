@@ -261,9 +261,10 @@ def check_output(
         facts = list(pool.map(check, range(count)))
         if digests:
             result.digests = _all_digests(out, facts, pool)
-    uneven, untiled, too_big, empty, long_docs, eos_inside = [], [], [], [], [], []
+    uneven, untiled, too_big = [], [], []
+    empty, long_docs, eos_inside = _Documents(), _Documents(), _Documents()
     no_final_eos, no_final_eos_examples, truncated_no_eos, truncated_no_eos_examples = 0, [], 0, []
-    special_trained: dict[int, list[int]] = {}  # documents, by special token id
+    special_trained: dict[int, _Documents] = {}  # documents, by special token id
     if sequence_length is not None:
         result.olmo_core = OlmoCoreFit(sequence_length, long_doc_strategy)
     doc_base = 0
@@ -273,15 +274,15 @@ def check_output(
         uneven += f.uneven
         untiled += f.untiled
         too_big += f.too_big
-        empty += [doc_base + d for d in f.empty]
-        long_docs += [doc_base + d for d in f.long_docs]
-        eos_inside += [doc_base + d for d in f.eos_inside]
+        empty.merge(f.empty, doc_base)
+        long_docs.merge(f.long_docs, doc_base)
+        eos_inside.merge(f.eos_inside, doc_base)
         no_final_eos += f.no_final_eos
         no_final_eos_examples += [doc_base + d for d in f.no_final_eos_examples]
         truncated_no_eos += f.truncated_no_eos
         truncated_no_eos_examples += [doc_base + d for d in f.truncated_no_eos_examples]
         for tok_id, docs in f.special_trained.items():
-            special_trained.setdefault(tok_id, []).extend(doc_base + d for d in docs)
+            special_trained.setdefault(tok_id, _Documents()).merge(docs, doc_base)
         result.documents += f.documents
         result.tokens += f.tokens
         result.trainable_tokens += f.trainable_tokens
@@ -306,9 +307,9 @@ def check_output(
     result.add(
         "masks",
         "documents with no trainable token (kept: drop_untrainable is off)",
-        len(empty),
+        empty.count,
         "documents",
-        [where(d) for d in empty],
+        [where(d) for d in empty.examples],
         INFORMATION,
     )
     for tok_id, docs in sorted(special_trained.items()):
@@ -316,16 +317,16 @@ def check_output(
             "masks",
             f"documents that train special token {special.get(tok_id, '?')} (id {tok_id}) inside trainable "
             "text (a header or marker the model would learn to emit mid-answer)",
-            len(docs),
+            docs.count,
             "documents",
-            [where(d) for d in docs],
+            [where(d) for d in docs.examples],
         )
     result.add(
         "fit",
         "documents with an EOS token before their end",
-        len(eos_inside),
+        eos_inside.count,
         "documents",
-        [where(d) for d in eos_inside],
+        [where(d) for d in eos_inside.examples],
     )
     result.add(
         "fit",
@@ -348,9 +349,9 @@ def check_output(
         result.add(
             "fit",
             f"documents longer than sequence length {sequence_length}",
-            len(long_docs),
+            long_docs.count,
             "documents",
-            [where(d) for d in long_docs],
+            [where(d) for d in long_docs.examples],
             INFORMATION,
         )
     if result.olmo_core is not None:
@@ -382,6 +383,32 @@ def _all_digests(out: Path, facts: list[_PartFacts], pool: ThreadPoolExecutor) -
 
 
 @dataclass
+class _Documents:
+    """How many documents a finding counts, and the first few (the examples it shows): what a finding
+    holds does not grow with the output. Documents come in order; one seen again (cut by a chunk's edge)
+    is counted once."""
+
+    count: int = 0
+    examples: list[int] = field(default_factory=list)
+    last: int = -1
+
+    def add(self, docs: np.ndarray | list[int], base: int = 0) -> None:
+        """``docs``: ascending document numbers (from ``base``), none before the last ones added."""
+        docs = np.asarray(docs, dtype=np.int64) + base
+        docs = docs[docs > self.last]
+        if docs.size:
+            self.count += int(docs.size)
+            self.examples += docs[: EXAMPLES - len(self.examples)].tolist()
+            self.last = int(docs[-1])
+
+    def merge(self, other: _Documents, base: int) -> None:
+        """A later part's (its documents numbered from ``base`` here)."""
+        self.count += other.count
+        self.examples += [base + d for d in other.examples[: EXAMPLES - len(self.examples)]]
+        self.last = base + other.last if other.count else self.last
+
+
+@dataclass
 class _PartFacts:
     """What one part shows; document numbers are the part's own (the caller adds the documents before)."""
 
@@ -391,14 +418,14 @@ class _PartFacts:
     uneven: list[str] = field(default_factory=list)
     untiled: list[str] = field(default_factory=list)
     too_big: list[str] = field(default_factory=list)
-    empty: list[int] = field(default_factory=list)
-    long_docs: list[int] = field(default_factory=list)
-    eos_inside: list[int] = field(default_factory=list)
+    empty: _Documents = field(default_factory=_Documents)
+    long_docs: _Documents = field(default_factory=_Documents)
+    eos_inside: _Documents = field(default_factory=_Documents)
     no_final_eos: int = 0  # documents whose last token is not EOS (other than those below)
     no_final_eos_examples: list[int] = field(default_factory=list)
     truncated_no_eos: int = 0  # the same, at exactly max_seq_length: truncated by the conversion
     truncated_no_eos_examples: list[int] = field(default_factory=list)
-    special_trained: dict[int, list[int]] = field(default_factory=dict)  # documents, by token id
+    special_trained: dict[int, _Documents] = field(default_factory=dict)  # documents, by token id
     olmo_core: OlmoCoreFit | None = None
     trainable_share: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # per document
     digests: dict[str, str] = field(default_factory=dict)  # of the part's files, from the check's read
@@ -456,7 +483,6 @@ def _check_part(
     )
     token_hash, mask_hash = hashlib.sha256(), hashlib.sha256()
     carried = 0
-    special_docs: dict[int, set[int]] = {}
     eos_at: list[np.ndarray] = []  # where OLMo-core's default finds document ends
 
     def add(c: _ChunkFacts) -> None:
@@ -467,7 +493,7 @@ def _check_part(
         carried += c.trainable
         if c.eos_at is not None:
             eos_at.append(c.eos_at)
-            f.eos_inside += c.eos_inside
+            f.eos_inside.add(c.eos_inside)
             cut = lengths[c.unended] == max_seq_length if max_seq_length else np.zeros(c.unended.size, bool)
             unended, truncated = c.unended[~cut], c.unended[cut]
             f.no_final_eos += int(unended.size)
@@ -475,7 +501,7 @@ def _check_part(
             f.truncated_no_eos += int(truncated.size)
             f.truncated_no_eos_examples += truncated[: EXAMPLES - len(f.truncated_no_eos_examples)].tolist()
         for tok_id, docs in c.special_trained.items():  # a document cut by chunks is one document
-            special_docs.setdefault(tok_id, set()).update(docs)
+            f.special_trained.setdefault(tok_id, _Documents()).add(docs)
 
     pending: deque[Future[_ChunkFacts]] = deque()
     try:
@@ -500,12 +526,11 @@ def _check_part(
     if hashed:
         f.digests[tokens_file.name] = token_hash.hexdigest()
         f.digests[mask_file.name] = mask_hash.hexdigest()
-    f.special_trained = {tok_id: sorted(docs) for tok_id, docs in special_docs.items()}
     trainable = np.diff(done_trainable, prepend=0)
     f.trainable_share = (trainable / np.maximum(lengths, 1)).astype(np.float32)
-    f.empty = [int(i) for i in np.flatnonzero(trainable == 0)]
+    f.empty.add(np.flatnonzero(trainable == 0))
     if sequence_length is not None:
-        f.long_docs = [int(i) for i in np.flatnonzero(lengths > sequence_length)]
+        f.long_docs.add(np.flatnonzero(lengths > sequence_length))
     f.trainable_tokens = int(trainable.sum())
     if sequence_length is not None:
         f.olmo_core = OlmoCoreFit(sequence_length, long_doc_strategy)
@@ -522,9 +547,9 @@ class _ChunkFacts:
     trainable_at_ends: np.ndarray  # trainable tokens of the chunk up to each of their ends
     trainable: int  # trainable tokens of the chunk
     eos_at: np.ndarray | None  # offsets of EOS tokens (None without an EOS)
-    eos_inside: list[int]  # documents with an EOS before their end
+    eos_inside: np.ndarray  # documents with an EOS before their end (ascending)
     unended: np.ndarray  # documents ending here whose last token is not EOS
-    special_trained: dict[int, list[int]]  # documents that train each special token mid-text
+    special_trained: dict[int, np.ndarray]  # documents that train each special token mid-text (ascending)
 
 
 def _check_chunk(
@@ -554,7 +579,7 @@ def _check_chunk(
         trainable_at_ends=running[ends[ending] - 1 - lo],
         trainable=int(running[-1]) if running.size else 0,
         eos_at=None,
-        eos_inside=[],
+        eos_inside=np.zeros(0, np.int64),
         unended=np.zeros(0, np.int64),
         special_trained={},
     )
@@ -562,14 +587,14 @@ def _check_chunk(
         every_eos = np.flatnonzero(t == eos)
         facts.eos_at = every_eos + lo
         at = every_eos[~last[every_eos]]  # not a document's last token
-        facts.eos_inside = [int(d) for d in np.unique(np.searchsorted(ends, lo + at, side="right"))]
+        facts.eos_inside = np.unique(np.searchsorted(ends, lo + at, side="right"))
         facts.unended = ending[t[ends[ending] - 1 - lo] != eos]
     if special_ids.size:  # trained and followed by trained text: a header or marker, not a turn's end
         follows = np.append(with_next[1:], False)[: hi - lo]
         at = np.flatnonzero(m & follows & ~last & np.isin(t, special_ids, kind="table"))
         docs = np.searchsorted(ends, lo + at, side="right")
         for tok_id in np.unique(t[at]).tolist():
-            facts.special_trained[int(tok_id)] = np.unique(docs[t[at] == tok_id]).tolist()
+            facts.special_trained[int(tok_id)] = np.unique(docs[t[at] == tok_id])
     return facts
 
 

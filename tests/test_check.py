@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sftmix.check import check_output
@@ -341,3 +342,20 @@ def test_data_the_template_never_renders_is_a_finding(prefect_api, tmp_path, cap
     assert (found.count, found.severity, found.examples) == (2, "changes training", report["unrendered"])
     assert main(["check", str(out)]) == 1
     assert "tool_calls" in capsys.readouterr().out
+
+
+def test_a_findings_documents_are_counted_once_and_only_a_few_kept():
+    """What a finding holds does not grow with the output: its count, and its first examples; a document
+    seen again at the next chunk's edge is one document, and a later part's are numbered after it."""
+    from sftmix.check import EXAMPLES, _Documents
+
+    part = _Documents()
+    part.add(np.array([2, 3, 7]))
+    part.add(np.array([7, 9]))  # document 7 cut by a chunk's edge
+    part.add(np.arange(10, 10_000))
+    assert part.count == 4 + 9_990 and part.examples == [2, 3, 7, 9, 10][:EXAMPLES]
+    output = _Documents()
+    output.merge(_Documents(count=1, examples=[0], last=0), 0)
+    output.merge(part, 100)
+    assert output.count == 1 + part.count and output.examples == [0, 102, 103, 107, 109][:EXAMPLES]
+    assert output.last == 100 + 9_999

@@ -59,3 +59,43 @@ def test_a_worker_that_dies_while_writing_leaves_the_same_bytes(prefect_api, tmp
     assert (tmp_path / "died").exists()  # a worker did die
     differ = {k for k, v in output_digests(again).items() if output_digests(first)[k] != v}
     assert differ == {"dataset_statistics.json"}  # which names the dataset file: another path here
+
+
+def test_a_dataset_of_more_slices_than_open_files_allowed_is_assembled(prefect_api, tmp_path):
+    """A live memory map holds a file descriptor: the tail maps one slice's row records at a time, so a
+    dataset of 300 slices is assembled by a process that may open 60 more files (1,024 is a common limit;
+    a 4 GB dataset has as many 4 MiB slices). Same bytes as the run's own."""
+    import resource
+
+    from sftmix.assemble import assemble
+    from sftmix.config import MixerConfig, RunOptions
+    from sftmix.digest import output_digests
+    from sftmix.plan import build_plan
+    from sftmix.slices import read_manifest
+    from tests.test_check import EXAMPLES, chat, run
+
+    rows = [chat(f"question {i}?", f"answer {i}.") for i in range(300)]
+    out = run(tmp_path, rows, "out", slice_rows=1, shuffle_seed=5)
+    mixer = MixerConfig.model_validate(
+        {
+            "datasets": [{"path": str(tmp_path / "out.jsonl"), "amount": "1.0"}],
+            "tokenizer": {"name_or_path": str(EXAMPLES / "tokenizer"), "chat_template": "olmo"},
+            "output": {"path": str(out)},
+            "shuffle_seed": 5,
+        }
+    )
+    plan = build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work"), runner="thread", slice_rows=1))
+    manifests = [read_manifest(plan.context.work_dir, s.key) for s in plan.slices]
+    assert len(manifests) == 300 and all(m is not None for m in manifests)
+    staging = tmp_path / "again"
+    staging.mkdir()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    open_now = len(os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 60, hard))
+    try:
+        assemble(plan, manifests, staging, tmp_path / "documents.npy")  # type: ignore[arg-type]
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    mine, theirs = output_digests(staging), output_digests(out)
+    assert {k for k in theirs if k.startswith(("token_ids", "labels_mask"))} <= set(mine)
+    assert all(mine[k] == v for k, v in theirs.items() if k.startswith(("token_ids", "labels_mask")))
