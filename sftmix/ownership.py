@@ -28,7 +28,7 @@ from pathlib import Path
 
 from . import settings
 from .stopping import on_forced_exit
-from .storage import TMP_MARK, atomic_write_bytes, boot_id, remove_tree, writer_tag
+from .storage import TMP_MARK, atomic_write_bytes, boot_id, remove_tree, temp_name, writer_tag
 
 logger = logging.getLogger(__name__)
 
@@ -77,12 +77,15 @@ def lease_abandoned(directory: Path, now: float | None = None) -> bool:
 
 def remove_abandoned(parent: Path, prefix: str) -> list[Path]:
     """Remove the directories under ``parent`` whose names start with ``prefix`` and whose lease is
-    abandoned; the prefix only narrows the scan, the lease decides."""
+    abandoned, or whose temp name's writer is gone (one killed while making it); the prefix only narrows
+    the scan, the lease or the writer tag decides."""
     removed = []
     if not parent.is_dir():
         return removed
     for leftover in parent.iterdir():
-        if leftover.name.startswith(prefix) and leftover.is_dir() and lease_abandoned(leftover):
+        if not (leftover.name.startswith(prefix) and leftover.is_dir()):
+            continue
+        if lease_abandoned(leftover) or (TMP_MARK in leftover.name and temp_abandoned(leftover)):
             logger.info("removing %s, left by an interrupted run", leftover)
             remove_tree(leftover)
             removed.append(leftover)
@@ -124,10 +127,20 @@ HEARTBEAT = Heartbeat()
 @contextlib.contextmanager
 def leased(directory: Path, mode: int = 0o777) -> Iterator[Path]:
     """Hold a lease on ``directory`` (created, with ``mode``) while the block runs; the directory is
-    removed after."""
-    directory.mkdir(mode=mode)
-    try:  # from right after the mkdir: a stop while the lease is written still removes the directory
-        write_lease(directory)
+    removed after. It appears with its lease already in it (made under a temp name, then renamed): a
+    process killed outright while writing the lease leaves a temp name that says whose it was, never a
+    directory of ours that nothing marks as ours."""
+    if directory.exists():
+        raise FileExistsError(f"{directory} exists")
+    staging = temp_name(directory)
+    staging.mkdir(mode=mode)
+    try:
+        write_lease(staging)
+        staging.rename(directory)
+    except BaseException:
+        remove_tree(staging)
+        raise
+    try:
         HEARTBEAT.add(directory)
         on_forced_exit(id(directory), functools.partial(remove_tree, directory))
         yield directory

@@ -14,7 +14,7 @@ import pytest
 
 from sftmix.errors import ConfigError, OutputConflictError
 from sftmix.output_dir import OUTPUT_MARKER, check_output_free
-from sftmix.ownership import LEASE_MARKER, lease_abandoned, remove_abandoned, write_lease
+from sftmix.ownership import LEASE_MARKER, lease_abandoned, leased, remove_abandoned, write_lease
 from sftmix.publish import publish_local, staging_dir
 from sftmix.report_page import write_report
 from tests.test_cli import cli
@@ -139,6 +139,29 @@ def test_staging_clean_up_needs_our_lease_and_proof_it_is_abandoned(tmp_path, mo
     removed = remove_abandoned(tmp_path, ".out.")
     assert sorted(p.name for p in removed) == [".out.old-dead", ".out.tmp-222-expired"]
     assert live_elsewhere.is_dir() and legacy.is_dir() and mine.is_dir()
+
+
+def _begin_lease(directory: str) -> None:
+    """What a process killed outright between making a leased directory and renaming it leaves."""
+    from sftmix.storage import temp_name
+
+    temp_name(Path(directory)).mkdir()
+
+
+def test_a_leased_directory_appears_with_its_lease_and_a_half_made_one_is_ours_to_remove(tmp_path):
+    with leased(tmp_path / "api-1") as held:
+        assert (held / LEASE_MARKER).is_file() and [p.name for p in tmp_path.iterdir()] == ["api-1"]
+        with pytest.raises(FileExistsError), leased(held):
+            pass
+    assert not (tmp_path / "api-1").exists()
+    child = multiprocessing.get_context("spawn").Process(target=_begin_lease, args=(str(tmp_path / "api-2"),))
+    child.start()
+    child.join()
+    [half] = list(tmp_path.iterdir())  # no lease in it: its temp name says whose it was
+    assert half.name.startswith("api-2.tmp-") and not lease_abandoned(half)
+    (tmp_path / "api-3.tmp-999-x").mkdir()  # a name like ours, no writer tag: not ours
+    assert remove_abandoned(tmp_path, "api-") == [half]
+    assert [p.name for p in tmp_path.iterdir()] == ["api-3.tmp-999-x"]
 
 
 def _racer(out: str, root: str, content: bytes, overwrite: bool, barrier, results) -> None:
