@@ -48,7 +48,8 @@ def project(rows: list[dict]) -> dict:
     if len(default) >= 2 and default[-1]["documents"] > default[0]["documents"]:
         a, b = default[0], default[-1]
         grown = (b["peak_root_mib"] - a["peak_root_mib"]) * 2**20 - per_slice * (b["slices"] - a["slices"])
-        per_document = grown / (b["documents"] - a["documents"])
+        # below ~100k documents the growth is within the noise of the fixed part: then none is projected
+        per_document = max(0.0, grown / (b["documents"] - a["documents"]))
     base = (default or rows)[-1]
     scale = PROJECT_TOKENS / base["tokens"]
     documents, slices = base["documents"] * scale, base["slices"] * scale
