@@ -47,7 +47,7 @@ from .part_writing import (
     write_slice,
     write_window,
 )
-from .plan import Plan
+from .plan import DatasetPlan, Plan
 from .selection import selection_indices
 from .slices import SliceManifest, load_slice_rows, slice_dir
 from .storage import storage_errors, temp_name
@@ -94,7 +94,9 @@ DOCUMENT_DTYPE = np.dtype(
 )
 
 
-def _dataset_documents(plan: Plan, manifests: list[SliceManifest], d: Any) -> tuple[np.ndarray, DatasetTally]:
+def _dataset_documents(
+    plan: Plan, manifests: list[SliceManifest], d: DatasetPlan
+) -> tuple[np.ndarray, DatasetTally]:
     """A dataset's kept documents in selection order (:data:`DOCUMENT_DTYPE`) and its tally. Of its rows
     only the source row and status are copied (9 bytes a row); the rest is read for kept documents only,
     slice by slice from the row records' memory maps, each mapped only while it is read (a live map holds

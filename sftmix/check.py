@@ -263,7 +263,7 @@ def check_output(
             result.digests = _all_digests(out, facts, pool)
     uneven, untiled, too_big = [], [], []
     empty, long_docs, eos_inside = _Documents(), _Documents(), _Documents()
-    no_final_eos, no_final_eos_examples, truncated_no_eos, truncated_no_eos_examples = 0, [], 0, []
+    no_final_eos, truncated_no_eos = _Documents(), _Documents()
     special_trained: dict[int, _Documents] = {}  # documents, by special token id
     if sequence_length is not None:
         result.olmo_core = OlmoCoreFit(sequence_length, long_doc_strategy)
@@ -277,10 +277,8 @@ def check_output(
         empty.merge(f.empty, doc_base)
         long_docs.merge(f.long_docs, doc_base)
         eos_inside.merge(f.eos_inside, doc_base)
-        no_final_eos += f.no_final_eos
-        no_final_eos_examples += [doc_base + d for d in f.no_final_eos_examples]
-        truncated_no_eos += f.truncated_no_eos
-        truncated_no_eos_examples += [doc_base + d for d in f.truncated_no_eos_examples]
+        no_final_eos.merge(f.no_final_eos, doc_base)
+        truncated_no_eos.merge(f.truncated_no_eos, doc_base)
         for tok_id, docs in f.special_trained.items():
             special_trained.setdefault(tok_id, _Documents()).merge(docs, doc_base)
         result.documents += f.documents
@@ -332,17 +330,17 @@ def check_output(
         "fit",
         "documents that do not end with EOS (OLMo-core's default boundaries, by EOS, join each to the next "
         "document)",
-        no_final_eos,
+        no_final_eos.count,
         "documents",
-        [where(d) for d in no_final_eos_examples],
+        [where(d) for d in no_final_eos.examples],
     )
     result.add(
         "fit",
         f"documents truncated at max_seq_length {max_seq_length}, their EOS with them (OLMo-core's default "
         "boundaries, by EOS, join each to the next document)",
-        truncated_no_eos,
+        truncated_no_eos.count,
         "documents",
-        [where(d) for d in truncated_no_eos_examples],
+        [where(d) for d in truncated_no_eos.examples],
         INFORMATION,
     )
     if sequence_length is not None:
@@ -355,7 +353,7 @@ def check_output(
             INFORMATION,
         )
     if result.olmo_core is not None:
-        _fit_findings(result, result.olmo_core, INFORMATION if not no_final_eos else CHANGES_TRAINING)
+        _fit_findings(result, result.olmo_core, INFORMATION if not no_final_eos.count else CHANGES_TRAINING)
     shares = np.concatenate([f.trainable_share for f in facts]) if facts else np.zeros(0, np.float32)
     _share_outliers(result, shares, mapped, names, where)
     for entry in stats.get("per_dataset_statistics", []):
@@ -421,10 +419,8 @@ class _PartFacts:
     empty: _Documents = field(default_factory=_Documents)
     long_docs: _Documents = field(default_factory=_Documents)
     eos_inside: _Documents = field(default_factory=_Documents)
-    no_final_eos: int = 0  # documents whose last token is not EOS (other than those below)
-    no_final_eos_examples: list[int] = field(default_factory=list)
-    truncated_no_eos: int = 0  # the same, at exactly max_seq_length: truncated by the conversion
-    truncated_no_eos_examples: list[int] = field(default_factory=list)
+    no_final_eos: _Documents = field(default_factory=_Documents)  # last token not EOS (but those below)
+    truncated_no_eos: _Documents = field(default_factory=_Documents)  # the same, cut at max_seq_length
     special_trained: dict[int, _Documents] = field(default_factory=dict)  # documents, by token id
     olmo_core: OlmoCoreFit | None = None
     trainable_share: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # per document
@@ -496,10 +492,8 @@ def _check_part(
             f.eos_inside.add(c.eos_inside)
             cut = lengths[c.unended] == max_seq_length if max_seq_length else np.zeros(c.unended.size, bool)
             unended, truncated = c.unended[~cut], c.unended[cut]
-            f.no_final_eos += int(unended.size)
-            f.no_final_eos_examples += unended[: EXAMPLES - len(f.no_final_eos_examples)].tolist()
-            f.truncated_no_eos += int(truncated.size)
-            f.truncated_no_eos_examples += truncated[: EXAMPLES - len(f.truncated_no_eos_examples)].tolist()
+            f.no_final_eos.add(unended)
+            f.truncated_no_eos.add(truncated)
         for tok_id, docs in c.special_trained.items():  # a document cut by chunks is one document
             f.special_trained.setdefault(tok_id, _Documents()).add(docs)
 
