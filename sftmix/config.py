@@ -325,8 +325,9 @@ class MixerConfig(BaseModel):
     on_bad_row: Literal["error", "skip"] = Field(
         default="error",
         title="Malformed rows",
-        description="error: a malformed row (bad messages, a template error) fails the run, naming its dataset "
-        "and row. skip: it is skipped and counted with its reason in the run report.",
+        description="error: a malformed row (bad messages, a template error, a line of a .jsonl that is not a "
+        "row) fails the run, naming its dataset and row (FILE:LINE for a line). skip: it is skipped and counted "
+        "with its reason in the run report.",
     )
 
     @model_validator(mode="before")

@@ -27,6 +27,26 @@ class DatasetError(MixerError):
         return (type(self), (self.dataset, self.reason))
 
 
+class BadLineError(DatasetError):
+    """A line of a JSON Lines file that is not a row: named as editors name it, ``FILE:LINE``."""
+
+    def __init__(self, dataset: str, line: int, reason: str, excerpt: str = "", more: int = 0) -> None:
+        self.line = line
+        self.excerpt = excerpt
+        self.more = more
+        super().__init__(dataset, reason)
+        near = f" ({excerpt})" if excerpt else ""
+        others = f"; {more} more line{'s' if more != 1 else ''} of the file are bad too" if more else ""
+        skip = "; with on_bad_row skip, such lines are skipped and counted"
+        self.args = (f"{dataset}:{line}: {reason}{near}{others}{skip}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.dataset, self.line, self.reason, self.excerpt, self.more))
+
+
 def row_label(row: int, line: int | None = None) -> str:
     """A row as users should read it: rows count from 0 (as ``inspect --row`` and the run report count
     them), file lines from 1, so a JSON Lines row says both."""

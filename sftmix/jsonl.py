@@ -28,7 +28,9 @@ import bisect
 import codecs
 import hashlib
 import io
+import json
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -37,7 +39,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from . import settings
-from .errors import DatasetError
+from .errors import BadLineError, DatasetError
 from .parallel import available_cpus
 from .sources import _valid_utf8, compression_of, local_builder
 from .storage import is_remote
@@ -48,6 +50,24 @@ FINGERPRINT_PREFIX = "jsonl-batches:"
 #: Set to ``datasets`` to load every JSON file through ``datasets`` as before (to compare, or should
 #: reading by batch ever misbehave).
 READER_ENV = settings.JSON_READER.name
+
+
+@dataclass(frozen=True)
+class BadLine:
+    """A line the reader cannot take as a row: not JSON, not an object, not UTF-8 (or a lone surrogate),
+    or a field of another type than the file's other rows have. Its row is read as ``{}`` (so every
+    later row keeps its number) and stands for this: skipped, or the run's error."""
+
+    line: int  # 1-based, as editors count
+    reason: str
+    excerpt: str  # the text near the fault
+
+    def error(self, path: str, more: int = 0) -> BadLineError:
+        return BadLineError(path, self.line, self.reason, self.excerpt, more)
+
+    @property
+    def detail(self) -> str:
+        return f"line {self.line}: {self.reason} ({self.excerpt})"
 
 
 class JsonlBatch(BaseModel):
@@ -61,6 +81,7 @@ class JsonlBatch(BaseModel):
     rows: int
     sha256: str
     lines_before: int = 0  # newlines in the file before it, to name a line in errors
+    utf8: bool = True  # the plan found its bytes valid UTF-8 (the slice checks its sha256 is the plan's)
 
 
 class JsonlSource(BaseModel):
@@ -79,6 +100,7 @@ class JsonlLayout:
     size: int
     batches: tuple[JsonlBatch, ...]
     schema_b64: str  # the features' Arrow schema (with datasets' metadata), serialized
+    bad_lines: tuple[BadLine, ...] = ()  # found by the plan (in the batches it parses: see scan)
 
     @cached_property
     def first_rows(self) -> list[int]:
@@ -149,10 +171,10 @@ def _changed(offset: int, end: int) -> str:
     )
 
 
-def _rows_in(data: bytes) -> tuple[int | None, int]:
-    """Rows pyarrow's reader finds when every line that is not blank holds one object (starts with '{'
-    and ends with '}'), ``None`` otherwise (objects over several lines: only a parse can count them);
-    and the newlines.
+def _rows_in(data: bytes) -> tuple[int, int, bool]:
+    """Rows pyarrow's reader finds when every line that is not blank holds one object (lines that are
+    not blank), the newlines, and whether some line does not look like one object (does not start with
+    '{' and end with '}': a bad line, or objects over several lines, which only a parse tells apart).
     Lines are found with numpy (no Python loop per line, the GIL mostly released); only lines that do
     not start with '{' and end with '}' as they are (blank, padded, CRLF) are looked at one by one."""
     import numpy as np
@@ -164,23 +186,21 @@ def _rows_in(data: bytes) -> tuple[int | None, int]:
     filled = ends > starts
     plain = np.zeros(len(starts), dtype=bool)
     plain[filled] = (raw[starts[filled]] == 0x7B) & (raw[ends[filled] - 1] == 0x7D)
-    rows = int(plain.sum())
+    rows, odd = int(plain.sum()), False
     for i in np.flatnonzero(~plain):
         line = data[starts[i] : ends[i]].strip(b" \t\r")
         if line:
-            if line[:1] != b"{" or line[-1:] != b"}":
-                return None, len(newlines)
+            odd = odd or line[:1] != b"{" or line[-1:] != b"}"
             rows += 1
-    return rows, len(newlines)
+    return rows, len(newlines), odd
 
 
-def _scan_batch(path: str, offset: int, end: int) -> tuple[str, int | None, int, bytes | None]:
-    """sha256, rows (``None``: not one object per line) and newlines of one batch; its bytes when they
-    are not valid UTF-8."""
+def _scan_batch(path: str, offset: int, end: int) -> tuple[str, int, int, bool, bool]:
+    """sha256, rows (lines that are not blank) and newlines of one batch, whether some line does not
+    look like one object, and whether its bytes are valid UTF-8."""
     data = _read(path, offset, end)
-    valid = _valid_utf8(data)
-    rows, newlines = _rows_in(data.removeprefix(codecs.BOM_UTF8) if offset == 0 else data)
-    return hashlib.sha256(data).hexdigest(), rows, newlines, None if valid else data
+    rows, newlines, odd = _rows_in(data.removeprefix(codecs.BOM_UTF8) if offset == 0 else data)
+    return hashlib.sha256(data).hexdigest(), rows, newlines, odd, _valid_utf8(data)
 
 
 def parse_batch(data: bytes) -> Any:
@@ -252,40 +272,176 @@ def _scan(path: str, size: int, mtime_ns: int, inode: int) -> JsonlLayout | None
     bounds = batch_bounds(path)
     with ThreadPoolExecutor(max_workers=min(len(bounds), available_cpus())) as pool:
         scanned = list(pool.map(lambda b: _scan_batch(path, *b), bounds))
-    batches, first_row, lines = [], 0, 0
-    for (offset, end), (sha, rows, newlines, invalid) in zip(bounds, scanned, strict=True):
-        if invalid is not None:
-            _raise_invalid_utf8(path, invalid, offset, lines)
-        if rows is None:
-            return None  # not one object per line: datasets reads it (its fallbacks included)
+    batches, bad_lines, first_row, lines = [], [], 0, 0
+    schema = None
+    for k, ((offset, end), (sha, rows, newlines, odd, utf8)) in enumerate(zip(bounds, scanned, strict=True)):
+        if k == 0 or odd or not utf8:  # the first gives the features; an odd one may be JSON over many lines
+            data = _read(path, offset, end)
+            text = data.removeprefix(codecs.BOM_UTF8) if k == 0 else data
+            try:
+                table, bad = read_batch(text, lines, None, offset + len(data) - len(text), utf8)
+            except Exception:
+                return None  # not JSON Lines pyarrow reads: datasets reads it (its fallbacks included)
+            if table.num_rows != rows:
+                return None  # objects over several lines: datasets reads them
+            bad_lines += bad.values()
+            if k == 0:
+                schema = _features_schema(table)
         batches.append(
-            JsonlBatch(offset=offset, end=end, first_row=first_row, rows=rows, sha256=sha, lines_before=lines)
+            JsonlBatch(
+                offset=offset,
+                end=end,
+                first_row=first_row,
+                rows=rows,
+                sha256=sha,
+                lines_before=lines,
+                utf8=utf8,
+            )
         )
         first_row += rows
         lines += newlines
-    first = _read(path, *bounds[0]).removeprefix(codecs.BOM_UTF8)
-    try:
-        schema = _features_schema(parse_batch(first))
-    except Exception:
-        return None
     if os.stat(path).st_mtime_ns != mtime_ns:
         raise DatasetError(path, "the file changed while it was planned: plan it when it no longer changes")
+    assert schema is not None
     return JsonlLayout(
         path=path,
         size=size,
         batches=tuple(batches),
         schema_b64=base64.b64encode(schema.serialize().to_pybytes()).decode("ascii"),
+        bad_lines=tuple(bad_lines),
     )
 
 
-def _raise_invalid_utf8(path: str, data: bytes, offset: int, lines_before: int) -> None:
+def read_batch(
+    data: bytes, lines_before: int, target: Any = None, offset: int = 0, utf8: bool | None = None
+) -> tuple[Any, dict[int, BadLine]]:
+    """A batch as the builder reads it (cast to ``target``, the file's features, when given), and its
+    bad lines by their row in the batch, each read as ``{}``. Only a batch the reader refuses, or whose
+    bytes are not UTF-8, is looked at line by line (Python's JSON reader first, then pyarrow's on ever
+    longer heads of the batch for what only it refuses: a field whose type differs). ``utf8``: whether
+    the bytes are valid UTF-8, when known (the reader does not check it)."""
+    if utf8 if utf8 is not None else _valid_utf8(data):
+        try:
+            return _table(data, target), {}
+        except Exception as exc:
+            refused: Exception = exc
+    else:
+        refused = DatasetError("", "not valid UTF-8")
+    lines = data.split(b"\n")
+    rows = [k for k, line in enumerate(lines) if line.strip(b" \t\r")]  # rows' lines (blank: no row)
+    starts = [0]
+    for line in lines[:-1]:
+        starts.append(starts[-1] + len(line) + 1)
+    bad: dict[int, tuple[str, str]] = {}
+    for row, k in enumerate(rows):
+        if (found := _line_problem(lines[k], offset + starts[k])) is not None:
+            bad[row] = found
+    while True:
+        patched = [b"{}" if row in bad else lines[k] for row, k in enumerate(rows)]
+        try:
+            table = _table(b"\n".join(patched), target)
+            break
+        except Exception as exc:
+            found_row = _first_refused_row(patched, target)
+            if found_row is None or found_row in bad:
+                raise refused from None  # no one line is at fault: the caller says so for the batch
+            bad[found_row] = (
+                _refusal_reason(exc, lines[rows[found_row]], target),
+                _excerpt(lines[rows[found_row]], 0),
+            )
+    return table, {
+        row: BadLine(lines_before + rows[row] + 1, reason, excerpt)
+        for row, (reason, excerpt) in sorted(bad.items())
+    }
+
+
+def _table(data: bytes, target: Any) -> Any:
+    table = parse_batch(data)
+    return table if target is None else _cast(table, target)
+
+
+def _first_refused_row(lines: list[bytes], target: Any) -> int | None:
+    """The first row whose line, with the lines before it, the reader refuses (a binary search on heads
+    of the batch); ``None`` when every head is read."""
+    lo, hi = 0, len(lines)  # heads of lo rows are read; of hi rows, refused (when hi < len: unknown)
+    if _reads(lines, hi, target):
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _reads(lines, mid, target):
+            lo = mid
+        else:
+            hi = mid
+    return hi - 1
+
+
+def _reads(lines: list[bytes], n: int, target: Any) -> bool:
     try:
-        data.decode("utf-8")
+        _table(b"\n".join(lines[:n]), target)
+    except Exception:
+        return False
+    return True
+
+
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "true or false"}
+
+
+def _line_problem(line: bytes, at: int) -> tuple[str, str] | None:
+    """(what is wrong, the text near it) for a line (starting at byte ``at`` of the file) Python's JSON
+    reader refuses or that is not one object; ``None`` for a JSON object."""
+    try:
+        line.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = lines_before + data.count(b"\n", 0, exc.start) + 1
-        raise DatasetError(
-            path, f"line {line} is not valid UTF-8 (byte {offset + exc.start} of the file)"
-        ) from None
+        return f"not valid UTF-8 (byte {at + exc.start} of the file)", _excerpt(line, exc.start)
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return f"not valid JSON ({exc.msg}, column {exc.colno})", _excerpt(line, exc.pos, chars=True)
+    if not isinstance(value, dict):
+        return f"not a JSON object but {_KINDS.get(type(value), 'null')}", _excerpt(line, 0)
+    if (found := _SURROGATE.search(line)) is not None:
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return "a string holds a lone surrogate (\\ud800-\\udfff without its pair)", _excerpt(
+                line, found.start()
+            )
+    return None
+
+
+def _refusal_reason(exc: Exception, line: bytes, target: Any) -> str:
+    """Why the reader refuses a row that Python's JSON reader reads: a field's type (the message names
+    the field), or a key the file's first batch never has."""
+    from .sources import _MIXED_TYPES
+
+    if (changed := _MIXED_TYPES.search(str(exc))) is not None:
+        return (
+            f"field '{changed['field']}' holds {_article(changed['b'])} here and {changed['a']}s in the rows "
+            "before it (a field must have one type in every row)"
+        )
+    if target is not None and (found := _first_unknown_key(line, target)) is not None:
+        return (
+            f"key {found!r} is in none of the rows of the file's first {BATCH_BYTES >> 20} MiB, which fix its "
+            "columns; the reference's loader (datasets) refuses this file too: give every row the same keys "
+            "(null where a value is unknown), or put a row with every key first"
+        )
+    return f"the reader refuses it ({type(exc).__name__}: {exc})"
+
+
+def _article(kind: str) -> str:
+    return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
+
+
+def _excerpt(line: bytes, at: int, chars: bool = False, width: int = 48) -> str:
+    """The line's text around position ``at`` (a byte, or with ``chars`` a character), at most ``width``
+    characters, cut ends marked."""
+    text = line.decode("utf-8", errors="replace").rstrip("\r")
+    if not chars:
+        at = len(line[:at].decode("utf-8", errors="replace"))
+    lo = max(0, min(at - width // 3, len(text) - width))
+    hi = min(len(text), lo + width)
+    return f"{'...' if lo else ''}{text[lo:hi]}{'...' if hi < len(text) else ''}"
 
 
 def batches_for(layout: JsonlLayout, start: int, end: int) -> list[JsonlBatch]:
@@ -304,45 +460,37 @@ class _Builder:
 
 
 @lru_cache(maxsize=2)
-def _batch_table(path: str, batch: JsonlBatch, schema_b64: str) -> Any:
+def _batch_table(path: str, batch: JsonlBatch, schema_b64: str) -> tuple[Any, dict[int, BadLine]]:
     data = _read(path, batch.offset, batch.end)
     if hashlib.sha256(data).hexdigest() != batch.sha256:
         raise DatasetError(path, _changed(batch.offset, batch.end))
-    if batch.offset == 0:
-        data = data.removeprefix(codecs.BOM_UTF8)
+    text = data.removeprefix(codecs.BOM_UTF8) if batch.offset == 0 else data
     rows = f"rows {batch.first_row}-{batch.first_row + batch.rows - 1} (from line {batch.lines_before + 1})"
     try:
-        table = parse_batch(data)
+        start = batch.offset + len(data) - len(text)
+        table, bad = read_batch(text, batch.lines_before, _schema(schema_b64), start, batch.utf8)
     except Exception as exc:
         raise DatasetError(path, f"{rows} cannot be read as JSON Lines: {exc}") from None
     if table.num_rows != batch.rows:
         raise DatasetError(
             path, f"{rows}: the reader found {table.num_rows} rows where the plan counted {batch.rows}"
         )
-    target = _schema(schema_b64)
+    return table, bad
+
+
+def _cast(table: Any, target: Any) -> Any:
+    """``table`` cast to the file's features, as ``datasets``' builder casts every batch."""
     if table.schema.equals(target, check_metadata=False):
         return table.replace_schema_metadata(target.metadata)
     import datasets
     from datasets.packaged_modules.json.json import Json
 
-    try:  # datasets' own cast, as its builder casts every batch to the first one's features
-        return Json._cast_table(_Builder(datasets.Features.from_arrow_schema(target)), table)  # type: ignore[arg-type]
-    except Exception as exc:
-        found = _first_unknown_key(data, target)
-        where = rows if found is None else f"row {batch.first_row + found[0]} brings key {found[1]!r}, which"
-        raise DatasetError(
-            path,
-            f"{where} the file's first {BATCH_BYTES >> 20} MiB never have ({type(exc).__name__}: {exc}); "
-            "the reference's loader (datasets) refuses this file too: give every row the same keys (null where "
-            "a value is unknown), or put a row with every key first",
-        ) from None
+    return Json._cast_table(_Builder(datasets.Features.from_arrow_schema(target)), table)  # type: ignore[arg-type]
 
 
-def _first_unknown_key(data: bytes, schema: Any) -> tuple[int, str] | None:
-    """The first row (0-based in the batch) holding an object key the schema does not have, and its
-    path (``messages[].function_calls``): for the error message only."""
-    import json
-
+def _first_unknown_key(line: bytes, schema: Any) -> str | None:
+    """The path (``messages[].function_calls``) of the first object key in ``line`` that the schema does
+    not have: for the error message only."""
     import pyarrow as pa
 
     def unknown(value: Any, typ: Any, where: str) -> str | None:
@@ -360,24 +508,16 @@ def _first_unknown_key(data: bytes, schema: Any) -> tuple[int, str] | None:
                     return found
         return None
 
-    row_type = pa.struct(list(schema))
-    row = -1
-    for line in data.split(b"\n"):
-        if not line.strip(b" \t\r"):
-            continue
-        row += 1
-        try:
-            found = unknown(json.loads(line), row_type, "")
-        except ValueError:
-            return None
-        if found is not None:
-            return row, found
-    return None
+    try:
+        return unknown(json.loads(line), pa.struct(list(schema)), "")
+    except ValueError:
+        return None
 
 
-def read_rows(source: JsonlSource, rows: list[int]) -> list[dict[str, Any]]:
-    """Rows by index (in the order given) from the batches of ``source``."""
-    out: list[dict[str, Any]] = []
+def read_rows(source: JsonlSource, rows: list[int]) -> list[dict[str, Any] | BadLine]:
+    """Rows by index (in the order given) from the batches of ``source``; a bad line's row is its
+    :class:`BadLine`."""
+    out: list[dict[str, Any] | BadLine] = []
     i = 0
     while i < len(rows):
         batch = next((b for b in source.batches if b.first_row <= rows[i] < b.first_row + b.rows), None)
@@ -387,12 +527,13 @@ def read_rows(source: JsonlSource, rows: list[int]) -> list[dict[str, Any]]:
         limit = batch.first_row + batch.rows
         while j < len(rows) and batch.first_row <= rows[j] < limit:
             j += 1
-        table = _batch_table(source.path, batch, source.schema_b64)
+        table, bad = _batch_table(source.path, batch, source.schema_b64)
         local = [r - batch.first_row for r in rows[i:j]]
         if local[-1] - local[0] + 1 == len(local):
-            out += table.slice(local[0], len(local)).to_pylist()
+            got = table.slice(local[0], len(local)).to_pylist()
         else:
-            out += table.take(_indices(local)).to_pylist()
+            got = table.take(_indices(local)).to_pylist()
+        out += [bad.get(r, record) for r, record in zip(local, got, strict=True)] if bad else got
         i = j
     return out
 

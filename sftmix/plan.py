@@ -296,6 +296,8 @@ def _sample_rows(spec: SliceSpec, datasets_cache: Path) -> list[Conversation]:
         return []  # the slice reports it, with its rows
     out = []
     for record in records:
+        if isinstance(record, jsonl.BadLine):
+            continue
         try:
             out.append(conversation_from_row(record, spec.row_format, spec.messages_key))  # type: ignore[arg-type]
         except RowFormatError:
@@ -413,6 +415,17 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
     hash_ahead([entry.path for entry in mixer.datasets if not jsonl.applies(entry.path, entry.split)])
     for index, entry in enumerate(mixer.datasets):
         batched = _jsonl_layout(entry.path, entry.split)
+        if batched is not None and batched.bad_lines:
+            if mixer.on_bad_row == "error":
+                raise batched.bad_lines[0].error(entry.path, more=len(batched.bad_lines) - 1)
+            n, lines = len(batched.bad_lines), ", ".join(str(b.line) for b in batched.bad_lines[:10])
+            w = (
+                f"{entry.path}: {n:,} line{'s' if n != 1 else ''} that {'are' if n != 1 else 'is'} not a row "
+                f"(line{'s' if n != 1 else ''} {lines}{', ...' if n > 10 else ''}) will be skipped "
+                "(on_bad_row: skip), with any more the slices find"
+            )
+            warnings.append(w)
+            logger.warning(w)
         if batched is not None:
             info = SourceInfo(batched.n_rows, batched.fingerprint, batched.columns, batched.size)
         else:

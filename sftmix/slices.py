@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -416,13 +417,22 @@ def _bad_row(spec: SliceSpec, row: int, reason: str) -> BadRowError:
 
 
 def _tokenize_batch(
-    masker: LabelMasker, spec: SliceSpec, rows: list[int], records: list[dict], skip_bad: bool
+    masker: LabelMasker,
+    spec: SliceSpec,
+    rows: list[int],
+    records: Sequence[dict | jsonl.BadLine],
+    skip_bad: bool,
 ) -> list[TokenizedRow]:
     """Tokenize a batch; a malformed row (format or template error) raises, or with ``skip_bad``
     becomes a counted ``bad_row`` with its reason while the rest of the batch goes on."""
     results: list[TokenizedRow | None] = [None] * len(rows)
     convs: dict[int, Conversation] = {}
     for j, (row, record) in enumerate(zip(rows, records, strict=True)):
+        if isinstance(record, jsonl.BadLine):  # a line of the file that is not a row
+            if not skip_bad:
+                raise record.error(spec.dataset)
+            results[j] = _skipped(record.detail)
+            continue
         try:
             convs[j] = conversation_from_row(record, spec.row_format, spec.messages_key)  # type: ignore[arg-type]
         except RowFormatError as exc:
@@ -512,7 +522,7 @@ def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext, reuse: bool = False) -
         jsonl.release()
 
 
-def rows_of(spec: SliceSpec, datasets_cache: str, rows: list[int]) -> list[dict]:
+def rows_of(spec: SliceSpec, datasets_cache: str, rows: list[int]) -> Sequence[dict | jsonl.BadLine]:
     """Rows of the slice's dataset by index: from its JSON Lines batches, its Arrow files, or datasets."""
     if spec.jsonl is not None:
         return jsonl.read_rows(spec.jsonl, rows)

@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
         "on_bad_row",
         choices=["error", "skip"],
         default="error",
-        help="fail on a malformed row, or skip it",
+        help="fail on a malformed row (or a .jsonl line that is not a row), naming it, or skip and count it",
     )
     _flag(
         conv,
