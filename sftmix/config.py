@@ -104,7 +104,7 @@ class TokenizerSpec(BaseModel):
         extra="forbid",
         title="Tokenizer",
         json_schema_extra=form_schema(
-            advanced=("revision", "add_bos", "encoder", "unknown_template"),
+            advanced=("revision", "add_bos", "encoder", "unknown_template", "unrendered_data"),
             title="More tokenizer options",
             description="Rarely changed: the defaults suit most runs.",
         ),
@@ -151,6 +151,13 @@ class TokenizerSpec(BaseModel):
         title="Unknown template names",
         description="error: a template name tokenize-mixer does not know fails the run. fallback: use the "
         "tokenizer's own template with a loud warning, as the reference does (what `convert` uses).",
+    )
+    unrendered_data: Literal["warn", "error"] = Field(
+        default="warn",
+        title="Data the template never renders",
+        description="A message field or role in the rows (tool_calls, a tool role, ...) that the chat template "
+        "leaves out of its text. warn: say so and convert, as the reference does (the model trains without "
+        "it). error: refuse the run before any work.",
     )
 
     @model_validator(mode="before")

@@ -508,6 +508,8 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
             samples += sample
         for found in unrendered(renderer, sample):
             line = found.describe(entry.path, template.source, reads)
+            if mixer.tokenizer.unrendered_data == "error":
+                raise TemplateError(f"{line}; refused (unrendered_data: error): warn converts it anyway")
             left_out.append(line)
             logger.warning(line)
         datasets.append(

@@ -48,12 +48,12 @@ BYTE_PACKAGES = ("tokenize-mixer", "transformers", "tokenizers", "datasets", "py
 
 def mixer_recipe(mixer: MixerConfig) -> dict[str, Any]:
     """The mixer as the recipe records it: without what the output's digests do not follow from (its own
-    path, overwrite, the encoder, unknown_template, on_bad_row)."""
+    path, overwrite, the encoder, unknown_template, unrendered_data, on_bad_row)."""
     return mixer.model_dump(
         mode="json",
         exclude={
             "output": {"overwrite", "path"},
-            "tokenizer": {"encoder", "unknown_template"},
+            "tokenizer": {"encoder", "unknown_template", "unrendered_data"},
             "on_bad_row": True,
         },
     )

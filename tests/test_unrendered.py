@@ -86,3 +86,35 @@ def test_the_plan_says_what_the_template_leaves_out(tmp_path):
     assert "messages of role 'tool'" in role
     clean = build_plan(_mixer(tmp_path / "c", [OLMO_TOOL_CHAT]), RunOptions(work_dir=str(tmp_path / "w2")))
     assert clean.unrendered == []
+
+
+def test_unrendered_data_error_refuses_the_run_before_any_work(tmp_path, capsys):
+    import pytest
+
+    from sftmix.errors import TemplateError
+    from tokenize_mixer.cli import main
+
+    mixer = _mixer(tmp_path, [TOOL_CHAT])
+    mixer.tokenizer.unrendered_data = "error"
+    with pytest.raises(
+        TemplateError, match=r"hold message field 'tool_calls'.*refused \(unrendered_data: error\)"
+    ):
+        build_plan(mixer, RunOptions(work_dir=str(tmp_path / "w")))
+    assert not (tmp_path / "w" / "slices").exists()  # no slice was made
+    # the same from the command line, with the reference's flags: one error line, exit 2
+    code = main(
+        [
+            "convert",
+            "--dataset_mixer_list", str(tmp_path / "tools.jsonl"), "1.0",
+            "--tokenizer_name_or_path", str(EXAMPLES / "tokenizer"),
+            "--chat_template_name", "olmo",
+            "--max_seq_length", "256",
+            "--output_dir", str(tmp_path / "out"),
+            "--work_dir", str(tmp_path / "w3"),
+            "--unrendered_data", "error",
+        ]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "error: " in err and "never renders" in err and "unrendered_data: error" in err, err
+    assert not (tmp_path / "out").exists()

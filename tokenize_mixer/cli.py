@@ -154,6 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _flag(
         conv,
+        "unrendered_data",
+        choices=["warn", "error"],
+        default="warn",
+        help="a message field or role in the rows that the chat template never renders (tool_calls, a tool "
+        "role, ...): say so and convert, as the reference does (warn), or refuse the run before any work "
+        "(error)",
+    )
+    _flag(
+        conv,
         "add_bos",
         type=_bool,
         nargs="?",
@@ -342,6 +351,7 @@ def mixer_from_convert_args(args: argparse.Namespace) -> MixerConfig:
             chat_template=args.chat_template_name,
             add_bos=args.add_bos,
             unknown_template=args.unknown_template,
+            unrendered_data=args.unrendered_data,
             encoder=args.encoder,
         ),
         max_seq_length=args.max_seq_length,
