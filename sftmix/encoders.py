@@ -528,7 +528,7 @@ class FastEncoding:
     """The part of ``tokenizers.Encoding`` the engine reads: the engine's ids (an int64 array, never a
     list of Python ints: building one costs more than the engine's encoding), and offsets when asked."""
 
-    __slots__ = ("_encoder", "_marks", "_offsets", "_text", "ids")
+    __slots__ = ("_byte_ends", "_encoder", "_marks", "_offsets", "_text", "ids")
 
     def __init__(
         self, text: str, ids: np.ndarray, encoder: FastEncoder, marks: np.ndarray | None = None
@@ -539,13 +539,23 @@ class FastEncoding:
         self._encoder = encoder
         self._marks = marks
         self._offsets: np.ndarray | None = None
+        self._byte_ends: np.ndarray | None = None
 
     @property
     def offsets(self) -> np.ndarray:
         """(start, end) character offsets of every token, as an (n, 2) array."""
         if self._offsets is None:
-            self._offsets = self._encoder.offsets(self._text, self.ids, self._marks)
+            ends = None if self._encoder.analysis.metaspace else self.byte_ends
+            self._offsets = self._encoder.offsets(self._text, self.ids, self._marks, ends)
         return self._offsets
+
+    @property
+    def byte_ends(self) -> np.ndarray:
+        """Bytes of the text through each token (their lengths added up): the offsets, the added tokens'
+        characters and the decoded spans are read from it, so it is made once."""
+        if self._byte_ends is None:
+            self._byte_ends = np.cumsum(self._encoder.lengths[self.ids])
+        return self._byte_ends
 
     @property
     def encoder(self) -> FastEncoder:
@@ -560,9 +570,8 @@ class FastEncoding:
         every token's (an added token covers whole characters; where offsets are trimmed, all are made)."""
         if self._offsets is not None or self._encoder.trim is not None or self._encoder.analysis.metaspace:
             return self.offsets[tokens]
-        lengths = self._encoder.lengths[self.ids]
-        ends = np.cumsum(lengths)[tokens]
-        starts = ends - lengths[tokens]
+        ends = self.byte_ends[tokens]
+        starts = ends - self._encoder.lengths[self.ids[tokens]]
         if self._text.isascii():
             return np.stack([starts, ends], axis=1)
         data = self._text.encode("utf-8")  # bytes to characters, piece by piece (all whole characters)
@@ -575,9 +584,11 @@ class FastEncoding:
         return out
 
 
-def char_offsets(text: str, token_bytes: np.ndarray) -> np.ndarray:
-    """Character (start, end) of consecutive tokens of ``token_bytes`` bytes each that cover ``text``."""
-    ends = np.cumsum(token_bytes, dtype=np.int64)
+def char_offsets(text: str, token_bytes: np.ndarray, ends: np.ndarray | None = None) -> np.ndarray:
+    """Character (start, end) of consecutive tokens of ``token_bytes`` bytes each that cover ``text``
+    (``ends``: their running sum, where the caller has it)."""
+    if ends is None:
+        ends = np.cumsum(token_bytes, dtype=np.int64)
     out = np.empty((ends.shape[0], 2), dtype=np.int64)
     if text.isascii():
         out[:, 1] = ends
@@ -810,10 +821,13 @@ class FastEncoder:
     def _core(self) -> Any:
         return self.encoding._core_bpe  # the per-text call, without encode()'s checks per text
 
-    def offsets(self, text: str, ids: np.ndarray, marks: np.ndarray | None = None) -> np.ndarray:
+    def offsets(
+        self, text: str, ids: np.ndarray, marks: np.ndarray | None = None, ends: np.ndarray | None = None
+    ) -> np.ndarray:
+        """``ends``: the tokens' bytes added up (:attr:`FastEncoding.byte_ends`), where made already."""
         if self.analysis.metaspace:
             return self._sentencepiece_offsets(text, ids, marks)
-        out = char_offsets(text, self.lengths[ids])
+        out = char_offsets(text, self.lengths[ids], ends)
         if self.trim is not None and ids.shape[0]:
             start, end = out[:, 0], out[:, 1]
             lead, trail = self.leading[ids], self.trailing[ids]

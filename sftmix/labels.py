@@ -390,15 +390,10 @@ class LabelMasker:
         row's tokens, ``enc`` truncated to ``max_seq_length``)."""
         ids = enc.ids[: self.max_len]
         n = ids.shape[0]
-        # shortest content after each message: a decoded tail shorter than that cannot contain one
-        shortest_after = [0] * (len(messages) + 1)
-        shortest_after[-1] = 1 << 62
-        for k in range(len(messages) - 1, -1, -1):
-            c = messages[k].get("content")
-            shortest_after[k] = min(shortest_after[k + 1], len(c)) if c else shortest_after[k + 1]
+        shortest_after: list[int] | None = None
         for idx, start, end in spans:
             content = messages[idx].get("content")
-            if not content or content not in rendered:
+            if not content:
                 continue
             truncated_tail = end >= n
             start, end = max(0, start), min(end, n)
@@ -410,18 +405,37 @@ class LabelMasker:
             stripped = decoded.lstrip()
             if truncated_tail and stripped and content.startswith(stripped):
                 continue
-            if content not in decoded:
-                return f"span of message {idx} does not cover its content"
-            if not stripped.startswith(content):
-                return f"span of message {idx} starts inside the assistant header"
-            tail = decoded[decoded.index(content) + len(content) :]
-            if len(tail) < shortest_after[idx + 1]:
-                continue
-            for later in range(idx + 1, len(messages)):
-                later_content = messages[later].get("content")
-                if later_content and later_content in tail:
-                    return f"span of message {idx} runs into message {later}"
+            problem = None
+            at = decoded.find(content)
+            if at < 0:
+                problem = f"span of message {idx} does not cover its content"
+            elif not stripped.startswith(content):
+                problem = f"span of message {idx} starts inside the assistant header"
+            else:
+                tail = decoded[at + len(content) :]
+                if shortest_after is None:
+                    shortest_after = _shortest_after(messages)
+                if len(tail) >= shortest_after[idx + 1]:
+                    for later in range(idx + 1, len(messages)):
+                        later_content = messages[later].get("content")
+                        if later_content and later_content in tail:
+                            problem = f"span of message {idx} runs into message {later}"
+                            break
+            # the reference checks only a turn whose content is in the render (asked only now: a search
+            # of the whole render per turn, and a turn that passes passes either way)
+            if problem is not None and content in rendered:
+                return problem
         return None
+
+
+def _shortest_after(messages: Sequence[dict]) -> list[int]:
+    """The shortest content after each message: a decoded tail shorter than that cannot contain one."""
+    shortest = [0] * (len(messages) + 1)
+    shortest[-1] = 1 << 62
+    for k in range(len(messages) - 1, -1, -1):
+        c = messages[k].get("content")
+        shortest[k] = min(shortest[k + 1], len(c)) if c else shortest[k + 1]
+    return shortest
 
 
 def _starts(text: str, prefix: str | PastedPrefix) -> bool:

@@ -233,7 +233,10 @@ class Encoded:
             encoder = self.pieces[0].encoder
             if not encoder.analysis.decodes or any(p.encoder is not encoder for p in self.pieces):
                 return None
-            self._byte_ends = np.cumsum(encoder.lengths[self.ids])
+            if len(self.pieces) == 1 and self.skips[0] == 0:  # (most rows: one piece, its sums made)
+                self._byte_ends = self.pieces[0].byte_ends
+            else:
+                self._byte_ends = np.cumsum(encoder.lengths[self.ids])
         lo = 0 if start == 0 else int(self._byte_ends[start - 1])
         hi = 0 if end == 0 else int(self._byte_ends[end - 1])
         if self.text.isascii():
