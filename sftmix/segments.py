@@ -135,6 +135,15 @@ def _part(text: str | PastedPrefix, lo: int, hi: int) -> str:
     return head + text.tail[max(0, lo - end) : hi - end]
 
 
+def _added_token_chars(piece: Any, i: int) -> tuple[int, int]:
+    """``piece.token_to_chars(i)`` of token ``i``, an added token: a fast encoding finds it from the
+    tokens' bytes, without every token's offsets (which a row masked by token counts never reads)."""
+    if isinstance(piece, FastEncoding):
+        start, end = piece.added_token_chars(np.array([i], dtype=np.int64))[0]
+        return int(start), int(end)
+    return piece.token_to_chars(i)
+
+
 @lru_cache(maxsize=8)
 def _boundary_table(ids: frozenset[int]) -> np.ndarray:
     table = np.zeros(max(ids, default=-1) + 2, dtype=bool)
@@ -193,7 +202,7 @@ class Encoded:
         self._ids = self._boundaries = self._byte_ends = None
         self.last_boundary = None
         if not self.complete:
-            self.last_boundary = (int(ids[-1]), base + piece.token_to_chars(len(ids) - 1)[0])
+            self.last_boundary = (int(ids[-1]), base + _added_token_chars(piece, len(ids) - 1)[0])
 
     def clear(self) -> None:
         self.pieces, self.piece_ids, self.bases, self.skips = [], [], [], []
@@ -339,7 +348,9 @@ class PrefixEncoder:
         with a boundary token at the cut. (Offsets of single tokens: reading ``piece.offsets`` builds
         them all.)"""
         if e.last_boundary is not None and (
-            len(ids) == 0 or ids[0] != e.last_boundary[0] or piece.token_to_chars(0) != (0, e.covered - base)
+            len(ids) == 0
+            or ids[0] != e.last_boundary[0]
+            or _added_token_chars(piece, 0) != (0, e.covered - base)
         ):
             return False
         if cut:
@@ -347,7 +358,7 @@ class PrefixEncoder:
             if (
                 len(ids) == 0
                 or int(ids[-1]) not in self.boundaries.ids
-                or piece.token_to_chars(len(ids) - 1)[1] != length
+                or _added_token_chars(piece, len(ids) - 1)[1] != length
             ):
                 return False
         return True
