@@ -528,7 +528,7 @@ class FastEncoding:
     """The part of ``tokenizers.Encoding`` the engine reads: the engine's ids (an int64 array, never a
     list of Python ints: building one costs more than the engine's encoding), and offsets when asked."""
 
-    __slots__ = ("_byte_ends", "_encoder", "_marks", "_offsets", "_text", "ids")
+    __slots__ = ("_ascii", "_byte_ends", "_encoder", "_marks", "_offsets", "_text", "_utf8", "ids")
 
     def __init__(
         self, text: str, ids: np.ndarray, encoder: FastEncoder, marks: np.ndarray | None = None
@@ -540,6 +540,8 @@ class FastEncoding:
         self._marks = marks
         self._offsets: np.ndarray | None = None
         self._byte_ends: np.ndarray | None = None
+        self._ascii: bool | None = None
+        self._utf8: bytes | None = None
 
     @property
     def offsets(self) -> np.ndarray:
@@ -572,9 +574,13 @@ class FastEncoding:
             return self.offsets[tokens]
         ends = self.byte_ends[tokens]
         starts = ends - self._encoder.lengths[self.ids[tokens]]
-        if self._text.isascii():
+        if self._ascii is None:
+            self._ascii = self._text.isascii()
+        if self._ascii:
             return np.stack([starts, ends], axis=1)
-        data = self._text.encode("utf-8")  # bytes to characters, piece by piece (all whole characters)
+        if self._utf8 is None:  # (asked a few times per text: where each piece starts and ends)
+            self._utf8 = self._text.encode("utf-8")
+        data = self._utf8  # bytes to characters, piece by piece (all whole characters)
         out = np.zeros((tokens.shape[0], 2), dtype=np.int64)
         byte = char = 0
         for k, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
