@@ -114,7 +114,12 @@ class LabelMasker:
         drop_untrainable: bool = False,
         policy: MaskPolicy | None = None,
         skeletons: SkeletonStore | None = None,
+        drop_early: bool = True,
     ) -> None:
+        """``drop_early``: a row that fails the span check at its first assistant turn is dropped having
+        tokenized only that far (the same rows and reasons as checking it whole: tests/test_segments.py).
+        Worth it where encoding is slow (the tokenizers library); with a fast encoder the second round
+        of pieces costs more than the tokens it saves."""
         self.renderer = renderer
         self.encode_batch = encode_batch
         self.decode = decode
@@ -125,6 +130,7 @@ class LabelMasker:
         self.policy = policy or MaskPolicy()
         # rows that will be dropped need no tokens; with exact spans any row may be kept
         self.drop_untrainable = drop_untrainable and spans != "exact"
+        self.drop_early = drop_early
         self.prefixes = PrefixRenders(renderer.render, store=skeletons)
         self.encoder = PrefixEncoder(encode_batch, boundaries)
         self._tail_counts: dict[str, int] = {}
@@ -150,7 +156,7 @@ class LabelMasker:
                 pending.append(found)
             else:
                 char_spans[i] = found
-        if pending and self.drop_untrainable and self.boundaries is not None:
+        if pending and self.drop_untrainable and self.drop_early and self.boundaries is not None:
             self._drop_early(conversations, rendered, encs, results, pending)
             pending = [p for p in pending if results[p.row].status == RowStatus.KEPT]
         todo = [

@@ -403,6 +403,7 @@ def _cached_masker(
         drop_untrainable=drop_untrainable,
         policy=policy,
         skeletons=store,
+        drop_early=encoding.fast is None,
     )
 
 
