@@ -342,13 +342,12 @@ def read_batch(
             table = _table(b"\n".join(patched), target)
             break
         except Exception as exc:
-            found_row = _first_refused_row(patched, target)
-            if found_row is None or found_row in bad:
+            found = _first_refused_row(patched, target, exc)
+            if found is None or found[0] in bad:
                 raise refused from None  # no one line is at fault: the caller says so for the batch
-            bad[found_row] = (
-                _refusal_reason(exc, lines[rows[found_row]], target),
-                _excerpt(lines[rows[found_row]], 0),
-            )
+            row, why = found
+            line = lines[rows[row]]
+            bad[row] = (_refusal_reason(why, line, target), _excerpt(line, 0))
     return table, {
         row: BadLine(lines_before + rows[row] + 1, reason, excerpt)
         for row, (reason, excerpt) in sorted(bad.items())
@@ -360,27 +359,27 @@ def _table(data: bytes, target: Any) -> Any:
     return table if target is None else _cast(table, target)
 
 
-def _first_refused_row(lines: list[bytes], target: Any) -> int | None:
-    """The first row whose line, with the lines before it, the reader refuses (a binary search on heads
-    of the batch); ``None`` when every head is read."""
-    lo, hi = 0, len(lines)  # heads of lo rows are read; of hi rows, refused (when hi < len: unknown)
-    if _reads(lines, hi, target):
-        return None
+def _first_refused_row(lines: list[bytes], target: Any, refused: Exception) -> tuple[int, Exception] | None:
+    """The first row whose line, with the lines before it, the reader refuses, and the reader's error
+    for that head (a binary search on heads of the batch, which the reader refuses as a whole with
+    ``refused``); ``None`` for no lines."""
+    lo, hi, why = 0, len(lines), refused  # heads of lo rows are read; of hi rows, refused (with why)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _reads(lines, mid, target):
+        if (error := _refusal(lines, mid, target)) is None:
             lo = mid
         else:
-            hi = mid
-    return hi - 1
+            hi, why = mid, error
+    return None if hi == 0 else (hi - 1, why)
 
 
-def _reads(lines: list[bytes], n: int, target: Any) -> bool:
+def _refusal(lines: list[bytes], n: int, target: Any) -> Exception | None:
+    """The reader's error for the first ``n`` rows' lines, ``None`` when it reads them."""
     try:
         _table(b"\n".join(lines[:n]), target)
-    except Exception:
-        return False
-    return True
+    except Exception as exc:
+        return exc
+    return None
 
 
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
