@@ -157,7 +157,8 @@ def _type_differs(row: dict) -> bool:
 def test_a_field_with_two_types_is_one_clear_error(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", [GOOD, {"messages": {"role": "user", "content": "x"}}])
     with pytest.raises(
-        DatasetError, match=r"d\.jsonl:2: field '/messages' holds an object here and arrays in the rows before"
+        DatasetError,
+        match=r"d\.jsonl:2: field '/messages' holds an object here and arrays in the rows before",
     ):
         run_slices(tmp_path, mixer(tmp_path, (data, 1.0)))
 
