@@ -275,20 +275,25 @@ class TemporaryServer:
         threading.Thread(target=wait_for_exit, name="temporary-api-watch", daemon=True).start()
 
     def stop(self) -> None:
-        if self.process is not None:
-            logger.info("stopping the temporary Prefect API server")
-            process, self.process = self.process, None  # first: the watch must not take this for a death
-            process.terminate()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
+        process, self.process = self.process, None  # first: the watch must not take this for a death
+        try:
+            if process is not None:
+                logger.info("stopping the temporary Prefect API server")
+                process.terminate()
+                try:
+                    process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        finally:  # a stop signal that comes while the server is waited for still removes the directory
+            if process is not None and process.poll() is None:
                 process.kill()
                 process.wait()
-        if self.log is not None:
-            self.log.close()
-            self.log = None
-        self._private.close()  # its database, once nothing holds it open
-        self.database = None
+            if self.log is not None:
+                self.log.close()
+                self.log = None
+            self._private.close()  # its database, once nothing holds it open
+            self.database = None
 
 
 def _set_api_url(url: str | None, auth_string: str | None = None) -> None:
