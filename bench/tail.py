@@ -5,7 +5,8 @@
 Plans the same mixer as ``tokenize-mixer convert --dataset_mixer_list DATA 1.0`` (dolma2, olmo, 4096; every
 slice must be in WORK_DIR already), then times, in this one process, on the CPUs it may use (run it under
 ``taskset -c 0`` for one core): the global order, the assembly into a fresh staging directory, the output's
-digests, and the check without and with the digests (hashed in the same read).
+digests, the check without and with the digests (hashed in the same read), and the assembly with the
+check following the writers (what a run does: each chunk checked once written).
 Each phase is run ``--repeat`` times; the page cache is warm after the first assembly, as it is in a run.
 ``--memory``: each phase's peak of memory allocated in this process above what it held before (Python
 objects and numpy arrays, by ``tracemalloc``; slower, so its times are not the phases' own), in MiB and in
@@ -15,6 +16,7 @@ bytes per output document: what the tail holds that grows with rows.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import sys
@@ -128,6 +130,19 @@ def main() -> None:
             args.repeat,
         )
         assert checked.digests == digests, "the check's digests differ from output_digests"
+
+        def assemble_checked():  # type: ignore[no-untyped-def]
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir()
+            follow = functools.partial(check_output, staging, 4096, digests=True, **kw)
+            return assemble(plan, manifests, staging, Path(tmp) / "documents.npy", follow)  # type: ignore[arg-type]
+
+        both = timed("assemble, checked as written", assemble_checked, results, args.repeat)
+        assert both.checked is not None and both.checked.digests == digests, (
+            "checked as written: digests differ"
+        )
+        results["written"] = both.written_seconds
+        print(f"{'  of it, until written':<28} {both.written_seconds:8.2f} s", flush=True)
     if args.memory:
         documents = int(results["documents"])
         for label, peak in results["peak_bytes"].items():

@@ -177,8 +177,6 @@ def _assemble_and_publish(
 ) -> tuple[RunReport, Any]:
     mixer = plan.mixer
     tail_started = time.perf_counter()
-    result = _call(assemble_output, plan, outcome.manifests, staging, documents)
-    assembled = time.perf_counter()
     drift = template_drift(
         plan.context.template_text,
         plan.template_source,
@@ -186,20 +184,24 @@ def _assemble_and_publish(
             TokenizerKey.of(plan.context.tokenizer, plan.context.tokenizer_revision)
         ).chat_template,
     )
-    checked = None
+    check = None
     if run.check != "off" and mixer.output.format == "olmo":
-        # one read of the output gives the check's findings and the digests
-        checked = check_output(
+        # the check follows the writers: one read of each chunk, once written, gives findings and digests
+        check = functools.partial(
+            check_output,
             staging,
             plan.mixer.max_seq_length,
             token_dtype=plan.context.token_dtype,
             template=drift,
-            documents_file=result.documents_path,
+            documents_file=str(documents),
             dataset_names=[d.name for d in plan.datasets],
             # strict refuses an output with findings, unpublished: its document numbers open nothing
             published=run.check != "strict",
             unrendered=plan.unrendered,
         )
+    result = _call(assemble_output, plan, outcome.manifests, staging, documents, check)
+    assembled = min(time.perf_counter(), tail_started + result.written_seconds)
+    checked = result.checked
     digests, validation = _call(validate_output, staging, run.reference, checked.digests if checked else None)
     dropped: dict[str, int] = {}
     for t in result.tallies:

@@ -10,10 +10,12 @@ tokens in memory are bounded by a window or a slice, not by the dataset.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import settings
+from .check import CheckReport
 from .errors import ChecksumError, DatasetError
 from .hf_output import remove_olmo_parts, write_hf_parquet
 from .labels import DROP_REASONS, RowStatus
@@ -39,7 +42,10 @@ from .parallel import available_cpus
 from .part_writing import (
     CACHE_SAMPLE,
     SliceJob,
+    SyncBehind,
     WindowJob,
+    WritingStopped,
+    WrittenParts,
     cached_share,
     plan_window,
     run_bounded,
@@ -78,6 +84,8 @@ class AssembleResult:
     statistics: dict[str, Any]
     tallies: list[DatasetTally]
     documents_path: str
+    written_seconds: float = 0.0  # from the start until every part was written
+    checked: CheckReport | None = None  # the check made while the parts were written
 
 
 #: An output document as the tail needs it, in output order: 40 bytes, the one array that grows with the
@@ -185,16 +193,26 @@ CACHED_ENOUGH = 0.9
 
 
 def assemble(
-    plan: Plan, manifests: list[SliceManifest], staging: Path, documents_path: Path
+    plan: Plan,
+    manifests: list[SliceManifest],
+    staging: Path,
+    documents_path: Path,
+    check: Callable[..., CheckReport] | None = None,
 ) -> AssembleResult:
-    """Write parts, boundaries and statistics for ``plan`` into ``staging``."""
+    """Write parts, boundaries and statistics for ``plan`` into ``staging``. ``check`` (an OLMo-core
+    output only) checks the staging while the parts are written, each chunk once it is written."""
     with storage_errors(f"cannot write the output (staged in {staging.parent})"):
-        return _assemble(plan, manifests, staging, documents_path)
+        return _assemble(plan, manifests, staging, documents_path, check)
 
 
 def _assemble(
-    plan: Plan, manifests: list[SliceManifest], staging: Path, documents_path: Path
+    plan: Plan,
+    manifests: list[SliceManifest],
+    staging: Path,
+    documents_path: Path,
+    check: Callable[..., CheckReport] | None,
 ) -> AssembleResult:
+    started = time.perf_counter()
     docs, tallies = global_order(plan, manifests)
     lengths = docs["length"]
     ends = np.cumsum(lengths, dtype=np.int64)
@@ -202,31 +220,46 @@ def _assemble(
     total = int(ends[-1]) if ends.size else 0
     dtype = np.dtype(plan.context.token_dtype)
     per_part = part_tokens(dtype)
-    parts = PartSet(staging, total, dtype, per_part)
-    try:
-        _write_parts(plan, manifests, docs, starts, ends, staging, dtype, per_part)
-    except BaseException:
-        parts.close(sync=False)
-        raise
-    parts.close()
     n_parts = len(range(0, total, per_part))
-    write_boundaries(staging, starts, ends, per_part, n_parts)
-
-    stats = _statistics(plan, docs, tallies, total)
-    output = plan.mixer.output
-    if output.format == "hf_parquet":
-        pack_to = plan.mixer.max_seq_length if output.packing != "none" else None
+    olmo = plan.mixer.output.format == "olmo"
+    parts = PartSet(staging, total, dtype, per_part)
+    written = WrittenParts()
+    # What does not need the parts is written beside them, and the check follows the writers.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="assemble-beside") as beside:
+        besides = beside.submit(
+            _beside_the_parts,
+            plan,
+            docs,
+            tallies,
+            starts,
+            ends,
+            staging,
+            documents_path,
+            n_parts,
+            written,
+            olmo,
+            check if olmo else None,
+        )
+        sync = SyncBehind(parts.files)
+        try:
+            _write_parts(plan, manifests, docs, starts, ends, staging, dtype, per_part, written, sync)
+        except BaseException:
+            written.stop()  # the check stops at its next chunk; what is beside ends its step
+            sync.close()
+            parts.close(sync=False)
+            with contextlib.suppress(BaseException):
+                besides.result()
+            raise
+        written.complete()
+        sync.close()
+        parts.close()
+        written_seconds = time.perf_counter() - started
+        stats, checked = besides.result()
+    if not olmo:
+        pack_to = plan.mixer.max_seq_length if plan.mixer.output.packing != "none" else None
         stats["hf_output"] = write_hf_parquet(staging, starts, lengths, dtype, per_part, pack_to)
         remove_olmo_parts(staging)
-    write_statistics(staging, stats)
-    write_tokenizer_dir(
-        TokenizerKey.of(plan.context.tokenizer, plan.context.tokenizer_revision),
-        plan.context.template_text,
-        staging / "tokenizer",
-    )
-
-    documents_path.parent.mkdir(parents=True, exist_ok=True)
-    _write_documents(documents_path, docs, starts)
+        write_statistics(staging, stats)
     return AssembleResult(
         documents=int(docs.shape[0]),
         tokens=total,
@@ -236,7 +269,47 @@ def _assemble(
         statistics=stats,
         tallies=tallies,
         documents_path=str(documents_path),
+        written_seconds=round(written_seconds, 3),
+        checked=checked,
     )
+
+
+def _beside_the_parts(
+    plan: Plan,
+    docs: np.ndarray,
+    tallies: list[DatasetTally],
+    starts: np.ndarray,
+    ends: np.ndarray,
+    staging: Path,
+    documents_path: Path,
+    n_parts: int,
+    written: WrittenParts,
+    olmo: bool,
+    check: Callable[..., CheckReport] | None,
+) -> tuple[dict[str, Any], CheckReport | None]:
+    """Boundaries, the tokenizer, the document map and (``olmo``: an OLMo-core output's) statistics:
+    they need only the document table; then ``check``, which reads each chunk of the parts once it is
+    written."""
+    steps = (
+        lambda: write_boundaries(
+            staging, starts, ends, part_tokens(np.dtype(plan.context.token_dtype)), n_parts
+        ),
+        lambda: write_tokenizer_dir(
+            TokenizerKey.of(plan.context.tokenizer, plan.context.tokenizer_revision),
+            plan.context.template_text,
+            staging / "tokenizer",
+        ),
+        lambda: _write_documents(documents_path, docs, starts),
+    )
+    documents_path.parent.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+        if written.stopped:
+            raise WritingStopped("the output's parts were not written to the end")
+        step()
+    stats = _statistics(plan, docs, tallies, int(ends[-1]) if ends.size else 0)
+    if olmo:
+        write_statistics(staging, stats)  # (before the check, which reads them)
+    return stats, None if check is None else check(written=written)
 
 
 def _write_parts(
@@ -248,9 +321,13 @@ def _write_parts(
     staging: Path,
     dtype: np.dtype,
     per_part: int,
+    written: WrittenParts,
+    sync: SyncBehind,
 ) -> None:
     """The parts, written on every core (``sftmix.part_writing``): by window while the slices are in the
-    page cache, else slice by slice (sequential reads of a disk)."""
+    page cache, else slice by slice (sequential reads of a disk). By window, ``written`` follows the
+    windows done in order; by slice, every part is written only at the end. ``sync`` makes what is
+    written durable behind the writers."""
     total = int(ends[-1]) if ends.size else 0
     slice_dirs = [str(slice_dir(plan.context.work_dir, m.key)) for m in manifests]
     part_files = [
@@ -274,6 +351,10 @@ def _write_parts(
 
         def jobs() -> Iterator[Any]:
             return (window(*w) for w in windows)
+
+        def done(job: WindowJob) -> None:
+            written.advance(job.lo // per_part, job.at + job.hi - job.lo)
+            sync.wrote([job.lo // per_part], (job.hi - job.lo) * (dtype.itemsize + 1))
 
     else:
         by_slice = np.lexsort((docs["offset"], docs["slice"]))  # each slice's documents in its order
@@ -299,19 +380,24 @@ def _write_parts(
         def jobs() -> Iterator[Any]:
             return (one_slice(*g) for g in bounds)
 
+        every_part = range(len(part_files))
+
+        def done(job: SliceJob) -> None:
+            sync.wrote(every_part, int(job.n.sum()) * (dtype.itemsize + 1))
+
     workers = max(1, min(count, ASSEMBLE_THREADS or available_cpus()))
     logger.debug("writing %d tokens by %s on %d workers", total, how, workers)
     if workers > 1 and total >= int(settings.PROCESSES_FROM_TOKENS.get() or PROCESSES_FROM_TOKENS):
         try:
             with worker_processes(workers) as pool:
-                run_bounded(pool, fn, jobs(), 2 * workers)
+                run_bounded(pool, fn, jobs(), 2 * workers, done)
             return
         except BrokenProcessPool:
             # A worker died (the OOM killer, a kill): a job writes the same bytes at the same places
             # however often it runs, so the parts are written again, on threads.
             logger.warning("a worker process writing the output died; writing the output again on threads")
     with ThreadPoolExecutor(max_workers=workers) as threads:
-        run_bounded(threads, fn, jobs(), 2 * workers)
+        run_bounded(threads, fn, jobs(), 2 * workers, done)
 
 
 def _way_to_write(docs: np.ndarray, slice_dirs: list[str], dtype: np.dtype) -> str:

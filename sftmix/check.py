@@ -33,6 +33,7 @@ from .errors import ConfigError
 from .olmo_fit import STRATEGIES, OlmoCoreFit
 from .olmo_format import BOUNDS_PART, MASK_PART, STATS_JSON, TOKENS_PART, parse_boundaries
 from .parallel import available_cpus
+from .part_writing import WrittenParts
 from .storage import open_npy, pread_into
 
 #: Tokens read at once per part: bounded memory whatever the part size (about 15 MiB of arrays per chunk
@@ -195,6 +196,7 @@ def check_output(
     max_seq_length: int | None = None,
     published: bool = True,
     unrendered: list[str] | None = None,
+    written: WrittenParts | None = None,
 ) -> CheckReport:
     """``digests=False`` skips hashing the files again and ``token_dtype`` gives the dtype otherwise read
     from ``run_report.json`` (the flow checks its staging right after computing both). With a
@@ -206,7 +208,7 @@ def check_output(
     Examples name each document's dataset and source row (``inspect --dataset D --row R`` opens it), and its
     index in the output unless ``published`` is false (a staged output that will not be published).
     ``unrendered``: what the plan found the template leaves out of the rows (``run_report.json``'s
-    otherwise)."""
+    otherwise). ``written``: the parts are being written; each chunk is read once it is."""
     if long_doc_strategy not in STRATEGIES:
         raise ConfigError(
             f"long_doc_strategy must be one of {', '.join(STRATEGIES)}, not {long_doc_strategy!r}"
@@ -257,6 +259,7 @@ def check_output(
             chunks=chunks if threads > 1 else None,
             hashed=digests,
             max_seq_length=max_seq_length,
+            written=written,
         )
         facts = list(pool.map(check, range(count)))
         if digests:
@@ -439,6 +442,7 @@ def _check_part(
     chunks: ThreadPoolExecutor | None = None,
     hashed: bool = False,
     max_seq_length: int | None = None,
+    written: WrittenParts | None = None,
 ) -> _PartFacts:
     """One part's files, read once in order in bounded chunks (hashed as read when ``hashed``); the
     chunks are checked on ``chunks`` (here without it) and their facts added up in order."""
@@ -469,6 +473,8 @@ def _check_part(
     ):
         f.untiled.append(f"part {part}")
     if f.uneven or f.untiled:
+        if written is not None:
+            written.wait(part)
         if hashed:
             f.digests.update({p.name: artifact_digest(p) for p in (tokens_file, mask_file) if p.exists()})
         return f
@@ -501,6 +507,8 @@ def _check_part(
     try:
         for lo in range(0, n, CHUNK):
             hi = min(n, lo + CHUNK)
+            if written is not None:
+                written.wait(part, min(n, hi + 1))
             t = _read_span(tokens_file, dtype, lo, hi)
             with_next = _read_span(mask_file, np.dtype(np.uint8), lo, min(n, hi + 1))
             if hashed:
@@ -564,14 +572,19 @@ def _check_chunk(
         too_big = lo + int(np.argmax(t >= vocab))
     # documents ending in this chunk (ends are sorted: the boundaries tile the part)
     ending = np.arange(np.searchsorted(ends, lo, side="right"), np.searchsorted(ends, hi, side="right"))
+    cuts = ends[ending] - lo  # where each ends in the chunk (ascending: no document is empty)
     last = np.zeros(hi - lo, dtype=bool)  # a document's last token
-    last[ends[ending] - 1 - lo] = True
-    running = np.cumsum(m, dtype=np.int64)
+    last[cuts - 1] = True
+    # trainable tokens of the chunk up to each end: a sum per document (a running sum of every token
+    # was the check's largest cost)
+    at_ends = np.zeros(cuts.shape[0], np.int64)
+    if cuts.size:
+        np.cumsum(np.add.reduceat(m[: cuts[-1]], np.r_[0, cuts[:-1]], dtype=np.int64), out=at_ends)
     facts = _ChunkFacts(
         too_big=too_big,
         ending=ending,
-        trainable_at_ends=running[ends[ending] - 1 - lo],
-        trainable=int(running[-1]) if running.size else 0,
+        trainable_at_ends=at_ends,
+        trainable=int(np.count_nonzero(m)),
         eos_at=None,
         eos_inside=np.zeros(0, np.int64),
         unended=np.zeros(0, np.int64),

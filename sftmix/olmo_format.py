@@ -59,6 +59,10 @@ class PartSet:
                 reserve_file(path, nbytes)
                 files.append(os.open(path, os.O_WRONLY))
 
+    def files(self, part: int) -> tuple[int, int]:
+        """The open token and mask files of ``part``."""
+        return self.tokens[part], self.masks[part]
+
     def write(self, offset: int, tokens: np.ndarray, mask: np.ndarray) -> None:
         tokens = np.ascontiguousarray(tokens, dtype=self.dtype)
         mask = np.ascontiguousarray(mask, dtype=np.uint8)

@@ -9,6 +9,8 @@
   reads a disk only sequentially: a resumed run, or slices larger than the page cache.
 
 ``cached_share`` tells which: it asks the page cache for a sample of the documents (``RWF_NOWAIT``).
+``WrittenParts`` says how far each part is written, so the check can read each chunk right after it is
+written, while the writers go on (the tail then costs about the writing alone).
 Jobs are planned by the assembling process (numpy over the document table) and run on threads, or on
 spawned worker processes when the output is large enough to pay for starting them: the loop over
 documents holds the GIL, so threads would write a big output on one core. This module imports only
@@ -20,9 +22,10 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,14 +236,115 @@ def worker_processes(workers: int) -> Iterator[ProcessPoolExecutor]:
     pool.shutdown(wait=True)
 
 
-def run_bounded(executor: Executor, fn: Callable[[Any], None], items: Iterable[Any], in_flight: int) -> None:
+def run_bounded(
+    executor: Executor,
+    fn: Callable[[Any], None],
+    items: Iterable[Any],
+    in_flight: int,
+    done: Callable[[Any], None] | None = None,
+) -> None:
     """``fn`` over ``items`` on ``executor``, at most ``in_flight`` submitted and not yet done (a job
-    holds its part of the plan; an output of thousands of jobs is not planned all at once)."""
-    pending: deque[Future[None]] = deque()
+    holds its part of the plan; an output of thousands of jobs is not planned all at once). ``done`` is
+    called with each item once it and every item before it are done, in the items' order."""
+    pending: deque[tuple[Any, Future[None]]] = deque()
+
+    def oldest() -> None:
+        item, future = pending.popleft()
+        future.result()
+        if done is not None:
+            done(item)
+
     for item in items:
         with stop_signals_blocked():  # a worker this starts ignores them before it can be interrupted
-            pending.append(executor.submit(fn, item))
+            pending.append((item, executor.submit(fn, item)))
         while len(pending) >= in_flight:
-            pending.popleft().result()
+            oldest()
     while pending:
-        pending.popleft().result()
+        oldest()
+
+
+class WritingStopped(Exception):
+    """The parts will not be written to the end: the writing failed or the run was stopped."""
+
+
+class WrittenParts:
+    """How far each part's files are written from their start (in tokens), for a reader that follows the
+    writers: it reads no byte before it is written, and stops when the writing does."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._upto: dict[int, int] = {}
+        self._complete = False
+        self._stopped = False
+
+    def advance(self, part: int, upto: int) -> None:
+        with self._changed:
+            self._upto[part] = max(upto, self._upto.get(part, 0))
+            self._changed.notify_all()
+
+    def complete(self) -> None:
+        """Every part is written."""
+        with self._changed:
+            self._complete = True
+            self._changed.notify_all()
+
+    def stop(self) -> None:
+        """The writing ended before the end: readers waiting, or about to wait, raise ``WritingStopped``."""
+        with self._changed:
+            self._stopped = True
+            self._changed.notify_all()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def wait(self, part: int, upto: int | None = None) -> None:
+        """Until part ``part`` is written through token ``upto`` (``None``: every part is written)."""
+        with self._changed:
+            while not self._stopped:
+                if self._complete or (upto is not None and self._upto.get(part, 0) >= upto):
+                    return
+                self._changed.wait()
+            raise WritingStopped("the output's parts were not written to the end")
+
+
+#: Bytes written between two syncs behind the writers.
+SYNC_EVERY = 256 << 20
+
+
+class SyncBehind:
+    """Makes the parts durable behind the writers, on one thread (``fdatasync`` waits for the disk, not
+    for a core): the page cache would otherwise hold the whole output until the final ``fsync``, and
+    the disk would idle while the cores write and then the cores while the disk does."""
+
+    def __init__(self, fds: Callable[[int], Iterable[int]], every: int = SYNC_EVERY) -> None:
+        """``fds(part)``: the open files of a part."""
+        self._fds = fds
+        self._every = every
+        self._new = 0
+        self._parts: set[int] = set()
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sync-behind")
+        self._running: Future[None] | None = None
+
+    def wrote(self, parts: Iterable[int], nbytes: int) -> None:
+        """``nbytes`` more are written into ``parts``: a sync starts when enough are new and none runs."""
+        self._parts.update(parts)
+        self._new += nbytes
+        if self._new < self._every or (self._running is not None and not self._running.done()):
+            return
+        if self._running is not None:
+            self._running.result()  # (an error of the last one: the final fsync meets it again)
+        fds = [fd for part in sorted(self._parts) for fd in self._fds(part)]
+        self._parts.clear()
+        self._new = 0
+        self._running = self._thread.submit(_sync_all, fds)
+
+    def close(self) -> None:
+        """Wait for the running sync, if any (its error is the final ``fsync``'s to meet)."""
+        self._thread.shutdown(wait=True)
+
+
+def _sync_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):  # the final fsync reports it (closed on the way out: EBADF)
+            os.fdatasync(fd)

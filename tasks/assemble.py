@@ -1,11 +1,13 @@
 """Assemble the shards from the slice checkpoints into a staging directory."""
 
+from collections.abc import Callable
 from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from sftmix.assemble import AssembleResult, assemble
+from sftmix.check import CheckReport
 from sftmix.plan import Plan
 from sftmix.slices import SliceManifest
 from tokenize_mixer.tasks import fail_cleanly
@@ -14,6 +16,11 @@ from tokenize_mixer.tasks import fail_cleanly
 @task(name="assemble", cache_policy=NO_CACHE, persist_result=False)
 @fail_cleanly
 def assemble_output(
-    plan: Plan, manifests: list[SliceManifest], staging: Path, documents: Path
+    plan: Plan,
+    manifests: list[SliceManifest],
+    staging: Path,
+    documents: Path,
+    check: Callable[..., CheckReport] | None = None,
 ) -> AssembleResult:
-    return assemble(plan, manifests, staging, documents)
+    """``check``: ``check_output`` of the staging but for ``written``, made while the parts are written."""
+    return assemble(plan, manifests, staging, documents, check)

@@ -99,3 +99,89 @@ def test_a_dataset_of_more_slices_than_open_files_allowed_is_assembled(prefect_a
     mine, theirs = output_digests(staging), output_digests(out)
     assert {k for k in theirs if k.startswith(("token_ids", "labels_mask"))} <= set(mine)
     assert all(mine[k] == v for k, v in theirs.items() if k.startswith(("token_ids", "labels_mask")))
+
+
+def test_a_reader_waits_for_what_it_reads_and_stops_with_the_writers():
+    """``WrittenParts``: a reader waiting for tokens of a part goes on only once they are written (or
+    every part is), and raises once the writing stops, even after every part was written."""
+    import threading
+
+    import pytest
+
+    from sftmix.part_writing import WritingStopped, WrittenParts
+
+    written = WrittenParts()
+    through: list[int] = []
+    reader = threading.Thread(target=lambda: (written.wait(1, 100), through.append(100)))
+    reader.start()
+    written.advance(0, 500)  # another part
+    written.advance(1, 99)
+    reader.join(0.2)
+    assert reader.is_alive() and not through
+    written.advance(1, 100)
+    reader.join(5)
+    assert through == [100]
+    written.wait(1, 50)  # (behind the writers: at once)
+    written.complete()
+    written.wait(7)  # every part is written
+    written.stop()
+    with pytest.raises(WritingStopped):
+        written.wait(0, 1)
+
+
+def test_the_check_that_follows_the_writers_finds_what_a_check_after_them_finds(
+    prefect_api, tmp_path, monkeypatch
+):
+    """The run checks each chunk of the parts as soon as the windows before it are written: in small
+    windows and chunks, on threads and on worker processes, its findings, counts and digests are those of
+    the check of the finished output, which are the run's own."""
+    import functools
+
+    import sftmix.assemble
+    import sftmix.check
+    from sftmix.assemble import assemble
+    from sftmix.check import check_output
+    from sftmix.config import MixerConfig, RunOptions
+    from sftmix.digest import output_digests
+    from sftmix.plan import build_plan
+    from sftmix.slices import read_manifest
+    from tests.test_check import EXAMPLES, chat, run
+
+    rows = [chat(f"question {i}?", f"answer {i} " + "word " * (i % 40)) for i in range(120)]
+    rows[7] = chat("q <|im_start|> again?", "trained <|im_start|> mid-answer")  # a finding with examples
+    out = run(tmp_path, rows, "out", slice_rows=16, shuffle_seed=9)
+    mixer = MixerConfig.model_validate(
+        {
+            "datasets": [{"path": str(tmp_path / "out.jsonl"), "amount": "1.0"}],
+            "tokenizer": {"name_or_path": str(EXAMPLES / "tokenizer"), "chat_template": "olmo"},
+            "output": {"path": str(out)},
+            "shuffle_seed": 9,
+        }
+    )
+    plan = build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work"), runner="thread", slice_rows=16))
+    manifests = [read_manifest(plan.context.work_dir, s.key) for s in plan.slices]
+    monkeypatch.setattr(sftmix.assemble, "ASSEMBLE_BY", "window")
+    monkeypatch.setattr(sftmix.assemble, "WINDOW", 97)
+    monkeypatch.setattr(sftmix.check, "CHUNK", 61)
+    after = check_output(out, 4096, token_dtype=plan.context.token_dtype)
+    assert after.findings  # the literal special token, trained mid-answer
+    for processes_from in (1 << 40, 1):  # threads, then worker processes
+        monkeypatch.setattr(sftmix.assemble, "PROCESSES_FROM_TOKENS", processes_from)
+        staging = tmp_path / f"staging-{processes_from}"
+        staging.mkdir()
+        follow = functools.partial(check_output, staging, 4096, token_dtype=plan.context.token_dtype)
+        result = assemble(plan, manifests, staging, tmp_path / "documents.npy", follow)  # type: ignore[arg-type]
+        checked = result.checked
+        assert checked is not None
+        assert (checked.documents, checked.tokens, checked.trainable_tokens) == (
+            after.documents,
+            after.tokens,
+            after.trainable_tokens,
+        )
+        assert [(f.kind, f.what, f.count) for f in checked.findings] == [
+            (f.kind, f.what, f.count) for f in after.findings
+        ]
+        mine = output_digests(staging)
+        assert checked.digests == mine
+        parts = {k: v for k, v in output_digests(out).items() if k.startswith(("token_ids", "labels_mask"))}
+        assert parts and all(mine[k] == v for k, v in parts.items())
