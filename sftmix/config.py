@@ -104,7 +104,14 @@ class TokenizerSpec(BaseModel):
         extra="forbid",
         title="Tokenizer",
         json_schema_extra=form_schema(
-            advanced=("revision", "add_bos", "encoder", "unknown_template", "unrendered_data"),
+            advanced=(
+                "revision",
+                "add_bos",
+                "encoder",
+                "unknown_template",
+                "unrendered_data",
+                "literal_special_tokens",
+            ),
             title="More tokenizer options",
             description="Rarely changed: the defaults suit most runs.",
         ),
@@ -158,6 +165,14 @@ class TokenizerSpec(BaseModel):
         description="A message field or role in the rows (tool_calls, a tool role, ...) that the chat template "
         "leaves out of its text. warn: say so and convert, as the reference does (the model trains without "
         "it). error: refuse the run before any work.",
+    )
+    literal_special_tokens: Literal["keep", "split", "drop"] = Field(
+        default="keep",
+        title="Special tokens written in the data",
+        description="Text in the rows that spells a special token (a literal <|im_end|> in an answer). keep: "
+        "the tokenizer reads it as that special token, as the reference does (the model learns to emit it "
+        "mid-answer). split: read it as plain text; the template's own special tokens stay special. drop: "
+        "skip such rows, counted.",
     )
 
     @model_validator(mode="before")

@@ -32,6 +32,7 @@ class RowStatus(IntEnum):
     NO_TRAINABLE = 1
     SPAN_UNVERIFIED = 2
     BAD_ROW = 3
+    LITERAL_SPECIAL = 4  # literal_special_tokens drop: the row spells a special token
 
 
 #: Why a row was dropped, as shown in statistics and reports.
@@ -39,6 +40,7 @@ DROP_REASONS = {
     RowStatus.NO_TRAINABLE: "no_trainable_tokens",
     RowStatus.SPAN_UNVERIFIED: "assistant_span_unverified",
     RowStatus.BAD_ROW: "bad_row",
+    RowStatus.LITERAL_SPECIAL: "literal_special_token",
 }
 
 
@@ -115,12 +117,16 @@ class LabelMasker:
         policy: MaskPolicy | None = None,
         skeletons: SkeletonStore | None = None,
         drop_early: bool = True,
+        restore: Callable[[str], str] | None = None,
     ) -> None:
         """``drop_early``: a row that fails the span check at its first assistant turn is dropped having
         tokenized only that far (the same rows and reasons as checking it whole: tests/test_segments.py).
         Worth it where encoding is slow (the tokenizers library); with a fast encoder the second round
-        of pieces costs more than the tokens it saves."""
+        of pieces costs more than the tokens it saves.
+        ``restore``: the render's text as the reference's span check compares it with the rows, where the
+        template's special tokens were renamed (``sftmix.literal_tokens``)."""
         self.renderer = renderer
+        self.restore = restore
         self.encode_batch = encode_batch
         self.decode = decode
         self.max_len = max_seq_length
@@ -408,6 +414,8 @@ class LabelMasker:
             decoded = enc.decoded(start, end)
             if decoded is None:
                 decoded = self.decode(ids[start:end].tolist())
+            if self.restore is not None:
+                decoded = self.restore(decoded)
             stripped = decoded.lstrip()
             if truncated_tail and stripped and content.startswith(stripped):
                 continue
@@ -429,7 +437,9 @@ class LabelMasker:
                             break
             # the reference checks only a turn whose content is in the render (asked only now: a search
             # of the whole render per turn, and a turn that passes passes either way)
-            if problem is not None and content in rendered:
+            if problem is not None and content in (
+                rendered if self.restore is None else self.restore(rendered)
+            ):
                 return problem
         return None
 

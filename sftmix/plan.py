@@ -43,7 +43,12 @@ from .templates import (
     read_template_file,
     resolve_template,
 )
-from .tokenizer import TokenizerKey, load_worker_tokenizer, tokenizer_path_problem
+from .tokenizer import (
+    TokenizerKey,
+    load_worker_tokenizer,
+    save_split_worker_tokenizer,
+    tokenizer_path_problem,
+)
 from .tokenizer_facts import TokenizerFacts, tokenizer_facts, worker_tokenizer_file
 from .unrendered import unrendered, what_it_reads
 from .up_to_date import input_record, mixer_recipe
@@ -389,7 +394,11 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         drop_untrainable=mixer.drop_untrainable,
         spans=mixer.spans,
         template_source=template.source,
+        literal_special_tokens=mixer.tokenizer.literal_special_tokens,
     )
+    if ctx.literal_special_tokens == "split":
+        assert ctx.tokenizer_file is not None
+        ctx.tokenizer_file = save_split_worker_tokenizer(ctx.tokenizer_file, template.text)
     shared_key = {
         "format": SLICE_FORMAT_VERSION,
         "tokenizer": tok_fp,
@@ -398,6 +407,11 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         "dtype": dtype.name,
         "on_bad_row": mixer.on_bad_row,
         **({} if mixer.mask == "assistant" else {"mask": mixer.mask}),
+        **(
+            {}
+            if ctx.literal_special_tokens == "keep"
+            else {"literal_special_tokens": ctx.literal_special_tokens}
+        ),
         **({"mask_thinking": True} if mixer.mask_thinking else {}),
         **({"mask_tool_calls": True} if mixer.mask_tool_calls else {}),
         **({"mask_tool_outputs": True} if mixer.mask_tool_outputs else {}),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -41,6 +42,7 @@ from .errors import (
 from .formats import Conversation, RowFormatError, conversation_from_row
 from .jsonl import JsonlSource
 from .labels import DROP_REASONS, UNTRAINABLE, LabelMasker, MaskPolicy, RenderError, RowStatus, TokenizedRow
+from .literal_tokens import Renaming, literals_in, specials_pattern
 from .ownership import remove_abandoned_temps
 from .prefix_renders import SkeletonStore
 from .segments import SegmentBoundaries
@@ -106,6 +108,7 @@ class TokenizeContext(BaseModel):
     spans: str = "reference"
     drop_untrainable: bool = True
     template_source: str = ""
+    literal_special_tokens: str = "keep"  # (split: tokenizer_file is the renamed tokenizer)
     batch_size: int = 256
     encoder: str = (
         "hf"  # "fast": the fast encoder, proven the same tokenizer by the plan (sftmix/encoders.py)
@@ -319,6 +322,7 @@ class WorkerEncoding:
     special_tokens: dict[str, str]
     boundaries: SegmentBoundaries | None
     fast: FastEncoder | None
+    renaming: Renaming | None = None  # literal_special_tokens split (sftmix.literal_tokens)
 
     def encode_batch(self, texts: list[str]) -> list:
         if self.fast is not None:
@@ -359,12 +363,12 @@ def worker_encoding(
     if tokenizer_file and os.path.isfile(tokenizer_file):
         loaded = load_worker_tokenizer(tokenizer_file)
         rust, specials, boundaries, found = loaded.rust, loaded.special_tokens, loaded.boundaries, loaded.fast
-        vocab, backend_json = loaded.vocab, loaded.backend_json
+        vocab, backend_json, renamed = loaded.vocab, loaded.backend_json, loaded.renaming
     else:  # e.g. another machine of a remote work directory: load it as the plan did
         key = TokenizerKey.of(tokenizer, revision)
         rust, boundaries, found = rust_tokenizer(key), segment_boundaries(key), fast_analysis(key)
         specials = special_tokens(load_hf_tokenizer(key))
-        vocab = backend_json = None
+        vocab = backend_json = renamed = None
     fast = None
     if encoder == "fast":
         if isinstance(found, str):  # the plan proved it with the same tokenizer: its files changed since
@@ -372,7 +376,7 @@ def worker_encoding(
                 f"tokenizer {tokenizer!r} changed after the plan: the fast encoder is not proven ({found})"
             )
         fast = FastEncoder(rust, found, vocab, engine, backend_json)
-    return WorkerEncoding(rust, specials, boundaries, fast)
+    return WorkerEncoding(rust, specials, boundaries, fast, renamed)
 
 
 @lru_cache(maxsize=4)
@@ -386,6 +390,9 @@ def _cached_masker(
     policy: MaskPolicy | None = None,
     skeleton_dir: str | None = None,
 ) -> LabelMasker:
+    renaming = encoding.renaming
+    if renaming is not None:  # the template's own special tokens under their new names
+        template_text = renaming.template(template_text)
     renderer = ChatRenderer(template_text, encoding.special_tokens)
     store = None
     if skeleton_dir is not None:
@@ -404,6 +411,7 @@ def _cached_masker(
         policy=policy,
         skeletons=store,
         drop_early=encoding.fast is None,
+        restore=None if renaming is None else renaming.restore,
     )
 
 
@@ -417,15 +425,46 @@ def _bad_row(spec: SliceSpec, row: int, reason: str) -> BadRowError:
     return BadRowError(spec.dataset, row, reason, row_line(spec.dataset, spec.split, row))
 
 
+@dataclass(frozen=True)
+class LiteralRule:
+    """What ``literal_special_tokens`` looks for in a row: a special token's text (drop), or a character
+    given to the template's own special tokens (split: the row would read as them)."""
+
+    pattern: re.Pattern[str]
+    drops: bool
+
+    def found(self, row: Any) -> str | None:
+        return literals_in(row, self.pattern)
+
+
+@lru_cache(maxsize=4)
+def _literal_rule_of(encoding: WorkerEncoding, mode: str) -> LiteralRule | None:
+    if mode == "split" and encoding.renaming is not None and encoding.renaming.names:
+        return LiteralRule(specials_pattern(list(encoding.renaming.names.values())), drops=False)  # type: ignore[arg-type]
+    if mode == "drop":
+        added = encoding.rust.get_added_tokens_decoder().values()
+        pattern = specials_pattern([t.content for t in added if t.special])
+        return None if pattern is None else LiteralRule(pattern, drops=True)
+    return None
+
+
+def _literal_rule(ctx: TokenizeContext) -> LiteralRule | None:
+    if ctx.literal_special_tokens == "keep":
+        return None
+    return _literal_rule_of(encoding_for(ctx), ctx.literal_special_tokens)
+
+
 def _tokenize_batch(
     masker: LabelMasker,
     spec: SliceSpec,
     rows: list[int],
     records: Sequence[dict | jsonl.BadLine],
     skip_bad: bool,
+    literal: LiteralRule | None = None,
 ) -> list[TokenizedRow]:
     """Tokenize a batch; a malformed row (format or template error) raises, or with ``skip_bad``
-    becomes a counted ``bad_row`` with its reason while the rest of the batch goes on."""
+    becomes a counted ``bad_row`` with its reason while the rest of the batch goes on. ``literal``: what
+    ``literal_special_tokens`` asks of each row."""
     results: list[TokenizedRow | None] = [None] * len(rows)
     convs: dict[int, Conversation] = {}
     for j, (row, record) in enumerate(zip(rows, records, strict=True)):
@@ -435,8 +474,24 @@ def _tokenize_batch(
             results[j] = _skipped(record.detail)
             continue
         try:
-            convs[j] = conversation_from_row(record, spec.row_format, spec.messages_key)  # type: ignore[arg-type]
+            convs[j] = conv = conversation_from_row(record, spec.row_format, spec.messages_key)  # type: ignore[arg-type]
+            if literal is not None:
+                found = literal.found((conv.messages, conv.tools))
+                if found is not None and literal.drops:
+                    results[j] = TokenizedRow(
+                        np.zeros(0, np.int64),
+                        np.zeros(0, np.uint8),
+                        RowStatus.LITERAL_SPECIAL,
+                        f"it spells the special token {found!r} (literal_special_tokens: drop)",
+                    )
+                    del convs[j]
+                elif found is not None:
+                    raise RowFormatError(
+                        f"it holds U+{ord(found):X}, a character literal_special_tokens split gives to the "
+                        "template's own special tokens"
+                    )
         except RowFormatError as exc:
+            convs.pop(j, None)
             if not skip_bad:
                 raise _bad_row(spec, row, str(exc)) from None
             results[j] = _skipped(str(exc))
@@ -555,7 +610,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
             raise DatasetError(
                 spec.dataset, f"cannot read rows {batch_rows[0]}-{batch_rows[-1]} (0-based): {exc}"
             ) from None
-        results = _tokenize_batch(masker, spec, batch_rows, raw, ctx.on_bad_row == "skip")
+        results = _tokenize_batch(masker, spec, batch_rows, raw, ctx.on_bad_row == "skip", _literal_rule(ctx))
         for j, res in enumerate(results):
             rec = records[b + j]
             kept = res.status == RowStatus.KEPT or (not ctx.drop_untrainable and res.status in UNTRAINABLE)

@@ -31,6 +31,7 @@ from .encoders import (
 )
 from .errors import ConfigError, TokenDtypeError
 from .hub import offline_cache_problem, unreachable_hub_problem
+from .literal_tokens import Renaming, renaming
 from .segments import SegmentBoundaries
 from .sources import _relative_note, looks_local
 
@@ -244,6 +245,7 @@ class WorkerTokenizer:
     fast: FastAnalysis | str
     vocab: tuple[dict[bytes, int], dict[str, int]] | None = None  # tiktoken's, where proven
     backend_json: str | None = None  # the Rust tokenizer's JSON (what the fast engine reads)
+    renaming: Renaming | None = None  # literal_special_tokens split: the template's tokens renamed
 
 
 class LazyTokenizer:
@@ -321,6 +323,7 @@ def load_worker_tokenizer(path: str) -> WorkerTokenizer:
         data = json.load(fh)
     rust = LazyTokenizer(data["backend"])
     packed = data.get("fast_vocabulary")
+    renamed = data.get("renaming")
     return WorkerTokenizer(
         rust,
         dict(data["special_tokens"]),
@@ -328,7 +331,52 @@ def load_worker_tokenizer(path: str) -> WorkerTokenizer:
         analysis_from_json(data["fast"]),
         None if packed is None else unpack_vocabulary(packed),
         data["backend"],
+        None if renamed is None else Renaming(dict(renamed["names"]), tuple(renamed["unnamed"])),
     )
+
+
+def save_split_worker_tokenizer(worker_file: str, template_text: str) -> str:
+    """The worker tokenizer of ``worker_file`` for ``literal_special_tokens: split`` with this template
+    (``sftmix.literal_tokens``), written (once) beside it; returns its path."""
+    from tokenizers import Tokenizer
+
+    from .storage import atomic_write_bytes
+
+    with open(worker_file, "rb") as fh:
+        raw = fh.read()
+    digest = hashlib.sha256(raw + b"\0" + template_text.encode("utf-8")).hexdigest()[:32]
+    path = os.path.join(os.path.dirname(worker_file), f"split-{digest}.json")
+    if os.path.isfile(path):
+        return path
+    data = json.loads(raw)
+    backend = json.loads(data["backend"])
+    specials = [t["content"] for t in backend.get("added_tokens") or [] if t.get("special")]
+    found = renaming(template_text, data["special_tokens"], specials)
+    renamed = found.backend(data["backend"])
+    rust = Tokenizer.from_str(renamed)
+    ids = {t["content"]: t["id"] for t in backend.get("added_tokens") or []}
+    moved = [text for text, name in found.names.items() if rust.token_to_id(name) != ids[text]]
+    if moved:
+        raise ConfigError(
+            f"literal_special_tokens split cannot rename the template's special token {moved[0]!r} in this "
+            "tokenizer (the tokenizers library gives the renamed token another id); keep or drop work"
+        )
+    try:
+        proven: FastAnalysis | str = analyse(renamed)
+    except Unproven as exc:
+        proven = str(exc)
+    out = {
+        "backend": renamed,
+        "special_tokens": found.variables(data["special_tokens"]),
+        "fast": analysis_json(proven),
+        "analysis_version": ANALYSIS_VERSION,
+        "boundaries": boundaries_json(boundaries_of(rust)),
+        "renaming": {"names": found.names, "unnamed": list(found.unnamed)},
+    }
+    if not isinstance(proven, str) and not proven.metaspace:
+        out["fast_vocabulary"] = pack_vocabulary(*vocabulary(renamed))
+    atomic_write_bytes(path, json.dumps(out).encode("utf-8"))
+    return path
 
 
 @lru_cache(maxsize=4)  # like the tokenizer it hashes: prepare_plan and build_plan both ask

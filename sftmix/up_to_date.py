@@ -49,7 +49,7 @@ BYTE_PACKAGES = ("tokenize-mixer", "transformers", "tokenizers", "datasets", "py
 def mixer_recipe(mixer: MixerConfig) -> dict[str, Any]:
     """The mixer as the recipe records it: without what the output's digests do not follow from (its own
     path, overwrite, the encoder, unknown_template, unrendered_data, on_bad_row)."""
-    return mixer.model_dump(
+    recipe = mixer.model_dump(
         mode="json",
         exclude={
             "output": {"overwrite", "path"},
@@ -57,6 +57,9 @@ def mixer_recipe(mixer: MixerConfig) -> dict[str, Any]:
             "on_bad_row": True,
         },
     )
+    if recipe["tokenizer"].get("literal_special_tokens") == "keep":  # (as recipes before the setting)
+        del recipe["tokenizer"]["literal_special_tokens"]
+    return recipe
 
 
 class UpToDate(Exception):

@@ -163,6 +163,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _flag(
         conv,
+        "literal_special_tokens",
+        choices=["keep", "split", "drop"],
+        default="keep",
+        help="text in the rows that spells a special token (a literal <|im_end|> in an answer): read it as the "
+        "special token, as the reference does (keep), as plain text while the template's own stay special "
+        "(split), or skip such rows, counted (drop)",
+    )
+    _flag(
+        conv,
         "add_bos",
         type=_bool,
         nargs="?",
@@ -352,6 +361,7 @@ def mixer_from_convert_args(args: argparse.Namespace) -> MixerConfig:
             add_bos=args.add_bos,
             unknown_template=args.unknown_template,
             unrendered_data=args.unrendered_data,
+            literal_special_tokens=args.literal_special_tokens,
             encoder=args.encoder,
         ),
         max_seq_length=args.max_seq_length,
