@@ -198,6 +198,10 @@ def _assemble_and_publish(
             # strict refuses an output with findings, unpublished: its document numbers open nothing
             published=run.check != "strict",
             unrendered=plan.unrendered,
+            literal=(
+                plan.context.literal_special_tokens,
+                sum(m.spelled_special_tokens for m in outcome.manifests),
+            ),
         )
     result = _call(assemble_output, plan, outcome.manifests, staging, documents, check)
     assembled = min(time.perf_counter(), tail_started + result.written_seconds)
@@ -242,6 +246,8 @@ def _assemble_and_publish(
         ][:20],
         warnings=plan.warnings,
         unrendered=plan.unrendered,
+        literal_special_tokens=plan.context.literal_special_tokens,
+        rows_spelling_special_tokens=sum(m.spelled_special_tokens for m in outcome.manifests),
     )
     report.template_drift = drift
     report.assemble_seconds = round(assembled - tail_started, 3)

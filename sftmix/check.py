@@ -197,6 +197,7 @@ def check_output(
     published: bool = True,
     unrendered: list[str] | None = None,
     written: WrittenParts | None = None,
+    literal: tuple[str, int] | None = None,
 ) -> CheckReport:
     """``digests=False`` skips hashing the files again and ``token_dtype`` gives the dtype otherwise read
     from ``run_report.json`` (the flow checks its staging right after computing both). With a
@@ -208,7 +209,9 @@ def check_output(
     Examples name each document's dataset and source row (``inspect --dataset D --row R`` opens it), and its
     index in the output unless ``published`` is false (a staged output that will not be published).
     ``unrendered``: what the plan found the template leaves out of the rows (``run_report.json``'s
-    otherwise). ``written``: the parts are being written; each chunk is read once it is."""
+    otherwise). ``written``: the parts are being written; each chunk is read once it is. ``literal``: how
+    the rows' spelled special tokens were read and how many kept rows spell one (``run_report.json``'s
+    otherwise)."""
     if long_doc_strategy not in STRATEGIES:
         raise ConfigError(
             f"long_doc_strategy must be one of {', '.join(STRATEGIES)}, not {long_doc_strategy!r}"
@@ -313,11 +316,27 @@ def check_output(
         [where(d) for d in empty.examples],
         INFORMATION,
     )
+    mode, spelled = literal or (
+        str(report_json.get("literal_special_tokens") or "keep"),
+        int(report_json.get("rows_spelling_special_tokens") or 0),
+    )
+    remedy = (
+        "; where the rows spell it, literal_special_tokens split reads it as text, drop skips the row"
+        if mode == "keep"
+        else ""
+    )
+    result.add(
+        "masks",
+        "rows that spell a special token, read as plain text (literal_special_tokens: split)",
+        spelled if mode == "split" else 0,
+        "rows",
+        severity=INFORMATION,
+    )
     for tok_id, docs in sorted(special_trained.items()):
         result.add(
             "masks",
             f"documents that train special token {special.get(tok_id, '?')} (id {tok_id}) inside trainable "
-            "text (a header or marker the model would learn to emit mid-answer)",
+            f"text (a header or marker the model would learn to emit mid-answer{remedy})",
             docs.count,
             "documents",
             [where(d) for d in docs.examples],

@@ -65,6 +65,7 @@ class TokenizedRow:
     status: RowStatus
     detail: str | None = None
     reference_drops: bool = False  # kept by exact spans; the reference's rule would drop it
+    spelled: bool = False  # its text spells a special token, read as text (literal_special_tokens split)
 
 
 class _SpanFailure(Exception):

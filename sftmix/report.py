@@ -142,6 +142,12 @@ class RunReport(BaseModel):
         default_factory=list,
         description="Message fields and roles in the sample rows that the chat template never renders.",
     )
+    literal_special_tokens: str = Field(
+        "keep", description="How text in the rows that spells a special token was read: keep, split or drop."
+    )
+    rows_spelling_special_tokens: int = Field(
+        0, description="Rows kept whose text spells a special token, read as plain text (split)."
+    )
     time: str = Field(
         "",
         description="The times above in words: command_seconds is the whole command (the temporary Prefect "
@@ -196,6 +202,7 @@ class RunReport(BaseModel):
             *self._template_lines(),
             *self._rows_lines(),
             *(f"unrendered  {line}" for line in self.unrendered),
+            *self._literal_lines(),
             f"documents   {self.documents:,} in {self.parts:,} part(s), {self.tokens:,} tokens "
             f"({self.trainable_tokens:,} trainable), dtype {self.token_dtype}",
             "time        " + self.time_line(),
@@ -204,6 +211,20 @@ class RunReport(BaseModel):
             verdict = "MATCHES" if self.validation.matches else "DIFFERS"
             lines.append(f"reference   {self.validation.reference}: {verdict}")
         return "\n".join(lines)
+
+    def _literal_lines(self) -> list[str]:
+        """What literal_special_tokens did, where it is not the reference's way."""
+        if self.literal_special_tokens == "split":
+            return [
+                f"literal     {self.rows_spelling_special_tokens:,} kept row(s) spell a special token, read as "
+                "text (literal_special_tokens: split)"
+            ]
+        if self.literal_special_tokens == "drop":
+            n = self.rows_dropped.get("literal_special_token", 0)
+            return [
+                f"literal     {n:,} row(s) spelling a special token dropped (literal_special_tokens: drop)"
+            ]
+        return []
 
     def _template_lines(self) -> list[str]:
         """The chat template the rows were rendered with, where it came from (an unknown name that fell back

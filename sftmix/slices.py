@@ -170,6 +170,10 @@ class SliceManifest(BaseModel):
     untrainable_kept: dict[str, int] = Field(
         default_factory=dict, description="Rows kept with an all-zero mask (drop_untrainable off), by reason."
     )
+    spelled_special_tokens: int = Field(
+        0,
+        description="Rows kept whose text spells a special token, read as text (literal_special_tokens split).",
+    )
     drop_examples: list[dict] = Field(default_factory=list)
     token_dtype: str
     files: dict[str, FileDigest]
@@ -427,20 +431,30 @@ def _bad_row(spec: SliceSpec, row: int, reason: str) -> BadRowError:
 
 @dataclass(frozen=True)
 class LiteralRule:
-    """What ``literal_special_tokens`` looks for in a row: a special token's text (drop), or a character
-    given to the template's own special tokens (split: the row would read as them)."""
+    """What ``literal_special_tokens`` looks for in a row: a special token's text (drop: the row is
+    skipped; split: the row is counted), and for split a character given to the template's own special
+    tokens (the row would read as them)."""
 
-    pattern: re.Pattern[str]
+    pattern: re.Pattern[str] | None  # the special tokens' texts
     drops: bool
+    reserved: re.Pattern[str] | None = None  # split's names of the template's tokens
 
     def found(self, row: Any) -> str | None:
         return literals_in(row, self.pattern)
 
+    def reserved_in(self, row: Any) -> str | None:
+        return literals_in(row, self.reserved)
+
 
 @lru_cache(maxsize=4)
 def _literal_rule_of(encoding: WorkerEncoding, mode: str) -> LiteralRule | None:
-    if mode == "split" and encoding.renaming is not None and encoding.renaming.names:
-        return LiteralRule(specials_pattern(list(encoding.renaming.names.values())), drops=False)  # type: ignore[arg-type]
+    if mode == "split" and encoding.renaming is not None:
+        names = encoding.renaming
+        return LiteralRule(
+            specials_pattern([*names.names, *names.unnamed]),
+            False,
+            specials_pattern(list(names.names.values())),
+        )
     if mode == "drop":
         added = encoding.rust.get_added_tokens_decoder().values()
         pattern = specials_pattern([t.content for t in added if t.special])
@@ -467,6 +481,7 @@ def _tokenize_batch(
     ``literal_special_tokens`` asks of each row."""
     results: list[TokenizedRow | None] = [None] * len(rows)
     convs: dict[int, Conversation] = {}
+    spelled: set[int] = set()  # rows whose text spells a special token (split reads it as text)
     for j, (row, record) in enumerate(zip(rows, records, strict=True)):
         if isinstance(record, jsonl.BadLine):  # a line of the file that is not a row
             if not skip_bad:
@@ -476,7 +491,8 @@ def _tokenize_batch(
         try:
             convs[j] = conv = conversation_from_row(record, spec.row_format, spec.messages_key)  # type: ignore[arg-type]
             if literal is not None:
-                found = literal.found((conv.messages, conv.tools))
+                strings = (conv.messages, conv.tools)
+                found = literal.found(strings)
                 if found is not None and literal.drops:
                     results[j] = TokenizedRow(
                         np.zeros(0, np.int64),
@@ -485,11 +501,13 @@ def _tokenize_batch(
                         f"it spells the special token {found!r} (literal_special_tokens: drop)",
                     )
                     del convs[j]
-                elif found is not None:
+                elif (name := literal.reserved_in(strings)) is not None:
                     raise RowFormatError(
-                        f"it holds U+{ord(found):X}, a character literal_special_tokens split gives to the "
+                        f"it holds U+{ord(name):X}, a character literal_special_tokens split gives to the "
                         "template's own special tokens"
                     )
+                elif found is not None:
+                    spelled.add(j)
         except RowFormatError as exc:
             convs.pop(j, None)
             if not skip_bad:
@@ -499,6 +517,7 @@ def _tokenize_batch(
         order = list(convs)
         try:
             for j, res in zip(order, masker.tokenize([convs[j] for j in order]), strict=True):
+                res.spelled = j in spelled
                 results[j] = res
             break
         except RenderError as exc:
@@ -598,6 +617,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
     dropped: Counter[str] = Counter()
     untrainable: Counter[str] = Counter()  # kept with an all-zero mask (drop_untrainable off)
     rescued = 0  # kept by exact spans where the reference's rule drops
+    spelled = 0  # kept rows whose text spells a special token (split)
     examples: list[dict] = []
     offset = 0
     for b in range(0, len(rows), ctx.batch_size):
@@ -623,6 +643,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
             elif res.status != RowStatus.KEPT:
                 untrainable[DROP_REASONS[res.status]] += 1
             rescued += int(kept and res.reference_drops)
+            spelled += int(kept and res.spelled)
             rec["status"] = int(RowStatus.KEPT if kept else res.status)
             if kept:
                 check_ids_fit(res.ids, dtype, f"dataset {spec.dataset!r}, {row_label(batch_rows[j])}")
@@ -671,6 +692,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
         dropped=dict(sorted(dropped.items())),
         untrainable_kept=dict(sorted(untrainable.items())),
         kept_by_exact_spans=rescued,
+        spelled_special_tokens=spelled,
         drop_examples=examples,
         token_dtype=dtype.name,
         files=files,

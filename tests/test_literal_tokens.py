@@ -90,9 +90,19 @@ def test_split_reads_spelled_tokens_as_text_and_the_templates_as_tokens(
     for i in (1, 2):
         assert mine[i].tolist() == oracle[i][:4096]
         assert mine[i].tolist() != kept[i].tolist()
-    special = [f for f in check_output(split, 4096).findings if "special token" in f.what]
-    assert not special  # keep trains them mid-answer; split trains their text
-    assert [f for f in check_output(keep, 4096).findings if "special token" in f.what]
+    findings = check_output(split, 4096).findings
+    assert not [f for f in findings if "train special token" in f.what]  # split trains their text
+    assert [(f.what, f.count, f.severity) for f in findings if "spell" in f.what] == [
+        (
+            "rows that spell a special token, read as plain text (literal_special_tokens: split)",
+            2,
+            "information",
+        )
+    ]
+    report = json.loads((split / "run_report.json").read_text())
+    assert (report["literal_special_tokens"], report["rows_spelling_special_tokens"]) == ("split", 2)
+    trained = [f for f in check_output(keep, 4096).findings if "train special token" in f.what]
+    assert trained and all("literal_special_tokens split reads it as text" in f.what for f in trained)
 
 
 def test_drop_skips_rows_that_spell_a_special_token_and_counts_them(prefect_api, tmp_path):
