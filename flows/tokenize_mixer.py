@@ -33,6 +33,7 @@ from sftmix.storage import atomic_write_bytes, is_remote, remove_tree
 from sftmix.templates import template_drift
 from sftmix.tokenizer import TokenizerKey
 from sftmix.tokenizer_facts import tokenizer_facts
+from sftmix.unrendered import counted_lines
 from sftmix.up_to_date import remember_inputs, up_to_date
 from tokenize_mixer.flows.artifacts import publish_artifacts, report_markdown
 from tokenize_mixer.flows.fanout import SliceOutcome, run_slice_specs
@@ -246,6 +247,16 @@ def _assemble_and_publish(
         ][:20],
         warnings=plan.warnings,
         unrendered=plan.unrendered,
+        unrendered_rows=[
+            line
+            for d in plan.datasets
+            for line in counted_lines(
+                d.name,
+                plan.slices[d.slices[0]].unrendered if d.slices else [],
+                [outcome.manifests[k].unrendered_rows for k in d.slices],
+                sum(outcome.manifests[k].rows for k in d.slices),
+            )
+        ],
         literal_special_tokens=plan.context.literal_special_tokens,
         rows_spelling_special_tokens=sum(m.spelled_special_tokens for m in outcome.manifests),
     )

@@ -520,12 +520,16 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         sample = _sample_rows(slices[ids[0]], datasets_cache)
         if mixer.tokenizer.encoder != "hf":
             samples += sample
+        probes = []
         for found in unrendered(renderer, sample):
             line = found.describe(entry.path, template.source, reads)
             if mixer.tokenizer.unrendered_data == "error":
                 raise TemplateError(f"{line}; refused (unrendered_data: error): warn converts it anyway")
             left_out.append(line)
+            probes.append(found.probe)
             logger.warning(line)
+        for k in ids:  # each slice counts the rows that hold it
+            slices[k].unrendered = probes
         datasets.append(
             DatasetPlan(
                 index=index,

@@ -142,6 +142,10 @@ class RunReport(BaseModel):
         default_factory=list,
         description="Message fields and roles in the sample rows that the chat template never renders.",
     )
+    unrendered_rows: list[str] = Field(
+        default_factory=list,
+        description="The rows holding each unrendered field or role, counted by the slices over every row.",
+    )
     literal_special_tokens: str = Field(
         "keep", description="How text in the rows that spells a special token was read: keep, split or drop."
     )
@@ -201,7 +205,7 @@ class RunReport(BaseModel):
             *head,
             *self._template_lines(),
             *self._rows_lines(),
-            *(f"unrendered  {line}" for line in self.unrendered),
+            *(f"unrendered  {line}" for line in [*self.unrendered, *self.unrendered_rows]),
             *self._literal_lines(),
             f"documents   {self.documents:,} in {self.parts:,} part(s), {self.tokens:,} tokens "
             f"({self.trainable_tokens:,} trainable), dtype {self.token_dtype}",

@@ -70,6 +70,7 @@ from .tokenizer import (
     segment_boundaries,
     special_tokens,
 )
+from .unrendered import holds
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +118,12 @@ class TokenizeContext(BaseModel):
 
 class SliceSpec(BaseModel):
     """One unit of work: rows ``[row_start, row_end)`` of one dataset (or the listed subset)."""
+
+    unrendered: list[str] = Field(
+        default_factory=list,
+        description="What the plan found the template leaves out of this dataset's rows (field:NAME, "
+        "role:NAME): the slice counts the rows that hold each. Not part of the key (the template and rows are).",
+    )
 
     key: str
     index: int
@@ -173,6 +180,11 @@ class SliceManifest(BaseModel):
     spelled_special_tokens: int = Field(
         0,
         description="Rows kept whose text spells a special token, read as text (literal_special_tokens split).",
+    )
+    unrendered_rows: dict[str, int] | None = Field(
+        None,
+        description="Rows holding each of the slice spec's unrendered items (None: made by a version that did "
+        "not count them).",
     )
     drop_examples: list[dict] = Field(default_factory=list)
     token_dtype: str
@@ -475,10 +487,12 @@ def _tokenize_batch(
     records: Sequence[dict | jsonl.BadLine],
     skip_bad: bool,
     literal: LiteralRule | None = None,
+    holding: Counter[str] | None = None,
 ) -> list[TokenizedRow]:
     """Tokenize a batch; a malformed row (format or template error) raises, or with ``skip_bad``
     becomes a counted ``bad_row`` with its reason while the rest of the batch goes on. ``literal``: what
-    ``literal_special_tokens`` asks of each row."""
+    ``literal_special_tokens`` asks of each row; ``holding`` counts the rows holding each of the spec's
+    unrendered items."""
     results: list[TokenizedRow | None] = [None] * len(rows)
     convs: dict[int, Conversation] = {}
     spelled: set[int] = set()  # rows whose text spells a special token (split reads it as text)
@@ -490,6 +504,8 @@ def _tokenize_batch(
             continue
         try:
             convs[j] = conv = conversation_from_row(record, spec.row_format, spec.messages_key)  # type: ignore[arg-type]
+            if holding is not None:
+                holding.update(p for p in spec.unrendered if holds(conv.messages, p))
             if literal is not None:
                 strings = (conv.messages, conv.tools)
                 found = literal.found(strings)
@@ -618,6 +634,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
     untrainable: Counter[str] = Counter()  # kept with an all-zero mask (drop_untrainable off)
     rescued = 0  # kept by exact spans where the reference's rule drops
     spelled = 0  # kept rows whose text spells a special token (split)
+    holding: Counter[str] = Counter({p: 0 for p in spec.unrendered})  # rows holding what is not rendered
     examples: list[dict] = []
     offset = 0
     for b in range(0, len(rows), ctx.batch_size):
@@ -630,7 +647,9 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
             raise DatasetError(
                 spec.dataset, f"cannot read rows {batch_rows[0]}-{batch_rows[-1]} (0-based): {exc}"
             ) from None
-        results = _tokenize_batch(masker, spec, batch_rows, raw, ctx.on_bad_row == "skip", _literal_rule(ctx))
+        results = _tokenize_batch(
+            masker, spec, batch_rows, raw, ctx.on_bad_row == "skip", _literal_rule(ctx), holding
+        )
         for j, res in enumerate(results):
             rec = records[b + j]
             kept = res.status == RowStatus.KEPT or (not ctx.drop_untrainable and res.status in UNTRAINABLE)
@@ -693,6 +712,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
         untrainable_kept=dict(sorted(untrainable.items())),
         kept_by_exact_spans=rescued,
         spelled_special_tokens=spelled,
+        unrendered_rows=dict(sorted(holding.items())),
         drop_examples=examples,
         token_dtype=dtype.name,
         files=files,

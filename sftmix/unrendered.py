@@ -35,6 +35,11 @@ class Unrendered:
     rows: int
     of: int
 
+    @property
+    def probe(self) -> str:
+        """What the slices count it by: ``field:NAME`` or ``role:NAME``."""
+        return f"{self.kind}:{self.name}"
+
     def describe(self, dataset: str, template: str, reads: str) -> str:
         what = f"message field {self.name!r}" if self.kind == "field" else f"messages of role {self.name!r}"
         return (
@@ -75,6 +80,37 @@ def unrendered(renderer: ChatRenderer, conversations: list[Conversation]) -> lis
     return [Unrendered("field", k, c, n) for k, c in sorted(fields.items())] + [
         Unrendered("role", r, c, n) for r, c in sorted(roles.items())
     ]
+
+
+def holds(messages: list[dict[str, Any]], probe: str) -> bool:
+    """Whether a row holds what ``probe`` (:attr:`Unrendered.probe`) names: a message with that field set,
+    or a message of that role with content (as the plan's sample finds them)."""
+    kind, _, name = probe.partition(":")
+    if kind == "field":
+        return any(m.get(name) not in (None, "", [], {}) for m in messages)
+    return any(str(m.get("role")) == name and m.get("content") for m in messages)
+
+
+def counted_lines(
+    dataset: str, probes: list[str], counts: list[dict[str, int] | None], rows: int
+) -> list[str]:
+    """What the slices of a dataset (``counts``: each one's ``unrendered_rows``) counted of its ``rows``
+    rows holding each of ``probes``, in words."""
+    uncounted = sum(c is None for c in counts)
+    return [
+        counted_line(dataset, p, sum(c.get(p, 0) for c in counts if c is not None), rows, uncounted)
+        for p in probes
+    ]
+
+
+def counted_line(dataset: str, probe: str, rows: int, of: int, uncounted: int) -> str:
+    """The slices' count of rows holding ``probe`` over a dataset, in words."""
+    kind, _, name = probe.partition(":")
+    what = f"message field {name!r}" if kind == "field" else f"messages of role {name!r}"
+    line = f"{dataset}: {rows:,} of its {of:,} rows hold {what} (counted over every row)"
+    if uncounted:
+        line += f"; {uncounted:,} slice(s) made by an earlier version were not counted"
+    return line
 
 
 def _render(renderer: ChatRenderer, messages: list[dict[str, Any]], tools: Any) -> str | None:

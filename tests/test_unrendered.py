@@ -118,3 +118,25 @@ def test_unrendered_data_error_refuses_the_run_before_any_work(tmp_path, capsys)
     assert code == 2, err
     assert "error: " in err and "never renders" in err and "unrendered_data: error" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_slices_count_every_row_that_holds_it(prefect_api, tmp_path):
+    """The plan finds a field and a role on its sample (the first slice's rows); the slices count every
+    row that holds them, and the run's summary and report say how many of the dataset's rows do."""
+    from tests.test_check import run
+
+    plain = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+    ]
+    rows = [{"messages": TOOL_CHAT if i in (1, 6, 9, 13) else plain} for i in range(16)]
+    out = run(tmp_path, rows, "counted", slice_rows=4)
+    report = json.loads((out / "run_report.json").read_text())
+    name = str(tmp_path / "counted.jsonl")
+    assert report["unrendered_rows"] == [
+        f"{name}: 4 of its 16 rows hold message field 'tool_calls' (counted over every row)",
+        f"{name}: 4 of its 16 rows hold messages of role 'tool' (counted over every row)",
+    ]
+    assert any(
+        "1 of its first 4 rows hold message field 'tool_calls'" in line for line in report["unrendered"]
+    )
