@@ -47,6 +47,7 @@ from sftmix.stopping import (
     exit_now,
     first_stop,
     record_stop,
+    stops_held,
 )
 from sftmix.storage import temp_name
 
@@ -285,15 +286,16 @@ class TemporaryServer:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
-        finally:  # a stop signal that comes while the server is waited for still removes the directory
-            if process is not None and process.poll() is None:
-                process.kill()
-                process.wait()
-            if self.log is not None:
-                self.log.close()
-                self.log = None
-            self._private.close()  # its database, once nothing holds it open
-            self.database = None
+        finally:  # a stop that comes while the server is waited for, or during this, still removes it all
+            with stops_held():
+                if process is not None and process.poll() is None:
+                    process.kill()
+                    process.wait()
+                if self.log is not None:
+                    self.log.close()
+                    self.log = None
+                self._private.close()  # its database, once nothing holds it open
+                self.database = None
 
 
 def _set_api_url(url: str | None, auth_string: str | None = None) -> None:

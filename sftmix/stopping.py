@@ -152,6 +152,24 @@ def stops_deferred() -> Iterator[None]:
             raise stop
 
 
+@contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """Around cleanup that must run whole once begun (removing what the command made, on its way out of
+    a stop too): a stop recorded before does not keep it from running, and one that comes meanwhile
+    (a signal, a closed pipe noticed by another thread) is raised once it is done."""
+    global _deferring, _deferred_stop
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+    if not _deferring and _deferred_stop:
+        _deferred_stop = False
+        stop = first_stop()
+        if stop is not None:
+            raise stop
+
+
 _published: str | None = None
 
 

@@ -67,6 +67,35 @@ SCRIPT = textwrap.dedent(
             print("STOPPED", stop.exit_code)
         sys.exit(0)
 
+    if sys.argv[1] == "stopped-in-stop":  # a stop (here a real Ctrl-C) that lands in the server's clean-up
+        import os, signal
+        from sftmix.stopping import RunStopped, install_signal_handlers
+
+        install_signal_handlers()
+        real_stop = runtime.TemporaryServer.stop
+
+        class InterruptedClose:
+            def __init__(self, log):
+                self.log = log
+
+            def close(self):
+                os.kill(os.getpid(), signal.SIGINT)  # (Python runs the handler between these two lines)
+                self.log.close()
+
+        def stop(self):
+            if self.log is not None:
+                self.log = InterruptedClose(self.log)
+            real_stop(self)
+
+        runtime.TemporaryServer.stop = stop
+        try:
+            with runtime.prefect_api(launch_first=True):
+                pass
+            raise AssertionError("the stop was not raised")
+        except RunStopped as stop:
+            print("STOPPED", stop.exit_code)
+        sys.exit(0)
+
     prepared = []
     with runtime.prefect_api(prepare=lambda: prepared.append(1), launch_first=sys.argv[1] == "first") as url:
         assert httpx.get(url + "/health").status_code == 200
@@ -277,6 +306,16 @@ def test_a_secret_is_masked_in_every_log_record(monkeypatch):
 
 def test_a_stop_while_the_server_is_launched_leaves_no_private_directory(tmp_path):
     proc = run("stopped-in-launch", **_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "STOPPED 130" in proc.stdout
+    assert _private_dirs(tmp_path) == []
+
+
+def test_a_stop_during_the_servers_clean_up_still_removes_its_private_directory(tmp_path):
+    """CI's soak (seed 65778): a closed pipe noticed while the temporary API was being cleaned up raised
+    the stop in the middle of it, and its private directory stayed. The clean-up now runs whole, and the
+    stop is raised after it."""
+    proc = run("stopped-in-stop", **_env(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "STOPPED 130" in proc.stdout
     assert _private_dirs(tmp_path) == []
