@@ -81,20 +81,6 @@ class Renaming:
             ]
         return json.dumps(data, ensure_ascii=False)
 
-    @cached_property
-    def _reserved(self) -> re.Pattern[str] | None:
-        return re.compile("|".join(re.escape(n) for n in self.names.values())) if self.names else None
-
-    def reserved_in(self, row: Any) -> str | None:
-        """The first renamed token's name a row holds (it would read as the template's token)."""
-        if self._reserved is None:
-            return None
-        for text in strings_of(row):
-            found = self._reserved.search(text)
-            if found is not None:
-                return found.group(0)
-        return None
-
 
 def renaming(template_text: str, special_tokens: dict[str, str], specials: list[str]) -> Renaming:
     """The renaming for a template (and the special-token variables it renders) and the tokenizer's

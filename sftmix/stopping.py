@@ -137,19 +137,10 @@ def stops_deferred() -> Iterator[None]:
     publish an output): a stop recorded before it starts keeps it from starting (raised here, a
     polling watcher's included, :func:`look_for_stop`); one that comes meanwhile is raised once the
     step is done."""
-    global _deferring, _deferred_stop
     if not _deferring and (stop := look_for_stop()) is not None:
         raise stop
-    _deferring += 1
-    try:
+    with stops_held():
         yield
-    finally:
-        _deferring -= 1
-    if not _deferring and _deferred_stop:
-        _deferred_stop = False
-        stop = first_stop()
-        if stop is not None:
-            raise stop
 
 
 @contextlib.contextmanager
