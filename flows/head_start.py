@@ -22,32 +22,30 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where used: the command enters head_start_scope before the API starts
     from sftmix.config import MixerConfig, RunOptions
-    from sftmix.plan import Plan
+    from sftmix.plan import EarlySlice, Plan
     from sftmix.slices import SliceSpec, TokenizeContext
 
 logger = logging.getLogger(__name__)
 
 
 class HeadStart:
-    """A running process pool with the flow's last slices submitted to it."""
+    """A running process pool with slices of the plan submitted to it: the flow's last ones, or a large
+    file's first ones while the plan still reads the rest (:func:`early_start`)."""
 
-    def __init__(
-        self, todo: list[SliceSpec], ctx: TokenizeContext, workers: int, plan: list[SliceSpec] | None = None
-    ) -> None:
-        from tokenize_mixer.flows.pool import process_pool, run_order
-        from tokenize_mixer.flows.progress import BOARD
-        from tokenize_mixer.tasks.tokenize import tokenize_ahead
+    def __init__(self, ctx: TokenizeContext, workers: int) -> None:
+        from tokenize_mixer.flows.pool import process_pool
 
         self.started_at = time.time()
         self.ctx = ctx
         self.workers = workers
-        self.keys = {s.key for s in todo}
+        self.keys: set[str] = set()
+        self.specs: dict[str, SliceSpec] = {}
         self.futures: dict[str, Future] = {}
         self.pool = process_pool(workers)
         global _pending
@@ -56,13 +54,29 @@ class HeadStart:
         if stale is not None:
             stale.close()
         self.pool.__enter__()
+
+    def submit(self, specs: Iterable[SliceSpec]) -> None:
+        from tokenize_mixer.tasks.tokenize import tokenize_ahead
+
         executor = self.pool._executor
         assert executor is not None
-        # From the end of the flow's order: the flow submits from the front, so the two meet last.
-        BOARD.begin(todo if plan is None else plan)  # the command's bar counts these as they finish
-        for s in reversed(run_order(todo)):
-            self.futures[s.key] = fut = executor.submit(tokenize_ahead, s, ctx)
+        for s in specs:
+            if s.key in self.keys:
+                continue
+            self.keys.add(s.key)
+            self.specs[s.key] = s
+            self.futures[s.key] = fut = executor.submit(tokenize_ahead, s, self.ctx)
             fut.add_done_callback(lambda f, s=s: _count_finished(s, f))
+
+    def count(self, plan: list[SliceSpec]) -> None:
+        """The command's bar counts the plan's slices from now on, these included as they finish (and
+        those that finished before the plan was whole)."""
+        from tokenize_mixer.flows.progress import BOARD
+
+        BOARD.begin(plan)
+        for key, fut in list(self.futures.items()):
+            if fut.done():
+                _count_finished(self.specs[key], fut)
 
     def broken(self) -> bool:
         return self.pool.broken()
@@ -105,7 +119,7 @@ def _take_pending() -> HeadStart | None:
     return head
 
 
-def plan_ahead(mixer: MixerConfig, run: RunOptions) -> Plan | None:
+def plan_ahead(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = None) -> Plan | None:
     """The flow's plan and its output check, made while the API starts. A user's error (a
     :class:`~sftmix.errors.MixerError`: a dataset that cannot be opened, an output that holds other
     shards) is raised, so that the command refuses before a flow run exists; any other error is left to
@@ -115,7 +129,7 @@ def plan_ahead(mixer: MixerConfig, run: RunOptions) -> Plan | None:
     from sftmix.plan import build_plan
 
     try:
-        plan = build_plan(mixer, run)
+        plan = build_plan(mixer, run, early)
         refuse_different_output(mixer.output.path, mixer.output.overwrite, plan.recipe())
     except MixerError:
         raise
@@ -131,7 +145,7 @@ def begin_head_start(mixer: MixerConfig, run: RunOptions, plan: Plan | None = No
     to the flow's own plan."""
     if not _applies(run):
         return
-    from tokenize_mixer.flows.pool import pool_size, slices_to_compute
+    from tokenize_mixer.flows.pool import pool_size, run_order, slices_to_compute
 
     if plan is None:
         try:
@@ -145,10 +159,40 @@ def begin_head_start(mixer: MixerConfig, run: RunOptions, plan: Plan | None = No
     if ctx.remote_work_dir is not None:
         return
     todo = slices_to_compute(plan.slices, ctx, run)
-    workers, processes = pool_size(todo, run)
-    if not todo or not processes:
-        return
-    HeadStart(todo, ctx, workers, plan.slices)  # registers itself as the pending head start
+    head = _pending
+    if head is None or head.ctx != ctx:  # (none began while the plan read a large file)
+        workers, processes = pool_size(todo, run)
+        if not todo or not processes:
+            return
+        head = HeadStart(ctx, workers)  # registers itself as the pending head start
+    head.count(plan.slices)
+    # From the end of the flow's order: the flow submits from the front, so the two meet last.
+    head.submit(reversed(run_order(todo)))
+
+
+def early_start(run: RunOptions) -> EarlySlice | None:
+    """What the plan hands the slices it cuts while it still reads a large file: they begin on a head
+    start's pool at once (``None`` where the flow would not use a local process pool)."""
+    if not _applies(run):
+        return None
+    from sftmix.parallel import available_cpus
+    from sftmix.slices import read_manifest
+
+    workers = run.workers or available_cpus()
+    if not (run.runner == "process" or workers > 1):
+        return None
+
+    def begin(spec: SliceSpec, ctx: TokenizeContext) -> None:
+        if ctx.remote_work_dir is not None or read_manifest(ctx.work_dir, spec.key) is not None:
+            return
+        head = _pending
+        if head is None:
+            head = HeadStart(ctx, workers)
+        elif head.ctx != ctx:
+            return
+        head.submit([spec])
+
+    return begin
 
 
 def take_head_start(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOptions) -> HeadStart | None:

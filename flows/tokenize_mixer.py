@@ -290,6 +290,8 @@ def _assemble_and_publish(
     )
     if COMMAND_CLOCK.started is not None:  # started by our CLI: the whole command, start-up included
         report.command_seconds = round(time.time() - COMMAND_CLOCK.started, 3)
+        began = [m.started_at for m in outcome.manifests if m.started_at >= COMMAND_CLOCK.started]
+        report.first_slice_seconds = round(min(began) - COMMAND_CLOCK.started, 3) if began else None
     report.time = report.time_line()  # the JSON's times in words (start-up, planning, tokenizing, ...)
     report.publish = "pending"  # publish stamps its outcome into the staged copy before it shows
     atomic_write_bytes(staging / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8"))

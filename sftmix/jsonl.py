@@ -31,6 +31,9 @@ import io
 import json
 import os
 import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -112,7 +115,7 @@ class JsonlLayout:
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return tuple(_schema(self.schema_b64).names)
+        return schema_names(self.schema_b64)
 
     @property
     def fingerprint(self) -> str:
@@ -147,12 +150,18 @@ def batch_bounds(path: str) -> list[tuple[int, int]]:
     with open(path, "rb") as fh:
         start = 0
         while start < size:
-            fh.seek(start + BATCH_BYTES)
-            fh.readline()
-            end = min(size, fh.tell()) if start + BATCH_BYTES < size else size
+            end = _batch_end(fh, start, size)
             bounds.append((start, end))
             start = end
     return bounds
+
+
+def _batch_end(fh: Any, start: int, size: int) -> int:
+    if start + BATCH_BYTES >= size:
+        return size
+    fh.seek(start + BATCH_BYTES)
+    fh.readline()
+    return min(size, fh.tell())
 
 
 def _read(path: str, offset: int, end: int) -> bytes:
@@ -253,6 +262,11 @@ def _kept_schema_path(serialized: bytes) -> Any:
     return cache_subdir("features-schemas") / f"{key}.arrow"
 
 
+def schema_names(schema_b64: str) -> tuple[str, ...]:
+    """The columns of a serialized features schema."""
+    return tuple(_schema(schema_b64).names)
+
+
 @lru_cache(maxsize=8)
 def _schema(schema_b64: str) -> Any:
     import pyarrow as pa
@@ -260,55 +274,113 @@ def _schema(schema_b64: str) -> Any:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(schema_b64)))
 
 
-def scan(path: str) -> JsonlLayout | None:
+#: What :func:`scan` hands on as each batch is counted: the batch and the features' schema (serialized).
+BatchListener = Callable[[JsonlBatch, str], None]
+
+_SCANS: OrderedDict[tuple[str, int, int, int], JsonlLayout | None] = OrderedDict()
+_SCANS_LOCK = threading.Lock()
+_KEPT_SCANS = 16
+
+
+def scan(path: str, on_batch: BatchListener | None = None) -> JsonlLayout | None:
     """The file's batches (hashed, counted and checked on all cores) and features; ``None`` when the
-    first batch is not JSON Lines pyarrow reads (``datasets`` then loads the file as before)."""
+    first batch is not JSON Lines pyarrow reads (``datasets`` then loads the file as before).
+
+    ``on_batch`` is told each batch, in order, as soon as it and every batch before it are counted:
+    the plan cuts and starts slices while the rest of a large file is still being read. A file
+    scanned before (the same size, mtime and inode) is not read again: its batches are told at once."""
     st = os.stat(path)
-    return _scan(path, st.st_size, st.st_mtime_ns, st.st_ino)
+    stamp = (path, st.st_size, st.st_mtime_ns, st.st_ino)
+    with _SCANS_LOCK:
+        found = stamp in _SCANS
+        layout = _SCANS.get(stamp)
+    if found:
+        if layout is not None and on_batch is not None:
+            for batch in layout.batches:
+                on_batch(batch, layout.schema_b64)
+        return layout
+    layout = _scan(path, st.st_size, st.st_mtime_ns, on_batch)
+    with _SCANS_LOCK:
+        _SCANS[stamp] = layout
+        while len(_SCANS) > _KEPT_SCANS:
+            _SCANS.popitem(last=False)
+    return layout
 
 
-@lru_cache(maxsize=16)
-def _scan(path: str, size: int, mtime_ns: int, inode: int) -> JsonlLayout | None:
-    bounds = batch_bounds(path)
-    with ThreadPoolExecutor(max_workers=min(len(bounds), available_cpus())) as pool:
-        scanned = list(pool.map(lambda b: _scan_batch(path, *b), bounds))
-    batches, bad_lines, first_row, lines = [], [], 0, 0
+def first_batch(path: str) -> tuple[JsonlBatch, str] | None:
+    """The file's first batch and the features' schema (serialized), from that batch alone: what the
+    plan needs of a file before its slices can be cut (its columns, the rows it samples). ``None`` as
+    for :func:`scan`."""
+    with open(path, "rb") as fh:
+        end = _batch_end(fh, 0, os.path.getsize(path))
+    found = _counted(path, 0, 0, end, 0, 0, _scan_batch(path, 0, end))
+    if found is None or found[2] is None:
+        return None
+    return found[0], found[2]
+
+
+def _counted(
+    path: str,
+    k: int,
+    offset: int,
+    end: int,
+    first_row: int,
+    lines: int,
+    scanned: tuple[str, int, int, bool, bool],
+) -> tuple[JsonlBatch, list[BadLine], str | None] | None:
+    """Batch ``k`` of the file from its scan, with the bad lines found in it and (for the first batch)
+    the features' schema: a batch that may hold a bad line (or is the first) is parsed. ``None``: the
+    file is not JSON Lines pyarrow reads (the caller lets ``datasets`` read it)."""
+    sha, rows, newlines, odd, utf8 = scanned
+    bad: list[BadLine] = []
     schema = None
-    for k, ((offset, end), (sha, rows, newlines, odd, utf8)) in enumerate(zip(bounds, scanned, strict=True)):
-        if k == 0 or odd or not utf8:  # the first gives the features; an odd one may be JSON over many lines
-            data = _read(path, offset, end)
-            text = data.removeprefix(codecs.BOM_UTF8) if k == 0 else data
-            try:
-                table, bad = read_batch(text, lines, None, offset + len(data) - len(text), utf8)
-            except Exception:
-                return None  # not JSON Lines pyarrow reads: datasets reads it (its fallbacks included)
-            if table.num_rows != rows:
-                return None  # objects over several lines: datasets reads them
-            bad_lines += bad.values()
-            if k == 0:
-                schema = _features_schema(table)
-        batches.append(
-            JsonlBatch(
-                offset=offset,
-                end=end,
-                first_row=first_row,
-                rows=rows,
-                sha256=sha,
-                lines_before=lines,
-                utf8=utf8,
-            )
-        )
-        first_row += rows
-        lines += newlines
+    if k == 0 or odd or not utf8:  # the first gives the features; an odd one may be JSON over many lines
+        data = _read(path, offset, end)
+        text = data.removeprefix(codecs.BOM_UTF8) if k == 0 else data
+        try:
+            table, found = read_batch(text, lines, None, offset + len(data) - len(text), utf8)
+        except Exception:
+            return None  # not JSON Lines pyarrow reads: datasets reads it (its fallbacks included)
+        if table.num_rows != rows:
+            return None  # objects over several lines: datasets reads them
+        bad += found.values()
+        if k == 0:
+            schema = base64.b64encode(_features_schema(table).serialize().to_pybytes()).decode("ascii")
+    batch = JsonlBatch(
+        offset=offset, end=end, first_row=first_row, rows=rows, sha256=sha, lines_before=lines, utf8=utf8
+    )
+    return batch, bad, schema
+
+
+def _scan(path: str, size: int, mtime_ns: int, on_batch: BatchListener | None = None) -> JsonlLayout | None:
+    bounds = batch_bounds(path)
+    batches: list[JsonlBatch] = []
+    bad_lines: list[BadLine] = []
+    first_row = lines = 0
+    schema = ""
+    with ThreadPoolExecutor(max_workers=min(len(bounds), available_cpus())) as pool:
+        try:
+            # in order, each as soon as it and the ones before it are done
+            for k, ((offset, end), scanned) in enumerate(
+                zip(bounds, pool.map(lambda b: _scan_batch(path, *b), bounds), strict=True)
+            ):
+                found = _counted(path, k, offset, end, first_row, lines, scanned)
+                if found is None:
+                    return None
+                batch, bad, first_schema = found
+                schema = first_schema or schema
+                batches.append(batch)
+                bad_lines += bad
+                first_row += batch.rows
+                lines += scanned[2]
+                if on_batch is not None:
+                    on_batch(batch, schema)
+        finally:
+            pool.shutdown(cancel_futures=True)  # (a scan that ends early reads no further)
     if os.stat(path).st_mtime_ns != mtime_ns:
         raise DatasetError(path, "the file changed while it was planned: plan it when it no longer changes")
-    assert schema is not None
     return JsonlLayout(
-        path=path,
-        size=size,
-        batches=tuple(batches),
-        schema_b64=base64.b64encode(schema.serialize().to_pybytes()).decode("ascii"),
-        bad_lines=tuple(bad_lines),
+        path=path, size=size, batches=tuple(batches), schema_b64=schema, bad_lines=tuple(bad_lines)
     )
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from . import jsonl
-from .config import MixerConfig, RunOptions, TokenizerSpec, default_work_dir, local_mirror
+from .config import DatasetEntry, MixerConfig, RunOptions, TokenizerSpec, default_work_dir, local_mirror
 from .encoders import same_encodings
 from .errors import ConfigError, DatasetError, TemplateError
 from .formats import MESSAGES_KEY, Conversation, RowFormatError, conversation_from_row, detect_format
@@ -219,6 +222,286 @@ def _batch_groups(
     return groups
 
 
+@dataclass
+class _Opened:
+    """A dataset opened by the plan: enough to sample its rows; ``plan`` and ``specs`` once its slices
+    are cut (a streamed file's only while it is read, after every dataset is opened)."""
+
+    index: int
+    entry: DatasetEntry
+    sampled: SliceSpec | None = None  # whose first rows are the dataset's sample
+    plan: DatasetPlan | None = None
+    specs: list[SliceSpec] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)  # what the template does not render, in words
+    probes: list[str] = field(default_factory=list)
+    samples: list[Conversation] = field(default_factory=list)
+    row_format: str = "messages"
+    messages_key: str = MESSAGES_KEY
+
+
+class _SliceCutter:
+    """Slice specs with their content keys: the row range, the rows' layout and the data they hold."""
+
+    def __init__(self, shared_key: dict, work_dir: Path, run: RunOptions) -> None:
+        self.shared_key, self.work_dir, self.run = shared_key, work_dir, run
+
+    def spec(
+        self,
+        dataset: _Opened,
+        rows: tuple[int, int, list[int] | None],
+        data: str,
+        est_bytes: int,
+        **where: Any,
+    ) -> SliceSpec:
+        start, end, subset = rows
+        rows_key = _rows_key(start, end, subset)
+        layout = (
+            {}
+            if (dataset.row_format, dataset.messages_key) == ("messages", MESSAGES_KEY)
+            else {"row_format": [dataset.row_format, dataset.messages_key]}
+        )
+        entry = dataset.entry
+        return SliceSpec(
+            key=_digest({**self.shared_key, **rows_key, **layout, "data": data}),
+            index=-1,  # numbered once every dataset's slices are cut, in mixer order
+            dataset_index=dataset.index,
+            dataset=entry.path,
+            split=entry.split,
+            revision=entry.revision,
+            row_format=dataset.row_format,
+            messages_key=dataset.messages_key,
+            row_start=start,
+            row_end=end,
+            rows=subset,
+            est_bytes=est_bytes,
+            **where,
+        )
+
+
+def _rows_key(start: int, end: int, subset: list[int] | None) -> dict:
+    return {"rows": [start, end], "subset": None if subset is None else _digest(subset)}
+
+
+def _batch_data(schema_b64: str, batches: list[jsonl.JsonlBatch]) -> str:
+    """The data a slice of a JSON Lines file reads: its batches' bytes and the columns they are cast to."""
+    return _digest([schema_b64, [[b.offset, b.end, b.sha256] for b in batches]])
+
+
+def _format_of(entry: DatasetEntry, columns: Any) -> tuple[str, str]:
+    try:
+        return detect_format(columns, entry.messages_key, entry.format)
+    except ValueError as exc:
+        raise DatasetError(entry.path, str(exc)) from None
+
+
+def _streams(entry: DatasetEntry, run: RunOptions) -> bool:
+    """Whether the dataset's slices can be cut while its file is read: a JSON Lines file of several batches
+    whose every row is selected whatever their count (a fraction of 1.0 or more). Its slices are its
+    batches (or, with ``slice_rows``, that many rows of a batch), so each is cut once its batch is
+    counted."""
+    return (
+        isinstance(entry.amount, float)
+        and entry.amount >= 1.0
+        and jsonl.applies(entry.path, entry.split)
+        and os.path.getsize(entry.path) > jsonl.BATCH_BYTES
+    )
+
+
+def _open_streamed(index: int, entry: DatasetEntry, run: RunOptions, memory: int | None) -> _Opened | None:
+    """A file whose slices are cut while it is read, opened from its first batch; ``None`` for any other
+    (or one whose selection, estimated from its first batch, might be refused: it is counted first)."""
+    if not _streams(entry, run):
+        return None
+    try:
+        head = jsonl.first_batch(entry.path)
+    except DatasetError as exc:
+        raise DatasetError(entry.path, exc.reason) from None
+    if head is None:
+        return None
+    batch, schema_b64 = head
+    columns = jsonl.schema_names(schema_b64)
+    if not batch.rows or not columns:
+        return None
+    estimate = round(os.path.getsize(entry.path) * batch.rows / max(1, batch.end - batch.offset))
+    if selection_problem(entry.amount, estimate, 2 * target_rows(entry.amount, estimate), 0, memory):
+        return None  # (near a limit: counted first, so that a refusal comes before any work)
+    row_format, messages_key = _format_of(entry, columns)
+    sampled = SliceSpec(
+        key="",
+        index=-1,
+        dataset_index=index,
+        dataset=entry.path,
+        split=entry.split,
+        row_format=row_format,
+        messages_key=messages_key,
+        row_start=0,
+        row_end=min(batch.rows, run.slice_rows or batch.rows),  # the first slice's rows
+        jsonl=jsonl.JsonlSource(path=entry.path, schema_b64=schema_b64, batches=[batch]),
+    )
+    return _Opened(index, entry, sampled=sampled, row_format=row_format, messages_key=messages_key)
+
+
+def _bad_lines_warning(
+    entry: DatasetEntry, on_bad_row: str, bad_lines: tuple[jsonl.BadLine, ...]
+) -> str | None:
+    """The plan's words for the lines of a file that are not rows: its error, or a warning (skip)."""
+    if not bad_lines:
+        return None
+    if on_bad_row == "error":
+        raise bad_lines[0].error(entry.path, more=len(bad_lines) - 1)
+    n, lines = len(bad_lines), ", ".join(str(b.line) for b in bad_lines[:10])
+    w = (
+        f"{entry.path}: {n:,} line{'s' if n != 1 else ''} that {'are' if n != 1 else 'is'} not a row "
+        f"(line{'s' if n != 1 else ''} {lines}{', ...' if n > 10 else ''}) will be skipped "
+        "(on_bad_row: skip), with any more the slices find"
+    )
+    logger.warning(w)
+    return w
+
+
+def _check_selection(
+    entry: DatasetEntry, n_rows: int, target: int, selected_total: int, memory: int | None
+) -> None:
+    if target == 0:
+        raise DatasetError(entry.path, f"amount {entry.amount} of {n_rows} rows selects no rows")
+    if (problem := selection_problem(entry.amount, n_rows, target, selected_total, memory)) is not None:
+        raise DatasetError(entry.path, problem)
+
+
+def _open_whole(
+    index: int,
+    entry: DatasetEntry,
+    run: RunOptions,
+    cutter: _SliceCutter,
+    on_bad_row: str,
+    selected_total: int,
+    memory: int | None,
+) -> _Opened:
+    """A dataset read whole before its slices are cut (counted, hashed), and its slices."""
+    datasets_cache = str(cutter.work_dir / "datasets-cache")
+    warnings: list[str] = []
+    batched = _jsonl_layout(entry.path, entry.split)
+    if batched is not None:
+        if (w := _bad_lines_warning(entry, on_bad_row, batched.bad_lines)) is not None:
+            warnings.append(w)
+        info = SourceInfo(batched.n_rows, batched.fingerprint, batched.columns, batched.size)
+    else:
+        info = describe(entry.path, entry.split, entry.revision, datasets_cache)
+    if info.n_rows == 0:
+        raise DatasetError(
+            entry.path, f"split {entry.split!r} has no rows; remove it from the mixer or give it rows"
+        )
+    row_format, messages_key = _format_of(entry, info.columns)
+    arrow_files = (
+        None
+        if batched is not None
+        else arrow_cache_files(entry.path, entry.split, entry.revision, datasets_cache)
+    )
+    target = target_rows(entry.amount, info.n_rows)
+    _check_selection(entry, info.n_rows, target, selected_total + target, memory)
+    if (w := small_count_warning(entry.path, entry.amount, info.n_rows)) is not None:
+        warnings.append(w)
+        logger.warning(w)
+    selected = selected_source_rows(info.n_rows, target)
+    per_slice = run.slice_rows or rows_per_slice(info.nbytes, info.n_rows, run.slice_bytes)
+    dataset = _Opened(index, entry, warnings=warnings, row_format=row_format, messages_key=messages_key)
+    memo = FingerprintMemo(cutter.work_dir, info.fingerprint, entry.split)
+    fingerprint_rows = RowsFingerprinter(entry.path, entry.split, entry.revision, datasets_cache, arrow_files)
+    if batched is not None and not run.slice_rows:
+        groups = _batch_groups(batched, selected, run.slice_bytes)
+    else:
+        groups = _row_groups(info.n_rows, selected, per_slice)
+    for start, end, subset in groups:
+        source = None
+        if batched is not None:  # the bytes of the batches it reads, and the columns they are cast to
+            source = batched.source(jsonl.batches_for(batched, start, end))
+            data = _batch_data(batched.schema_b64, source.batches)
+        elif (data := memo.known.get(memo.key(_rows_key(start, end, subset)))) is None:
+            data = fingerprint_rows(start, end, subset)
+            memo.remember(_rows_key(start, end, subset), data)
+        size = round((end - start if subset is None else len(subset)) * info.nbytes / info.n_rows)
+        dataset.specs.append(
+            cutter.spec(dataset, (start, end, subset), data, size, arrow_files=arrow_files, jsonl=source)
+        )
+    memo.save()
+    fingerprint_rows.close()
+    dataset.sampled = dataset.specs[0]
+    dataset.plan = DatasetPlan(
+        index=index,
+        name=entry.path,
+        split=entry.split,
+        amount=entry.amount,
+        n_rows=info.n_rows,
+        target=target,
+        fingerprint=info.fingerprint,
+        slices=[],
+    )
+    return dataset
+
+
+def _cut_streamed(
+    dataset: _Opened,
+    run: RunOptions,
+    cutter: _SliceCutter,
+    ctx: TokenizeContext,
+    slices: list[SliceSpec],
+    selected_total: int,
+    memory: int | None,
+    early: EarlySlice | None,
+) -> None:
+    """A streamed file's slices, one per batch, each numbered and handed to ``early`` as soon as its batch
+    is counted; the file is then a dataset like any other (or, found not to be JSON Lines pyarrow reads
+    after all, is read whole as :func:`_open_whole` reads it)."""
+    entry = dataset.entry
+    made: list[SliceSpec] = []
+
+    def cut(batch: jsonl.JsonlBatch, schema_b64: str) -> None:
+        nonlocal early
+        if not batch.rows:
+            return
+        source = jsonl.JsonlSource(path=entry.path, schema_b64=schema_b64, batches=[batch])
+        data, per = _batch_data(schema_b64, [batch]), run.slice_rows or batch.rows
+        for start in range(batch.first_row, batch.first_row + batch.rows, per):
+            end = min(start + per, batch.first_row + batch.rows)
+            size = round((batch.end - batch.offset) * (end - start) / batch.rows)
+            spec = cutter.spec(dataset, (start, end, None), data, size, jsonl=source)
+            spec.index = len(slices) + len(made)
+            spec.unrendered = dataset.probes
+            made.append(spec)
+            if early is not None:
+                try:
+                    early(spec, ctx)
+                except Exception as exc:  # (the flow runs the slice itself)
+                    logger.debug("no early start for %s: %s: %s", spec.describe(), type(exc).__name__, exc)
+                    early = None
+
+    try:
+        layout = jsonl.scan(entry.path, cut)
+    except DatasetError as exc:
+        raise DatasetError(entry.path, exc.reason) from None
+    if layout is None or not layout.n_rows or not layout.columns:
+        whole = _open_whole(dataset.index, entry, run, cutter, ctx.on_bad_row, selected_total, memory)
+        dataset.plan, dataset.specs, dataset.warnings = whole.plan, whole.specs, whole.warnings
+        return
+    if (w := _bad_lines_warning(entry, ctx.on_bad_row, layout.bad_lines)) is not None:
+        dataset.warnings.append(w)
+    target = target_rows(entry.amount, layout.n_rows)
+    _check_selection(entry, layout.n_rows, target, selected_total + target, memory)
+    slices += made
+    dataset.specs = made
+    dataset.plan = DatasetPlan(
+        index=dataset.index,
+        name=entry.path,
+        split=entry.split,
+        amount=entry.amount,
+        n_rows=layout.n_rows,
+        target=target,
+        fingerprint=layout.fingerprint,
+        slices=[],
+    )
+
+
 def check_inputs(mixer: MixerConfig, run: RunOptions | None = None) -> None:
     """Refuse what is wrong at a glance (a missing tokenizer directory, ``.jinja`` template or data
     file; a hub name with no hub to ask), in the plan's order and with its messages: the command checks
@@ -252,6 +535,8 @@ def prepare_plan(mixer: MixerConfig, run: RunOptions) -> None:
     def open_datasets() -> None:
         try:
             for entry in mixer.datasets:
+                if _streams(entry, run):
+                    continue  # read by the plan itself, its slices starting as it goes
                 if _jsonl_layout(entry.path, entry.split) is not None:
                     continue
                 describe(entry.path, entry.split, entry.revision, datasets_cache)
@@ -364,7 +649,13 @@ def _prove_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, 
     return "hf"
 
 
-def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
+#: What the plan hands each slice it cuts while a file is still being read (the head start's workers).
+EarlySlice = Callable[[SliceSpec, TokenizeContext], None]
+
+
+def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = None) -> Plan:
+    """The plan. ``early`` is handed each slice of a large JSON Lines file as soon as it is cut, while the
+    plan still reads the rest of the file (the same slices the plan returns)."""
     inputs = input_record(mixer)  # first: a file that changes while the plan reads it will not match
     work_dir, remote = _work_dir(run)
     datasets_cache = work_dir / "datasets-cache"
@@ -418,131 +709,48 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         **({} if mixer.drop_untrainable else {"drop_untrainable": False}),
         **({} if mixer.spans == "reference" else {"spans": mixer.spans}),
     }
-    warnings: list[str] = []
-    datasets: list[DatasetPlan] = []
-    slices: list[SliceSpec] = []
-    selected_total, memory = 0, memory_limit()
-    samples: list[Conversation] = []
     # what the rows hold that the template never renders (a field, a role): said before any work
     renderer, reads = ChatRenderer(template.text, facts.special_tokens), what_it_reads(template.text)
-    left_out: list[str] = []
+    cutter = _SliceCutter(shared_key, work_dir, run)
+    memory = memory_limit()
     hash_ahead([entry.path for entry in mixer.datasets if not jsonl.applies(entry.path, entry.split)])
-    for index, entry in enumerate(mixer.datasets):
-        batched = _jsonl_layout(entry.path, entry.split)
-        if batched is not None and batched.bad_lines:
-            if mixer.on_bad_row == "error":
-                raise batched.bad_lines[0].error(entry.path, more=len(batched.bad_lines) - 1)
-            n, lines = len(batched.bad_lines), ", ".join(str(b.line) for b in batched.bad_lines[:10])
-            w = (
-                f"{entry.path}: {n:,} line{'s' if n != 1 else ''} that {'are' if n != 1 else 'is'} not a row "
-                f"(line{'s' if n != 1 else ''} {lines}{', ...' if n > 10 else ''}) will be skipped "
-                "(on_bad_row: skip), with any more the slices find"
-            )
-            warnings.append(w)
-            logger.warning(w)
-        if batched is not None:
-            info = SourceInfo(batched.n_rows, batched.fingerprint, batched.columns, batched.size)
-        else:
-            info = describe(entry.path, entry.split, entry.revision, str(datasets_cache))
-        if info.n_rows == 0:
-            raise DatasetError(
-                entry.path, f"split {entry.split!r} has no rows; remove it from the mixer or give it rows"
-            )
-        try:
-            row_format, messages_key = detect_format(info.columns, entry.messages_key, entry.format)
-        except ValueError as exc:
-            raise DatasetError(entry.path, str(exc)) from None
-        arrow_files = (
-            None
-            if batched is not None
-            else arrow_cache_files(entry.path, entry.split, entry.revision, str(datasets_cache))
-        )
-        target = target_rows(entry.amount, info.n_rows)
-        if target == 0:
-            raise DatasetError(entry.path, f"amount {entry.amount} of {info.n_rows} rows selects no rows")
-        selected_total += target
-        if (
-            problem := selection_problem(entry.amount, info.n_rows, target, selected_total, memory)
-        ) is not None:
-            raise DatasetError(entry.path, problem)
-        if (w := small_count_warning(entry.path, entry.amount, info.n_rows)) is not None:
-            warnings.append(w)
-            logger.warning(w)
-        selected = selected_source_rows(info.n_rows, target)
-        per_slice = run.slice_rows or rows_per_slice(info.nbytes, info.n_rows, run.slice_bytes)
-        ids = []
-        memo = FingerprintMemo(work_dir, info.fingerprint, entry.split)
-        fingerprint_rows = RowsFingerprinter(
-            entry.path, entry.split, entry.revision, str(datasets_cache), arrow_files
-        )
-        if batched is not None and not run.slice_rows:
-            groups = _batch_groups(batched, selected, run.slice_bytes)
-        else:
-            groups = _row_groups(info.n_rows, selected, per_slice)
-        for start, end, subset in groups:
-            rows_key = {"rows": [start, end], "subset": None if subset is None else _digest(subset)}
-            source = None
-            if batched is not None:  # the bytes of the batches it reads, and the columns they are cast to
-                source = batched.source(jsonl.batches_for(batched, start, end))
-                data = _digest([batched.schema_b64, [[b.offset, b.end, b.sha256] for b in source.batches]])
-            elif (data := memo.known.get(memo.key(rows_key))) is None:
-                data = fingerprint_rows(start, end, subset)
-                memo.remember(rows_key, data)
-            layout = (
-                {}
-                if (row_format, messages_key) == ("messages", MESSAGES_KEY)
-                else {"row_format": [row_format, messages_key]}
-            )
-            key = _digest({**shared_key, **rows_key, **layout, "data": data})
-            ids.append(len(slices))
-            slices.append(
-                SliceSpec(
-                    key=key,
-                    index=len(slices),
-                    dataset_index=index,
-                    dataset=entry.path,
-                    split=entry.split,
-                    revision=entry.revision,
-                    row_format=row_format,
-                    messages_key=messages_key,
-                    arrow_files=arrow_files,
-                    row_start=start,
-                    row_end=end,
-                    rows=subset,
-                    jsonl=source,
-                    est_bytes=round(
-                        (end - start if subset is None else len(subset)) * info.nbytes / info.n_rows
-                    ),
-                )
-            )
-        memo.save()
-        fingerprint_rows.close()
-        sample = _sample_rows(slices[ids[0]], datasets_cache)
-        if mixer.tokenizer.encoder != "hf":
-            samples += sample
-        probes = []
+    opened: list[_Opened] = []
+    for index, entry in enumerate(mixer.datasets):  # each dataset's head: enough to sample its rows
+        dataset = _open_streamed(index, entry, run, memory)
+        if dataset is None:
+            selected_total = sum(d.plan.target for d in opened if d.plan is not None)
+            dataset = _open_whole(index, entry, run, cutter, mixer.on_bad_row, selected_total, memory)
+        assert dataset.sampled is not None
+        sample = _sample_rows(dataset.sampled, datasets_cache)
         for found in unrendered(renderer, sample):
             line = found.describe(entry.path, template.source, reads)
             if mixer.tokenizer.unrendered_data == "error":
                 raise TemplateError(f"{line}; refused (unrendered_data: error): warn converts it anyway")
-            left_out.append(line)
-            probes.append(found.probe)
+            dataset.left_out.append(line)
+            dataset.probes.append(found.probe)
             logger.warning(line)
-        for k in ids:  # each slice counts the rows that hold it
-            slices[k].unrendered = probes
-        datasets.append(
-            DatasetPlan(
-                index=index,
-                name=entry.path,
-                split=entry.split,
-                amount=entry.amount,
-                n_rows=info.n_rows,
-                target=target,
-                fingerprint=info.fingerprint,
-                slices=ids,
-            )
-        )
-    ctx.encoder = choose_encoder(mixer.tokenizer, tk, ctx, samples)
+        if mixer.tokenizer.encoder != "hf":
+            dataset.samples = sample
+        opened.append(dataset)
+    ctx.encoder = choose_encoder(mixer.tokenizer, tk, ctx, [c for d in opened for c in d.samples])
+    slices: list[SliceSpec] = []
+    datasets: list[DatasetPlan] = []
+    for dataset in opened:  # the slices, in mixer order (a large file's start while it is read)
+        selected_total = sum(d.target for d in datasets)
+        if dataset.plan is None:
+            _cut_streamed(dataset, run, cutter, ctx, slices, selected_total, memory, early)
+        else:  # (opened before the counts of streamed files before it were known)
+            d = dataset.plan
+            _check_selection(dataset.entry, d.n_rows, d.target, selected_total + d.target, memory)
+        assert dataset.plan is not None
+        dataset.plan.slices = []
+        for spec in dataset.specs:
+            if spec.index < 0:  # (a streamed slice has its index already)
+                spec.index = len(slices)
+                slices.append(spec)
+            spec.unrendered = dataset.probes
+            dataset.plan.slices.append(spec.index)
+        datasets.append(dataset.plan)
     release_mapped_data(datasets_too=True)  # every row was read to fingerprint it; workers map their own
     jsonl.release()
     return Plan(
@@ -553,7 +761,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions) -> Plan:
         template_source=template.source,
         template_sha256=template.sha256,
         tokenizer_fingerprint=tok_fp,
-        warnings=warnings + left_out,
-        unrendered=left_out,
+        warnings=[w for d in opened for w in d.warnings] + [line for d in opened for line in d.left_out],
+        unrendered=[line for d in opened for line in d.left_out],
         inputs=inputs,
     )

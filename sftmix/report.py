@@ -96,6 +96,11 @@ class RunReport(BaseModel):
     command_seconds: float | None = Field(
         None, description="The whole CLI command, the temporary Prefect API's start-up included."
     )
+    first_slice_seconds: float | None = Field(
+        None,
+        description="When the first slice this command tokenized began, from the command's start: slices "
+        "begin while the temporary Prefect API starts, and while the plan still reads a large file.",
+    )
     plan_seconds: float = Field(
         0.0, description="The flow's plan: the output checks and planning, from the flow's start."
     )
@@ -167,7 +172,12 @@ class RunReport(BaseModel):
         tail = max(self.wall_seconds - self.plan_seconds - self.tokenize_seconds, 0.0)
         parts = []
         if self.command_seconds is not None:
-            parts.append(f"{self.command_seconds - self.wall_seconds:.1f} s start-up")
+            began = (
+                f" (the first slice began at {self.first_slice_seconds:.1f} s)"
+                if self.first_slice_seconds is not None
+                else ""
+            )
+            parts.append(f"{self.command_seconds - self.wall_seconds:.1f} s start-up{began}")
         parts.append(f"{self.plan_seconds:.1f} s planning")
         parts.append(
             f"{self.tokenize_seconds:.1f} s tokenizing ({self.tokens_per_second:,.0f} tokens/s)"

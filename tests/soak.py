@@ -36,6 +36,7 @@ from typing import IO, Any
 
 from sftmix.assemble import PROCESSES_FROM_ENV
 from sftmix.digest import compare
+from sftmix.jsonl import BATCH_BYTES
 from sftmix.output_dir import output_id
 from tokenize_mixer.flows.runtime import PRIVATE_DIR_PREFIX
 
@@ -50,6 +51,9 @@ TAIL_IN_PROCESSES = ", tail in processes"
 #: Rows of generated chats and rows per slice: a full run takes about 10 s on 2 cores (64 slices).
 ROWS = 8_000
 SLICE_ROWS = 125
+#: Characters of each row's id (the template never renders it): the file spans two of the JSON Lines
+#: reader's batches, so the plan cuts its slices while it reads it and they begin before it is read whole.
+ID_CHARS = 1_500
 #: Seconds a stop may take, from the fault (a pipe: its reader's exit) to the command's exit.
 STOP_WITHIN = 10.0
 #: After this long without an exit, the trial is a HANG: its process group is killed.
@@ -793,7 +797,10 @@ class Soak:
         from generate_demo_data import arithmetic
 
         rows = arithmetic(random.Random(11), ROWS)
-        self.data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        self.data.write_text(
+            "".join(json.dumps({**r, "id": r["id"].ljust(ID_CHARS, ".")}) + "\n" for r in rows)
+        )
+        assert self.data.stat().st_size > BATCH_BYTES
         self.home.mkdir()
         # the temporary API's database, created once (a first run's slow API start is not the timeline)
         subprocess.run(

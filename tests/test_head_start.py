@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sftmix import jsonl
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.digest import compare
 from sftmix.plan import build_plan
@@ -123,3 +124,75 @@ def test_no_head_start_where_the_flow_would_not_use_a_local_process_pool(chats, 
         with head_start.head_start_scope():
             head_start.begin_head_start(mixer, run)
             assert head_start._pending is None, run
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory) -> Path:
+    """Chats in three of the reader's batches (each row carries an unrendered 3 KB id)."""
+    path = tmp_path_factory.mktemp("large") / "large.jsonl"
+    rows = arithmetic(random.Random(9), 7_600)
+    with open(path, "w", encoding="utf-8") as fh:
+        for k, row in enumerate(rows):
+            fh.write(json.dumps({**row, "id": f"{k:05d}-" + "x" * 3000}) + "\n")
+    assert path.stat().st_size > 2 * jsonl.BATCH_BYTES
+    return path
+
+
+def _read_whole(path: Path) -> bool:
+    return any(stamp[0] == str(path) for stamp in jsonl._SCANS)
+
+
+@pytest.mark.parametrize("slice_rows", [None, 1000])
+def test_a_large_files_slices_are_cut_while_the_plan_reads_it(large, tmp_path, slice_rows):
+    jsonl._SCANS.clear()
+    mixer, run = (
+        _mixer(large, tmp_path / "out"),
+        RunOptions(work_dir=str(tmp_path / "w"), slice_rows=slice_rows),
+    )
+    early: list[tuple[str, int, bool]] = []
+    plan = build_plan(mixer, run, lambda spec, ctx: early.append((spec.key, spec.index, _read_whole(large))))
+    assert [(key, index) for key, index, _ in early] == [(s.key, s.index) for s in plan.slices]
+    batches = jsonl.scan(str(large)).batches
+    assert len(plan.slices) == sum(
+        -(-b.rows // (slice_rows or b.rows)) for b in batches
+    )  # none across batches
+    assert not early[0][2]  # the first slice was handed over before the file was read whole
+    assert plan.datasets[0].n_rows == 7_600
+    # the same plan from the scan made before, and as a plan that is not handed its slices early
+    again: list[str] = []
+    replayed = build_plan(mixer, run, lambda spec, ctx: again.append(spec.key))
+    assert replayed.model_dump(exclude={"inputs"}) == plan.model_dump(exclude={"inputs"})
+    assert again == [s.key for s in plan.slices]
+    assert build_plan(mixer, run).model_dump(exclude={"inputs"}) == plan.model_dump(exclude={"inputs"})
+
+
+def test_a_fraction_below_one_is_counted_before_any_slice_is_cut(large, tmp_path):
+    jsonl._SCANS.clear()
+    mixer = _mixer(large, tmp_path / "out")
+    mixer.datasets[0].amount = 0.5  # which rows it selects follows from the count
+    early: list[str] = []
+    plan = build_plan(
+        mixer, RunOptions(work_dir=str(tmp_path / "w")), lambda spec, ctx: early.append(spec.key)
+    )
+    assert not early and plan.datasets[0].target == 3_800
+
+
+def test_slices_begun_while_the_plan_reads_a_large_file_are_the_flows(prefect_api, large, tmp_path):
+    jsonl._SCANS.clear()
+    mixer = _mixer(large, tmp_path / "out")
+    run = RunOptions(work_dir=str(tmp_path / "work"), slice_rows=1000, runner="process", workers=2)
+    with head_start.head_start_scope():
+        plan = head_start.plan_ahead(mixer, run, head_start.early_start(run))
+        head = head_start._pending
+        assert plan is not None and head is not None  # begun by the plan itself
+        head_start.begin_head_start(mixer, run, plan)
+        assert head_start._pending is head and head.keys == {s.key for s in plan.slices}
+        report = tokenize_mixer(mixer=mixer, run=run)
+        assert head_start._pending is None  # the flow took it
+    assert report["slices_computed"] == report["slices_total"] == len(plan.slices)
+    manifests = list((tmp_path / "work").glob("slices/*/*/manifest.json"))
+    assert len(manifests) == len(plan.slices)  # each slice tokenized once
+    plain = _mixer(large, tmp_path / "plain")
+    tokenize_mixer(mixer=plain, run=RunOptions(work_dir=str(tmp_path / "w2"), runner="thread"))
+    result = compare(tmp_path / "out", tmp_path / "plain")
+    assert result.matches, result.render()

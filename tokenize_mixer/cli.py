@@ -531,14 +531,15 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
 
     planned: list[Any] = []
 
-    def plan_and_check() -> None:
+    def plan_and_check(early: Any = None) -> None:
         """The plan, whose user errors end the command before a flow run exists, and whether it finds
-        the output up to date (then no flow run either)."""
+        the output up to date (then no flow run either). ``early``: what the slices of a large file
+        are handed while the plan still reads it."""
         from sftmix.plan import prepare_plan
         from tokenize_mixer.flows.head_start import plan_ahead
 
         prepare_plan(mixer, run)
-        plan = plan_ahead(mixer, run)
+        plan = plan_ahead(mixer, run, early)
         if plan is not None and (done := up_to_date(mixer, run, plan.recipe())) is not None:
             remember_inputs(mixer.output.path, plan.recipe(), plan.inputs)
             raise UpToDate(done)  # no API (or it stops); no flow run
@@ -547,10 +548,10 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
     def prepare() -> None:
         """While the API starts: the plan (unless made before), then the head start where it applies:
         tokenizing begins while the API is still starting."""
-        from tokenize_mixer.flows.head_start import begin_head_start
+        from tokenize_mixer.flows.head_start import begin_head_start, early_start
 
         if not planned:
-            plan_and_check()
+            plan_and_check(early_start(run))
         if planned[0] is not None:
             begin_head_start(mixer, run, planned[0])
 
