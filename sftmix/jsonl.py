@@ -282,13 +282,14 @@ _SCANS_LOCK = threading.Lock()
 _KEPT_SCANS = 16
 
 
-def scan(path: str, on_batch: BatchListener | None = None) -> JsonlLayout | None:
+def scan(path: str, on_batch: BatchListener | None = None, threads: int | None = None) -> JsonlLayout | None:
     """The file's batches (hashed, counted and checked on all cores) and features; ``None`` when the
     first batch is not JSON Lines pyarrow reads (``datasets`` then loads the file as before).
 
     ``on_batch`` is told each batch, in order, as soon as it and every batch before it are counted:
-    the plan cuts and starts slices while the rest of a large file is still being read. A file
-    scanned before (the same size, mtime and inode) is not read again: its batches are told at once."""
+    the plan cuts and starts slices while the rest of a large file is still being read. ``threads``:
+    how many read it (default: one per CPU), fewer where slices already use the cores. A file scanned
+    before (the same size, mtime and inode) is not read again: its batches are told at once."""
     st = os.stat(path)
     stamp = (path, st.st_size, st.st_mtime_ns, st.st_ino)
     with _SCANS_LOCK:
@@ -299,7 +300,7 @@ def scan(path: str, on_batch: BatchListener | None = None) -> JsonlLayout | None
             for batch in layout.batches:
                 on_batch(batch, layout.schema_b64)
         return layout
-    layout = _scan(path, st.st_size, st.st_mtime_ns, on_batch)
+    layout = _scan(path, st.st_size, st.st_mtime_ns, on_batch, threads or available_cpus())
     with _SCANS_LOCK:
         _SCANS[stamp] = layout
         while len(_SCANS) > _KEPT_SCANS:
@@ -352,13 +353,15 @@ def _counted(
     return batch, bad, schema
 
 
-def _scan(path: str, size: int, mtime_ns: int, on_batch: BatchListener | None = None) -> JsonlLayout | None:
+def _scan(
+    path: str, size: int, mtime_ns: int, on_batch: BatchListener | None, threads: int
+) -> JsonlLayout | None:
     bounds = batch_bounds(path)
     batches: list[JsonlBatch] = []
     bad_lines: list[BadLine] = []
     first_row = lines = 0
     schema = ""
-    with ThreadPoolExecutor(max_workers=min(len(bounds), available_cpus())) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(len(bounds), threads))) as pool:
         try:
             # in order, each as soon as it and the ones before it are done
             for k, ((offset, end), scanned) in enumerate(

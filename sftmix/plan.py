@@ -25,7 +25,7 @@ from .config import DatasetEntry, MixerConfig, RunOptions, TokenizerSpec, defaul
 from .encoders import same_encodings
 from .errors import ConfigError, DatasetError, TemplateError
 from .formats import MESSAGES_KEY, Conversation, RowFormatError, conversation_from_row, detect_format
-from .parallel import memory_limit
+from .parallel import available_cpus, memory_limit
 from .selection import selected_source_rows, selection_problem, small_count_warning, target_rows
 from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext, encoding_for, rows_of
 from .sources import (
@@ -127,6 +127,8 @@ def _digest(obj: object) -> str:
 
 
 MAX_AUTO_SLICE_ROWS = 20_000
+#: While its slices begin, a large file is read by one thread per this many CPUs.
+SCAN_SHARE = 8
 
 
 def rows_per_slice(nbytes: int, n_rows: int, slice_bytes: int) -> int:
@@ -476,8 +478,11 @@ def _cut_streamed(
                     logger.debug("no early start for %s: %s: %s", spec.describe(), type(exc).__name__, exc)
                     early = None
 
+    # Beside slices that already run on every core, a few threads read the file well ahead of them (a
+    # worker takes seconds per batch; a thread counts one in a few milliseconds).
+    threads = None if early is None else max(1, available_cpus() // SCAN_SHARE)
     try:
-        layout = jsonl.scan(entry.path, cut)
+        layout = jsonl.scan(entry.path, cut, threads)
     except DatasetError as exc:
         raise DatasetError(entry.path, exc.reason) from None
     if layout is None or not layout.n_rows or not layout.columns:
