@@ -448,7 +448,9 @@ class RunOptions(BaseModel):
         title="Bytes per slice",
         description="Source bytes in each slice when rows per slice is empty: small enough to balance the "
         "workers, large enough that orchestration costs little. It does not depend on the number of workers, "
-        "so finished slices are reused whatever the parallelism.",
+        "so finished slices are reused whatever the parallelism. A local JSON Lines file of several 10 MiB "
+        "batches is cut into whole batches (the nearest number of them, at least one): on 64 cores or more, "
+        "40 MiB (4 batches) keeps the task runs per second under what one Prefect API core dispatches.",
     )
     dask_address: OptionalText = Field(
         default=None,

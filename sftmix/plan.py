@@ -205,15 +205,28 @@ def _jsonl_layout(path: str, split: str) -> jsonl.JsonlLayout | None:
     return layout
 
 
+def batches_per_slice(slice_bytes: int) -> int:
+    """The whole batches a slice of a file of several batches holds: about ``slice_bytes`` of them, at
+    least one (so each batch is parsed by one slice). Larger slices mean fewer task runs: Prefect's
+    per-task-run cost caps how many a run can dispatch per second, whatever the cores."""
+    return max(1, round(slice_bytes / jsonl.BATCH_BYTES))
+
+
 def _batch_groups(
     layout: jsonl.JsonlLayout, selected: np.ndarray | None, slice_bytes: int
 ) -> list[tuple[int, int, list[int] | None]]:
-    """(start, end, subset) per slice of a file read by batch: one slice per batch, so each batch is
-    parsed once; a file of one batch (small) is cut into slices of about ``slice_bytes``, each parsing it."""
-    pieces = 1 if len(layout.batches) > 1 else max(1, -(-layout.size // slice_bytes))
+    """(start, end, subset) per slice of a file read by batch: whole batches (:func:`batches_per_slice`),
+    so each batch is parsed once; a file of one batch (small) is cut into slices of about
+    ``slice_bytes``, each parsing it."""
+    batches = [b for b in layout.batches if b.rows]
+    if len(layout.batches) == 1:
+        pieces, per = max(1, -(-layout.size // slice_bytes)), 1
+    else:
+        pieces, per = 1, batches_per_slice(slice_bytes)
     groups: list[tuple[int, int, list[int] | None]] = []
-    for b in layout.batches:
-        lo, hi = b.first_row, b.first_row + b.rows
+    for k in range(0, len(batches), per):
+        last = batches[min(k + per, len(batches)) - 1]
+        lo, hi = batches[k].first_row, last.first_row + last.rows
         if selected is None:
             rows = np.arange(lo, hi)
         else:
@@ -452,21 +465,24 @@ def _cut_streamed(
     memory: int | None,
     early: EarlySlice | None,
 ) -> None:
-    """A streamed file's slices, one per batch, each numbered and handed to ``early`` as soon as its batch
-    is counted; the file is then a dataset like any other (or, found not to be JSON Lines pyarrow reads
+    """A streamed file's slices (whole batches, or ``slice_rows`` rows of one), each numbered and handed to
+    ``early`` as soon as its batches are counted; the file is then a dataset like any other (or, found not to be JSON Lines pyarrow reads
     after all, is read whole as :func:`_open_whole` reads it)."""
     entry = dataset.entry
     made: list[SliceSpec] = []
 
-    def cut(batch: jsonl.JsonlBatch, schema_b64: str) -> None:
+    per_slice = batches_per_slice(run.slice_bytes)
+    waiting: list[jsonl.JsonlBatch] = []  # counted batches of the next slice
+
+    def cut(batches: list[jsonl.JsonlBatch], schema_b64: str) -> None:
         nonlocal early
-        if not batch.rows:
-            return
-        source = jsonl.JsonlSource(path=entry.path, schema_b64=schema_b64, batches=[batch])
-        data, per = _batch_data(schema_b64, [batch]), run.slice_rows or batch.rows
-        for start in range(batch.first_row, batch.first_row + batch.rows, per):
-            end = min(start + per, batch.first_row + batch.rows)
-            size = round((batch.end - batch.offset) * (end - start) / batch.rows)
+        source = jsonl.JsonlSource(path=entry.path, schema_b64=schema_b64, batches=batches)
+        data = _batch_data(schema_b64, batches)
+        lo, hi = batches[0].first_row, batches[-1].first_row + batches[-1].rows
+        nbytes, per = batches[-1].end - batches[0].offset, run.slice_rows or hi - lo
+        for start in range(lo, hi, per):
+            end = min(start + per, hi)
+            size = round(nbytes * (end - start) / (hi - lo))
             spec = cutter.spec(dataset, (start, end, None), data, size, jsonl=source)
             spec.index = len(slices) + len(made)
             spec.unrendered = dataset.probes
@@ -478,13 +494,23 @@ def _cut_streamed(
                     logger.debug("no early start for %s: %s: %s", spec.describe(), type(exc).__name__, exc)
                     early = None
 
+    def counted(batch: jsonl.JsonlBatch, schema_b64: str) -> None:
+        if not batch.rows:
+            return
+        waiting.append(batch)
+        if run.slice_rows or len(waiting) == per_slice:  # (slice_rows: rows of one batch per slice)
+            cut(waiting[:], schema_b64)
+            waiting.clear()
+
     # Beside slices that already run on every core, a few threads read the file well ahead of them (a
     # worker takes seconds per batch; a thread counts one in a few milliseconds).
     threads = None if early is None else max(1, available_cpus() // SCAN_SHARE)
     try:
-        layout = jsonl.scan(entry.path, cut, threads)
+        layout = jsonl.scan(entry.path, counted, threads)
     except DatasetError as exc:
         raise DatasetError(entry.path, exc.reason) from None
+    if layout is not None and waiting:  # the file's last batches
+        cut(waiting, layout.schema_b64)
     if layout is None or not layout.n_rows or not layout.columns:
         whole = _open_whole(dataset.index, entry, run, cutter, ctx.on_bad_row, selected_total, memory)
         dataset.plan, dataset.specs, dataset.warnings = whole.plan, whole.specs, whole.warnings

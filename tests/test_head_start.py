@@ -196,3 +196,16 @@ def test_slices_begun_while_the_plan_reads_a_large_file_are_the_flows(prefect_ap
     tokenize_mixer(mixer=plain, run=RunOptions(work_dir=str(tmp_path / "w2"), runner="thread"))
     result = compare(tmp_path / "out", tmp_path / "plain")
     assert result.matches, result.render()
+
+
+def test_larger_slices_hold_whole_batches_and_share_keys_with_a_counted_plan(large, tmp_path):
+    """``slice_bytes`` of several batches (fewer task runs on many cores): whole batches per slice, the
+    same slices whether they are cut as the file is read (1.0) or after a count (a row count above it)."""
+    run = RunOptions(work_dir=str(tmp_path / "w"), slice_bytes=2 * jsonl.BATCH_BYTES)
+    streamed, counted = _mixer(large, tmp_path / "a"), _mixer(large, tmp_path / "b")
+    counted.datasets[0].amount = 10_000  # every row (more than the file has), known from the count
+    early: list[str] = []
+    plan = build_plan(streamed, run, lambda spec, ctx: early.append(spec.key))
+    assert [len(s.jsonl.batches) for s in plan.slices] == [2, 1]
+    assert early == [s.key for s in plan.slices]
+    assert [s.key for s in build_plan(counted, run).slices] == early
