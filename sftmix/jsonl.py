@@ -300,7 +300,7 @@ def scan(path: str, on_batch: BatchListener | None = None, threads: int | None =
             for batch in layout.batches:
                 on_batch(batch, layout.schema_b64)
         return layout
-    layout = _scan(path, st.st_size, st.st_mtime_ns, on_batch, threads or available_cpus())
+    layout = _scan(path, (st.st_size, st.st_mtime_ns, st.st_ino), on_batch, threads or available_cpus())
     with _SCANS_LOCK:
         _SCANS[stamp] = layout
         while len(_SCANS) > _KEPT_SCANS:
@@ -354,8 +354,10 @@ def _counted(
 
 
 def _scan(
-    path: str, size: int, mtime_ns: int, on_batch: BatchListener | None, threads: int
+    path: str, stamp: tuple[int, int, int], on_batch: BatchListener | None, threads: int
 ) -> JsonlLayout | None:
+    """``stamp``: the file's (size, mtime, inode) before the read; a file that has another after it
+    (rewritten, grown, truncated, replaced by a rename) was read as no one version of it."""
     bounds = batch_bounds(path)
     batches: list[JsonlBatch] = []
     bad_lines: list[BadLine] = []
@@ -380,10 +382,11 @@ def _scan(
                     on_batch(batch, schema)
         finally:
             pool.shutdown(cancel_futures=True)  # (a scan that ends early reads no further)
-    if os.stat(path).st_mtime_ns != mtime_ns:
+    st = os.stat(path)
+    if (st.st_size, st.st_mtime_ns, st.st_ino) != stamp:
         raise DatasetError(path, "the file changed while it was planned: plan it when it no longer changes")
     return JsonlLayout(
-        path=path, size=size, batches=tuple(batches), schema_b64=schema, bad_lines=tuple(bad_lines)
+        path=path, size=stamp[0], batches=tuple(batches), schema_b64=schema, bad_lines=tuple(bad_lines)
     )
 
 

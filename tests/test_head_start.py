@@ -5,7 +5,9 @@ bytes are those of a run without a head start."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 from sftmix import jsonl
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.digest import compare
+from sftmix.errors import DatasetError
 from sftmix.plan import build_plan
 from tokenize_mixer.flows import head_start
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
@@ -209,3 +212,43 @@ def test_larger_slices_hold_whole_batches_and_share_keys_with_a_counted_plan(lar
     assert [len(s.jsonl.batches) for s in plan.slices] == [2, 1]
     assert early == [s.key for s in plan.slices]
     assert [s.key for s in build_plan(counted, run).slices] == early
+
+
+def _truncate(path: Path) -> None:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def _append(path: Path) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(arithmetic(random.Random(1), 1)[0]) + "\n")
+
+
+def _replace(path: Path) -> None:
+    """Another file of the same size and mtime, renamed over it."""
+    data = bytearray(path.read_bytes())
+    data[jsonl.BATCH_BYTES + 100 : jsonl.BATCH_BYTES + 101] = (
+        b"7" if data[jsonl.BATCH_BYTES + 100] != ord("7") else b"8"
+    )
+    other = path.with_name("other.jsonl")
+    other.write_bytes(bytes(data))
+    st = path.stat()
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(other, path)
+
+
+@pytest.mark.parametrize("change", [_truncate, _append, _replace])
+def test_a_file_that_changes_while_its_slices_begin_is_one_clear_error(large, tmp_path, change):
+    """Changed while the plan reads it (at its first slice): the plan refuses it, naming the file."""
+    path = tmp_path / "large.jsonl"
+    shutil.copyfile(large, path)
+    mixer = _mixer(path, tmp_path / "out")
+    first: list[str] = []
+
+    def early(spec, ctx) -> None:
+        if not first:
+            first.append(spec.key)
+            change(path)
+
+    with pytest.raises(DatasetError, match="changed") as refused:
+        build_plan(mixer, RunOptions(work_dir=str(tmp_path / "w")), early)
+    assert first and str(path) in str(refused.value)
