@@ -80,6 +80,7 @@ LOCAL_KINDS = (
     "kill-api-late",
     "sigterm-tail",
     "sigterm-rerun",
+    "change-input",
 )
 #: Kinds whose fault is aimed at the tail (the output's assembly, check and publish) or at a rerun of a
 #: published output (found up to date, or `--force`): stops there must leave the published output whole.
@@ -99,12 +100,17 @@ EXPECTED_CODE: dict[str, int | None] = {
     "kill-api-late": 5,
     "sigterm-tail": 128 + signal.SIGTERM,
     "sigterm-rerun": 128 + signal.SIGTERM,
+    "change-input": 2,  # the file changed while the run read it (or exit 0: before or after it read it)
     "cancel": 4,
     "kill-prefect-worker": None,
 }
 
 #: Problems a trial can show, in the order a verdict names them (the table has a column for each).
-PROBLEMS = ("hang", "slow", "code", "stderr", "leftover", "staging", "rerun", "error")
+PROBLEMS = ("hang", "slow", "code", "stderr", "leftover", "staging", "mixed", "rerun", "error")
+
+#: How change-input changes the run's copy of the data: cut to its first half of lines, a row appended,
+#: or replaced by a rename with a copy that differs in one row of its second batch.
+CHANGES = ("truncate", "append", "replace")
 
 #: Lines the command prints that a `grep -m1` may wait for (kept when the baseline printed them).
 MARKERS = (
@@ -558,6 +564,34 @@ class Baseline:
         return next((t for t, line in self.lines if needle in line), None)
 
 
+def change_data(change: str, path: Path, tdir: Path) -> None:
+    """One of :data:`CHANGES` to the data file at ``path`` (each always the same change)."""
+    if change == "truncate":
+        with open(path, "rb") as fh:
+            lines = fh.read().split(b"\n")
+        os.truncate(path, sum(len(line) + 1 for line in lines[: len(lines) // 2]))
+    elif change == "append":
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(
+                json.dumps(
+                    {
+                        "messages": [
+                            {"role": "user", "content": "Appended?"},
+                            {"role": "assistant", "content": "Yes."},
+                        ]
+                    }
+                )
+                + "\n"
+            )
+    else:
+        data = bytearray(path.read_bytes())
+        at = data.index(b'"content": "', BATCH_BYTES + 1) + len(b'"content": "')
+        data[at:at] = b"Edited: "
+        other = tdir / "replacement.jsonl"
+        other.write_bytes(bytes(data))
+        os.replace(other, path)
+
+
 def convert_argv(data: Path, work: Path, out: Path) -> list[str]:
     return [
         str(COMMAND), "convert", "--dataset_mixer_list", str(data), "1.0",
@@ -982,6 +1016,9 @@ class Soak:
     def _command_trial(self, rec: TrialRecord, rng: random.Random, tdir: Path) -> None:
         """`tokenize-mixer convert` with one fault (every kind but kill-prefect-worker), then the rerun."""
         assert self.baseline is not None
+        if rec.kind == "change-input":
+            self._change_trial(rec, rng, tdir)
+            return
         base = self.baseline
         work, out = tdir / "work", tdir / "out"
         argv = convert_argv(self.data, work, out)
@@ -1262,8 +1299,83 @@ class Soak:
         if left:
             rec.problem("staging", f"after {when}: {left}")
 
+    def _change_trial(self, rec: TrialRecord, rng: random.Random, tdir: Path) -> None:
+        """The data changed at a drawn moment: the run either reads one version of it whole (exit 0, that
+        version's bytes) or says the file changed (exit 2, one line, nothing published), never an output
+        of two versions; then, the data restored, the rerun makes the expected output. (The soak's own
+        data file is changed and restored: its path is in the output's statistics. Trials run one at a
+        time.)"""
+        assert self.baseline is not None
+        original = tdir / "original.jsonl"
+        shutil.copyfile(self.data, original)
+        work, out = tdir / "work", tdir / "out"
+        argv, env = convert_argv(self.data, work, out), self._env(rec, tdir / "tmp")
+        change, moment = rng.choice(CHANGES), self.early_or_any(rng)
+        rec.fault = f"{change} the input at {moment:.2f} s"
+        try:
+            cmd = Command(self.reaper, argv, env, tdir)
+            if cmd.sleep_until(cmd.started + moment):
+                change_data(change, self.data, tdir)
+                rec.landed, rec.moment = True, round(time.monotonic() - cmd.started, 3)
+            exited = cmd.wait(cmd.started + 3 * self.baseline.wall + HANG_AFTER)
+            if not exited:
+                rec.problem("hang", f"no exit:\n{cmd.err.text()[-TAIL:]}")
+                cmd.kill_group()
+            self._settle(rec, cmd, "the run")
+        finally:
+            shutil.copyfile(original, self.data)  # restored: the rerun makes the expected output
+        rec.code, rec.published = (cmd.code if exited else None), published(out)
+        stderr = cmd.err.text()
+        if rec.code == 0:
+            rec.expected = 0
+            if not rec.published:
+                rec.problem("code", "exit 0 without a published output")
+            elif not compare(out, self.expected).matches and not (
+                rec.landed and compare(out, self._version_expected(change, env, tdir)).matches
+            ):
+                rec.problem("mixed", "the output is the bytes of neither version of the data")
+        elif rec.code is not None:
+            errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+            if rec.code != 2 or rec.published or not rec.landed:
+                rec.problem("code", f"exit {rec.code}, published {rec.published}, changed {rec.landed}")
+            elif len(errors) != 1 or "changed" not in errors[0] or "Traceback" in stderr:
+                rec.problem("stderr", f"{len(errors)} 'error: ' line(s), not one saying the file changed")
+        if rec.problems:
+            rec.detail += f"stderr:\n{stderr[-TAIL:]}\n"
+        self._judge_staging(rec, out, "the run")
+        if rec.published:
+            shutil.rmtree(out)  # (the other version's, or the expected one: made again)
+        self._rerun_command(rec, argv, env, work, out, tdir, reuse=False)
+
+    def _version_expected(self, change: str, env: dict[str, str], tdir: Path) -> Path:
+        """The output of the data as ``change`` leaves it, made once by a plain run."""
+        expected = self.root / f"expected-{change}"
+        if not expected.exists():
+            original = tdir / "original.jsonl"
+            try:
+                change_data(change, self.data, tdir)
+                run = subprocess.run(
+                    convert_argv(self.data, tdir / "version-work", expected),
+                    env=env,
+                    cwd=tdir,
+                    capture_output=True,
+                    timeout=300,
+                )
+            finally:
+                shutil.copyfile(original, self.data)
+            if run.returncode != 0:
+                raise RuntimeError(f"the {change} version's run failed:\n{run.stderr.decode()[-TAIL:]}")
+        return expected
+
     def _rerun_command(
-        self, rec: TrialRecord, argv: list[str], env: dict[str, str], work: Path, out: Path, tdir: Path
+        self,
+        rec: TrialRecord,
+        argv: list[str],
+        env: dict[str, str],
+        work: Path,
+        out: Path,
+        tdir: Path,
+        reuse: bool = True,
     ) -> None:
         finished = manifests(work)
         rec.finished_before_rerun = finished
@@ -1280,7 +1392,7 @@ class Soak:
         if cmd.code != 0:
             rec.problem("rerun", f"the rerun exited {cmd.code}:\n{cmd.err.text()[-TAIL:]}")
             return
-        self._judge_rerun_output(rec, work, out, finished, "", published_id)
+        self._judge_rerun_output(rec, work, out, finished if reuse else 0, "", published_id)
 
     def _settle(self, rec: TrialRecord, cmd: Command, what: str) -> None:
         """After ``cmd`` ended: every other process gone within 5 s of its exit, then its pipes drained."""
