@@ -339,7 +339,8 @@ def _open_streamed(index: int, entry: DatasetEntry, run: RunOptions, memory: int
     if not batch.rows or not columns:
         return None
     estimate = round(os.path.getsize(entry.path) * batch.rows / max(1, batch.end - batch.offset))
-    if selection_problem(entry.amount, estimate, 2 * target_rows(entry.amount, estimate), 0, memory):
+    target = target_rows(entry.amount, estimate)
+    if selection_problem(entry.amount, estimate, target, 2 * target, memory) is not None:
         return None  # (near a limit: counted first, so that a refusal comes before any work)
     row_format, messages_key = _format_of(entry, columns)
     sampled = SliceSpec(

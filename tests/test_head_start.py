@@ -252,3 +252,17 @@ def test_a_file_that_changes_while_its_slices_begin_is_one_clear_error(large, tm
     with pytest.raises(DatasetError, match="changed") as refused:
         build_plan(mixer, RunOptions(work_dir=str(tmp_path / "w")), early)
     assert first and str(path) in str(refused.value)
+
+
+def test_an_upsampling_the_machine_cannot_assemble_is_refused_before_any_slice_begins(
+    large, tmp_path, monkeypatch
+):
+    from sftmix import plan as plan_module
+
+    monkeypatch.setattr(plan_module, "memory_limit", lambda: 2 << 30)  # a 2 GiB machine
+    mixer = _mixer(large, tmp_path / "out")
+    mixer.datasets[0].amount = 100_000.0  # 760 M rows: more than it can assemble
+    early: list[str] = []
+    with pytest.raises(DatasetError, match="more than this machine"):
+        build_plan(mixer, RunOptions(work_dir=str(tmp_path / "w")), lambda spec, ctx: early.append(spec.key))
+    assert not early  # estimated from the first batch: counted first, refused before any work
