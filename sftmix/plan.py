@@ -254,6 +254,20 @@ class _Opened:
     row_format: str = "messages"
     messages_key: str = MESSAGES_KEY
 
+    def counted(self, n_rows: int, target: int, fingerprint: str) -> None:
+        """Its plan, once its rows are counted (slices numbered in mixer order later)."""
+        entry = self.entry
+        self.plan = DatasetPlan(
+            index=self.index,
+            name=entry.path,
+            split=entry.split,
+            amount=entry.amount,
+            n_rows=n_rows,
+            target=target,
+            fingerprint=fingerprint,
+            slices=[],
+        )
+
 
 class _SliceCutter:
     """Slice specs with their content keys: the row range, the rows' layout and the data they hold."""
@@ -323,7 +337,9 @@ def _streams(entry: DatasetEntry, run: RunOptions) -> bool:
     )
 
 
-def _open_streamed(index: int, entry: DatasetEntry, run: RunOptions, memory: int | None) -> _Opened | None:
+def _open_streamed(
+    index: int, entry: DatasetEntry, run: RunOptions, cutter: _SliceCutter, memory: int | None
+) -> _Opened | None:
     """A file whose slices are cut while it is read, opened from its first batch; ``None`` for any other
     (or one whose selection, estimated from its first batch, might be refused: it is counted first)."""
     if not _streams(entry, run):
@@ -343,19 +359,11 @@ def _open_streamed(index: int, entry: DatasetEntry, run: RunOptions, memory: int
     if selection_problem(entry.amount, estimate, target, 2 * target, memory) is not None:
         return None  # (near a limit: counted first, so that a refusal comes before any work)
     row_format, messages_key = _format_of(entry, columns)
-    sampled = SliceSpec(
-        key="",
-        index=-1,
-        dataset_index=index,
-        dataset=entry.path,
-        split=entry.split,
-        row_format=row_format,
-        messages_key=messages_key,
-        row_start=0,
-        row_end=min(batch.rows, run.slice_rows or batch.rows),  # the first slice's rows
-        jsonl=jsonl.JsonlSource(path=entry.path, schema_b64=schema_b64, batches=[batch]),
-    )
-    return _Opened(index, entry, sampled=sampled, row_format=row_format, messages_key=messages_key)
+    dataset = _Opened(index, entry, row_format=row_format, messages_key=messages_key)
+    source = jsonl.JsonlSource(path=entry.path, schema_b64=schema_b64, batches=[batch])
+    first = (0, min(batch.rows, run.slice_rows or batch.rows), None)  # the first slice's rows
+    dataset.sampled = cutter.spec(dataset, first, _batch_data(schema_b64, [batch]), 0, jsonl=source)
+    return dataset
 
 
 def _bad_lines_warning(
@@ -443,16 +451,7 @@ def _open_whole(
     memo.save()
     fingerprint_rows.close()
     dataset.sampled = dataset.specs[0]
-    dataset.plan = DatasetPlan(
-        index=index,
-        name=entry.path,
-        split=entry.split,
-        amount=entry.amount,
-        n_rows=info.n_rows,
-        target=target,
-        fingerprint=info.fingerprint,
-        slices=[],
-    )
+    dataset.counted(info.n_rows, target, info.fingerprint)
     return dataset
 
 
@@ -466,9 +465,9 @@ def _cut_streamed(
     memory: int | None,
     early: EarlySlice | None,
 ) -> None:
-    """A streamed file's slices (whole batches, or ``slice_rows`` rows of one), each numbered and handed to
-    ``early`` as soon as its batches are counted; the file is then a dataset like any other (or, found not to be JSON Lines pyarrow reads
-    after all, is read whole as :func:`_open_whole` reads it)."""
+    """A streamed file's slices (whole batches, or ``slice_rows`` rows of one), each numbered and handed
+    to ``early`` as soon as its batches are counted; the file is then a dataset like any other (or, found
+    not to be JSON Lines pyarrow reads after all, is read whole as :func:`_open_whole` reads it)."""
     entry = dataset.entry
     made: list[SliceSpec] = []
 
@@ -522,16 +521,7 @@ def _cut_streamed(
     _check_selection(entry, layout.n_rows, target, selected_total + target, memory)
     slices += made
     dataset.specs = made
-    dataset.plan = DatasetPlan(
-        index=dataset.index,
-        name=entry.path,
-        split=entry.split,
-        amount=entry.amount,
-        n_rows=layout.n_rows,
-        target=target,
-        fingerprint=layout.fingerprint,
-        slices=[],
-    )
+    dataset.counted(layout.n_rows, target, layout.fingerprint)
 
 
 def check_inputs(mixer: MixerConfig, run: RunOptions | None = None) -> None:
@@ -748,7 +738,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     hash_ahead([entry.path for entry in mixer.datasets if not jsonl.applies(entry.path, entry.split)])
     opened: list[_Opened] = []
     for index, entry in enumerate(mixer.datasets):  # each dataset's head: enough to sample its rows
-        dataset = _open_streamed(index, entry, run, memory)
+        dataset = _open_streamed(index, entry, run, cutter, memory)
         if dataset is None:
             selected_total = sum(d.plan.target for d in opened if d.plan is not None)
             dataset = _open_whole(index, entry, run, cutter, mixer.on_bad_row, selected_total, memory)
