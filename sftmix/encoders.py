@@ -528,7 +528,17 @@ class FastEncoding:
     """The part of ``tokenizers.Encoding`` the engine reads: the engine's ids (an int64 array, never a
     list of Python ints: building one costs more than the engine's encoding), and offsets when asked."""
 
-    __slots__ = ("_ascii", "_byte_ends", "_encoder", "_marks", "_offsets", "_text", "_utf8", "ids")
+    __slots__ = (
+        "_ascii",
+        "_byte_ends",
+        "_continuation",
+        "_encoder",
+        "_marks",
+        "_offsets",
+        "_text",
+        "_utf8",
+        "ids",
+    )
 
     def __init__(
         self, text: str, ids: np.ndarray, encoder: FastEncoder, marks: np.ndarray | None = None
@@ -542,6 +552,7 @@ class FastEncoding:
         self._byte_ends: np.ndarray | None = None
         self._ascii: bool | None = None
         self._utf8: bytes | None = None
+        self._continuation: np.ndarray | None = None
 
     @property
     def offsets(self) -> np.ndarray:
@@ -578,16 +589,23 @@ class FastEncoding:
             self._ascii = self._text.isascii()
         if self._ascii:
             return np.stack([starts, ends], axis=1)
-        if self._utf8 is None:  # (asked a few times per text: where each piece starts and ends)
-            self._utf8 = self._text.encode("utf-8")
-        data = self._utf8  # bytes to characters, piece by piece (all whole characters)
-        out = np.zeros((tokens.shape[0], 2), dtype=np.int64)
-        byte = char = 0
-        for k, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
-            char += len(data[byte:start].decode("utf-8", errors="surrogatepass"))
-            out[k] = char, char + len(data[start:end].decode("utf-8", errors="surrogatepass"))
-            byte, char = end, int(out[k, 1])
+        # bytes to characters: an added token covers whole characters, so a character offset is its
+        # byte offset less the UTF-8 continuation bytes before it
+        continuations = self._continuations()
+        out = np.empty((tokens.shape[0], 2), dtype=np.int64)
+        out[:, 0] = starts - np.searchsorted(continuations, starts)
+        out[:, 1] = ends - np.searchsorted(continuations, ends)
         return out
+
+    def _continuations(self) -> np.ndarray:
+        """Byte positions of the text's UTF-8 continuation bytes, ascending (made once per text: asked a
+        few times, where each piece starts and ends)."""
+        if self._continuation is None:
+            if self._utf8 is None:
+                self._utf8 = self._text.encode("utf-8")
+            data = np.frombuffer(self._utf8, dtype=np.uint8)
+            self._continuation = np.flatnonzero((data & 0xC0) == 0x80)
+        return self._continuation
 
 
 def char_offsets(text: str, token_bytes: np.ndarray, ends: np.ndarray | None = None) -> np.ndarray:

@@ -32,6 +32,7 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,14 @@ class _Prefix:
     shared: int
     tail: tuple[str | int, ...]
 
+    @cached_property
+    def literal(self) -> str | None:
+        """The tail as one string when it is the template's own text alone (most tails: an end-of-turn
+        marker, the next header), made once per shape instead of once per row."""
+        if any(isinstance(p, int) for p in self.tail):
+            return None
+        return "".join(self.tail)  # type: ignore[arg-type]
+
 
 @dataclass(frozen=True)
 class _Skeleton:
@@ -202,15 +211,18 @@ def _shape(conv: Conversation) -> tuple | None:
     return tuple(shape)
 
 
-@dataclass(frozen=True, eq=False)
 class PastedPrefix:
     """A pasted prefix render: the row's full render up to ``end``, then ``tail``. It becomes one string
     only when asked (``str``): all the prefixes of an n-turn chat together are quadratic in its length,
-    one at a time linear."""
+    one at a time linear. (A plain class with slots: two are made per assistant turn of every row, and a
+    frozen dataclass's construction costs several times as much.)"""
 
-    full: str
-    end: int
-    tail: str
+    __slots__ = ("end", "full", "tail")
+
+    def __init__(self, full: str, end: int, tail: str) -> None:
+        self.full = full
+        self.end = end
+        self.tail = tail
 
     def __len__(self) -> int:
         return self.end + len(self.tail)
@@ -354,7 +366,9 @@ class PrefixRenders:
         skeleton, values, offsets = found
 
         def build(prefix: _Prefix) -> PastedPrefix:
-            tail = "".join([p if isinstance(p, str) else values[p] for p in prefix.tail])
+            tail = prefix.literal
+            if tail is None:
+                tail = "".join([p if isinstance(p, str) else values[p] for p in prefix.tail])
             return PastedPrefix(full, offsets[prefix.shared], tail)
 
         return [(None if h is None else build(h), build(t)) for h, t in skeleton.turns]

@@ -260,6 +260,11 @@ class Encoded:
             return self._boundaries[1]
         table = boundaries.is_boundary
         at = np.flatnonzero(table[np.minimum(self.ids, table.shape[0] - 1)])
+        if len(self.pieces) == 1 and self.skips[0] == 0 and isinstance(self.pieces[0], FastEncoding):
+            chars = self.pieces[0].added_token_chars(at)  # (most rows: one piece, based at 0)
+            found = chars[:, 0], chars[:, 1], at
+            self._boundaries = (boundaries, found)
+            return found
         chars = np.zeros((at.shape[0], 2), dtype=np.int64)
         first = 0
         k = 0
