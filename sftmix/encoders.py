@@ -597,6 +597,44 @@ class FastEncoding:
         out[:, 1] = ends - np.searchsorted(continuations, ends)
         return out
 
+    def span_mask(self, limit: int, spans: Sequence[tuple[int, int]]) -> np.ndarray | None:
+        """``overlap_mask(offsets[:limit], spans)`` (``sftmix.segments``) read from the tokens' bytes, never
+        making every token's offsets; ``None`` where the offsets are not the bytes mapped to characters
+        (trimmed, SentencePiece markers) or a token has no bytes. A token overlaps a character span exactly
+        when its bytes overlap the span's bytes: its offsets are the characters holding its first and last
+        byte, so ``start < e`` is ``first byte < byte of e`` and ``s < end`` is ``byte of s <= last byte``.
+        Tokens' bytes are in order, so each span's tokens are one run, found by search."""
+        if self._encoder.trim is not None or self._encoder.analysis.metaspace:
+            return None
+        n = min(limit, self.ids.shape[0])
+        lengths = self._encoder.lengths[self.ids[:n]]
+        if n and not lengths.all():
+            return None
+        mask = np.zeros(n, dtype=np.uint8)
+        if not n or not spans:
+            return mask
+        ends = self.byte_ends[:n]
+        chars = np.array(spans, dtype=np.int64).reshape(-1, 2)
+        if self._ascii is None:
+            self._ascii = self._text.isascii()
+        if not self._ascii:  # characters to bytes: where each character's first byte is
+            leads = self._leads()
+            chars = np.append(leads, len(self._utf8 or b""))[np.clip(chars, 0, leads.shape[0])]
+        lo = np.searchsorted(ends, chars[:, 0], side="right")
+        hi = np.searchsorted(ends - lengths, chars[:, 1], side="left")
+        keep = lo < hi
+        if keep.any():
+            edges = np.bincount(lo[keep], minlength=n + 1) - np.bincount(hi[keep], minlength=n + 1)
+            mask[np.cumsum(edges[:n]) > 0] = 1
+        return mask
+
+    def _leads(self) -> np.ndarray:
+        """Byte positions where each of the text's characters begins (its UTF-8 lead bytes)."""
+        if self._utf8 is None:
+            self._utf8 = self._text.encode("utf-8")
+        data = np.frombuffer(self._utf8, dtype=np.uint8)
+        return np.flatnonzero((data & 0xC0) != 0x80)
+
     def _continuations(self) -> np.ndarray:
         """Byte positions of the text's UTF-8 continuation bytes, ascending (made once per text: asked a
         few times, where each piece starts and ends)."""

@@ -174,11 +174,10 @@ class LabelMasker:
             row, spans = results[i], char_spans[i]
             row.ids = encs[i].ids[: self.max_len]
             row.mask = np.zeros(row.ids.shape[0], dtype=np.uint8)
-            if (
-                spans is not None and row.status == RowStatus.KEPT
-            ):  # every token's offsets, for the overlap rule
-                offsets = encs[i].offsets(row.ids.shape[0])
-                row.mask = _overlap_mask(offsets, spans[-1:] if self.mode == "last_turn" else spans)
+            if spans is not None and row.status == RowStatus.KEPT:  # the overlap rule
+                row.mask = encs[i].span_mask(
+                    row.ids.shape[0], spans[-1:] if self.mode == "last_turn" else spans
+                )
         if pending:
             self._token_count_spans(conversations, rendered, encs, results, pending)
         if self.spans == "exact":
@@ -295,8 +294,7 @@ class LabelMasker:
             if spans is None:
                 continue
             dropped = row.status != RowStatus.KEPT or not row.mask.any()
-            offsets = enc.offsets(row.ids.shape[0])
-            row.mask = _overlap_mask(offsets, spans[-1:] if self.mode == "last_turn" else spans)
+            row.mask = enc.span_mask(row.ids.shape[0], spans[-1:] if self.mode == "last_turn" else spans)
             row.status, row.detail = RowStatus.KEPT, None
             row.reference_drops = dropped and bool(row.mask.any())
 
@@ -478,23 +476,6 @@ def _generation_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.nd
     for start, end in spans:
         mask |= (offsets[:, 0] < end) & (offsets[:, 1] > start)
     return mask.astype(np.uint8)
-
-
-def _overlap_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
-    """1 for every token of non-zero width whose offsets overlap a span."""
-    mask = np.zeros(offsets.shape[0], dtype=bool)
-    if not spans or offsets.shape[0] == 0:
-        return mask.astype(np.uint8)
-    starts, ends = np.ascontiguousarray(offsets[:, 0]), np.ascontiguousarray(offsets[:, 1])
-    nonempty = starts != ends
-    if np.all(starts[1:] >= starts[:-1]) and np.all(ends[1:] >= ends[:-1]):
-        # offsets in order (as tokens of one text are): each span's tokens are one run, found by search
-        for s, e in spans:
-            mask[np.searchsorted(ends, s, side="right") : np.searchsorted(starts, e, side="left")] = True
-    else:
-        for s, e in spans:
-            mask |= (starts < e) & (s < ends)
-    return (mask & nonempty).astype(np.uint8)
 
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"

@@ -166,6 +166,23 @@ def _overlapping_pattern(contents: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile(f"(?=({_alternation(contents)}))")
 
 
+def overlap_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndarray:
+    """1 for every token of non-zero width whose offsets overlap a span."""
+    mask = np.zeros(offsets.shape[0], dtype=bool)
+    if not spans or offsets.shape[0] == 0:
+        return mask.astype(np.uint8)
+    starts, ends = np.ascontiguousarray(offsets[:, 0]), np.ascontiguousarray(offsets[:, 1])
+    nonempty = starts != ends
+    if np.all(starts[1:] >= starts[:-1]) and np.all(ends[1:] >= ends[:-1]):
+        # offsets in order (as tokens of one text are): each span's tokens are one run, found by search
+        for s, e in spans:
+            mask[np.searchsorted(ends, s, side="right") : np.searchsorted(starts, e, side="left")] = True
+    else:
+        for s, e in spans:
+            mask |= (starts < e) & (s < ends)
+    return (mask & nonempty).astype(np.uint8)
+
+
 @dataclass
 class Encoded:
     """The tokens of a text's first ``covered`` characters, as pieces the tokenizer made separately.
@@ -231,6 +248,15 @@ class Encoded:
             out.append(pairs + base)
             left -= n
         return np.concatenate(out) if out else np.zeros((0, 2), dtype=np.int64)
+
+    def span_mask(self, limit: int, spans: Sequence[tuple[int, int]]) -> np.ndarray:
+        """``overlap_mask(self.offsets(limit), spans)``: for one fast-encoder piece read from the tokens'
+        bytes (``FastEncoding.span_mask``), which makes no offsets; otherwise from the offsets."""
+        if len(self.pieces) == 1 and self.skips[0] == 0 and isinstance(self.pieces[0], FastEncoding):
+            mask = self.pieces[0].span_mask(min(limit, self.length), spans)
+            if mask is not None:
+                return mask
+        return overlap_mask(self.offsets(limit), spans)
 
     def decoded(self, start: int, end: int) -> str | None:
         """The fast encoder's ``decode(ids[start:end])`` read from the text, where that is what it is:

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sftmix.prefix_renders import common_prefix_length
-from sftmix.segments import PrefixEncoder
+from sftmix.segments import PrefixEncoder, overlap_mask
 from sftmix.tokenizer import TokenizerKey, rust_tokenizer, segment_boundaries
 from tests.test_encoders import encoders
 from tests.test_labels import PIECES, TOKENIZERS, conversation, masker
@@ -183,3 +183,29 @@ def test_the_fast_encoders_pieces_give_the_librarys_offsets_and_decodes(texts, n
             lo, hi = sorted((int(a * n), int(b * n)))
             decoded = enc.decoded(lo, hi)
             assert decoded is None or decoded == rust.decode(whole.ids[lo:hi], skip_special_tokens=False)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    texts=st.lists(
+        st.lists(st.sampled_from(EDGES), min_size=1, max_size=60).map("".join), min_size=1, max_size=4
+    ),
+    name=st.sampled_from(["dolma2", "tiny", "llama3", "trimming-post-processor", "mistral-v3"]),
+    want=st.sampled_from([None, None, 1, 5, 40]),
+    spans=st.lists(st.tuples(st.floats(0, 1), st.floats(0, 0.6)), max_size=5),
+)
+def test_the_mask_read_from_token_bytes_is_the_overlap_of_the_librarys_offsets(texts, name, want, spans):
+    """``Encoded.span_mask`` (from the tokens' bytes, where it can) is the overlap rule over the library's
+    offsets, whatever the characters' widths, however far the text is tokenized, for any spans."""
+    if name == "dolma2":
+        ensure_dolma2()
+    rust, fast = encoders(name)
+    encoder = PrefixEncoder(fast.encode_batch, _tokenizer(name)[1] if name in TOKENIZERS else None)
+    encs = encoder.start(texts)
+    encoder.grow(encs, [want] * len(texts))
+    for text, enc in zip(texts, encs, strict=True):
+        whole = rust.encode(text, add_special_tokens=False)
+        chosen = [(int(a * len(text)), int((a + b) * len(text))) for a, b in spans]  # (some past the end)
+        n = enc.length if want is None else min(want, enc.length)
+        library = np.array(whole.offsets[:n], dtype=np.int64).reshape(-1, 2)
+        assert enc.span_mask(n, chosen).tolist() == overlap_mask(library, chosen).tolist()
