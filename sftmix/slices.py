@@ -12,7 +12,6 @@ it and checks the digests before trusting it.
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
@@ -319,7 +318,7 @@ def _masker(ctx: TokenizeContext) -> LabelMasker:
     """One masker per worker process and run settings: its template and pasted-prefix shapes are
     reused by every slice the process tokenizes, and the shapes' skeletons by every process of the
     machine (kept in the work directory, ``SKELETONS``)."""
-    masker = _cached_masker(
+    return _cached_masker(
         encoding_for(ctx),
         ctx.template_text,
         ctx.max_seq_length,
@@ -329,24 +328,6 @@ def _masker(ctx: TokenizeContext) -> LabelMasker:
         MaskPolicy(ctx.mask_thinking, ctx.mask_tool_calls, ctx.mask_tool_outputs),
         os.path.join(ctx.work_dir, SKELETONS),
     )
-    _settle_long_lived()
-    return masker
-
-
-_settled = False
-
-
-def _settle_long_lived() -> None:
-    """Once per process, when its first masker is made: what is alive then (modules, the tokenizer, the
-    template) lives as long as the process, so it leaves the cycle collector's generations (collected
-    first, then ``gc.freeze``). A slice makes many short-lived containers (rows, messages), and each full
-    collection walked ~170k long-lived objects again: 6-10% of a steady slice (ShareGPT under tulu and
-    olmo, session 28). Objects made later are collected as before."""
-    global _settled
-    if not _settled:
-        _settled = True
-        gc.collect()
-        gc.freeze()
 
 
 @dataclass(frozen=True, eq=False)
