@@ -531,7 +531,7 @@ class FastEncoding:
     __slots__ = (
         "_ascii",
         "_byte_ends",
-        "_continuation",
+        "_char_starts",
         "_encoder",
         "_marks",
         "_offsets",
@@ -552,7 +552,7 @@ class FastEncoding:
         self._byte_ends: np.ndarray | None = None
         self._ascii: bool | None = None
         self._utf8: bytes | None = None
-        self._continuation: np.ndarray | None = None
+        self._char_starts: np.ndarray | None = None
 
     @property
     def offsets(self) -> np.ndarray:
@@ -585,17 +585,12 @@ class FastEncoding:
             return self.offsets[tokens]
         ends = self.byte_ends[tokens]
         starts = ends - self._encoder.lengths[self.ids[tokens]]
-        if self._ascii is None:
-            self._ascii = self._text.isascii()
-        if self._ascii:
+        if self._is_ascii():
             return np.stack([starts, ends], axis=1)
-        # bytes to characters: an added token covers whole characters, so a character offset is its
-        # byte offset less the UTF-8 continuation bytes before it
-        continuations = self._continuations()
-        out = np.empty((tokens.shape[0], 2), dtype=np.int64)
-        out[:, 0] = starts - np.searchsorted(continuations, starts)
-        out[:, 1] = ends - np.searchsorted(continuations, ends)
-        return out
+        # bytes to characters: an added token covers whole characters, so a character offset is the
+        # number of characters that begin before its byte offset
+        char_starts = self._byte_of_char()
+        return np.stack([np.searchsorted(char_starts, starts), np.searchsorted(char_starts, ends)], axis=1)
 
     def span_mask(self, limit: int, spans: Sequence[tuple[int, int]]) -> np.ndarray | None:
         """``overlap_mask(offsets[:limit], spans)`` (``sftmix.segments``) read from the tokens' bytes, never
@@ -614,36 +609,33 @@ class FastEncoding:
         if not n or not spans:
             return mask
         ends = self.byte_ends[:n]
-        chars = np.array(spans, dtype=np.int64).reshape(-1, 2)
-        if self._ascii is None:
-            self._ascii = self._text.isascii()
-        if not self._ascii:  # characters to bytes: where each character's first byte is
-            leads = self._leads()
-            chars = np.append(leads, len(self._utf8 or b""))[np.clip(chars, 0, leads.shape[0])]
-        lo = np.searchsorted(ends, chars[:, 0], side="right")
-        hi = np.searchsorted(ends - lengths, chars[:, 1], side="left")
+        at = np.array(spans, dtype=np.int64).reshape(-1, 2)  # characters, then bytes
+        if not self._is_ascii():
+            char_starts = self._byte_of_char()
+            at = char_starts[np.clip(at, 0, char_starts.shape[0] - 1)]
+        lo = np.searchsorted(ends, at[:, 0], side="right")
+        hi = np.searchsorted(ends - lengths, at[:, 1], side="left")
         keep = lo < hi
         if keep.any():
             edges = np.bincount(lo[keep], minlength=n + 1) - np.bincount(hi[keep], minlength=n + 1)
             mask[np.cumsum(edges[:n]) > 0] = 1
         return mask
 
-    def _leads(self) -> np.ndarray:
-        """Byte positions where each of the text's characters begins (its UTF-8 lead bytes)."""
-        if self._utf8 is None:
-            self._utf8 = self._text.encode("utf-8")
-        data = np.frombuffer(self._utf8, dtype=np.uint8)
-        return np.flatnonzero((data & 0xC0) != 0x80)
+    def _is_ascii(self) -> bool:
+        if self._ascii is None:
+            self._ascii = self._text.isascii()
+        return self._ascii
 
-    def _continuations(self) -> np.ndarray:
-        """Byte positions of the text's UTF-8 continuation bytes, ascending (made once per text: asked a
-        few times, where each piece starts and ends)."""
-        if self._continuation is None:
+    def _byte_of_char(self) -> np.ndarray:
+        """The byte where each character of the text begins (its UTF-8 lead bytes), then the text's byte
+        length: character ``c`` begins at ``[c]``, and the characters before byte ``b`` (a character's
+        start) are ``searchsorted(b)``. Made once per text (asked by the boundary tokens and the mask)."""
+        if self._char_starts is None:
             if self._utf8 is None:
                 self._utf8 = self._text.encode("utf-8")
             data = np.frombuffer(self._utf8, dtype=np.uint8)
-            self._continuation = np.flatnonzero((data & 0xC0) == 0x80)
-        return self._continuation
+            self._char_starts = np.append(np.flatnonzero((data & 0xC0) != 0x80), len(self._utf8))
+        return self._char_starts
 
 
 def char_offsets(text: str, token_bytes: np.ndarray, ends: np.ndarray | None = None) -> np.ndarray:

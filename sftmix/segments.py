@@ -252,11 +252,17 @@ class Encoded:
     def span_mask(self, limit: int, spans: Sequence[tuple[int, int]]) -> np.ndarray:
         """``overlap_mask(self.offsets(limit), spans)``: for one fast-encoder piece read from the tokens'
         bytes (``FastEncoding.span_mask``), which makes no offsets; otherwise from the offsets."""
-        if len(self.pieces) == 1 and self.skips[0] == 0 and isinstance(self.pieces[0], FastEncoding):
-            mask = self.pieces[0].span_mask(min(limit, self.length), spans)
-            if mask is not None:
-                return mask
+        piece = self._one_fast_piece()
+        if piece is not None and (mask := piece.span_mask(min(limit, self.length), spans)) is not None:
+            return mask
         return overlap_mask(self.offsets(limit), spans)
+
+    def _one_fast_piece(self) -> FastEncoding | None:
+        """The fast encoding of the whole text so far, where it is one piece from the text's start (most
+        rows): its tokens, offsets and bytes are the row's as they are."""
+        if len(self.pieces) == 1 and self.skips[0] == 0 and isinstance(self.pieces[0], FastEncoding):
+            return self.pieces[0]
+        return None
 
     def decoded(self, start: int, end: int) -> str | None:
         """The fast encoder's ``decode(ids[start:end])`` read from the text, where that is what it is:
@@ -286,8 +292,8 @@ class Encoded:
             return self._boundaries[1]
         table = boundaries.is_boundary
         at = np.flatnonzero(table[np.minimum(self.ids, table.shape[0] - 1)])
-        if len(self.pieces) == 1 and self.skips[0] == 0 and isinstance(self.pieces[0], FastEncoding):
-            chars = self.pieces[0].added_token_chars(at)  # (most rows: one piece, based at 0)
+        if (piece := self._one_fast_piece()) is not None:
+            chars = piece.added_token_chars(at)
             found = chars[:, 0], chars[:, 1], at
             self._boundaries = (boundaries, found)
             return found

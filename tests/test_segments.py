@@ -196,7 +196,8 @@ def test_the_fast_encoders_pieces_give_the_librarys_offsets_and_decodes(texts, n
 )
 def test_the_mask_read_from_token_bytes_is_the_overlap_of_the_librarys_offsets(texts, name, want, spans):
     """``Encoded.span_mask`` (from the tokens' bytes, where it can) is the overlap rule over the library's
-    offsets, whatever the characters' widths, however far the text is tokenized, for any spans."""
+    offsets, whatever the characters' widths, however far the text is tokenized, for any spans; and the
+    boundary tokens' offsets, read through the same map from bytes to characters, are the library's."""
     if name == "dolma2":
         ensure_dolma2()
     rust, fast = encoders(name)
@@ -209,3 +210,8 @@ def test_the_mask_read_from_token_bytes_is_the_overlap_of_the_librarys_offsets(t
         n = enc.length if want is None else min(want, enc.length)
         library = np.array(whole.offsets[:n], dtype=np.int64).reshape(-1, 2)
         assert enc.span_mask(n, chosen).tolist() == overlap_mask(library, chosen).tolist()
+        if encoder.boundaries is not None:  # the same bytes-to-characters map places the boundary tokens
+            starts, ends, at = enc.boundary_tokens(encoder.boundaries)
+            assert list(zip(starts.tolist(), ends.tolist(), strict=True)) == [
+                whole.offsets[i] for i in at.tolist()
+            ]
