@@ -1,7 +1,9 @@
 """Start-up at users' scale: how long the plan (what runs before the first slice can start) takes on one
-large .jsonl, read by batch (sftmix.jsonl) against datasets' whole-file Arrow conversion, side by side.
+large .jsonl read by batch (sftmix.jsonl), or .parquet read by row group (sftmix.parquet), against
+datasets' whole-file Arrow conversion, side by side.
 
     python bench/startup.py --copies 40        # all ShareGPT chats 40x, each copy in its own seeded order (~4.8 GB)
+    python bench/startup.py --copies 40 --format parquet   # the same chats as Parquet, 1,000 chats a row group
     python bench/startup.py --copies 4 --data tests/golden/data/sharegpt_mt150.jsonl
 
 Each plan runs in a fresh process with a fresh work directory (nothing cached), on the same file, with
@@ -56,9 +58,24 @@ def write_input(chats: list[list[dict]], copies: int, path: Path) -> Path:
     return path
 
 
+def write_parquet(jsonl: Path, path: Path, group_rows: int = 1000) -> Path:
+    """The chats of a .jsonl written as Parquet, ``group_rows`` chats a row group (written as it is read)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])))])
+    with open(jsonl, encoding="utf-8") as fh, pq.ParquetWriter(path, schema) as writer:
+        while rows := [json.loads(line) for _, line in zip(range(group_rows), fh, strict=False)]:
+            writer.write_table(pa.Table.from_pylist(rows, schema=schema), row_group_size=group_rows)
+    return path
+
+
 def plan_once(data: Path, tokenizer: Path, reader: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="startup-") as work:
-        env = {**os.environ, "TOKENIZE_MIXER_JSON_READER": reader}
+        setting = (
+            "TOKENIZE_MIXER_PARQUET_READER" if data.suffix == ".parquet" else "TOKENIZE_MIXER_JSON_READER"
+        )
+        env = {**os.environ, setting: "datasets" if reader == "datasets" else ""}
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         wall = time.perf_counter()
         proc = subprocess.run(  # GNU time for this child's own peak RSS (getrusage's is the largest child's)
@@ -84,6 +101,7 @@ def main() -> None:
         "--data", type=Path, default=None, help="chats (.jsonl with messages); default: all ShareGPT"
     )
     ap.add_argument("--tokenizer", type=Path, default=None, help="default: the dolma2 tokenizer of the tests")
+    ap.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
     ap.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()) / "tokenize-mixer-startup")
     args = ap.parse_args()
     if args.tokenizer is None:
@@ -94,19 +112,24 @@ def main() -> None:
     data = args.scratch / f"chats-{args.copies}.jsonl"
     if not data.exists():
         write_input(load_chats(args.data), args.copies, data)
+    if args.format == "parquet":
+        lines, data = data, data.with_suffix(".parquet")
+        if not data.exists():
+            write_parquet(lines, data)
     size = data.stat().st_size
     print(f"input: {data} ({size / 2**30:.2f} GiB), {os.cpu_count()} CPUs")
     results = {}
-    for reader in ("datasets", "batches"):
+    ours = "row groups" if args.format == "parquet" else "batches"
+    for reader in ("datasets", ours):
         results[reader] = r = plan_once(data, args.tokenizer, reader)
         print(
             f"{reader:>9}: plan {r['seconds']:.1f} s (process {r['process_seconds']:.1f} s, CPU {r['cpu_seconds']:.1f} s, "
             f"peak RSS {r['peak_rss_mb']:.0f} MB), {r['rows']:,} rows, {r['slices']:,} slices"
         )
-    assert results["datasets"]["rows"] == results["batches"]["rows"], "the two plans select different rows"
-    ratio = results["batches"]["seconds"] / results["datasets"]["seconds"]
+    assert results["datasets"]["rows"] == results[ours]["rows"], "the two plans select different rows"
+    ratio = results[ours]["seconds"] / results["datasets"]["seconds"]
     print(
-        f"plan by batches / plan through datasets: {ratio:.3f} ({size / 2**20 / results['batches']['seconds']:,.0f} MiB/s)"
+        f"plan by {ours} / plan through datasets: {ratio:.3f} ({size / 2**20 / results[ours]['seconds']:,.0f} MiB/s)"
     )
 
 

@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict
 
 from . import settings
 from .errors import BadLineError, DatasetError
+from .features import features_schema
 from .parallel import available_cpus
 from .sources import _valid_utf8, compression_of, local_builder
 from .storage import is_remote
@@ -232,36 +233,6 @@ def parse_batch(data: bytes) -> Any:
             raise
 
 
-def _features_schema(table: Any) -> Any:
-    """The schema ``datasets`` casts every batch to: its features, from the first batch's schema. Kept in
-    the user's cache per schema and ``datasets`` version: importing ``datasets`` (0.5 s on 2 cores) is
-    otherwise the largest part of planning a small file."""
-    import pyarrow as pa
-
-    from .storage import write_cache_file
-
-    found = table.schema.serialize().to_pybytes()
-    kept = _kept_schema_path(found)
-    try:
-        return pa.ipc.read_schema(pa.py_buffer(kept.read_bytes()))
-    except (OSError, pa.ArrowException):
-        pass
-    import datasets
-
-    schema = datasets.Features.from_arrow_schema(table.schema).arrow_schema
-    write_cache_file(kept, schema.serialize().to_pybytes())  # (else converted again next time)
-    return schema
-
-
-def _kept_schema_path(serialized: bytes) -> Any:
-    from importlib.metadata import version
-
-    from .config import cache_subdir
-
-    key = hashlib.sha256(f"datasets {version('datasets')}\0".encode() + serialized).hexdigest()[:32]
-    return cache_subdir("features-schemas") / f"{key}.arrow"
-
-
 def schema_names(schema_b64: str) -> tuple[str, ...]:
     """The columns of a serialized features schema."""
     return tuple(_schema(schema_b64).names)
@@ -346,7 +317,7 @@ def _counted(
             return None  # objects over several lines: datasets reads them
         bad += found.values()
         if k == 0:
-            schema = base64.b64encode(_features_schema(table).serialize().to_pybytes()).decode("ascii")
+            schema = base64.b64encode(features_schema(table.schema).serialize().to_pybytes()).decode("ascii")
     batch = JsonlBatch(
         offset=offset, end=end, first_row=first_row, rows=rows, sha256=sha, lines_before=lines, utf8=utf8
     )

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
-from . import jsonl
+from . import jsonl, parquet
 from .config import DatasetEntry, MixerConfig, RunOptions, TokenizerSpec, default_work_dir, local_mirror
 from .encoders import same_encodings
 from .errors import ConfigError, DatasetError, TemplateError
@@ -203,6 +203,21 @@ def _jsonl_layout(path: str, split: str) -> jsonl.JsonlLayout | None:
     if layout is None or not layout.n_rows or not layout.columns:
         return None  # no rows, or only empty objects: datasets' path says why
     return layout
+
+
+def _parquet_layout(path: str, split: str) -> parquet.ParquetLayout | None:
+    """The file's row groups when it is Parquet read by row group (:mod:`sftmix.parquet`), else ``None``."""
+    if not parquet.applies(path, split):
+        return None
+    try:
+        return parquet.scan(path)
+    except DatasetError as exc:
+        raise DatasetError(path, exc.reason) from None
+
+
+def _read_by_us(entry: DatasetEntry) -> bool:
+    """Whether the plan reads the dataset's file itself (by batch or row group), not through ``datasets``."""
+    return jsonl.applies(entry.path, entry.split) or parquet.applies(entry.path, entry.split)
 
 
 def batches_per_slice(slice_bytes: int) -> int:
@@ -406,10 +421,13 @@ def _open_whole(
     datasets_cache = str(cutter.work_dir / "datasets-cache")
     warnings: list[str] = []
     batched = _jsonl_layout(entry.path, entry.split)
+    grouped = None if batched is not None else _parquet_layout(entry.path, entry.split)
     if batched is not None:
         if (w := _bad_lines_warning(entry, on_bad_row, batched.bad_lines)) is not None:
             warnings.append(w)
         info = SourceInfo(batched.n_rows, batched.fingerprint, batched.columns, batched.size)
+    elif grouped is not None:
+        info = SourceInfo(grouped.n_rows, grouped.fingerprint, grouped.columns, grouped.nbytes)
     else:
         info = describe(entry.path, entry.split, entry.revision, datasets_cache)
     if info.n_rows == 0:
@@ -419,7 +437,7 @@ def _open_whole(
     row_format, messages_key = _format_of(entry, info.columns)
     arrow_files = (
         None
-        if batched is not None
+        if batched is not None or grouped is not None
         else arrow_cache_files(entry.path, entry.split, entry.revision, datasets_cache)
     )
     target = target_rows(entry.amount, info.n_rows)
@@ -434,19 +452,32 @@ def _open_whole(
     fingerprint_rows = RowsFingerprinter(entry.path, entry.split, entry.revision, datasets_cache, arrow_files)
     if batched is not None and not run.slice_rows:
         groups = _batch_groups(batched, selected, run.slice_bytes)
+    elif grouped is not None and not run.slice_rows:
+        groups = parquet.slice_cuts(grouped, selected, run.slice_bytes)
     else:
         groups = _row_groups(info.n_rows, selected, per_slice)
     for start, end, subset in groups:
-        source = None
+        source, row_groups = None, None
         if batched is not None:  # the bytes of the batches it reads, and the columns they are cast to
             source = batched.source(jsonl.batches_for(batched, start, end))
             data = _batch_data(batched.schema_b64, source.batches)
+        elif grouped is not None:  # the bytes of the row groups it reads, and the columns they are cast to
+            row_groups = grouped.source(parquet.groups_for(grouped, start, end))
+            data = _digest(grouped.data_key(row_groups.row_groups))
         elif (data := memo.known.get(memo.key(_rows_key(start, end, subset)))) is None:
             data = fingerprint_rows(start, end, subset)
             memo.remember(_rows_key(start, end, subset), data)
         size = round((end - start if subset is None else len(subset)) * info.nbytes / info.n_rows)
         dataset.specs.append(
-            cutter.spec(dataset, (start, end, subset), data, size, arrow_files=arrow_files, jsonl=source)
+            cutter.spec(
+                dataset,
+                (start, end, subset),
+                data,
+                size,
+                arrow_files=arrow_files,
+                jsonl=source,
+                parquet=row_groups,
+            )
         )
     memo.save()
     fingerprint_rows.close()
@@ -561,13 +592,15 @@ def prepare_plan(mixer: MixerConfig, run: RunOptions) -> None:
                     continue  # read by the plan itself, its slices starting as it goes
                 if _jsonl_layout(entry.path, entry.split) is not None:
                     continue
+                if _parquet_layout(entry.path, entry.split) is not None:
+                    continue
                 describe(entry.path, entry.split, entry.revision, datasets_cache)
                 arrow_cache_files(entry.path, entry.split, entry.revision, datasets_cache)
         except Exception as exc:
             logger.debug("opening the datasets ahead of the plan stopped: %s: %s", type(exc).__name__, exc)
 
     # The datasets' Arrow conversion (one core each, the longest part) beside the tokenizer's load.
-    hash_ahead([entry.path for entry in mixer.datasets if not jsonl.applies(entry.path, entry.split)])
+    hash_ahead([entry.path for entry in mixer.datasets if not _read_by_us(entry)])
     datasets_ahead = threading.Thread(target=open_datasets, name="datasets-ahead", daemon=True)
     datasets_ahead.start()
     try:
@@ -735,7 +768,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     renderer, reads = ChatRenderer(template.text, facts.special_tokens), what_it_reads(template.text)
     cutter = _SliceCutter(shared_key, work_dir, run)
     memory = memory_limit()
-    hash_ahead([entry.path for entry in mixer.datasets if not jsonl.applies(entry.path, entry.split)])
+    hash_ahead([entry.path for entry in mixer.datasets if not _read_by_us(entry)])
     opened: list[_Opened] = []
     for index, entry in enumerate(mixer.datasets):  # each dataset's head: enough to sample its rows
         dataset = _open_streamed(index, entry, run, cutter, memory)
@@ -775,6 +808,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
         datasets.append(dataset.plan)
     release_mapped_data(datasets_too=True)  # every row was read to fingerprint it; workers map their own
     jsonl.release()
+    parquet.release()
     return Plan(
         mixer=mixer,
         context=ctx,

@@ -59,6 +59,10 @@ JSON_READER = Setting(
     "TOKENIZE_MIXER_JSON_READER",
     "datasets: read local JSON Lines through datasets' Arrow conversion instead of our batch reader",
 )
+PARQUET_READER = Setting(
+    "TOKENIZE_MIXER_PARQUET_READER",
+    "datasets: read local Parquet through datasets' Arrow conversion instead of by row group",
+)
 WORKER_START = Setting(
     "TOKENIZE_MIXER_WORKER_START",
     "spawn: start workers as Prefect does instead of forking them from a preloaded server",
@@ -84,6 +88,7 @@ ALL = (
     LEASE_SECONDS,
     FAST_ENGINE,
     JSON_READER,
+    PARQUET_READER,
     WORKER_START,
     PROCESSES_FROM_TOKENS,
     CONSOLE,

@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from pydantic import BaseModel, Field
 
-from . import jsonl, settings
+from . import jsonl, parquet, settings
 from .config import local_mirror
 from .encoders import FastEncoder
 from .errors import (
@@ -44,6 +44,7 @@ from .jsonl import JsonlSource
 from .labels import DROP_REASONS, UNTRAINABLE, LabelMasker, MaskPolicy, RenderError, RowStatus, TokenizedRow
 from .literal_tokens import Renaming, literals_in, specials_pattern
 from .ownership import remove_abandoned_temps
+from .parquet import ParquetSource
 from .prefix_renders import SkeletonStore
 from .segments import SegmentBoundaries
 from .sources import read_rows, release_mapped_data, row_line
@@ -142,6 +143,10 @@ class SliceSpec(BaseModel):
     jsonl: JsonlSource | None = Field(
         default=None,
         description="A JSON Lines file read by batch (sftmix.jsonl): its batches that hold these rows.",
+    )
+    parquet: ParquetSource | None = Field(
+        default=None,
+        description="A Parquet file read by row group (sftmix.parquet): its row groups that hold these rows.",
     )
     est_bytes: int = Field(
         default=0, description="Source bytes it holds, estimated: bigger slices start first."
@@ -611,12 +616,16 @@ def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext, reuse: bool = False) -
     finally:
         release_mapped_data()  # the next slice maps what it reads; resident memory stays per slice
         jsonl.release()
+        parquet.release()
 
 
 def rows_of(spec: SliceSpec, datasets_cache: str, rows: list[int]) -> Sequence[dict | jsonl.BadLine]:
-    """Rows of the slice's dataset by index: from its JSON Lines batches, its Arrow files, or datasets."""
+    """Rows of the slice's dataset by index: from its JSON Lines batches, its Parquet row groups, its
+    Arrow files, or datasets."""
     if spec.jsonl is not None:
         return jsonl.read_rows(spec.jsonl, rows)
+    if spec.parquet is not None:
+        return parquet.read_rows(spec.parquet, rows)
     return read_rows(spec.dataset, spec.split, spec.revision, datasets_cache, rows, spec.arrow_files)
 
 

@@ -1,0 +1,456 @@
+"""Local Parquet files read by row group, as ``datasets``' Parquet builder reads them, without converting
+the whole file to Arrow on one core before the first slice can start.
+
+The reference loads a local ``.parquet`` with ``datasets.load_dataset("parquet")``: the features come
+from the file's Arrow schema (``Features.from_arrow_schema``) and every row group is read and cast to
+them (``table_cast``). Row groups are independent of each other, so here:
+
+- the plan reads the footer (every row count, for any amount) and hashes the footer and each row
+  group's bytes on all cores; nothing is decoded but the first row group (the plan's sample);
+- a slice reads the footer and its row groups' bytes once, checks their sha256 against the plan's (a
+  file that changed since the plan is one clear error, never rows of two versions), decodes its rows
+  from those checked bytes alone (pyarrow reads through a file object that serves nothing else) and
+  casts them as the builder does.
+
+So rows are the Python objects ``datasets`` gives (``tests/test_parquet.py`` compares them for several
+writers), and a slice's key follows from the bytes of the row groups it reads. Anything else (a
+sliced split, features that decode such as an Image, a file whose row groups pyarrow reads outside
+their recorded ranges) goes through ``datasets`` as before (:mod:`sftmix.sources`).
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import hashlib
+import io
+import json
+import logging
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from . import settings
+from .errors import DatasetError
+from .features import decodes, features_schema
+from .parallel import available_cpus
+from .sources import local_builder
+from .storage import is_remote
+
+logger = logging.getLogger(__name__)
+
+FINGERPRINT_PREFIX = "parquet-row-groups:"
+MAGIC = b"PAR1"
+#: A row group larger than a slice is cut into at most this many slices: each decodes all of it.
+MAX_PIECES_PER_ROW_GROUP = 4
+_READ_BLOCK = 4 << 20
+
+
+class RowGroup(BaseModel):
+    """Row group ``index`` of the file: bytes ``[offset, end)``, rows ``[first_row, first_row + rows)``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    index: int
+    offset: int
+    end: int
+    first_row: int
+    rows: int
+    nbytes: int  # its data uncompressed, as the writer recorded it: a slice's size
+    sha256: str  # of its bytes
+    meta_sha256: str  # of its footer record (column chunks: codecs, encodings, offsets)
+
+
+class ParquetSource(BaseModel):
+    """What a slice needs to read its rows: the file, its footer, the features as an Arrow schema, and
+    the row groups that hold its rows."""
+
+    path: str
+    size: int
+    footer_offset: int
+    footer_sha256: str
+    schema_b64: str
+    row_groups: list[RowGroup]
+
+
+@dataclass(frozen=True)
+class ParquetLayout:
+    """A file's row groups and features, as the plan finds them."""
+
+    path: str
+    size: int
+    footer_offset: int
+    footer_sha256: str
+    file_schema_sha256: str  # the file's own Arrow schema: with a row group's bytes, what decodes them
+    schema_b64: str  # the features' Arrow schema (with datasets' metadata), serialized
+    row_groups: tuple[RowGroup, ...]
+
+    @cached_property
+    def first_rows(self) -> list[int]:
+        return [g.first_row for g in self.row_groups]
+
+    @property
+    def n_rows(self) -> int:
+        return sum(g.rows for g in self.row_groups)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(g.nbytes for g in self.row_groups)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(_schema(self.schema_b64).names)
+
+    @property
+    def fingerprint(self) -> str:
+        h = hashlib.sha256(f"{self.schema_b64}|{self.file_schema_sha256}".encode("ascii"))
+        for g in self.row_groups:
+            h.update(f"{g.offset}:{g.end}:{g.rows}:{g.sha256}:{g.meta_sha256};".encode("ascii"))
+        return FINGERPRINT_PREFIX + h.hexdigest()
+
+    def data_key(self, groups: list[RowGroup]) -> list:
+        """What a slice's rows follow from: the features, the file's schema, its row groups' bytes and
+        records (not the whole footer: an edit elsewhere in the file leaves its checkpoint valid)."""
+        return [self.schema_b64, self.file_schema_sha256, [[g.sha256, g.meta_sha256] for g in groups]]
+
+    def source(self, groups: list[RowGroup]) -> ParquetSource:
+        return ParquetSource(
+            path=self.path,
+            size=self.size,
+            footer_offset=self.footer_offset,
+            footer_sha256=self.footer_sha256,
+            schema_b64=self.schema_b64,
+            row_groups=groups,
+        )
+
+
+def applies(path: str, split: str) -> bool:
+    """Whether ``path`` is a file this module reads: a local Parquet file of the whole 'train' split."""
+    if settings.PARQUET_READER.get() == "datasets":
+        return False
+    if is_remote(path) or local_builder(path) != "parquet" or split.strip() != "train":
+        return False
+    return os.path.isfile(path) and os.path.getsize(path) > 2 * len(MAGIC)
+
+
+def _changed(what: str) -> str:
+    return (
+        f"the file changed since the run was planned ({what} is not what the plan read): "
+        "rerun when it no longer changes; finished slices are kept"
+    )
+
+
+class _Checked(io.RawIOBase):
+    """A read-only file of ``size`` bytes that holds only the given pieces (offset, bytes): pyarrow
+    decodes from what was checked, and a read of anything else fails instead of reaching the disk."""
+
+    def __init__(self, size: int, pieces: list[tuple[int, bytes]]) -> None:
+        super().__init__()
+        self._size, self._pieces, self._pos = size, sorted(pieces, key=lambda p: p[0]), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = base + pos
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._size - self._pos if n is None or n < 0 else min(n, self._size - self._pos)
+        if n <= 0:
+            return b""
+        for offset, data in self._pieces:
+            if offset <= self._pos and self._pos + n <= offset + len(data):
+                out = data[self._pos - offset : self._pos - offset + n]
+                self._pos += n
+                return out
+        raise OSError(f"bytes {self._pos}-{self._pos + n} are outside the row groups the plan checked")
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
+def _footer_bounds(fh: Any, size: int) -> int:
+    """Where the footer (its metadata, length and marker) begins; a file without the markers is refused."""
+    fh.seek(0)
+    head = fh.read(len(MAGIC))
+    fh.seek(size - 8)
+    tail = fh.read(8)
+    if head != MAGIC or tail[4:] != MAGIC:
+        raise DatasetError(
+            fh.name,
+            "not a whole Parquet file (it does not begin and end with the marker PAR1): "
+            "a file still being written, cut short, or not Parquet",
+        )
+    length = int.from_bytes(tail[:4], "little")
+    if length <= 0 or length > size - 12:
+        raise DatasetError(fh.name, f"not a whole Parquet file (its footer claims {length} bytes)")
+    return size - 8 - length
+
+
+def _metadata(footer: bytes) -> Any:
+    """The file's metadata from its footer's bytes alone."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    return pq.read_metadata(pa.BufferReader(MAGIC + footer))
+
+
+def _chunk_bounds(group: Any) -> tuple[int, int]:
+    """``[offset, end)`` of a row group's column chunks, from its footer record."""
+    starts, ends = [], []
+    for j in range(group.num_columns):
+        col = group.column(j)
+        start = col.data_page_offset
+        if col.has_dictionary_page and col.dictionary_page_offset:
+            start = min(start, col.dictionary_page_offset)
+        starts.append(start)
+        ends.append(start + col.total_compressed_size)
+    return min(starts), max(ends)
+
+
+def _record_sha256(record: Any, offset: int) -> str:
+    """sha256 of a row group's footer record with its positions taken from its own start: what decodes
+    its bytes, the same wherever in the file it lies (an edit before it moves it, not its rows)."""
+    found = record.to_dict()
+    for col in found["columns"]:
+        for key in [k for k in col if k.endswith("_offset")]:
+            col[key] = None if col[key] is None else col[key] - offset
+    return hashlib.sha256(json.dumps(found, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+
+
+def _sha256_range(path: str, offset: int, end: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        left = end - offset
+        while left > 0:
+            block = fh.read(min(_READ_BLOCK, left))
+            if not block:
+                raise DatasetError(path, _changed(f"bytes {offset}-{end}"))
+            h.update(block)
+            left -= len(block)
+    return h.hexdigest()
+
+
+_SCANS: OrderedDict[tuple[str, int, int, int], ParquetLayout | None] = OrderedDict()
+_SCANS_LOCK = threading.Lock()
+_KEPT_SCANS = 16
+
+
+def scan(path: str, threads: int | None = None) -> ParquetLayout | None:
+    """The file's row groups (hashed on ``threads`` threads, default one per CPU) and features; ``None``
+    when ``datasets`` is to read it (no rows, features that decode, row groups pyarrow does not read
+    within their recorded bytes). A file scanned before (same size, mtime and inode) is not read again."""
+    st = os.stat(path)
+    stamp = (path, st.st_size, st.st_mtime_ns, st.st_ino)
+    with _SCANS_LOCK:
+        if stamp in _SCANS:
+            return _SCANS[stamp]
+    layout = _scan(path, stamp[1:], threads or available_cpus())
+    with _SCANS_LOCK:
+        _SCANS[stamp] = layout
+        while len(_SCANS) > _KEPT_SCANS:
+            _SCANS.popitem(last=False)
+    return layout
+
+
+def _scan(path: str, stamp: tuple[int, int, int], threads: int) -> ParquetLayout | None:
+    size = stamp[0]
+    with open(path, "rb") as fh:
+        footer_offset = _footer_bounds(fh, size)
+        fh.seek(footer_offset)
+        footer = fh.read(size - footer_offset)
+    try:
+        meta = _metadata(footer)
+        file_schema = meta.schema.to_arrow_schema()
+    except Exception as exc:
+        raise DatasetError(path, f"its Parquet footer cannot be read ({type(exc).__name__}: {exc})") from None
+    if meta.num_rows == 0 or meta.num_row_groups == 0 or decodes(file_schema):
+        return None  # datasets says why there is nothing, or decodes what needs decoding
+    bounds, first_row = [], 0
+    for i in range(meta.num_row_groups):
+        record = meta.row_group(i)
+        offset, end = _chunk_bounds(record)
+        if not len(MAGIC) <= offset < end <= footer_offset:
+            return None  # recorded out of place: datasets reads (or refuses) it
+        meta_sha = _record_sha256(record, offset)
+        bounds.append((i, offset, end, first_row, record.num_rows, record.total_byte_size, meta_sha))
+        first_row += record.num_rows
+    with ThreadPoolExecutor(max_workers=max(1, min(len(bounds), threads))) as pool:
+        hashes = list(pool.map(lambda b: _sha256_range(path, b[1], b[2]), bounds))
+    st = os.stat(path)
+    if (st.st_size, st.st_mtime_ns, st.st_ino) != stamp:
+        raise DatasetError(path, "the file changed while it was planned: plan it when it no longer changes")
+    schema = features_schema(file_schema)
+    layout = ParquetLayout(
+        path=path,
+        size=size,
+        footer_offset=footer_offset,
+        footer_sha256=hashlib.sha256(footer).hexdigest(),
+        file_schema_sha256=hashlib.sha256(file_schema.serialize().to_pybytes()).hexdigest(),
+        schema_b64=base64.b64encode(schema.serialize().to_pybytes()).decode("ascii"),
+        row_groups=tuple(
+            RowGroup(index=i, offset=o, end=e, first_row=r, rows=n, nbytes=max(0, b), sha256=h, meta_sha256=m)
+            for (i, o, e, r, n, b, m), h in zip(bounds, hashes, strict=True)
+        ),
+    )
+    try:  # the first row group decodes from its bytes alone (and stays cached for the plan's sample)
+        _row_group_table(layout.source([]), layout.row_groups[0])
+    except DatasetError:
+        raise
+    except Exception as exc:
+        logger.debug("%s: read through datasets (%s: %s)", path, type(exc).__name__, exc)
+        return None
+    return layout
+
+
+def groups_for(layout: ParquetLayout, start: int, end: int) -> list[RowGroup]:
+    """The row groups that hold rows ``[start, end)``."""
+    lo = max(bisect.bisect_right(layout.first_rows, start) - 1, 0)
+    hi = bisect.bisect_left(layout.first_rows, end)
+    return [g for g in layout.row_groups[lo:hi] if g.first_row < end and g.first_row + g.rows > start]
+
+
+def slice_cuts(
+    layout: ParquetLayout, selected: Any, slice_bytes: int
+) -> list[tuple[int, int, list[int] | None]]:
+    """(start, end, subset) per slice: whole row groups of about ``slice_bytes`` together, so each is
+    decoded by one slice; a row group larger than that is cut into at most
+    :data:`MAX_PIECES_PER_ROW_GROUP` slices (each decodes it whole)."""
+    import numpy as np
+
+    cuts: list[tuple[int, int, list[int] | None]] = []
+
+    def cut(lo: int, hi: int, pieces: int) -> None:
+        if selected is None:
+            rows = np.arange(lo, hi)
+        else:
+            rows = selected[np.searchsorted(selected, lo) : np.searchsorted(selected, hi)]
+        for part in np.array_split(rows, min(pieces, len(rows))) if len(rows) else []:
+            cuts.append((int(part[0]), int(part[-1]) + 1, None if selected is None else part.tolist()))
+
+    waiting: list[RowGroup] = []
+    for g in (g for g in layout.row_groups if g.rows):
+        if g.nbytes > slice_bytes:
+            if waiting:
+                cut(waiting[0].first_row, waiting[-1].first_row + waiting[-1].rows, 1)
+                waiting = []
+            cut(g.first_row, g.first_row + g.rows, min(MAX_PIECES_PER_ROW_GROUP, -(-g.nbytes // slice_bytes)))
+            continue
+        if waiting and sum(w.nbytes for w in waiting) + g.nbytes > slice_bytes:
+            cut(waiting[0].first_row, waiting[-1].first_row + waiting[-1].rows, 1)
+            waiting = []
+        waiting.append(g)
+    if waiting:
+        cut(waiting[0].first_row, waiting[-1].first_row + waiting[-1].rows, 1)
+    return cuts
+
+
+@lru_cache(maxsize=8)
+def _schema(schema_b64: str) -> Any:
+    import pyarrow as pa
+
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(schema_b64)))
+
+
+def _read_at(fh: Any, offset: int, end: int, path: str, what: str) -> bytes:
+    fh.seek(offset)
+    data = fh.read(end - offset)
+    if len(data) != end - offset:
+        raise DatasetError(path, _changed(what))
+    return data
+
+
+def _row_group_table(source: ParquetSource, group: RowGroup) -> Any:
+    """A row group's rows as the builder gives them, decoded from bytes whose sha256 is the plan's."""
+    return _decoded(
+        source.path, source.size, source.footer_offset, source.footer_sha256, source.schema_b64, group
+    )
+
+
+@lru_cache(maxsize=2)
+def _decoded(
+    path: str, size: int, footer_offset: int, footer_sha256: str, schema_b64: str, group: RowGroup
+) -> Any:
+    import pyarrow.parquet as pq
+
+    where = f"row group {group.index} (rows {group.first_row}-{group.first_row + group.rows - 1})"
+    try:
+        with open(path, "rb") as fh:
+            footer = _read_at(fh, footer_offset, size, path, "its footer")
+            data = _read_at(fh, group.offset, group.end, path, where)
+    except FileNotFoundError:
+        raise DatasetError(path, _changed("the file, now missing,")) from None
+    if hashlib.sha256(footer).hexdigest() != footer_sha256:
+        raise DatasetError(path, _changed("its footer"))
+    if hashlib.sha256(data).hexdigest() != group.sha256:
+        raise DatasetError(path, _changed(where))
+    checked = _Checked(size, [(footer_offset, footer), (group.offset, data)])
+    table = pq.ParquetFile(checked, metadata=_metadata(footer), pre_buffer=False).read_row_group(
+        group.index, use_threads=False
+    )
+    if table.num_rows != group.rows:
+        raise DatasetError(
+            path, f"{where}: the reader found {table.num_rows} rows where the plan counted {group.rows}"
+        )
+    return _cast(table, _schema(schema_b64))
+
+
+def _cast(table: Any, target: Any) -> Any:
+    """``table`` cast to the features, as the builder casts every row group (``datasets.table.table_cast``)."""
+    if table.schema.equals(target, check_metadata=False):
+        return table.replace_schema_metadata(target.metadata)
+    from datasets.table import table_cast
+
+    return table_cast(table, target)
+
+
+def read_rows(source: ParquetSource, rows: list[int]) -> list[dict[str, Any]]:
+    """Rows by index (in the order given) from the row groups of ``source``."""
+    from .jsonl import _indices
+
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(rows):
+        group = next((g for g in source.row_groups if g.first_row <= rows[i] < g.first_row + g.rows), None)
+        if group is None:
+            raise DatasetError(source.path, f"row {rows[i]} is in none of the slice's row groups")
+        j = i
+        while j < len(rows) and group.first_row <= rows[j] < group.first_row + group.rows:
+            j += 1
+        try:
+            table = _row_group_table(source, group)
+        except DatasetError:
+            raise
+        except Exception as exc:
+            raise DatasetError(
+                source.path, f"row group {group.index} cannot be read: {type(exc).__name__}: {exc}"
+            ) from None
+        local = [r - group.first_row for r in rows[i:j]]
+        if local[-1] - local[0] + 1 == len(local):
+            out += table.slice(local[0], len(local)).to_pylist()
+        else:
+            out += table.take(_indices(local)).to_pylist()
+        i = j
+    return out
+
+
+def release() -> None:
+    """Forget the decoded row groups (a worker between slices)."""
+    _decoded.cache_clear()

@@ -1,0 +1,243 @@
+"""Local Parquet read by row group (sftmix.parquet) gives exactly the rows datasets' Parquet builder gives,
+for several writers; a file that changes after the plan, or is not whole Parquet, is one clear error; the
+plan cuts slices at row groups and an edit recomputes only its row group's slices; the shards are the
+same as through datasets and as from the same chats in JSON Lines (issue 41 item 3)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sftmix import parquet
+from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.errors import DatasetError
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def _chat(rng: random.Random, i: int) -> dict:
+    words = ["alpha", "beta", "gamma", "delta", "ümlaut", "日本語", "emoji 🙂", ""]
+    turns = []
+    for t in range(rng.randint(1, 3)):
+        turns.append({"role": "user", "content": " ".join(rng.choices(words, k=rng.randint(0, 30)))})
+        turns.append({"role": "assistant", "content": f"answer {i}.{t} " + rng.choice(words)})
+    row: dict = {"messages": turns, "id": f"row-{i}", "score": rng.random() if i % 5 else None}
+    return row
+
+
+def _rows(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    return [_chat(rng, i) for i in range(n)]
+
+
+def _datasets_rows(path: Path, cache: Path) -> list[dict]:
+    datasets.disable_progress_bars()
+    return list(datasets.load_dataset("parquet", data_files=str(path), split="train", cache_dir=str(cache)))
+
+
+def _our_rows(path: Path, order: list[int] | None = None) -> list[dict]:
+    layout = parquet.scan(str(path))
+    assert layout is not None
+    if order is not None:
+        return parquet.read_rows(layout.source(list(layout.row_groups)), order)
+    rows: list[dict] = []
+    for group in layout.row_groups:  # as slices read them: each its own row group
+        rows += parquet.read_rows(
+            layout.source([group]), list(range(group.first_row, group.first_row + group.rows))
+        )
+    return rows
+
+
+def _write_with(writer: str, rows: list[dict], path: Path) -> None:
+    table = pa.Table.from_pylist(rows)
+    if writer == "pyarrow":
+        pq.write_table(table, path, row_group_size=70)
+    elif writer == "large-strings-zstd-page-index":
+        large = pa.schema(
+            [
+                pa.field(
+                    "messages",
+                    pa.large_list(pa.struct([("role", pa.large_string()), ("content", pa.large_string())])),
+                ),
+                pa.field("id", pa.large_string()),
+                pa.field("score", pa.float64()),
+            ]
+        )
+        pq.write_table(table.cast(large), path, row_group_size=90, compression="zstd", write_page_index=True)
+    elif writer == "plain-encoding":
+        pq.write_table(table, path, row_group_size=55, use_dictionary=False, compression="none")
+    elif writer == "datasets":
+        datasets.Dataset.from_list(rows).to_parquet(str(path), batch_size=64)
+    else:
+        raise AssertionError(writer)
+
+
+@pytest.mark.parametrize("writer", ["pyarrow", "large-strings-zstd-page-index", "plain-encoding", "datasets"])
+def test_rows_are_datasets_rows_for_every_writer(tmp_path, writer):
+    rows = _rows(400)
+    path = tmp_path / f"{writer}.parquet"
+    _write_with(writer, rows, path)
+    assert parquet.applies(str(path), "train")
+    layout = parquet.scan(str(path))
+    assert layout is not None and layout.n_rows == 400 and len(layout.row_groups) > 1
+    expected = _datasets_rows(path, tmp_path / "cache")
+    assert _our_rows(path) == expected
+    order = list(range(0, 400, 7))[::-1] + [3, 3, 250]
+    assert _our_rows(path, order) == [expected[i] for i in order]
+
+
+def test_a_file_that_changes_after_the_plan_is_one_clear_error(tmp_path):
+    rows = _rows(300)
+    path = tmp_path / "chats.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=100)
+    layout = parquet.scan(str(path))
+    assert layout is not None
+    source = layout.source(list(layout.row_groups))
+
+    rows[150]["messages"][0]["content"] = "edited"  # rewritten in place
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=100)
+    parquet.release()
+    with pytest.raises(DatasetError, match="changed since the run was planned"):
+        parquet.read_rows(source, [0, 1])
+
+    renamed = tmp_path / "other.parquet"  # replaced by a rename: another file of the same name
+    pq.write_table(pa.Table.from_pylist(_rows(300, seed=9)), renamed, row_group_size=100)
+    renamed.replace(path)
+    with pytest.raises(DatasetError, match="changed since the run was planned"):
+        parquet.read_rows(source, [299])
+
+    path.write_bytes(path.read_bytes()[:1000])  # truncated
+    with pytest.raises(DatasetError, match="changed since the run was planned"):
+        parquet.read_rows(source, [0])
+    path.unlink()
+    with pytest.raises(DatasetError, match="changed since the run was planned"):
+        parquet.read_rows(source, [0])
+
+
+def test_a_damaged_row_group_is_one_clear_error(tmp_path):
+    """Bytes damaged before the plan reads them: the plan's hash is of the damage, and the decode fails
+    naming the file and the row group, not deep inside pyarrow."""
+    path = tmp_path / "chats.parquet"
+    pq.write_table(pa.Table.from_pylist(_rows(300)), path, row_group_size=100, compression="zstd")
+    layout = parquet.scan(str(path))
+    assert layout is not None
+    group = layout.row_groups[1]
+    raw = bytearray(path.read_bytes())
+    for k in range(group.offset + 8, group.end - 8):
+        raw[k] ^= 0x5A
+    path.write_bytes(bytes(raw))
+    damaged = parquet.scan(str(path))
+    assert damaged is not None  # the first row group still decodes
+    with pytest.raises(DatasetError, match=r"chats.parquet.*row group 1 cannot be read"):
+        parquet.read_rows(damaged.source(list(damaged.row_groups)), [150])
+
+
+def test_a_file_that_is_not_whole_parquet_is_refused_in_words(tmp_path):
+    path = tmp_path / "cut.parquet"
+    pq.write_table(pa.Table.from_pylist(_rows(50)), path)
+    path.write_bytes(path.read_bytes()[:-3])
+    with pytest.raises(DatasetError, match="not a whole Parquet file"):
+        parquet.scan(str(path))
+    text = tmp_path / "text.parquet"
+    text.write_text("messages,id\n" * 20)
+    with pytest.raises(DatasetError, match="not a whole Parquet file"):
+        parquet.scan(str(text))
+
+
+def test_what_only_datasets_reads_goes_through_it(tmp_path, monkeypatch):
+    path = tmp_path / "chats.parquet"
+    pq.write_table(pa.Table.from_pylist(_rows(10)), path)
+    assert parquet.applies(str(path), "train")
+    assert not parquet.applies(str(path), "train[:5]")  # a sliced split
+    assert not parquet.applies(str(tmp_path / "chats.jsonl"), "train")
+    none = tmp_path / "none.parquet"
+    pq.write_table(pa.Table.from_pylist(_rows(1)).slice(0, 0), none)
+    assert parquet.scan(str(none)) is None  # no rows: datasets' path says so
+    images = tmp_path / "images.parquet"
+    features = datasets.Features({"messages": datasets.Value("string"), "image": datasets.Image()})
+    datasets.Dataset.from_dict({"messages": ["x"], "image": [None]}, features=features).to_parquet(
+        str(images)
+    )
+    assert parquet.scan(str(images)) is None  # a feature that decodes
+    monkeypatch.setenv("TOKENIZE_MIXER_PARQUET_READER", "datasets")
+    assert not parquet.applies(str(path), "train")
+
+
+def _mixer(path: Path, out: Path, amount: float | int = 1.0) -> MixerConfig:
+    return MixerConfig(
+        datasets=[DatasetEntry(path=str(path), amount=amount)],
+        tokenizer=TokenizerSpec(name_or_path=str(EXAMPLES / "tokenizer"), chat_template="olmo"),
+        max_seq_length=256,
+        output=OutputSpec(path=str(out)),
+    )
+
+
+def test_the_plan_cuts_at_row_groups_and_an_edit_changes_only_its_row_groups_keys(tmp_path):
+    from sftmix.plan import build_plan
+
+    rows = _rows(600)
+    path = tmp_path / "chats.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=200)
+    largest = max(g.nbytes for g in parquet.scan(str(path)).row_groups)  # type: ignore[union-attr]
+    run = RunOptions(work_dir=str(tmp_path / "work"), slice_bytes=largest)  # one slice per row group
+
+    def plan(amount: float | int = 1.0):
+        return build_plan(_mixer(path, tmp_path / "out", amount), run)
+
+    whole = plan()
+    assert whole.datasets[0].fingerprint.startswith(parquet.FINGERPRINT_PREFIX)
+    assert [(s.row_start, s.row_end) for s in whole.slices] == [(0, 200), (200, 400), (400, 600)]
+    assert all(s.parquet is not None and len(s.parquet.row_groups) == 1 for s in whole.slices)
+    assert all(s.arrow_files is None for s in whole.slices)
+    for amount, selected, tokenized in ((0.5, 300, 300), (250, 250, 250), (2.0, 1200, 600)):
+        got = plan(amount)  # (an upsampled row is tokenized once)
+        assert got.datasets[0].target == selected
+        assert sum(len(s.rows or range(s.row_start, s.row_end)) for s in got.slices) == tokenized
+    rows[450]["messages"][0]["content"] = "edited"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=200)
+    edited = plan()
+    assert [a.key == b.key for a, b in zip(whole.slices, edited.slices, strict=True)] == [True, True, False]
+    few = build_plan(_mixer(path, tmp_path / "out"), RunOptions(work_dir=str(tmp_path / "work")))
+    assert len(few.slices) == 1  # the default slice_bytes holds all three row groups
+
+
+def test_a_large_row_group_is_cut_into_a_few_slices():
+    group = parquet.RowGroup(
+        index=0, offset=4, end=100, first_row=0, rows=1000, nbytes=100 << 20, sha256="", meta_sha256=""
+    )
+    layout = parquet.ParquetLayout("f.parquet", 1, 1, "", "", "", (group,))
+    cuts = parquet.slice_cuts(layout, None, 4 << 20)
+    assert len(cuts) == parquet.MAX_PIECES_PER_ROW_GROUP
+    assert [c[:2] for c in cuts] == [(0, 250), (250, 500), (500, 750), (750, 1000)]
+
+
+@pytest.mark.slow
+def test_shards_are_those_of_datasets_and_of_the_same_chats_as_json_lines(prefect_api, tmp_path, monkeypatch):
+    from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
+
+    lines = [json.loads(line) for line in (EXAMPLES / "data" / "arithmetic.jsonl").read_text().splitlines()]
+    path = tmp_path / "chats.parquet"
+    pq.write_table(pa.Table.from_pylist(lines), path, row_group_size=37)
+    as_jsonl = tmp_path / "chats.jsonl"
+    as_jsonl.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in lines), encoding="utf-8")
+
+    def convert(data: Path, name: str, amount: float | int) -> dict:
+        run = RunOptions(work_dir=str(tmp_path / f"work-{name}"), slice_bytes=4096, runner="thread")
+        return tokenize_mixer(mixer=_mixer(data, tmp_path / name, amount), run=run)
+
+    for amount in (1.0, 0.5, 2.0):
+        ours = convert(path, f"ours-{amount}", amount)
+        assert ours["slices_total"] > 1
+        shards = {
+            k: v for k, v in ours["digests"].items() if k != "dataset_statistics.json"
+        }  # (names the file)
+        assert shards and convert(as_jsonl, f"jsonl-{amount}", amount)["digests"].items() >= shards.items()
+        monkeypatch.setenv("TOKENIZE_MIXER_PARQUET_READER", "datasets")
+        assert convert(path, f"datasets-{amount}", amount)["digests"] == ours["digests"]
+        monkeypatch.delenv("TOKENIZE_MIXER_PARQUET_READER")
