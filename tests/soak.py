@@ -81,6 +81,7 @@ LOCAL_KINDS = (
     "sigterm-tail",
     "sigterm-rerun",
     "change-input",
+    "change-parquet",
 )
 #: Kinds whose fault is aimed at the tail (the output's assembly, check and publish) or at a rerun of a
 #: published output (found up to date, or `--force`): stops there must leave the published output whole.
@@ -101,6 +102,7 @@ EXPECTED_CODE: dict[str, int | None] = {
     "sigterm-tail": 128 + signal.SIGTERM,
     "sigterm-rerun": 128 + signal.SIGTERM,
     "change-input": 2,  # the file changed while the run read it (or exit 0: before or after it read it)
+    "change-parquet": 2,  # the same, the input a Parquet file read by row group
     "cancel": 4,
     "kill-prefect-worker": None,
 }
@@ -109,8 +111,13 @@ EXPECTED_CODE: dict[str, int | None] = {
 PROBLEMS = ("hang", "slow", "code", "stderr", "leftover", "staging", "mixed", "rerun", "error")
 
 #: How change-input changes the run's copy of the data: cut to its first half of lines, a row appended,
-#: or replaced by a rename with a copy that differs in one row of its second batch.
+#: or replaced by a rename with a copy that differs in one row of its second batch. change-parquet's
+#: Parquet copy: cut to half its bytes, rewritten in place with a row appended, or replaced by a rename
+#: with a copy that differs in one row of its second half.
 CHANGES = ("truncate", "append", "replace")
+CHANGE_KINDS = ("change-input", "change-parquet")
+#: Rows a row group of the soak's Parquet copy (8,000 rows: 16 row groups, about 1 MiB each).
+PARQUET_GROUP_ROWS = 500
 
 #: Lines the command prints that a `grep -m1` may wait for (kept when the baseline printed them).
 MARKERS = (
@@ -564,9 +571,41 @@ class Baseline:
         return next((t for t, line in self.lines if needle in line), None)
 
 
+def write_parquet_copy(rows: list[dict], path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=PARQUET_GROUP_ROWS)
+
+
+def _parquet_rows(path: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()
+
+
+def change_parquet(change: str, path: Path, tdir: Path) -> None:
+    """One of :data:`CHANGES` to the Parquet file at ``path`` (each always the same change)."""
+    if change == "truncate":
+        os.truncate(path, path.stat().st_size // 2)
+        return
+    rows = _parquet_rows(path)
+    if change == "append":
+        rows.append({**rows[-1], "id": "appended".ljust(ID_CHARS, ".")})
+        write_parquet_copy(rows, path)  # in place
+        return
+    row = rows[len(rows) * 3 // 4]
+    row["messages"][0]["content"] = "Edited: " + row["messages"][0]["content"]
+    other = tdir / "replacement.parquet"
+    write_parquet_copy(rows, other)
+    os.replace(other, path)
+
+
 def change_data(change: str, path: Path, tdir: Path) -> None:
     """One of :data:`CHANGES` to the data file at ``path`` (each always the same change)."""
-    if change == "truncate":
+    if path.suffix == ".parquet":
+        change_parquet(change, path, tdir)
+    elif change == "truncate":
         with open(path, "rb") as fh:
             lines = fh.read().split(b"\n")
         os.truncate(path, sum(len(line) + 1 for line in lines[: len(lines) // 2]))
@@ -590,6 +629,13 @@ def change_data(change: str, path: Path, tdir: Path) -> None:
         other = tdir / "replacement.jsonl"
         other.write_bytes(bytes(data))
         os.replace(other, path)
+
+
+def said_changed(line: str, data: Path, change: str) -> bool:
+    """Whether a run's error line says its input changed, or is what the changed input itself gets (a
+    Parquet file cut short is no longer whole Parquet: a plan that meets it refuses it so)."""
+    cut_short = data.suffix == ".parquet" and change == "truncate" and "not a whole Parquet file" in line
+    return "changed" in line or cut_short
 
 
 def convert_argv(data: Path, work: Path, out: Path) -> list[str]:
@@ -815,6 +861,7 @@ class Soak:
         self.reaper = Reaper()
         self.root = Path(tempfile.mkdtemp(prefix="tokenize-mixer-soak-"))
         self.data = self.root / "chats.jsonl"
+        self.parquet = self.root / "chats.parquet"  # the same rows, for change-parquet
         self.expected = self.root / "expected"
         self.home = self.root / "prefect-home"
         self.stack: Stack | None = None
@@ -835,6 +882,8 @@ class Soak:
             "".join(json.dumps({**r, "id": r["id"].ljust(ID_CHARS, ".")}) + "\n" for r in rows)
         )
         assert self.data.stat().st_size > BATCH_BYTES
+        if "change-parquet" in self.kinds:
+            write_parquet_copy([{**r, "id": r["id"].ljust(ID_CHARS, ".")} for r in rows], self.parquet)
         self.home.mkdir()
         # the temporary API's database, created once (a first run's slow API start is not the timeline)
         subprocess.run(
@@ -1016,7 +1065,7 @@ class Soak:
     def _command_trial(self, rec: TrialRecord, rng: random.Random, tdir: Path) -> None:
         """`tokenize-mixer convert` with one fault (every kind but kill-prefect-worker), then the rerun."""
         assert self.baseline is not None
-        if rec.kind == "change-input":
+        if rec.kind in CHANGE_KINDS:
             self._change_trial(rec, rng, tdir)
             return
         base = self.baseline
@@ -1303,19 +1352,21 @@ class Soak:
         """The data changed at a drawn moment: the run either reads one version of it whole (exit 0, that
         version's bytes) or says the file changed (exit 2, one line, nothing published), never an output
         of two versions; then, the data restored, the rerun makes the expected output. (The soak's own
-        data file is changed and restored: its path is in the output's statistics. Trials run one at a
-        time.)"""
+        data file, JSON Lines or its Parquet copy, is changed and restored: its path is in the output's
+        statistics. Trials run one at a time.)"""
         assert self.baseline is not None
-        original = tdir / "original.jsonl"
-        shutil.copyfile(self.data, original)
+        data = self.parquet if rec.kind == "change-parquet" else self.data
+        original = tdir / f"original{data.suffix}"
+        shutil.copyfile(data, original)
         work, out = tdir / "work", tdir / "out"
-        argv, env = convert_argv(self.data, work, out), self._env(rec, tdir / "tmp")
+        argv, env = convert_argv(data, work, out), self._env(rec, tdir / "tmp")
+        expected = self.expected if data == self.data else self._version_expected(data, "", env, tdir)
         change, moment = rng.choice(CHANGES), self.early_or_any(rng)
         rec.fault = f"{change} the input at {moment:.2f} s"
         try:
             cmd = Command(self.reaper, argv, env, tdir)
             if cmd.sleep_until(cmd.started + moment):
-                change_data(change, self.data, tdir)
+                change_data(change, data, tdir)
                 rec.landed, rec.moment = True, round(time.monotonic() - cmd.started, 3)
             exited = cmd.wait(cmd.started + 3 * self.baseline.wall + HANG_AFTER)
             if not exited:
@@ -1323,46 +1374,47 @@ class Soak:
                 cmd.kill_group()
             self._settle(rec, cmd, "the run")
         finally:
-            shutil.copyfile(original, self.data)  # restored: the rerun makes the expected output
+            shutil.copyfile(original, data)  # restored: the rerun makes the expected output
         rec.code, rec.published = (cmd.code if exited else None), published(out)
         stderr = cmd.err.text()
         if rec.code == 0:
             rec.expected = 0
             if not rec.published:
                 rec.problem("code", "exit 0 without a published output")
-            elif not compare(out, self.expected).matches and not (
-                rec.landed and compare(out, self._version_expected(change, env, tdir)).matches
+            elif not compare(out, expected).matches and not (
+                rec.landed and compare(out, self._version_expected(data, change, env, tdir)).matches
             ):
                 rec.problem("mixed", "the output is the bytes of neither version of the data")
         elif rec.code is not None:
             errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
             if rec.code != 2 or rec.published or not rec.landed:
                 rec.problem("code", f"exit {rec.code}, published {rec.published}, changed {rec.landed}")
-            elif len(errors) != 1 or "changed" not in errors[0] or "Traceback" in stderr:
+            elif len(errors) != 1 or not said_changed(errors[0], data, change) or "Traceback" in stderr:
                 rec.problem("stderr", f"{len(errors)} 'error: ' line(s), not one saying the file changed")
         if rec.problems:
             rec.detail += f"stderr:\n{stderr[-TAIL:]}\n"
         self._judge_staging(rec, out, "the run")
         if rec.published:
             shutil.rmtree(out)  # (the other version's, or the expected one: made again)
-        self._rerun_command(rec, argv, env, work, out, tdir, reuse=False)
+        self._rerun_command(rec, argv, env, work, out, tdir, reuse=False, expected=expected)
 
-    def _version_expected(self, change: str, env: dict[str, str], tdir: Path) -> Path:
-        """The output of the data as ``change`` leaves it, made once by a plain run."""
-        expected = self.root / f"expected-{change}"
+    def _version_expected(self, data: Path, change: str, env: dict[str, str], tdir: Path) -> Path:
+        """The output of ``data`` as ``change`` leaves it (``""``: unchanged), made once by a plain run."""
+        expected = self.root / f"expected{data.suffix.replace('.', '-')}-{change or 'unchanged'}"
         if not expected.exists():
-            original = tdir / "original.jsonl"
+            original = tdir / f"original{data.suffix}"
             try:
-                change_data(change, self.data, tdir)
+                if change:
+                    change_data(change, data, tdir)
                 run = subprocess.run(
-                    convert_argv(self.data, tdir / "version-work", expected),
+                    convert_argv(data, tdir / "version-work", expected),
                     env=env,
                     cwd=tdir,
                     capture_output=True,
                     timeout=300,
                 )
             finally:
-                shutil.copyfile(original, self.data)
+                shutil.copyfile(original, data)
             if run.returncode != 0:
                 raise RuntimeError(f"the {change} version's run failed:\n{run.stderr.decode()[-TAIL:]}")
         return expected
@@ -1376,6 +1428,7 @@ class Soak:
         out: Path,
         tdir: Path,
         reuse: bool = True,
+        expected: Path | None = None,
     ) -> None:
         finished = manifests(work)
         rec.finished_before_rerun = finished
@@ -1392,7 +1445,7 @@ class Soak:
         if cmd.code != 0:
             rec.problem("rerun", f"the rerun exited {cmd.code}:\n{cmd.err.text()[-TAIL:]}")
             return
-        self._judge_rerun_output(rec, work, out, finished if reuse else 0, "", published_id)
+        self._judge_rerun_output(rec, work, out, finished if reuse else 0, "", published_id, expected)
 
     def _settle(self, rec: TrialRecord, cmd: Command, what: str) -> None:
         """After ``cmd`` ended: every other process gone within 5 s of its exit, then its pipes drained."""
@@ -1404,9 +1457,16 @@ class Soak:
         cmd.finish()
 
     def _judge_rerun_output(
-        self, rec: TrialRecord, work: Path, out: Path, finished: int, log: str, published_id: str | None
+        self,
+        rec: TrialRecord,
+        work: Path,
+        out: Path,
+        finished: int,
+        log: str,
+        published_id: str | None,
+        expected: Path | None = None,
     ) -> None:
-        result = compare(out, self.expected)
+        result = compare(out, expected or self.expected)
         if not result.matches:
             rec.problem("rerun", f"the rerun's bytes differ:\n{result.render()[-TAIL:]}\n{log[-TAIL:]}")
             return
