@@ -47,7 +47,8 @@ logger = logging.getLogger(__name__)
 
 FINGERPRINT_PREFIX = "parquet-row-groups:"
 MAGIC = b"PAR1"
-#: A row group larger than a slice is cut into at most this many slices: each decodes all of it.
+#: A row group is cut into at most this many slices (each decodes all of it), and only when each piece
+#: still holds this many slices' worth of rows: decoding is a few percent of tokenizing the same rows.
 MAX_PIECES_PER_ROW_GROUP = 4
 _READ_BLOCK = 4 << 20
 
@@ -331,8 +332,9 @@ def slice_cuts(
     layout: ParquetLayout, selected: Any, slice_bytes: int
 ) -> list[tuple[int, int, list[int] | None]]:
     """(start, end, subset) per slice: whole row groups of about ``slice_bytes`` together, so each is
-    decoded by one slice; a row group larger than that is cut into at most
-    :data:`MAX_PIECES_PER_ROW_GROUP` slices (each decodes it whole)."""
+    decoded by one slice (one per task run: fewer, larger slices cost the orchestrator less); a row
+    group of several times ``slice_bytes`` is cut into at most :data:`MAX_PIECES_PER_ROW_GROUP` slices,
+    each decoding it whole, so a file of a few large row groups still keeps several cores busy."""
     import numpy as np
 
     cuts: list[tuple[int, int, list[int] | None]] = []
@@ -351,7 +353,8 @@ def slice_cuts(
             if waiting:
                 cut(waiting[0].first_row, waiting[-1].first_row + waiting[-1].rows, 1)
                 waiting = []
-            cut(g.first_row, g.first_row + g.rows, min(MAX_PIECES_PER_ROW_GROUP, -(-g.nbytes // slice_bytes)))
+            pieces = g.nbytes // (MAX_PIECES_PER_ROW_GROUP * slice_bytes)
+            cut(g.first_row, g.first_row + g.rows, max(1, min(MAX_PIECES_PER_ROW_GROUP, pieces)))
             continue
         if waiting and sum(w.nbytes for w in waiting) + g.nbytes > slice_bytes:
             cut(waiting[0].first_row, waiting[-1].first_row + waiting[-1].rows, 1)

@@ -215,6 +215,15 @@ def test_a_large_row_group_is_cut_into_a_few_slices():
     cuts = parquet.slice_cuts(layout, None, 4 << 20)
     assert len(cuts) == parquet.MAX_PIECES_PER_ROW_GROUP
     assert [c[:2] for c in cuts] == [(0, 250), (250, 500), (500, 750), (750, 1000)]
+    two = (
+        group.model_copy(update={"nbytes": 8 << 20}),
+        group.model_copy(update={"index": 1, "first_row": 1000}),
+    )
+    layout = parquet.ParquetLayout("f.parquet", 1, 1, "", "", "", two)
+    assert parquet.slice_cuts(layout, None, 4 << 20) == [
+        (0, 1000, None),
+        *[(a + 1000, b + 1000, None) for a, b, _ in cuts],
+    ]
 
 
 @pytest.mark.slow
