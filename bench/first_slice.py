@@ -1,28 +1,69 @@
-"""Seconds from the command's start to the first slice checkpoint (a manifest), then the run is stopped."""
-import glob, json, os, shutil, signal, subprocess, sys, tempfile, time
-data, reader = sys.argv[1], sys.argv[2]
-root = "/work/main"
-tok = os.path.expanduser("~/.cache/tokenize-mixer-tests")
+"""Seconds from a `tokenize-mixer convert` command's start to its first slice checkpoint (a manifest), cold
+(the page cache dropped first where this process may), then the run is stopped with SIGINT.
+
+    python bench/first_slice.py /tmp/tokenize-mixer-startup/chats-40.parquet            # our reader
+    python bench/first_slice.py /tmp/tokenize-mixer-startup/chats-40.parquet --datasets # datasets' conversion
+
+The inputs are bench/startup.py's (`--format parquet` writes the Parquet copy); dolma2, olmo, 4096.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
-sys.path.insert(0, root)
-from tests.tokenizer_fixtures import ensure_dolma2
-tokenizer = str(ensure_dolma2())
-scratch = tempfile.mkdtemp(prefix="fs-", dir="/tmp/s30")
-assert scratch.startswith("/tmp/s30/fs-")
-env = {**os.environ, "TOKENIZE_MIXER_PARQUET_READER": "datasets" if reader == "datasets" else ""}
-subprocess.run(["sync"]); open("/proc/sys/vm/drop_caches", "w").write("3\n")
-argv = [f"{root}/.venv/bin/tokenize-mixer", "convert", "--dataset_mixer_list", data, "1.0",
-        "--tokenizer_name_or_path", tokenizer, "--chat_template_name", "olmo", "--max_seq_length", "4096",
-        "--work_dir", f"{scratch}/work", "--output_dir", f"{scratch}/out"]
-t0 = time.monotonic()
-p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-first = None
-while p.poll() is None and time.monotonic() - t0 < 300:
-    if glob.glob(f"{scratch}/work/slices/*/*/manifest.json"):
-        first = time.monotonic() - t0
-        break
-    time.sleep(0.05)
-os.killpg(p.pid, signal.SIGINT)
-p.wait(60)
-print(json.dumps({"data": data, "reader": reader, "first_slice_done_s": first and round(first, 2)}))
-shutil.rmtree(scratch)
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("data", type=Path)
+    ap.add_argument("--datasets", action="store_true", help="read through datasets' Arrow conversion")
+    args = ap.parse_args()
+    from tests.tokenizer_fixtures import ensure_dolma2
+
+    tokenizer = str(ensure_dolma2())
+    reader = "datasets" if args.datasets else ""
+    env = {**os.environ, "TOKENIZE_MIXER_PARQUET_READER": reader, "TOKENIZE_MIXER_JSON_READER": reader}
+    subprocess.run(["sync"], check=False)
+    cold = False
+    with contextlib.suppress(OSError), open("/proc/sys/vm/drop_caches", "w") as fh:
+        fh.write("3\n")
+        cold = True
+    with tempfile.TemporaryDirectory(prefix="first-slice-") as scratch:
+        argv = [
+            str(ROOT / ".venv" / "bin" / "tokenize-mixer"), "convert", "--dataset_mixer_list", str(args.data),
+            "1.0", "--tokenizer_name_or_path", tokenizer, "--chat_template_name", "olmo",
+            "--max_seq_length", "4096", "--work_dir", f"{scratch}/work", "--output_dir", f"{scratch}/out",
+        ]  # fmt: skip
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        first = None
+        while proc.poll() is None and time.monotonic() - started < 600:
+            if next(Path(scratch, "work", "slices").glob("*/*/manifest.json"), None) is not None:
+                first = time.monotonic() - started
+                break
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(120)
+    print(
+        json.dumps(
+            {"data": str(args.data), "reader": reader or "ours", "cold": cold, "first_slice_done_s": first}
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
