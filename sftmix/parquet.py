@@ -1,21 +1,25 @@
-"""Local Parquet files read by row group, as ``datasets``' Parquet builder reads them, without converting
-the whole file to Arrow on one core before the first slice can start.
+"""Parquet read by row group, as ``datasets``' Parquet builder reads it, without converting the whole
+dataset to Arrow on one core before the first slice can start: a local ``.parquet`` file, or the files
+of a hub dataset's split (most hub datasets are Parquet; :func:`sftmix.sources.parquet_data_files`
+fetches them into the cache ``datasets`` downloads to), or of a local directory laid out like one.
 
-The reference loads a local ``.parquet`` with ``datasets.load_dataset("parquet")``: the features come
-from the file's Arrow schema (``Features.from_arrow_schema``) and every row group is read and cast to
-them (``table_cast``). Row groups are independent of each other, so here:
+The reference loads these with ``datasets.load_dataset``: the features are the ones the dataset card
+declares, else the first file's Arrow schema (``Features.from_arrow_schema``), and every row group of
+every file, in order, is read and cast to them (``table_cast``). Row groups are independent of each
+other, so here:
 
-- the plan reads the footer (every row count, for any amount) and hashes the footer and each row
-  group's bytes on all cores; nothing is decoded but the first row group (the plan's sample);
+- the plan reads each file's footer (every row count, for any amount) and hashes the footers and each
+  row group's bytes on all cores; nothing is decoded but the first row group (the plan's sample);
 - a slice reads the footer and its row groups' bytes once, checks their sha256 against the plan's (a
   file that changed since the plan is one clear error, never rows of two versions), decodes its rows
   from those checked bytes alone (pyarrow reads through a file object that serves nothing else) and
   casts them as the builder does.
 
 So rows are the Python objects ``datasets`` gives (``tests/test_parquet.py`` compares them for several
-writers), and a slice's key follows from the bytes of the row groups it reads. Anything else (a
-sliced split, features that decode such as an Image, a file whose row groups pyarrow reads outside
-their recorded ranges) goes through ``datasets`` as before (:mod:`sftmix.sources`).
+writers, a hub layout of several files and features a card declares), and a slice's key follows from
+the bytes of the row groups it reads. Anything else (a sliced split, features that decode such as an
+Image, files of different schemas, row groups pyarrow reads outside their recorded bytes) goes through
+``datasets`` as before (:mod:`sftmix.sources`).
 """
 
 from __future__ import annotations
@@ -53,11 +57,24 @@ MAX_PIECES_PER_ROW_GROUP = 4
 _READ_BLOCK = 4 << 20
 
 
-class RowGroup(BaseModel):
-    """Row group ``index`` of the file: bytes ``[offset, end)``, rows ``[first_row, first_row + rows)``."""
+class ParquetFooter(BaseModel):
+    """One file of the dataset: where its footer begins, and the footer's sha256."""
 
     model_config = ConfigDict(frozen=True)
 
+    path: str
+    size: int
+    offset: int
+    sha256: str
+
+
+class RowGroup(BaseModel):
+    """Row group ``index`` of file ``path``: bytes ``[offset, end)``, the dataset's rows
+    ``[first_row, first_row + rows)``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
     index: int
     offset: int
     end: int
@@ -69,26 +86,21 @@ class RowGroup(BaseModel):
 
 
 class ParquetSource(BaseModel):
-    """What a slice needs to read its rows: the file, its footer, the features as an Arrow schema, and
-    the row groups that hold its rows."""
+    """What a slice needs to read its rows: the footers of its files, the features as an Arrow schema,
+    and the row groups that hold its rows."""
 
-    path: str
-    size: int
-    footer_offset: int
-    footer_sha256: str
+    footers: list[ParquetFooter]
     schema_b64: str
     row_groups: list[RowGroup]
 
 
 @dataclass(frozen=True)
 class ParquetLayout:
-    """A file's row groups and features, as the plan finds them."""
+    """A dataset's files, row groups (in the order the builder reads them) and features, as the plan
+    finds them."""
 
-    path: str
-    size: int
-    footer_offset: int
-    footer_sha256: str
-    file_schema_sha256: str  # the file's own Arrow schema: with a row group's bytes, what decodes them
+    footers: tuple[ParquetFooter, ...]
+    file_schema_sha256: str  # the files' own Arrow schema: with a row group's bytes, what decodes them
     schema_b64: str  # the features' Arrow schema (with datasets' metadata), serialized
     row_groups: tuple[RowGroup, ...]
 
@@ -116,24 +128,28 @@ class ParquetLayout:
         return FINGERPRINT_PREFIX + h.hexdigest()
 
     def data_key(self, groups: list[RowGroup]) -> list:
-        """What a slice's rows follow from: the features, the file's schema, its row groups' bytes and
-        records (not the whole footer: an edit elsewhere in the file leaves its checkpoint valid)."""
+        """What a slice's rows follow from: the features, the files' schema, its row groups' bytes and
+        records (not the whole footer: an edit elsewhere in the file leaves its checkpoint valid; not
+        the files' names: a hub dataset's copies lie where each machine's cache puts them)."""
         return [self.schema_b64, self.file_schema_sha256, [[g.sha256, g.meta_sha256] for g in groups]]
 
     def source(self, groups: list[RowGroup]) -> ParquetSource:
+        paths = {g.path for g in groups}
         return ParquetSource(
-            path=self.path,
-            size=self.size,
-            footer_offset=self.footer_offset,
-            footer_sha256=self.footer_sha256,
+            footers=[f for f in self.footers if f.path in paths],
             schema_b64=self.schema_b64,
             row_groups=groups,
         )
 
 
+def disabled() -> bool:
+    """``TOKENIZE_MIXER_PARQUET_READER=datasets``: every Parquet file goes through ``datasets``."""
+    return settings.PARQUET_READER.get() == "datasets"
+
+
 def applies(path: str, split: str) -> bool:
     """Whether ``path`` is a file this module reads: a local Parquet file of the whole 'train' split."""
-    if settings.PARQUET_READER.get() == "datasets":
+    if disabled():
         return False
     if is_remote(path) or local_builder(path) != "parquet" or split.strip() != "train":
         return False
@@ -249,74 +265,108 @@ def _sha256_range(path: str, offset: int, end: int) -> str:
     return h.hexdigest()
 
 
-_SCANS: OrderedDict[tuple[str, int, int, int], ParquetLayout | None] = OrderedDict()
+_SCANS: OrderedDict[tuple, ParquetLayout | None] = OrderedDict()
 _SCANS_LOCK = threading.Lock()
 _KEPT_SCANS = 16
 
 
 def scan(path: str, threads: int | None = None) -> ParquetLayout | None:
-    """The file's row groups (hashed on ``threads`` threads, default one per CPU) and features; ``None``
-    when ``datasets`` is to read it (no rows, features that decode, row groups pyarrow does not read
-    within their recorded bytes). A file scanned before (same size, mtime and inode) is not read again."""
-    st = os.stat(path)
-    stamp = (path, st.st_size, st.st_mtime_ns, st.st_ino)
+    """One file's row groups and features: :func:`scan_files` of ``[path]``."""
+    return scan_files([path], None, threads)
+
+
+def scan_files(paths: list[str], declared: Any = None, threads: int | None = None) -> ParquetLayout | None:
+    """The row groups of a dataset's files, in order (hashed on ``threads`` threads, default one per
+    CPU), and its features: ``declared`` (an Arrow schema: the features a hub dataset's card declares)
+    or the first file's. ``None`` when ``datasets`` is to read it: no rows, features that decode, files
+    of different schemas, row groups pyarrow does not read within their recorded bytes. Files scanned
+    before (the same size, mtime and inode) are not read again."""
+    stamps = []
+    for path in paths:
+        st = os.stat(path)
+        stamps.append((path, st.st_size, st.st_mtime_ns, st.st_ino))
+    key = (tuple(stamps), b"" if declared is None else declared.serialize().to_pybytes())
     with _SCANS_LOCK:
-        if stamp in _SCANS:
-            return _SCANS[stamp]
-    layout = _scan(path, stamp[1:], threads or available_cpus())
+        if key in _SCANS:
+            return _SCANS[key]
+    layout = _scan(stamps, declared, threads or available_cpus())
     with _SCANS_LOCK:
-        _SCANS[stamp] = layout
+        _SCANS[key] = layout
         while len(_SCANS) > _KEPT_SCANS:
             _SCANS.popitem(last=False)
     return layout
 
 
-def _scan(path: str, stamp: tuple[int, int, int], threads: int) -> ParquetLayout | None:
-    size = stamp[0]
+def _read_footer(path: str, size: int) -> tuple[int, bytes, Any]:
+    """Where the file's footer begins, its bytes and the metadata they hold."""
     with open(path, "rb") as fh:
-        footer_offset = _footer_bounds(fh, size)
-        fh.seek(footer_offset)
-        footer = fh.read(size - footer_offset)
+        offset = _footer_bounds(fh, size)
+        fh.seek(offset)
+        footer = fh.read(size - offset)
     try:
-        meta = _metadata(footer)
-        file_schema = meta.schema.to_arrow_schema()
+        return offset, footer, _metadata(footer)
     except Exception as exc:
         raise DatasetError(path, f"its Parquet footer cannot be read ({type(exc).__name__}: {exc})") from None
-    if meta.num_rows == 0 or meta.num_row_groups == 0 or decodes(file_schema):
-        return None  # datasets says why there is nothing, or decodes what needs decoding
-    bounds, first_row = [], 0
-    for i in range(meta.num_row_groups):
-        record = meta.row_group(i)
-        offset, end = _chunk_bounds(record)
-        if not len(MAGIC) <= offset < end <= footer_offset:
-            return None  # recorded out of place: datasets reads (or refuses) it
-        meta_sha = _record_sha256(record, offset)
-        bounds.append((i, offset, end, first_row, record.num_rows, record.total_byte_size, meta_sha))
-        first_row += record.num_rows
+
+
+def _scan(stamps: list[tuple[str, int, int, int]], declared: Any, threads: int) -> ParquetLayout | None:
+    """``stamps``: each file's (path, size, mtime, inode) before the read; a file that has another after
+    it (rewritten, grown, truncated, replaced by a rename) was read as no one version of it."""
+    footers, bounds, schemas, first_row = [], [], [], 0
+    for path, size, *_ in stamps:
+        offset, footer, meta = _read_footer(path, size)
+        footers.append(
+            ParquetFooter(path=path, size=size, offset=offset, sha256=hashlib.sha256(footer).hexdigest())
+        )
+        schemas.append(meta.schema.to_arrow_schema())
+        for i in range(meta.num_row_groups):
+            record = meta.row_group(i)
+            start, end = _chunk_bounds(record)
+            if not len(MAGIC) <= start < end <= offset:
+                return None  # recorded out of place: datasets reads (or refuses) it
+            meta_sha = _record_sha256(record, start)
+            bounds.append((path, i, start, end, first_row, record.num_rows, record.total_byte_size, meta_sha))
+            first_row += record.num_rows
+    file_schema = schemas[0]
+    if not first_row or any(not s.equals(file_schema, check_metadata=False) for s in schemas[1:]):
+        return None  # no rows (datasets says so), or files datasets casts one to the other's features
+    if declared is None and decodes(file_schema):
+        return None  # features that decode: datasets' own to read
     with ThreadPoolExecutor(max_workers=max(1, min(len(bounds), threads))) as pool:
-        hashes = list(pool.map(lambda b: _sha256_range(path, b[1], b[2]), bounds))
-    st = os.stat(path)
-    if (st.st_size, st.st_mtime_ns, st.st_ino) != stamp:
-        raise DatasetError(path, "the file changed while it was planned: plan it when it no longer changes")
-    schema = features_schema(file_schema)
+        hashes = list(pool.map(lambda b: _sha256_range(b[0], b[2], b[3]), bounds))
+    for path, *stamp in stamps:
+        st = os.stat(path)
+        if (st.st_size, st.st_mtime_ns, st.st_ino) != tuple(stamp):
+            raise DatasetError(
+                path, "the file changed while it was planned: plan it when it no longer changes"
+            )
+    schema = features_schema(file_schema) if declared is None else declared
     layout = ParquetLayout(
-        path=path,
-        size=size,
-        footer_offset=footer_offset,
-        footer_sha256=hashlib.sha256(footer).hexdigest(),
+        footers=tuple(footers),
         file_schema_sha256=hashlib.sha256(file_schema.serialize().to_pybytes()).hexdigest(),
         schema_b64=base64.b64encode(schema.serialize().to_pybytes()).decode("ascii"),
         row_groups=tuple(
-            RowGroup(index=i, offset=o, end=e, first_row=r, rows=n, nbytes=max(0, b), sha256=h, meta_sha256=m)
-            for (i, o, e, r, n, b, m), h in zip(bounds, hashes, strict=True)
+            RowGroup(
+                path=p,
+                index=i,
+                offset=o,
+                end=e,
+                first_row=r,
+                rows=n,
+                nbytes=max(0, b),
+                sha256=h,
+                meta_sha256=m,
+            )
+            for (p, i, o, e, r, n, b, m), h in zip(bounds, hashes, strict=True)
         ),
     )
+    first = next(g for g in layout.row_groups if g.rows)
     try:  # the first row group decodes from its bytes alone (and stays cached for the plan's sample)
-        _row_group_table(layout.source([]), layout.row_groups[0])
+        _row_group_table(layout.source([first]), first)
     except DatasetError:
         raise
     except Exception as exc:
-        logger.debug("%s: read through datasets (%s: %s)", path, type(exc).__name__, exc)
+        logger.debug("%s: read through datasets (%s: %s)", first.path, type(exc).__name__, exc)
         return None
     return layout
 
@@ -382,30 +432,30 @@ def _read_at(fh: Any, offset: int, end: int, path: str, what: str) -> bytes:
 
 def _row_group_table(source: ParquetSource, group: RowGroup) -> Any:
     """A row group's rows as the builder gives them, decoded from bytes whose sha256 is the plan's."""
-    return _decoded(
-        source.path, source.size, source.footer_offset, source.footer_sha256, source.schema_b64, group
-    )
+    footer = next((f for f in source.footers if f.path == group.path), None)
+    if footer is None:
+        raise DatasetError(group.path, "the slice holds no footer for this file")
+    return _decoded(footer, source.schema_b64, group)
 
 
 @lru_cache(maxsize=2)
-def _decoded(
-    path: str, size: int, footer_offset: int, footer_sha256: str, schema_b64: str, group: RowGroup
-) -> Any:
+def _decoded(footer: ParquetFooter, schema_b64: str, group: RowGroup) -> Any:
     import pyarrow.parquet as pq
 
+    path = footer.path
     where = f"row group {group.index} (rows {group.first_row}-{group.first_row + group.rows - 1})"
     try:
         with open(path, "rb") as fh:
-            footer = _read_at(fh, footer_offset, size, path, "its footer")
+            tail = _read_at(fh, footer.offset, footer.size, path, "its footer")
             data = _read_at(fh, group.offset, group.end, path, where)
     except FileNotFoundError:
         raise DatasetError(path, _changed("the file, now missing,")) from None
-    if hashlib.sha256(footer).hexdigest() != footer_sha256:
+    if hashlib.sha256(tail).hexdigest() != footer.sha256:
         raise DatasetError(path, _changed("its footer"))
     if hashlib.sha256(data).hexdigest() != group.sha256:
         raise DatasetError(path, _changed(where))
-    checked = _Checked(size, [(footer_offset, footer), (group.offset, data)])
-    table = pq.ParquetFile(checked, metadata=_metadata(footer), pre_buffer=False).read_row_group(
+    checked = _Checked(footer.size, [(footer.offset, tail), (group.offset, data)])
+    table = pq.ParquetFile(checked, metadata=_metadata(tail), pre_buffer=False).read_row_group(
         group.index, use_threads=False
     )
     if table.num_rows != group.rows:
@@ -433,7 +483,9 @@ def read_rows(source: ParquetSource, rows: list[int]) -> list[dict[str, Any]]:
     while i < len(rows):
         group = next((g for g in source.row_groups if g.first_row <= rows[i] < g.first_row + g.rows), None)
         if group is None:
-            raise DatasetError(source.path, f"row {rows[i]} is in none of the slice's row groups")
+            raise DatasetError(
+                source.row_groups[0].path, f"row {rows[i]} is in none of the slice's row groups"
+            )
         j = i
         while j < len(rows) and group.first_row <= rows[j] < group.first_row + group.rows:
             j += 1
@@ -443,7 +495,7 @@ def read_rows(source: ParquetSource, rows: list[int]) -> list[dict[str, Any]]:
             raise
         except Exception as exc:
             raise DatasetError(
-                source.path, f"row group {group.index} cannot be read: {type(exc).__name__}: {exc}"
+                group.path, f"row group {group.index} cannot be read: {type(exc).__name__}: {exc}"
             ) from None
         local = [r - group.first_row for r in rows[i:j]]
         if local[-1] - local[0] + 1 == len(local):

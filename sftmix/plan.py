@@ -34,6 +34,8 @@ from .sources import (
     arrow_cache_files,
     describe,
     hash_ahead,
+    local_builder,
+    parquet_data_files,
     path_problem,
     release_mapped_data,
 )
@@ -205,18 +207,23 @@ def _jsonl_layout(path: str, split: str) -> jsonl.JsonlLayout | None:
     return layout
 
 
-def _parquet_layout(path: str, split: str) -> parquet.ParquetLayout | None:
-    """The file's row groups when it is Parquet read by row group (:mod:`sftmix.parquet`), else ``None``."""
-    if not parquet.applies(path, split):
-        return None
+def _parquet_layout(entry: DatasetEntry, datasets_cache: str) -> parquet.ParquetLayout | None:
+    """The dataset's row groups when it is Parquet read by row group (:mod:`sftmix.parquet`): a local
+    file, or the files of a hub dataset (or a directory laid out like one); else ``None``."""
     try:
-        return parquet.scan(path)
+        if parquet.applies(entry.path, entry.split):
+            return parquet.scan(entry.path)
+        if local_builder(entry.path) is None and not parquet.disabled():
+            found = parquet_data_files(entry.path, entry.split, entry.revision, datasets_cache)
+            return None if found is None else parquet.scan_files(found.paths, found.declared)
     except DatasetError as exc:
-        raise DatasetError(path, exc.reason) from None
+        raise DatasetError(entry.path, exc.reason) from None
+    return None
 
 
 def _read_by_us(entry: DatasetEntry) -> bool:
-    """Whether the plan reads the dataset's file itself (by batch or row group), not through ``datasets``."""
+    """Whether the plan reads the dataset's local file itself (by batch or row group), not through
+    ``datasets`` (whose file the plan hashes ahead)."""
     return jsonl.applies(entry.path, entry.split) or parquet.applies(entry.path, entry.split)
 
 
@@ -421,7 +428,7 @@ def _open_whole(
     datasets_cache = str(cutter.work_dir / "datasets-cache")
     warnings: list[str] = []
     batched = _jsonl_layout(entry.path, entry.split)
-    grouped = None if batched is not None else _parquet_layout(entry.path, entry.split)
+    grouped = None if batched is not None else _parquet_layout(entry, datasets_cache)
     if batched is not None:
         if (w := _bad_lines_warning(entry, on_bad_row, batched.bad_lines)) is not None:
             warnings.append(w)
@@ -592,7 +599,7 @@ def prepare_plan(mixer: MixerConfig, run: RunOptions) -> None:
                     continue  # read by the plan itself, its slices starting as it goes
                 if _jsonl_layout(entry.path, entry.split) is not None:
                     continue
-                if _parquet_layout(entry.path, entry.split) is not None:
+                if _parquet_layout(entry, datasets_cache) is not None:
                     continue
                 describe(entry.path, entry.split, entry.revision, datasets_cache)
                 arrow_cache_files(entry.path, entry.split, entry.revision, datasets_cache)

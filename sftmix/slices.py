@@ -593,11 +593,14 @@ def context_here(ctx: TokenizeContext) -> TokenizeContext:
 
 def on_this_machine(ctx: TokenizeContext, spec: SliceSpec) -> tuple[TokenizeContext, SliceSpec]:
     """:func:`context_here`, and a slice that opens its dataset itself instead of reading the planner's
-    Arrow files, when the context is not the planner's."""
+    Arrow files (or its copies of a hub dataset's Parquet files), when the context is not the planner's."""
     here = context_here(ctx)
     if here is ctx:
         return ctx, spec
-    return here, spec.model_copy(update={"arrow_files": None})
+    copies = spec.parquet is not None and any(
+        Path(f.path).is_relative_to(ctx.datasets_cache) for f in spec.parquet.footers
+    )
+    return here, spec.model_copy(update={"arrow_files": None, **({"parquet": None} if copies else {})})
 
 
 def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext, reuse: bool = False) -> SliceManifest:

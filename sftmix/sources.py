@@ -495,6 +495,56 @@ def _open_dataset(
     return ds
 
 
+@dataclass(frozen=True)
+class ParquetFiles:
+    """A hub dataset's (or a local directory's) Parquet files for one split, local copies in the order
+    ``datasets`` reads them, and the features its card declares (an Arrow schema), if any."""
+
+    paths: list[str]
+    declared: Any = None
+
+
+def parquet_data_files(name: str, split: str, revision: str | None, cache_dir: str) -> ParquetFiles | None:
+    """Where ``datasets.load_dataset(name, split=split)`` would read Parquet files with its Parquet
+    builder (a hub dataset as the hub serves most, or a local directory laid out like one): the files,
+    fetched into the same cache its download uses, so they are read by row group instead of converted
+    whole on one core. ``None`` for anything else (another builder, a sliced split, a builder
+    configured to filter or select columns, features that decode, a name that cannot be resolved):
+    ``datasets`` then loads it as before, and says what is wrong."""
+    if local_builder(name) is not None or is_remote(name) or "[" in split:
+        return None
+    if hub_name_problem(name, [cache_dir] if cache_dir else []) is not None:
+        return None
+    _quiet_datasets()
+    try:
+        import datasets
+        from datasets.features.features import require_decoding
+
+        builder = datasets.load_dataset_builder(name, revision=revision, cache_dir=cache_dir)
+        config = builder.config
+        files = (config.data_files or {}).get(split.strip())
+        if builder.name != "parquet" or not files or config.columns is not None or config.filters is not None:
+            return None
+        features = builder.info.features
+        if features is not None and any(require_decoding(f) for f in features.values()):
+            return None
+        manager = datasets.DownloadManager(
+            dataset_name=builder.dataset_name,
+            download_config=datasets.DownloadConfig(
+                cache_dir=os.path.join(cache_dir, "downloads"), use_etag=False, token=builder.token
+            ),
+            data_dir=config.data_dir,
+            base_path=builder.base_path,
+        )
+        paths = [str(p) for p in manager.download(list(files))]
+    except Exception as exc:  # datasets' own load meets it again, and says what it is
+        logger.debug("%s: not read by row group (%s: %s)", name, type(exc).__name__, exc)
+        return None
+    if not all(os.path.isfile(p) and p.lower().endswith(".parquet") for p in paths):
+        return None
+    return ParquetFiles(paths, None if features is None else features.arrow_schema)
+
+
 def describe(path: str, split: str, revision: str | None, cache_dir: str) -> SourceInfo:
     """Row count and a content fingerprint (file sha256 for local files, the Arrow fingerprint otherwise)."""
     local = localize(path, cache_dir)  # once: for a gs:// object each call asks the store

@@ -209,9 +209,17 @@ def test_the_plan_cuts_at_row_groups_and_an_edit_changes_only_its_row_groups_key
 
 def test_a_large_row_group_is_cut_into_a_few_slices():
     group = parquet.RowGroup(
-        index=0, offset=4, end=100, first_row=0, rows=1000, nbytes=100 << 20, sha256="", meta_sha256=""
+        path="f.parquet",
+        index=0,
+        offset=4,
+        end=100,
+        first_row=0,
+        rows=1000,
+        nbytes=100 << 20,
+        sha256="",
+        meta_sha256="",
     )
-    layout = parquet.ParquetLayout("f.parquet", 1, 1, "", "", "", (group,))
+    layout = parquet.ParquetLayout((), "", "", (group,))
     cuts = parquet.slice_cuts(layout, None, 4 << 20)
     assert len(cuts) == parquet.MAX_PIECES_PER_ROW_GROUP
     assert [c[:2] for c in cuts] == [(0, 250), (250, 500), (500, 750), (750, 1000)]
@@ -219,7 +227,7 @@ def test_a_large_row_group_is_cut_into_a_few_slices():
         group.model_copy(update={"nbytes": 8 << 20}),
         group.model_copy(update={"index": 1, "first_row": 1000}),
     )
-    layout = parquet.ParquetLayout("f.parquet", 1, 1, "", "", "", two)
+    layout = parquet.ParquetLayout((), "", "", two)
     assert parquet.slice_cuts(layout, None, 4 << 20) == [
         (0, 1000, None),
         *[(a + 1000, b + 1000, None) for a, b, _ in cuts],
@@ -250,3 +258,93 @@ def test_shards_are_those_of_datasets_and_of_the_same_chats_as_json_lines(prefec
         monkeypatch.setenv("TOKENIZE_MIXER_PARQUET_READER", "datasets")
         assert convert(path, f"datasets-{amount}", amount)["digests"] == ours["digests"]
         monkeypatch.delenv("TOKENIZE_MIXER_PARQUET_READER")
+
+
+def _hub_layout(root: Path, rows: list[dict], card: str = "---\nlicense: odc-by\n---\n# a mixture\n") -> Path:
+    """A directory laid out as a dataset on the hub: two train files (several row groups), one test file."""
+    repo = root / "org--mixture"
+    (repo / "data").mkdir(parents=True)
+    table = pa.Table.from_pylist(rows)
+    half = len(rows) // 2
+    pq.write_table(table.slice(0, half), repo / "data" / "train-00000-of-00002.parquet", row_group_size=60)
+    pq.write_table(table.slice(half), repo / "data" / "train-00001-of-00002.parquet", row_group_size=60)
+    pq.write_table(table.slice(0, 7), repo / "data" / "test-00000-of-00001.parquet")
+    (repo / "README.md").write_text(card)
+    return repo
+
+
+def _hub_rows(repo: Path, split: str, cache: Path) -> list[dict]:
+    from sftmix.sources import parquet_data_files
+
+    found = parquet_data_files(str(repo), split, None, str(cache))
+    assert found is not None
+    layout = parquet.scan_files(found.paths, found.declared)
+    assert layout is not None
+    return parquet.read_rows(layout.source(list(layout.row_groups)), list(range(layout.n_rows)))
+
+
+def _load(repo: Path, split: str, cache: Path) -> list[dict]:
+    datasets.disable_progress_bars()
+    return list(datasets.load_dataset(str(repo), split=split, cache_dir=str(cache)))
+
+
+def test_a_hub_datasets_parquet_files_are_read_by_row_group_in_datasets_order(tmp_path):
+    """The files a hub dataset's split names (here a directory with the hub's layout: no network), in
+    the order datasets reads them, give its rows; what datasets must read itself is left to it."""
+    from sftmix.sources import parquet_data_files
+
+    rows = _rows(300)
+    repo = _hub_layout(tmp_path, rows)
+    cache = tmp_path / "cache"
+    found = parquet_data_files(str(repo), "train", None, str(cache))
+    assert found is not None and [Path(p).name for p in found.paths] == [
+        "train-00000-of-00002.parquet",
+        "train-00001-of-00002.parquet",
+    ]
+    assert _hub_rows(repo, "train", cache) == _load(repo, "train", cache)
+    assert _hub_rows(repo, "test", cache) == _load(repo, "test", cache)
+    assert parquet_data_files(str(repo), "train[:10]", None, str(cache)) is None  # a sliced split
+    assert parquet_data_files(str(repo), "validation", None, str(cache)) is None  # datasets says why
+    other = repo / "data" / "train-00001-of-00002.parquet"  # files of two schemas: datasets casts them
+    pq.write_table(pa.Table.from_pylist([{**r, "score": str(r["score"])} for r in rows[150:]]), other)
+    found = parquet_data_files(str(repo), "train", None, str(cache))
+    assert found is not None and parquet.scan_files(found.paths, found.declared) is None
+
+
+def test_features_the_card_declares_are_the_ones_rows_are_cast_to(tmp_path):
+    card = """---
+dataset_info:
+  features:
+  - name: messages
+    list:
+    - name: role
+      dtype: large_string
+    - name: content
+      dtype: large_string
+  - name: id
+    dtype: string
+  - name: score
+    dtype: float32
+---
+"""
+    repo = _hub_layout(tmp_path, _rows(200), card)
+    cache = tmp_path / "cache"
+    ours = _hub_rows(repo, "train", cache)
+    assert ours == _load(repo, "train", cache)
+    assert any(r["score"] is not None and r["score"] != round(r["score"], 12) for r in ours)  # float32
+
+
+def test_the_plan_reads_a_hub_layout_by_row_group(tmp_path):
+    from sftmix.plan import build_plan
+
+    repo = _hub_layout(tmp_path, _rows(240))
+    plan = build_plan(
+        _mixer(repo, tmp_path / "out"), RunOptions(work_dir=str(tmp_path / "work"), slice_bytes=1)
+    )
+    assert (
+        plan.datasets[0].fingerprint.startswith(parquet.FINGERPRINT_PREFIX) and plan.datasets[0].n_rows == 240
+    )
+    assert all(s.parquet is not None for s in plan.slices)
+    assert sum(s.row_end - s.row_start for s in plan.slices) == 240
+    read = {Path(g.path).name for s in plan.slices for g in s.parquet.row_groups}  # type: ignore[union-attr]
+    assert read == {"train-00000-of-00002.parquet", "train-00001-of-00002.parquet"}
