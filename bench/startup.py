@@ -4,6 +4,7 @@ datasets' whole-file Arrow conversion, side by side.
 
     python bench/startup.py --copies 40        # all ShareGPT chats 40x, each copy in its own seeded order (~4.8 GB)
     python bench/startup.py --copies 40 --format parquet   # the same chats as Parquet, 1,000 chats a row group
+    python bench/startup.py --copies 40 --format hub       # that Parquet as a hub dataset's files (a directory)
     python bench/startup.py --copies 4 --data tests/golden/data/sharegpt_mt150.jsonl
 
 Each plan runs in a fresh process with a fresh work directory (nothing cached), on the same file, with
@@ -70,11 +71,27 @@ def write_parquet(jsonl: Path, path: Path, group_rows: int = 1000) -> Path:
     return path
 
 
+def write_hub_layout(parquet: Path, repo: Path, files: int = 8) -> Path:
+    """A Parquet file's row groups as a hub dataset's split of ``files`` files (``data/train-*.parquet``)."""
+    import pyarrow.parquet as pq
+
+    source = pq.ParquetFile(parquet)
+    groups = list(range(source.num_row_groups))
+    (repo / "data").mkdir(parents=True)
+    for k in range(files):
+        mine = groups[k * len(groups) // files : (k + 1) * len(groups) // files]
+        name = repo / "data" / f"train-{k:05d}-of-{files:05d}.parquet"
+        with pq.ParquetWriter(name, source.schema_arrow) as writer:
+            for g in mine:
+                writer.write_table(source.read_row_group(g))
+    (repo / "README.md").write_text("---\nlicense: other\n---\n# ShareGPT copies\n")
+    return repo
+
+
 def plan_once(data: Path, tokenizer: Path, reader: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="startup-") as work:
-        setting = (
-            "TOKENIZE_MIXER_PARQUET_READER" if data.suffix == ".parquet" else "TOKENIZE_MIXER_JSON_READER"
-        )
+        parquet = data.suffix == ".parquet" or data.is_dir()
+        setting = "TOKENIZE_MIXER_PARQUET_READER" if parquet else "TOKENIZE_MIXER_JSON_READER"
         env = {**os.environ, setting: "datasets" if reader == "datasets" else ""}
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         wall = time.perf_counter()
@@ -101,7 +118,7 @@ def main() -> None:
         "--data", type=Path, default=None, help="chats (.jsonl with messages); default: all ShareGPT"
     )
     ap.add_argument("--tokenizer", type=Path, default=None, help="default: the dolma2 tokenizer of the tests")
-    ap.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
+    ap.add_argument("--format", choices=("jsonl", "parquet", "hub"), default="jsonl")
     ap.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()) / "tokenize-mixer-startup")
     args = ap.parse_args()
     if args.tokenizer is None:
@@ -112,14 +129,18 @@ def main() -> None:
     data = args.scratch / f"chats-{args.copies}.jsonl"
     if not data.exists():
         write_input(load_chats(args.data), args.copies, data)
-    if args.format == "parquet":
+    if args.format in ("parquet", "hub"):
         lines, data = data, data.with_suffix(".parquet")
         if not data.exists():
             write_parquet(lines, data)
-    size = data.stat().st_size
+    if args.format == "hub":
+        parquet, data = data, args.scratch / f"hub-{args.copies}"
+        if not data.exists():
+            write_hub_layout(parquet, data)
+    size = sum(p.stat().st_size for p in data.rglob("*.parquet")) if data.is_dir() else data.stat().st_size
     print(f"input: {data} ({size / 2**30:.2f} GiB), {os.cpu_count()} CPUs")
     results = {}
-    ours = "row groups" if args.format == "parquet" else "batches"
+    ours = "batches" if args.format == "jsonl" else "row groups"
     for reader in ("datasets", ours):
         results[reader] = r = plan_once(data, args.tokenizer, reader)
         print(

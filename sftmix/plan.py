@@ -35,6 +35,7 @@ from .sources import (
     describe,
     hash_ahead,
     local_builder,
+    localize,
     parquet_data_files,
     path_problem,
     release_mapped_data,
@@ -194,14 +195,23 @@ def _work_dir(run: RunOptions) -> tuple[Path, str | None]:
     return work_dir, remote
 
 
-def _jsonl_layout(path: str, split: str) -> jsonl.JsonlLayout | None:
+def _local_copy(entry: DatasetEntry, datasets_cache: str) -> str:
+    """The file the plan reads: the entry's own path, or for a ``gs://`` object this machine's copy of it
+    (fetched once per object generation, into the cache ``datasets`` would read it from)."""
+    whole = is_remote(entry.path) and local_builder(entry.path) is not None and entry.split.strip() == "train"
+    return localize(entry.path, datasets_cache) if whole else entry.path
+
+
+def _jsonl_layout(entry: DatasetEntry, datasets_cache: str) -> jsonl.JsonlLayout | None:
     """The file's batches when it is JSON Lines read by batch (:mod:`sftmix.jsonl`), else ``None``."""
-    if not jsonl.applies(path, split):
-        return None
+    path = entry.path
     try:
+        path = _local_copy(entry, datasets_cache)
+        if not jsonl.applies(path, entry.split):
+            return None
         layout = jsonl.scan(path)
     except DatasetError as exc:
-        raise DatasetError(path, exc.reason) from None
+        raise DatasetError(entry.path, exc.reason) from None
     if layout is None or not layout.n_rows or not layout.columns:
         return None  # no rows, or only empty objects: datasets' path says why
     return layout
@@ -211,8 +221,8 @@ def _parquet_layout(entry: DatasetEntry, datasets_cache: str) -> parquet.Parquet
     """The dataset's row groups when it is Parquet read by row group (:mod:`sftmix.parquet`): a local
     file, or the files of a hub dataset (or a directory laid out like one); else ``None``."""
     try:
-        if parquet.applies(entry.path, entry.split):
-            return parquet.scan(entry.path)
+        if parquet.applies(path := _local_copy(entry, datasets_cache), entry.split):
+            return parquet.scan(path)
         if local_builder(entry.path) is None and not parquet.disabled():
             found = parquet_data_files(entry.path, entry.split, entry.revision, datasets_cache)
             return None if found is None else parquet.scan_files(found.paths, found.declared)
@@ -427,7 +437,7 @@ def _open_whole(
     """A dataset read whole before its slices are cut (counted, hashed), and its slices."""
     datasets_cache = str(cutter.work_dir / "datasets-cache")
     warnings: list[str] = []
-    batched = _jsonl_layout(entry.path, entry.split)
+    batched = _jsonl_layout(entry, datasets_cache)
     grouped = None if batched is not None else _parquet_layout(entry, datasets_cache)
     if batched is not None:
         if (w := _bad_lines_warning(entry, on_bad_row, batched.bad_lines)) is not None:
@@ -597,7 +607,7 @@ def prepare_plan(mixer: MixerConfig, run: RunOptions) -> None:
             for entry in mixer.datasets:
                 if _streams(entry, run):
                     continue  # read by the plan itself, its slices starting as it goes
-                if _jsonl_layout(entry.path, entry.split) is not None:
+                if _jsonl_layout(entry, datasets_cache) is not None:
                     continue
                 if _parquet_layout(entry, datasets_cache) is not None:
                     continue

@@ -61,7 +61,7 @@ JSON_READER = Setting(
 )
 PARQUET_READER = Setting(
     "TOKENIZE_MIXER_PARQUET_READER",
-    "datasets: read local Parquet through datasets' Arrow conversion instead of by row group",
+    "datasets: read Parquet (a local file, a hub dataset's files) through datasets' Arrow conversion instead of by row group",
 )
 WORKER_START = Setting(
     "TOKENIZE_MIXER_WORKER_START",

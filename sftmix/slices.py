@@ -593,14 +593,19 @@ def context_here(ctx: TokenizeContext) -> TokenizeContext:
 
 def on_this_machine(ctx: TokenizeContext, spec: SliceSpec) -> tuple[TokenizeContext, SliceSpec]:
     """:func:`context_here`, and a slice that opens its dataset itself instead of reading the planner's
-    Arrow files (or its copies of a hub dataset's Parquet files), when the context is not the planner's."""
+    Arrow files (or its copies of a hub dataset's or a ``gs://`` object's files), when the context is not
+    the planner's."""
     here = context_here(ctx)
     if here is ctx:
         return ctx, spec
-    copies = spec.parquet is not None and any(
+    update: dict[str, Any] = {"arrow_files": None}
+    if spec.parquet is not None and any(
         Path(f.path).is_relative_to(ctx.datasets_cache) for f in spec.parquet.footers
-    )
-    return here, spec.model_copy(update={"arrow_files": None, **({"parquet": None} if copies else {})})
+    ):
+        update["parquet"] = None  # (the copies in the planner's cache: this machine's datasets reads them)
+    if spec.jsonl is not None and Path(spec.jsonl.path).is_relative_to(ctx.datasets_cache):
+        update["jsonl"] = None
+    return here, spec.model_copy(update=update)
 
 
 def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext, reuse: bool = False) -> SliceManifest:

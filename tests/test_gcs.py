@@ -139,6 +139,36 @@ def test_sources_work_dir_results_and_output_on_gcs(gcs, prefect_api, tmp_path, 
     assert gcs.cat_file(victim) != bytes(data)  # re-uploaded whole
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_an_object_is_read_by_batch_or_row_group_from_this_machines_copy(gcs, prefect_api, tmp_path, suffix):
+    """A gs:// JSON Lines or Parquet object is fetched once and read as a local file is (never converted
+    whole): the demo's bytes. A worker on a machine whose cache lacks the copy opens the object itself."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sftmix.slices import on_this_machine
+
+    general = f"gs://src/{uuid.uuid4().hex[:8]}/general{suffix}"
+    if suffix == ".parquet":
+        rows = [json.loads(line) for line in (EXAMPLES / "data" / "general.jsonl").read_text().splitlines()]
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / "general.parquet", row_group_size=7)
+        gcs.put_file(str(tmp_path / "general.parquet"), general)
+    else:
+        gcs.put_file(str(EXAMPLES / "data" / "general.jsonl"), general)
+    mixer = demo_mixer(general, str(tmp_path / "out"))
+    run = RunOptions(work_dir=str(tmp_path / "work"), runner="thread")
+    plan = build_plan(mixer, run)
+    prefix = "parquet-row-groups:" if suffix == ".parquet" else "jsonl-batches:"
+    assert plan.datasets[0].fingerprint.startswith(prefix)
+    first = plan.slices[plan.datasets[0].slices[0]]
+    assert (first.parquet if suffix == ".parquet" else first.jsonl) is not None
+    elsewhere = plan.context.model_copy(update={"remote_work_dir": f"gs://work/{uuid.uuid4().hex[:8]}"})
+    _, there = on_this_machine(elsewhere, first)
+    assert there.jsonl is None and there.parquet is None  # the planner's copy is not that machine's
+    result = tokenize_mixer(mixer=mixer, run=run)
+    assert parts(result["digests"]) == parts(DEMO_DIGESTS)
+
+
 def test_remote_errors_name_the_object(gcs, tmp_path):
     mixer = demo_mixer("gs://src/nowhere/general.jsonl", str(tmp_path / "o"))
     with pytest.raises(DatasetError, match=r"gs://src/nowhere/general.jsonl.*object not found"):
