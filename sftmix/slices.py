@@ -599,11 +599,11 @@ def on_this_machine(ctx: TokenizeContext, spec: SliceSpec) -> tuple[TokenizeCont
     if here is ctx:
         return ctx, spec
     update: dict[str, Any] = {"arrow_files": None}
-    if spec.parquet is not None and any(
-        Path(f.path).is_relative_to(ctx.datasets_cache) for f in spec.parquet.footers
-    ):
-        update["parquet"] = None  # (the copies in the planner's cache: this machine's datasets reads them)
-    if spec.jsonl is not None and Path(spec.jsonl.path).is_relative_to(ctx.datasets_cache):
+    # Files the planner read that this machine lacks (its copies of a hub dataset or a gs:// object):
+    # datasets opens the dataset here. Files it has are read as planned (their checksums must agree).
+    if spec.parquet is not None and not all(os.path.isfile(f.path) for f in spec.parquet.footers):
+        update["parquet"] = None
+    if spec.jsonl is not None and not os.path.isfile(spec.jsonl.path):
         update["jsonl"] = None
     return here, spec.model_copy(update=update)
 

@@ -163,8 +163,16 @@ def test_an_object_is_read_by_batch_or_row_group_from_this_machines_copy(gcs, pr
     first = plan.slices[plan.datasets[0].slices[0]]
     assert (first.parquet if suffix == ".parquet" else first.jsonl) is not None
     elsewhere = plan.context.model_copy(update={"remote_work_dir": f"gs://work/{uuid.uuid4().hex[:8]}"})
+    copy = Path(first.parquet.footers[0].path if first.parquet else first.jsonl.path)  # type: ignore[union-attr]
+    assert copy.is_relative_to(tmp_path / "work") and on_this_machine(elsewhere, first)[
+        1
+    ] == first.model_copy(
+        update={"arrow_files": None}
+    )  # a machine holding the same copy reads it (its checksums are the plan's)
+    copy.rename(copy.with_name("away"))
     _, there = on_this_machine(elsewhere, first)
-    assert there.jsonl is None and there.parquet is None  # the planner's copy is not that machine's
+    assert there.jsonl is None and there.parquet is None  # one without it opens the object itself
+    copy.with_name("away").rename(copy)
     result = tokenize_mixer(mixer=mixer, run=run)
     assert parts(result["digests"]) == parts(DEMO_DIGESTS)
 
