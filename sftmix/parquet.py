@@ -33,8 +33,9 @@ import logging
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from typing import Any
 
@@ -103,6 +104,7 @@ class ParquetLayout:
     file_schema_sha256: str  # the files' own Arrow schema: with a row group's bytes, what decodes them
     schema_b64: str  # the features' Arrow schema (with datasets' metadata), serialized
     row_groups: tuple[RowGroup, ...]
+    stamps: tuple[tuple[str, int, int, int], ...] = ()  # each file's path, size, mtime and inode, as counted
 
     @cached_property
     def first_rows(self) -> list[int]:
@@ -265,6 +267,9 @@ def _sha256_range(path: str, offset: int, end: int) -> str:
     return h.hexdigest()
 
 
+#: What :func:`hashed` hands on as each row group is hashed, in order.
+GroupListener = Callable[[RowGroup], None]
+
 _SCANS: OrderedDict[tuple, ParquetLayout | None] = OrderedDict()
 _SCANS_LOCK = threading.Lock()
 _KEPT_SCANS = 16
@@ -276,47 +281,29 @@ def scan(path: str, threads: int | None = None) -> ParquetLayout | None:
 
 
 def scan_files(paths: list[str], declared: Any = None, threads: int | None = None) -> ParquetLayout | None:
-    """The row groups of a dataset's files, in order (hashed on ``threads`` threads, default one per
-    CPU), and its features: ``declared`` (an Arrow schema: the features a hub dataset's card declares)
-    or the first file's. ``None`` when ``datasets`` is to read it: no rows, features that decode, files
-    of different schemas, row groups pyarrow does not read within their recorded bytes. Files scanned
-    before (the same size, mtime and inode) are not read again."""
-    stamps = []
+    """The row groups of a dataset's files, in order, hashed, and its features: :func:`counted`, then
+    :func:`hashed`. ``None`` when ``datasets`` is to read it."""
+    layout = counted(paths, declared)
+    return None if layout is None else hashed(layout, None, threads)
+
+
+def counted(paths: list[str], declared: Any = None) -> ParquetLayout | None:
+    """A dataset's row groups from its files' footers alone (every count, no row group read: their
+    ``sha256`` is empty until :func:`hashed`), and its features: ``declared`` (an Arrow schema: the
+    features a hub dataset's card declares) or the first file's. ``None`` when ``datasets`` is to read
+    it: no rows, features that decode, files of different schemas, row groups recorded out of place."""
+    stamps, footers, bounds, schemas, first_row = [], [], [], [], 0
     for path in paths:
-        st = os.stat(path)
+        try:
+            st = os.stat(path)
+            offset, footer, meta = _read_footer(path, st.st_size)
+        except OSError as exc:
+            raise DatasetError(path, f"cannot be read: {type(exc).__name__}: {exc}") from None
         stamps.append((path, st.st_size, st.st_mtime_ns, st.st_ino))
-    key = (tuple(stamps), b"" if declared is None else declared.serialize().to_pybytes())
-    with _SCANS_LOCK:
-        if key in _SCANS:
-            return _SCANS[key]
-    layout = _scan(stamps, declared, threads or available_cpus())
-    with _SCANS_LOCK:
-        _SCANS[key] = layout
-        while len(_SCANS) > _KEPT_SCANS:
-            _SCANS.popitem(last=False)
-    return layout
-
-
-def _read_footer(path: str, size: int) -> tuple[int, bytes, Any]:
-    """Where the file's footer begins, its bytes and the metadata they hold."""
-    with open(path, "rb") as fh:
-        offset = _footer_bounds(fh, size)
-        fh.seek(offset)
-        footer = fh.read(size - offset)
-    try:
-        return offset, footer, _metadata(footer)
-    except Exception as exc:
-        raise DatasetError(path, f"its Parquet footer cannot be read ({type(exc).__name__}: {exc})") from None
-
-
-def _scan(stamps: list[tuple[str, int, int, int]], declared: Any, threads: int) -> ParquetLayout | None:
-    """``stamps``: each file's (path, size, mtime, inode) before the read; a file that has another after
-    it (rewritten, grown, truncated, replaced by a rename) was read as no one version of it."""
-    footers, bounds, schemas, first_row = [], [], [], 0
-    for path, size, *_ in stamps:
-        offset, footer, meta = _read_footer(path, size)
         footers.append(
-            ParquetFooter(path=path, size=size, offset=offset, sha256=hashlib.sha256(footer).hexdigest())
+            ParquetFooter(
+                path=path, size=st.st_size, offset=offset, sha256=hashlib.sha256(footer).hexdigest()
+            )
         )
         schemas.append(meta.schema.to_arrow_schema())
         for i in range(meta.num_row_groups):
@@ -324,24 +311,15 @@ def _scan(stamps: list[tuple[str, int, int, int]], declared: Any, threads: int) 
             start, end = _chunk_bounds(record)
             if not len(MAGIC) <= start < end <= offset:
                 return None  # recorded out of place: datasets reads (or refuses) it
-            meta_sha = _record_sha256(record, start)
-            bounds.append((path, i, start, end, first_row, record.num_rows, record.total_byte_size, meta_sha))
+            bounds.append((path, i, start, end, first_row, record.num_rows, record.total_byte_size, record))
             first_row += record.num_rows
     file_schema = schemas[0]
     if not first_row or any(not s.equals(file_schema, check_metadata=False) for s in schemas[1:]):
         return None  # no rows (datasets says so), or files datasets casts one to the other's features
     if declared is None and decodes(file_schema):
         return None  # features that decode: datasets' own to read
-    with ThreadPoolExecutor(max_workers=max(1, min(len(bounds), threads))) as pool:
-        hashes = list(pool.map(lambda b: _sha256_range(b[0], b[2], b[3]), bounds))
-    for path, *stamp in stamps:
-        st = os.stat(path)
-        if (st.st_size, st.st_mtime_ns, st.st_ino) != tuple(stamp):
-            raise DatasetError(
-                path, "the file changed while it was planned: plan it when it no longer changes"
-            )
     schema = features_schema(file_schema) if declared is None else declared
-    layout = ParquetLayout(
+    return ParquetLayout(
         footers=tuple(footers),
         file_schema_sha256=hashlib.sha256(file_schema.serialize().to_pybytes()).hexdigest(),
         schema_b64=base64.b64encode(schema.serialize().to_pybytes()).decode("ascii"),
@@ -354,21 +332,93 @@ def _scan(stamps: list[tuple[str, int, int, int]], declared: Any, threads: int) 
                 first_row=r,
                 rows=n,
                 nbytes=max(0, b),
-                sha256=h,
-                meta_sha256=m,
+                sha256="",
+                meta_sha256=_record_sha256(record, o),
             )
-            for (p, i, o, e, r, n, b, m), h in zip(bounds, hashes, strict=True)
+            for p, i, o, e, r, n, b, record in bounds
         ),
+        stamps=tuple(stamps),
     )
-    first = next(g for g in layout.row_groups if g.rows)
-    try:  # the first row group decodes from its bytes alone (and stays cached for the plan's sample)
+
+
+def hashed(
+    layout: ParquetLayout, on_group: GroupListener | None = None, threads: int | None = None
+) -> ParquetLayout | None:
+    """``layout`` (from :func:`counted`) with every row group hashed on ``threads`` threads (default one
+    per CPU). ``on_group`` is told each row group, in order, as soon as it and those before it are
+    hashed: the plan cuts and starts slices while the rest is read. The first row group is decoded from
+    its bytes before it is told (``None``: pyarrow reads it outside its recorded bytes; ``datasets`` is
+    to read the dataset). Files hashed before (the same size, mtime and inode) are not read again."""
+    key = (layout.stamps, layout.schema_b64)
+    with _SCANS_LOCK:
+        found = key in _SCANS
+        done = _SCANS.get(key)
+    if found:
+        if done is not None and on_group is not None:
+            for group in done.row_groups:
+                on_group(group)
+        return done
+    done = _hashed(layout, on_group, threads or available_cpus())
+    with _SCANS_LOCK:
+        _SCANS[key] = done
+        while len(_SCANS) > _KEPT_SCANS:
+            _SCANS.popitem(last=False)
+    return done
+
+
+def _hashed(layout: ParquetLayout, on_group: GroupListener | None, threads: int) -> ParquetLayout | None:
+    """``layout.stamps``: each file's (path, size, mtime, inode) before the read; a file that has another
+    after it (rewritten, grown, truncated, replaced by a rename) was read as no one version of it."""
+    groups: list[RowGroup] = []
+    todo = layout.row_groups
+    with ThreadPoolExecutor(max_workers=max(1, min(len(todo), threads))) as pool:
+        try:
+            for group, sha in zip(
+                todo, pool.map(lambda g: _sha256_range(g.path, g.offset, g.end), todo), strict=True
+            ):
+                groups.append(group.model_copy(update={"sha256": sha}))
+                if len(groups) == 1 and not _decodes_alone(layout, groups[0]):
+                    return None
+                if on_group is not None:
+                    on_group(groups[-1])
+        finally:
+            pool.shutdown(cancel_futures=True)  # (a read that ends early reads no further)
+    for path, *stamp in layout.stamps:
+        st = os.stat(path)
+        if (st.st_size, st.st_mtime_ns, st.st_ino) != tuple(stamp):
+            raise DatasetError(
+                path, "the file changed while it was planned: plan it when it no longer changes"
+            )
+    return replace(layout, row_groups=tuple(groups))
+
+
+def with_sha256(group: RowGroup) -> RowGroup:
+    """The row group with the sha256 of its bytes (one hashed ahead of the rest: a sample's)."""
+    return group.model_copy(update={"sha256": _sha256_range(group.path, group.offset, group.end)})
+
+
+def _decodes_alone(layout: ParquetLayout, first: RowGroup) -> bool:
+    """Whether the row group decodes from its recorded bytes alone (it stays cached: the plan's sample)."""
+    try:
         _row_group_table(layout.source([first]), first)
     except DatasetError:
         raise
     except Exception as exc:
         logger.debug("%s: read through datasets (%s: %s)", first.path, type(exc).__name__, exc)
-        return None
-    return layout
+        return False
+    return True
+
+
+def _read_footer(path: str, size: int) -> tuple[int, bytes, Any]:
+    """Where the file's footer begins, its bytes and the metadata they hold."""
+    with open(path, "rb") as fh:
+        offset = _footer_bounds(fh, size)
+        fh.seek(offset)
+        footer = fh.read(size - offset)
+    try:
+        return offset, footer, _metadata(footer)
+    except Exception as exc:
+        raise DatasetError(path, f"its Parquet footer cannot be read ({type(exc).__name__}: {exc})") from None
 
 
 def groups_for(layout: ParquetLayout, start: int, end: int) -> list[RowGroup]:

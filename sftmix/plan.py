@@ -217,15 +217,16 @@ def _jsonl_layout(entry: DatasetEntry, datasets_cache: str) -> jsonl.JsonlLayout
     return layout
 
 
-def _parquet_layout(entry: DatasetEntry, datasets_cache: str) -> parquet.ParquetLayout | None:
-    """The dataset's row groups when it is Parquet read by row group (:mod:`sftmix.parquet`): a local
-    file, or the files of a hub dataset (or a directory laid out like one); else ``None``."""
+def _parquet_counted(entry: DatasetEntry, datasets_cache: str) -> parquet.ParquetLayout | None:
+    """The dataset's row groups, counted from the footers (not yet hashed), when it is Parquet read by
+    row group (:mod:`sftmix.parquet`): a local file or a ``gs://`` object's copy, or the files of a hub
+    dataset (or a directory laid out like one), fetched; else ``None``."""
     try:
         if parquet.applies(path := _local_copy(entry, datasets_cache), entry.split):
-            return parquet.scan(path)
+            return parquet.counted([path])
         if local_builder(entry.path) is None and not parquet.disabled():
             found = parquet_data_files(entry.path, entry.split, entry.revision, datasets_cache)
-            return None if found is None else parquet.scan_files(found.paths, found.declared)
+            return None if found is None else parquet.counted(found.paths, found.declared)
     except DatasetError as exc:
         raise DatasetError(entry.path, exc.reason) from None
     return None
@@ -285,6 +286,9 @@ class _Opened:
     samples: list[Conversation] = field(default_factory=list)
     row_format: str = "messages"
     messages_key: str = MESSAGES_KEY
+    # Parquet: its row groups counted from the footers, and its slices' rows, cut as they are hashed
+    row_groups: parquet.ParquetLayout | None = None
+    cuts: list[tuple[int, int, list[int] | None]] = field(default_factory=list)
 
     def counted(self, n_rows: int, target: int, fingerprint: str) -> None:
         """Its plan, once its rows are counted (slices numbered in mixer order later)."""
@@ -438,13 +442,10 @@ def _open_whole(
     datasets_cache = str(cutter.work_dir / "datasets-cache")
     warnings: list[str] = []
     batched = _jsonl_layout(entry, datasets_cache)
-    grouped = None if batched is not None else _parquet_layout(entry, datasets_cache)
     if batched is not None:
         if (w := _bad_lines_warning(entry, on_bad_row, batched.bad_lines)) is not None:
             warnings.append(w)
         info = SourceInfo(batched.n_rows, batched.fingerprint, batched.columns, batched.size)
-    elif grouped is not None:
-        info = SourceInfo(grouped.n_rows, grouped.fingerprint, grouped.columns, grouped.nbytes)
     else:
         info = describe(entry.path, entry.split, entry.revision, datasets_cache)
     if info.n_rows == 0:
@@ -454,7 +455,7 @@ def _open_whole(
     row_format, messages_key = _format_of(entry, info.columns)
     arrow_files = (
         None
-        if batched is not None or grouped is not None
+        if batched is not None
         else arrow_cache_files(entry.path, entry.split, entry.revision, datasets_cache)
     )
     target = target_rows(entry.amount, info.n_rows)
@@ -469,38 +470,123 @@ def _open_whole(
     fingerprint_rows = RowsFingerprinter(entry.path, entry.split, entry.revision, datasets_cache, arrow_files)
     if batched is not None and not run.slice_rows:
         groups = _batch_groups(batched, selected, run.slice_bytes)
-    elif grouped is not None and not run.slice_rows:
-        groups = parquet.slice_cuts(grouped, selected, run.slice_bytes)
     else:
         groups = _row_groups(info.n_rows, selected, per_slice)
     for start, end, subset in groups:
-        source, row_groups = None, None
+        source = None
         if batched is not None:  # the bytes of the batches it reads, and the columns they are cast to
             source = batched.source(jsonl.batches_for(batched, start, end))
             data = _batch_data(batched.schema_b64, source.batches)
-        elif grouped is not None:  # the bytes of the row groups it reads, and the columns they are cast to
-            row_groups = grouped.source(parquet.groups_for(grouped, start, end))
-            data = _digest(grouped.data_key(row_groups.row_groups))
         elif (data := memo.known.get(memo.key(_rows_key(start, end, subset)))) is None:
             data = fingerprint_rows(start, end, subset)
             memo.remember(_rows_key(start, end, subset), data)
         size = round((end - start if subset is None else len(subset)) * info.nbytes / info.n_rows)
         dataset.specs.append(
-            cutter.spec(
-                dataset,
-                (start, end, subset),
-                data,
-                size,
-                arrow_files=arrow_files,
-                jsonl=source,
-                parquet=row_groups,
-            )
+            cutter.spec(dataset, (start, end, subset), data, size, arrow_files=arrow_files, jsonl=source)
         )
     memo.save()
     fingerprint_rows.close()
     dataset.sampled = dataset.specs[0]
     dataset.counted(info.n_rows, target, info.fingerprint)
     return dataset
+
+
+def _open_parquet(
+    index: int,
+    entry: DatasetEntry,
+    run: RunOptions,
+    cutter: _SliceCutter,
+    selected_total: int,
+    memory: int | None,
+) -> _Opened | None:
+    """A Parquet dataset opened from its footers: every count, so any amount is selected (and refused)
+    before any row group is read; its slices are cut as its row groups are hashed (:func:`_cut_parquet`).
+    ``None`` for a dataset ``datasets`` is to read."""
+    layout = _parquet_counted(entry, str(cutter.work_dir / "datasets-cache"))
+    if layout is None:
+        return None
+    row_format, messages_key = _format_of(entry, layout.columns)
+    target = target_rows(entry.amount, layout.n_rows)
+    _check_selection(entry, layout.n_rows, target, selected_total + target, memory)
+    warnings = []
+    if (w := small_count_warning(entry.path, entry.amount, layout.n_rows)) is not None:
+        warnings.append(w)
+        logger.warning(w)
+    selected = selected_source_rows(layout.n_rows, target)
+    if run.slice_rows:
+        cuts = _row_groups(layout.n_rows, selected, run.slice_rows)
+    else:
+        cuts = parquet.slice_cuts(layout, selected, run.slice_bytes)
+    dataset = _Opened(
+        index,
+        entry,
+        warnings=warnings,
+        row_format=row_format,
+        messages_key=messages_key,
+        row_groups=layout,
+        cuts=cuts,
+    )
+    first = [parquet.with_sha256(g) for g in parquet.groups_for(layout, *cuts[0][:2])]  # the sample's
+    dataset.sampled = cutter.spec(
+        dataset, cuts[0], _digest(layout.data_key(first)), 0, parquet=layout.source(first)
+    )
+    return dataset
+
+
+def _cut_parquet(
+    dataset: _Opened,
+    run: RunOptions,
+    cutter: _SliceCutter,
+    ctx: TokenizeContext,
+    slices: list[SliceSpec],
+    selected_total: int,
+    memory: int | None,
+    early: EarlySlice | None,
+) -> None:
+    """A Parquet dataset's slices, each numbered and handed to ``early`` as soon as its row groups are
+    hashed; a dataset whose first row group does not decode from its recorded bytes alone is read by
+    ``datasets`` instead (:func:`_open_whole`)."""
+    entry, layout = dataset.entry, dataset.row_groups
+    assert layout is not None
+    target = target_rows(entry.amount, layout.n_rows)
+    _check_selection(entry, layout.n_rows, target, selected_total + target, memory)
+    made: list[SliceSpec] = []
+    hashed: dict[tuple[str, int], parquet.RowGroup] = {}
+    waiting = [parquet.groups_for(layout, start, end) for start, end, _ in dataset.cuts]
+
+    def on_group(group: parquet.RowGroup) -> None:
+        nonlocal early
+        hashed[(group.path, group.index)] = group
+        while len(made) < len(waiting) and all((g.path, g.index) in hashed for g in waiting[len(made)]):
+            groups = [hashed[(g.path, g.index)] for g in waiting[len(made)]]
+            start, end, subset = dataset.cuts[len(made)]
+            size = round((end - start if subset is None else len(subset)) * layout.nbytes / layout.n_rows)
+            data = _digest(layout.data_key(groups))
+            spec = cutter.spec(dataset, (start, end, subset), data, size, parquet=layout.source(groups))
+            spec.index = len(slices) + len(made)
+            spec.unrendered = dataset.probes
+            made.append(spec)
+            if early is not None:
+                try:
+                    early(spec, ctx)
+                except Exception as exc:  # (the flow runs the slice itself)
+                    logger.debug("no early start for %s: %s: %s", spec.describe(), type(exc).__name__, exc)
+                    early = None
+
+    # Beside slices that already run on every core, a few threads read the files well ahead of them.
+    threads = None if early is None else max(1, available_cpus() // SCAN_SHARE)
+    try:
+        done = parquet.hashed(layout, on_group, threads)
+    except DatasetError as exc:
+        raise DatasetError(entry.path, exc.reason) from None
+    if done is None:  # (found before any slice was cut)
+        whole = _open_whole(dataset.index, entry, run, cutter, ctx.on_bad_row, selected_total, memory)
+        dataset.plan, dataset.specs, dataset.warnings = whole.plan, whole.specs, whole.warnings
+        return
+    assert len(made) == len(dataset.cuts)
+    slices += made
+    dataset.specs = made
+    dataset.counted(layout.n_rows, target, done.fingerprint)
 
 
 def _cut_streamed(
@@ -609,8 +695,8 @@ def prepare_plan(mixer: MixerConfig, run: RunOptions) -> None:
                     continue  # read by the plan itself, its slices starting as it goes
                 if _jsonl_layout(entry, datasets_cache) is not None:
                     continue
-                if _parquet_layout(entry, datasets_cache) is not None:
-                    continue
+                if _parquet_counted(entry, datasets_cache) is not None:
+                    continue  # fetched and counted; its row groups are hashed as its slices are cut
                 describe(entry.path, entry.split, entry.revision, datasets_cache)
                 arrow_cache_files(entry.path, entry.split, entry.revision, datasets_cache)
         except Exception as exc:
@@ -789,8 +875,10 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     opened: list[_Opened] = []
     for index, entry in enumerate(mixer.datasets):  # each dataset's head: enough to sample its rows
         dataset = _open_streamed(index, entry, run, cutter, memory)
+        selected_total = sum(d.plan.target for d in opened if d.plan is not None)
         if dataset is None:
-            selected_total = sum(d.plan.target for d in opened if d.plan is not None)
+            dataset = _open_parquet(index, entry, run, cutter, selected_total, memory)
+        if dataset is None:
             dataset = _open_whole(index, entry, run, cutter, mixer.on_bad_row, selected_total, memory)
         assert dataset.sampled is not None
         sample = _sample_rows(dataset.sampled, datasets_cache)
@@ -809,7 +897,9 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     datasets: list[DatasetPlan] = []
     for dataset in opened:  # the slices, in mixer order (a large file's start while it is read)
         selected_total = sum(d.target for d in datasets)
-        if dataset.plan is None:
+        if dataset.row_groups is not None:
+            _cut_parquet(dataset, run, cutter, ctx, slices, selected_total, memory, early)
+        elif dataset.plan is None:
             _cut_streamed(dataset, run, cutter, ctx, slices, selected_total, memory, early)
         else:  # (opened before the counts of streamed files before it were known)
             d = dataset.plan

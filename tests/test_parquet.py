@@ -348,3 +348,75 @@ def test_the_plan_reads_a_hub_layout_by_row_group(tmp_path):
     assert sum(s.row_end - s.row_start for s in plan.slices) == 240
     read = {Path(g.path).name for s in plan.slices for g in s.parquet.row_groups}  # type: ignore[union-attr]
     assert read == {"train-00000-of-00002.parquet", "train-00001-of-00002.parquet"}
+
+
+def _hashed_whole(path: Path) -> bool:
+    return any(path_ == str(path) for key in parquet._SCANS for path_, *_ in key[0])
+
+
+@pytest.mark.parametrize("amount", [1.0, 0.5, 250, 2.0])
+def test_slices_are_cut_as_their_row_groups_are_hashed_for_any_amount(tmp_path, amount):
+    """The footers give every count, so whatever the amount, each slice is handed on as soon as its row
+    groups are hashed (before the last one is), and they are the slices of the finished plan."""
+    from sftmix.plan import build_plan
+
+    path = tmp_path / "chats.parquet"
+    pq.write_table(pa.Table.from_pylist(_rows(600)), path, row_group_size=100)
+    mixer, run = (
+        _mixer(path, tmp_path / "out", amount),
+        RunOptions(work_dir=str(tmp_path / "w"), slice_rows=50),
+    )
+    parquet._SCANS.clear()
+    early: list[tuple[str, int, bool]] = []
+    plan = build_plan(mixer, run, lambda spec, ctx: early.append((spec.key, spec.index, _hashed_whole(path))))
+    assert [(key, index) for key, index, _ in early] == [(s.key, s.index) for s in plan.slices]
+    assert not early[0][2]  # the first slice was handed on before every row group was hashed
+    again: list[str] = []  # the same plan from the hashes made before, handed on at once
+    replayed = build_plan(mixer, run, lambda spec, ctx: again.append(spec.key))
+    assert replayed.model_dump(exclude={"inputs"}) == plan.model_dump(exclude={"inputs"})
+    assert again == [s.key for s in plan.slices]
+    parquet._SCANS.clear()
+    assert build_plan(mixer, run).model_dump(exclude={"inputs"}) == plan.model_dump(exclude={"inputs"})
+
+
+def test_a_file_that_changes_while_its_row_groups_are_hashed_is_one_clear_error(tmp_path):
+    from sftmix.plan import build_plan
+
+    path = tmp_path / "chats.parquet"
+    rows = _rows(600)
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=100)
+    parquet._SCANS.clear()
+
+    def change(spec, ctx) -> None:
+        if spec.index == 0:  # rewritten as the first slice is handed on
+            rows[0]["id"] = "changed"
+            pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=100)
+
+    run = RunOptions(work_dir=str(tmp_path / "w"), slice_rows=50)
+    with pytest.raises(DatasetError, match=r"chats.parquet.*changed"):
+        build_plan(_mixer(path, tmp_path / "out"), run, change)
+
+
+@pytest.mark.slow
+def test_slices_begun_while_row_groups_are_hashed_are_the_flows(prefect_api, tmp_path):
+    from sftmix.digest import compare
+    from tokenize_mixer.flows import head_start
+    from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
+
+    path = tmp_path / "chats.parquet"
+    pq.write_table(pa.Table.from_pylist(_rows(3000)), path, row_group_size=250)
+    parquet._SCANS.clear()
+    mixer = _mixer(path, tmp_path / "out")
+    run = RunOptions(work_dir=str(tmp_path / "work"), slice_rows=250, runner="process", workers=2)
+    with head_start.head_start_scope():
+        plan = head_start.plan_ahead(mixer, run, head_start.early_start(run))
+        assert plan is not None and head_start._pending is not None  # begun by the plan itself
+        head_start.begin_head_start(mixer, run, plan)
+        report = tokenize_mixer(mixer=mixer, run=run)
+        assert head_start._pending is None  # the flow took it
+    assert report["slices_computed"] == report["slices_total"] == len(plan.slices) == 12
+    assert len(list((tmp_path / "work").glob("slices/*/*/manifest.json"))) == 12  # each tokenized once
+    tokenize_mixer(
+        mixer=_mixer(path, tmp_path / "plain"), run=RunOptions(work_dir=str(tmp_path / "w2"), runner="thread")
+    )
+    assert compare(tmp_path / "out", tmp_path / "plain").matches
