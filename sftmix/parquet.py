@@ -8,8 +8,9 @@ declares, else the first file's Arrow schema (``Features.from_arrow_schema``), a
 every file, in order, is read and cast to them (``table_cast``). Row groups are independent of each
 other, so here:
 
-- the plan reads each file's footer (every row count, for any amount) and hashes the footers and each
-  row group's bytes on all cores; nothing is decoded but the first row group (the plan's sample);
+- the plan reads each file's footer (every row count, so any amount is selected at once), then hashes
+  each row group's bytes and cuts each slice as soon as its row groups are hashed, so the first slice
+  starts while the rest is read; nothing is decoded but the first row group (the plan's sample);
 - a slice reads the footer and its row groups' bytes once, checks their sha256 against the plan's (a
   file that changed since the plan is one clear error, never rows of two versions), decodes its rows
   from those checked bytes alone (pyarrow reads through a file object that serves nothing else) and
