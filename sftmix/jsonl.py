@@ -45,7 +45,7 @@ from . import settings
 from .errors import BadLineError, DatasetError
 from .features import features_schema
 from .parallel import available_cpus
-from .sources import _valid_utf8, compression_of, local_builder
+from .sources import _valid_utf8, compression_of, local_builder, runs_in_parts, table_rows
 from .storage import is_remote
 
 #: ``datasets``' JsonConfig.chunksize: the batch the builder reads before finishing the line.
@@ -566,35 +566,13 @@ def read_rows(source: JsonlSource, rows: list[int]) -> list[dict[str, Any] | Bad
     """Rows by index (in the order given) from the batches of ``source``; a bad line's row is its
     :class:`BadLine`."""
     out: list[dict[str, Any] | BadLine] = []
-    i = 0
-    while i < len(rows):
-        batch = next((b for b in source.batches if b.first_row <= rows[i] < b.first_row + b.rows), None)
+    for batch, local in runs_in_parts(rows, source.batches):
         if batch is None:
-            raise DatasetError(source.path, f"row {rows[i]} is in none of the slice's batches")
-        j = i
-        limit = batch.first_row + batch.rows
-        while j < len(rows) and batch.first_row <= rows[j] < limit:
-            j += 1
+            raise DatasetError(source.path, f"row {local[0]} is in none of the slice's batches")
         table, bad = _batch_table(source.path, batch, source.schema_b64)
-        local = [r - batch.first_row for r in rows[i:j]]
-        if local[-1] - local[0] + 1 == len(local):
-            got = table.slice(local[0], len(local)).to_pylist()
-        else:
-            got = table.take(_indices(local)).to_pylist()
+        got = table_rows(table, local)
         out += [bad.get(r, record) for r, record in zip(local, got, strict=True)] if bad else got
-        i = j
     return out
-
-
-def _indices(rows: list[int]) -> Any:
-    """``rows`` as an Arrow index array, built from a numpy buffer: from a list, pyarrow imports pandas
-    to ask whether it is one of its objects (0.2 s of a small run's planning)."""
-    import numpy as np
-    import pyarrow as pa
-
-    return pa.Array.from_buffers(
-        pa.int64(), len(rows), [None, pa.py_buffer(np.asarray(rows, dtype=np.int64))]
-    )
 
 
 def release() -> None:

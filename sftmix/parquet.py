@@ -46,7 +46,7 @@ from . import settings
 from .errors import DatasetError
 from .features import decodes, features_schema
 from .parallel import available_cpus
-from .sources import local_builder
+from .sources import local_builder, runs_in_parts, table_rows
 from .storage import is_remote
 
 logger = logging.getLogger(__name__)
@@ -527,19 +527,12 @@ def _cast(table: Any, target: Any) -> Any:
 
 def read_rows(source: ParquetSource, rows: list[int]) -> list[dict[str, Any]]:
     """Rows by index (in the order given) from the row groups of ``source``."""
-    from .jsonl import _indices
-
     out: list[dict[str, Any]] = []
-    i = 0
-    while i < len(rows):
-        group = next((g for g in source.row_groups if g.first_row <= rows[i] < g.first_row + g.rows), None)
+    for group, local in runs_in_parts(rows, source.row_groups):
         if group is None:
             raise DatasetError(
-                source.row_groups[0].path, f"row {rows[i]} is in none of the slice's row groups"
+                source.row_groups[0].path, f"row {local[0]} is in none of the slice's row groups"
             )
-        j = i
-        while j < len(rows) and group.first_row <= rows[j] < group.first_row + group.rows:
-            j += 1
         try:
             table = _row_group_table(source, group)
         except DatasetError:
@@ -548,12 +541,7 @@ def read_rows(source: ParquetSource, rows: list[int]) -> list[dict[str, Any]]:
             raise DatasetError(
                 group.path, f"row group {group.index} cannot be read: {type(exc).__name__}: {exc}"
             ) from None
-        local = [r - group.first_row for r in rows[i:j]]
-        if local[-1] - local[0] + 1 == len(local):
-            out += table.slice(local[0], len(local)).to_pylist()
-        else:
-            out += table.take(_indices(local)).to_pylist()
-        i = j
+        out += table_rows(table, local)
     return out
 
 

@@ -491,6 +491,47 @@ def _open_whole(
     return dataset
 
 
+class _HandOn:
+    """Slices cut while a dataset's files are read: numbered in mixer order and each handed to ``early``
+    (the head start) as soon as it is cut; ``early`` is dropped at its first failure (the flow then runs
+    the slice itself)."""
+
+    def __init__(
+        self, dataset: _Opened, slices: list[SliceSpec], ctx: TokenizeContext, early: EarlySlice | None
+    ):
+        self.dataset, self.first_index, self.ctx, self.early = dataset, len(slices), ctx, early
+        self.made: list[SliceSpec] = []
+
+    def reading_threads(self) -> int | None:
+        """Threads that read the files: beside slices that already run on every core, a few, well ahead
+        of them (a worker takes seconds per slice; a thread reads one in milliseconds); else all."""
+        return None if self.early is None else max(1, available_cpus() // SCAN_SHARE)
+
+    def __call__(self, spec: SliceSpec) -> None:
+        spec.index = self.first_index + len(self.made)
+        spec.unrendered = self.dataset.probes
+        self.made.append(spec)
+        if self.early is not None:
+            try:
+                self.early(spec, self.ctx)
+            except Exception as exc:  # (the flow runs the slice itself)
+                logger.debug("no early start for %s: %s: %s", spec.describe(), type(exc).__name__, exc)
+                self.early = None
+
+
+def _read_whole_instead(
+    dataset: _Opened,
+    run: RunOptions,
+    cutter: _SliceCutter,
+    ctx: TokenizeContext,
+    selected_total: int,
+    memory: int | None,
+) -> None:
+    """A dataset found, once its read began, to be one only ``datasets`` reads (before any slice was cut)."""
+    whole = _open_whole(dataset.index, dataset.entry, run, cutter, ctx.on_bad_row, selected_total, memory)
+    dataset.plan, dataset.specs, dataset.warnings = whole.plan, whole.specs, whole.warnings
+
+
 def _open_parquet(
     index: int,
     entry: DatasetEntry,
@@ -550,38 +591,26 @@ def _cut_parquet(
     assert layout is not None
     target = target_rows(entry.amount, layout.n_rows)
     _check_selection(entry, layout.n_rows, target, selected_total + target, memory)
-    made: list[SliceSpec] = []
+    hand_on = _HandOn(dataset, slices, ctx, early)
+    made = hand_on.made
     hashed: dict[tuple[str, int], parquet.RowGroup] = {}
     waiting = [parquet.groups_for(layout, start, end) for start, end, _ in dataset.cuts]
 
     def on_group(group: parquet.RowGroup) -> None:
-        nonlocal early
         hashed[(group.path, group.index)] = group
         while len(made) < len(waiting) and all((g.path, g.index) in hashed for g in waiting[len(made)]):
             groups = [hashed[(g.path, g.index)] for g in waiting[len(made)]]
             start, end, subset = dataset.cuts[len(made)]
             size = round((end - start if subset is None else len(subset)) * layout.nbytes / layout.n_rows)
             data = _digest(layout.data_key(groups))
-            spec = cutter.spec(dataset, (start, end, subset), data, size, parquet=layout.source(groups))
-            spec.index = len(slices) + len(made)
-            spec.unrendered = dataset.probes
-            made.append(spec)
-            if early is not None:
-                try:
-                    early(spec, ctx)
-                except Exception as exc:  # (the flow runs the slice itself)
-                    logger.debug("no early start for %s: %s: %s", spec.describe(), type(exc).__name__, exc)
-                    early = None
+            hand_on(cutter.spec(dataset, (start, end, subset), data, size, parquet=layout.source(groups)))
 
-    # Beside slices that already run on every core, a few threads read the files well ahead of them.
-    threads = None if early is None else max(1, available_cpus() // SCAN_SHARE)
     try:
-        done = parquet.hashed(layout, on_group, threads)
+        done = parquet.hashed(layout, on_group, hand_on.reading_threads())
     except DatasetError as exc:
         raise DatasetError(entry.path, exc.reason) from None
     if done is None:  # (found before any slice was cut)
-        whole = _open_whole(dataset.index, entry, run, cutter, ctx.on_bad_row, selected_total, memory)
-        dataset.plan, dataset.specs, dataset.warnings = whole.plan, whole.specs, whole.warnings
+        _read_whole_instead(dataset, run, cutter, ctx, selected_total, memory)
         return
     assert len(made) == len(dataset.cuts)
     slices += made
@@ -603,13 +632,13 @@ def _cut_streamed(
     to ``early`` as soon as its batches are counted; the file is then a dataset like any other (or, found
     not to be JSON Lines pyarrow reads after all, is read whole as :func:`_open_whole` reads it)."""
     entry = dataset.entry
-    made: list[SliceSpec] = []
+    hand_on = _HandOn(dataset, slices, ctx, early)
+    made = hand_on.made
 
     per_slice = batches_per_slice(run.slice_bytes)
     waiting: list[jsonl.JsonlBatch] = []  # counted batches of the next slice
 
     def cut(batches: list[jsonl.JsonlBatch], schema_b64: str) -> None:
-        nonlocal early
         source = jsonl.JsonlSource(path=entry.path, schema_b64=schema_b64, batches=batches)
         data = _batch_data(schema_b64, batches)
         lo, hi = batches[0].first_row, batches[-1].first_row + batches[-1].rows
@@ -617,16 +646,7 @@ def _cut_streamed(
         for start in range(lo, hi, per):
             end = min(start + per, hi)
             size = round(nbytes * (end - start) / (hi - lo))
-            spec = cutter.spec(dataset, (start, end, None), data, size, jsonl=source)
-            spec.index = len(slices) + len(made)
-            spec.unrendered = dataset.probes
-            made.append(spec)
-            if early is not None:
-                try:
-                    early(spec, ctx)
-                except Exception as exc:  # (the flow runs the slice itself)
-                    logger.debug("no early start for %s: %s: %s", spec.describe(), type(exc).__name__, exc)
-                    early = None
+            hand_on(cutter.spec(dataset, (start, end, None), data, size, jsonl=source))
 
     def counted(batch: jsonl.JsonlBatch, schema_b64: str) -> None:
         if not batch.rows:
@@ -636,18 +656,14 @@ def _cut_streamed(
             cut(waiting[:], schema_b64)
             waiting.clear()
 
-    # Beside slices that already run on every core, a few threads read the file well ahead of them (a
-    # worker takes seconds per batch; a thread counts one in a few milliseconds).
-    threads = None if early is None else max(1, available_cpus() // SCAN_SHARE)
     try:
-        layout = jsonl.scan(entry.path, counted, threads)
+        layout = jsonl.scan(entry.path, counted, hand_on.reading_threads())
     except DatasetError as exc:
         raise DatasetError(entry.path, exc.reason) from None
     if layout is not None and waiting:  # the file's last batches
         cut(waiting, layout.schema_b64)
     if layout is None or not layout.n_rows or not layout.columns:
-        whole = _open_whole(dataset.index, entry, run, cutter, ctx.on_bad_row, selected_total, memory)
-        dataset.plan, dataset.specs, dataset.warnings = whole.plan, whole.specs, whole.warnings
+        _read_whole_instead(dataset, run, cutter, ctx, selected_total, memory)
         return
     if (w := _bad_lines_warning(entry, ctx.on_bad_row, layout.bad_lines)) is not None:
         dataset.warnings.append(w)
