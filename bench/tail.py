@@ -8,6 +8,9 @@ slice must be in WORK_DIR already), then times, in this one process, on the CPUs
 digests, the check without and with the digests (hashed in the same read), and the assembly with the
 check following the writers (what a run does: each chunk checked once written).
 Each phase is run ``--repeat`` times; the page cache is warm after the first assembly, as it is in a run.
+``--against-disk N``: then N rounds in turn of the disk's own time to write the output (its parts' bytes
+written sequentially from one 1 MiB buffer into a new file beside the staging, then fsync: ``dd bs=1M
+conv=fsync``) and the tail (assembled, checked as written), with their ratio per round.
 ``--memory``: each phase's peak of memory allocated in this process above what it held before (Python
 objects and numpy arrays, by ``tracemalloc``; slower, so its times are not the phases' own), in MiB and in
 bytes per output document: what the tail holds that grows with rows.
@@ -18,6 +21,8 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import mmap
+import os
 import shutil
 import sys
 import tempfile
@@ -50,12 +55,37 @@ def timed(label: str, fn, results: dict, repeat: int):  # type: ignore[no-untype
     return value
 
 
+def disk_time(path: Path, nbytes: int, direct: bool = False) -> float:
+    """Seconds to write ``nbytes`` to a new file from one 1 MiB buffer and make them durable: the disk's
+    own time for an output of that size, as ``dd bs=1M conv=fsync`` measures it (through the page cache)
+    or, ``direct``, ``dd bs=1M oflag=direct conv=fsync`` (the disk alone; rounded up to 4 KiB)."""
+    buffer = memoryview(mmap.mmap(-1, 1 << 20))  # page-aligned, as O_DIRECT needs
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0)
+    if direct:
+        nbytes = -(-nbytes // 4096) * 4096
+    started = time.perf_counter()
+    fd = os.open(path, flags, 0o644)
+    try:
+        left = nbytes
+        while left > 0:
+            left -= os.write(fd, buffer[: min(left, len(buffer))])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    seconds = time.perf_counter() - started
+    path.unlink()
+    return seconds
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--work-dir", type=Path, required=True)
     ap.add_argument("--tokenizer", type=Path, default=None, help="default: the dolma2 tokenizer of the tests")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument(
+        "--against-disk", type=int, default=0, metavar="N", help="N rounds: the disk, then the tail"
+    )
     ap.add_argument("--memory", action="store_true", help="each phase's peak memory (tracemalloc)")
     ap.add_argument("--reference", type=Path, default=None, help="an output of the same mixer: same digests")
     ap.add_argument("--out", type=Path, default=None, help="write the timings here as JSON")
@@ -131,11 +161,13 @@ def main() -> None:
         )
         assert checked.digests == digests, "the check's digests differ from output_digests"
 
+        def follow_writers():  # type: ignore[no-untyped-def]
+            return functools.partial(check_output, staging, 4096, digests=True, **kw)
+
         def assemble_checked():  # type: ignore[no-untyped-def]
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir()
-            follow = functools.partial(check_output, staging, 4096, digests=True, **kw)
-            return assemble(plan, manifests, staging, Path(tmp) / "documents.npy", follow)  # type: ignore[arg-type]
+            return assemble(plan, manifests, staging, Path(tmp) / "documents.npy", follow_writers())  # type: ignore[arg-type]
 
         both = timed("assemble, checked as written", assemble_checked, results, args.repeat)
         assert both.checked is not None and both.checked.digests == digests, (
@@ -143,6 +175,47 @@ def main() -> None:
         )
         results["written"] = both.written_seconds
         print(f"{'  of it, until written':<28} {both.written_seconds:8.2f} s", flush=True)
+        output_bytes = sum(p.stat().st_size for p in staging.glob("*_part_*.npy"))
+        rounds = []
+        for k in range(args.against_disk):
+            # Each writes its bytes after the other's are freed (the page cache's pages, and on a VM the
+            # host's behind them, cost the same to both): the last tail's staging goes before the disk.
+            shutil.rmtree(staging)
+            disk = disk_time(Path(tmp) / "disk.bin", output_bytes)
+            direct = disk_time(Path(tmp) / "disk.bin", output_bytes, direct=True)
+            staging.mkdir()
+            started = time.perf_counter()
+            assemble(plan, manifests, staging, Path(tmp) / "documents.npy", follow_writers())  # type: ignore[arg-type]
+            tail = time.perf_counter() - started
+            rounds.append(
+                {
+                    "disk": round(disk, 3),
+                    "direct": round(direct, 3),
+                    "tail": round(tail, 3),
+                    "ratio": round(tail / disk, 2),
+                    "ratio_direct": round(tail / direct, 2),
+                }
+            )
+            print(
+                f"round {k + 1}: disk {disk:6.2f} s (direct {direct:5.2f} s), tail {tail:6.2f} s: "
+                f"{tail / disk:5.2f}x ({tail / direct:5.2f}x direct)",
+                flush=True,
+            )
+        if rounds:
+            middle = len(rounds) // 2
+            ratios = sorted(r["ratio"] for r in rounds)
+            direct_ratios = sorted(r["ratio_direct"] for r in rounds)
+            results["against_disk"] = {
+                "bytes": output_bytes,
+                "rounds": rounds,
+                "median": ratios[middle],
+                "median_direct": direct_ratios[middle],
+            }
+            print(
+                f"tail / disk, median of {len(rounds)}: {ratios[middle]:.2f}x "
+                f"({direct_ratios[middle]:.2f}x against the disk alone)",
+                flush=True,
+            )
     if args.memory:
         documents = int(results["documents"])
         for label, peak in results["peak_bytes"].items():

@@ -240,7 +240,10 @@ def _assemble(
             olmo,
             check if olmo else None,
         )
-        sync = SyncBehind(parts.files)
+        # What the check has read leaves the page cache once durable. Without the check, the digests
+        # (or another format's writer) read the parts after they are written: their pages stay.
+        followed = written if olmo and check is not None else None
+        sync = SyncBehind(parts.files, written=followed, itemsize=dtype.itemsize)
         try:
             _write_parts(plan, manifests, docs, starts, ends, staging, dtype, per_part, written, sync)
         except BaseException:

@@ -530,6 +530,8 @@ def _check_part(
                 written.wait(part, min(n, hi + 1))
             t = _read_span(tokens_file, dtype, lo, hi)
             with_next = _read_span(mask_file, np.dtype(np.uint8), lo, min(n, hi + 1))
+            if written is not None:
+                written.read(part, hi)
             if hashed:
                 token_hash.update(t)
                 mask_hash.update(with_next[: hi - lo])
@@ -616,12 +618,31 @@ def _check_chunk(
         facts.eos_inside = np.unique(np.searchsorted(ends, lo + at, side="right"))
         facts.unended = ending[t[ends[ending] - 1 - lo] != eos]
     if special_ids.size:  # trained and followed by trained text: a header or marker, not a turn's end
-        follows = np.append(with_next[1:], False)[: hi - lo]
-        at = np.flatnonzero(m & follows & ~last & np.isin(t, special_ids, kind="table"))
+        at = _positions_of(t, special_ids)
+        follows = at + 1 < with_next.shape[0]
+        follows[follows] = with_next[at[follows] + 1]
+        at = at[m[at] & follows & ~last[at]]
         docs = np.searchsorted(ends, lo + at, side="right")
         for tok_id in np.unique(t[at]).tolist():
             facts.special_trained[int(tok_id)] = np.unique(docs[t[at] == tok_id])
     return facts
+
+
+def _positions_of(t: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Where ``t`` holds one of ``ids`` (ascending). Special tokens are rare in text and most tokenizers
+    number them above the text's, so the candidates at or above the lowest are found first, and the
+    table lookup runs on them alone; where they are not rare, on every token."""
+    lowest = int(ids[0])
+    if lowest > 0:
+        above = t >= lowest
+        if np.count_nonzero(above) * RARE < t.shape[0]:
+            candidates = np.flatnonzero(above)
+            return candidates[np.isin(t[candidates], ids, kind="table")]
+    return np.flatnonzero(np.isin(t, ids, kind="table"))
+
+
+#: Candidates fewer than one in this many tokens are looked up one by one (``_positions_of``).
+RARE = 8
 
 
 def _read_span(path: Path, dtype: np.dtype, lo: int, hi: int) -> np.ndarray:

@@ -22,6 +22,10 @@ MASK_PART = "labels_mask_part_{:04d}.npy"
 BOUNDS_PART = "token_ids_part_{:04d}.csv.gz"
 STATS_JSON = "dataset_statistics.json"
 STATS_TXT = "dataset_statistics.txt"
+#: gzip level of the boundary files: their bytes are hashed after decompression (any level reads the
+#: same), and level 1 compresses a part's lines ~18x faster than ``gzip.open``'s 9 for ~1.4x the size
+#: (0.02 against 0.39 s, 0.80 against 0.56 MB for 112,530 lines; a part's ids are 1 GiB).
+BOUNDS_GZIP_LEVEL = 1
 
 
 def part_tokens(dtype: np.dtype) -> int:
@@ -120,16 +124,14 @@ def _write_part_boundaries(
     ends = np.minimum(doc_ends[first:last], hi) - lo
     keep = ends > starts
     starts, ends = starts[keep], ends[keep]
-    with gzip.open(directory / BOUNDS_PART.format(k), "wt", encoding="utf-8") as fh:
+    # No name and no time in the header: the same boundaries give the same bytes, run after run.
+    with (
+        open(directory / BOUNDS_PART.format(k), "wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=BOUNDS_GZIP_LEVEL, mtime=0) as fh,
+    ):
         for a in range(0, starts.shape[0], 100_000):
-            fh.write(
-                "".join(
-                    f"{s},{e}\n"
-                    for s, e in zip(
-                        starts[a : a + 100_000].tolist(), ends[a : a + 100_000].tolist(), strict=True
-                    )
-                )
-            )
+            lines = zip(starts[a : a + 100_000].tolist(), ends[a : a + 100_000].tolist(), strict=True)
+            fh.write("".join(f"{s},{e}\n" for s, e in lines).encode())
 
 
 def dataset_statistics(

@@ -269,11 +269,13 @@ class WritingStopped(Exception):
 
 class WrittenParts:
     """How far each part's files are written from their start (in tokens), for a reader that follows the
-    writers: it reads no byte before it is written, and stops when the writing does."""
+    writers: it reads no byte before it is written, and stops when the writing does; it says how far it
+    has read (:meth:`read`)."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self._upto: dict[int, int] = {}
+        self._read: dict[int, int] = {}
         self._complete = False
         self._stopped = False
 
@@ -281,6 +283,21 @@ class WrittenParts:
         with self._changed:
             self._upto[part] = max(upto, self._upto.get(part, 0))
             self._changed.notify_all()
+
+    def upto(self, part: int) -> int:
+        """Tokens of ``part`` written from its start."""
+        with self._changed:
+            return self._upto.get(part, 0)
+
+    def read(self, part: int, upto: int) -> None:
+        """The reader that follows has read ``part`` through token ``upto``."""
+        with self._changed:
+            self._read[part] = max(upto, self._read.get(part, 0))
+
+    def read_upto(self, part: int) -> int:
+        """Tokens of ``part`` the reader that follows has read from its start."""
+        with self._changed:
+            return self._read.get(part, 0)
 
     def complete(self) -> None:
         """Every part is written."""
@@ -315,14 +332,29 @@ SYNC_EVERY = 256 << 20
 class SyncBehind:
     """Makes the parts durable behind the writers, on one thread (``fdatasync`` waits for the disk, not
     for a core): the page cache would otherwise hold the whole output until the final ``fsync``, and
-    the disk would idle while the cores write and then the cores while the disk does."""
+    the disk would idle while the cores write and then the cores while the disk does.
 
-    def __init__(self, fds: Callable[[int], Iterable[int]], every: int = SYNC_EVERY) -> None:
-        """``fds(part)``: the open files of a part."""
+    With ``written`` (a reader follows the writers and reads every part once) it then drops from the page
+    cache what is durable and read, as ``dd oflag=nocache`` does: nothing here reads it again, so its pages
+    would only push out the slices and the input (a 22 B-token output is ~110 GB), and the writers reuse
+    the pages just freed instead of taking fresh ones (on a VM whose host backs a page only when it is
+    first touched, fresh pages took most of the tail's CPU: bench/results, session 31)."""
+
+    def __init__(
+        self,
+        fds: Callable[[int], tuple[int, int]],
+        every: int = SYNC_EVERY,
+        written: WrittenParts | None = None,
+        itemsize: int = 4,
+    ) -> None:
+        """``fds(part)``: the open token and mask files of a part (``itemsize`` bytes a token id)."""
         self._fds = fds
         self._every = every
         self._new = 0
         self._parts: set[int] = set()
+        self._written = written
+        self._widths = (itemsize, 1)
+        self._dropped: dict[int, int] = {}  # tokens of each part dropped from the page cache
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sync-behind")
         self._running: Future[None] | None = None
 
@@ -335,16 +367,33 @@ class SyncBehind:
         if self._running is not None:
             self._running.result()  # (an error of the last one: the final fsync meets it again)
         fds = [fd for part in sorted(self._parts) for fd in self._fds(part)]
+        synced = (
+            {}
+            if self._written is None
+            else {p: self._written.upto(p) for p in self._dropped.keys() | self._parts}
+        )
+        self._dropped.update({p: self._dropped.get(p, 0) for p in self._parts})
         self._parts.clear()
         self._new = 0
-        self._running = self._thread.submit(_sync_all, fds)
+        self._running = self._thread.submit(self._sync, fds, synced)
+
+    def _sync(self, fds: list[int], synced: dict[int, int]) -> None:
+        """Sync ``fds``; then drop what was written before the sync began (``synced``, tokens per part:
+        now durable) and is read."""
+        for fd in fds:
+            with contextlib.suppress(OSError):  # the final fsync reports it (closed on the way out: EBADF)
+                os.fdatasync(fd)
+        if self._written is None or not hasattr(os, "posix_fadvise"):
+            return
+        for part, upto in synced.items():
+            lo, hi = self._dropped[part], min(upto, self._written.read_upto(part))
+            if hi <= lo:
+                continue
+            for fd, width in zip(self._fds(part), self._widths, strict=True):
+                with contextlib.suppress(OSError):  # advice only (closed on the way out: EBADF)
+                    os.posix_fadvise(fd, lo * width, (hi - lo) * width, os.POSIX_FADV_DONTNEED)
+            self._dropped[part] = hi
 
     def close(self) -> None:
         """Wait for the running sync, if any (its error is the final ``fsync``'s to meet)."""
         self._thread.shutdown(wait=True)
-
-
-def _sync_all(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):  # the final fsync reports it (closed on the way out: EBADF)
-            os.fdatasync(fd)

@@ -359,3 +359,32 @@ def test_a_findings_documents_are_counted_once_and_only_a_few_kept():
     output.merge(part, 100)
     assert output.count == 1 + part.count and output.examples == [0, 102, 103, 107, 109][:EXAMPLES]
     assert output.last == 100 + 9_999
+
+
+def test_special_tokens_found_among_candidates_as_on_every_token():
+    """The check looks special ids up among the tokens at or above the lowest of them when those are
+    rare: the same documents as the lookup on every token, for ids low and high, rare and common."""
+    from sftmix.check import _check_chunk, _positions_of
+
+    rng = np.random.default_rng(41)
+    for trial in range(300):
+        vocab = int(rng.integers(4, 300))
+        ids = np.unique(rng.integers(0 if trial % 3 == 0 else vocab // 2, vocab, int(rng.integers(1, 6))))
+        n = int(rng.integers(1, 400))
+        common = trial % 2 == 0
+        t = rng.integers(0, vocab if common else max(1, int(ids[0])), n).astype(np.uint32)
+        sprinkle = rng.random(n) < 0.03
+        t[sprinkle] = rng.choice(ids, int(sprinkle.sum()))
+        assert _positions_of(t, ids).tolist() == np.flatnonzero(np.isin(t, ids)).tolist()
+        with_next = rng.integers(0, 2, n + int(rng.integers(0, 2))).astype(np.uint8)
+        lo = int(rng.integers(0, 50))
+        ends = np.unique(np.r_[rng.integers(lo + 1, lo + n + 1, max(1, n // 20)), lo + n])
+        facts = _check_chunk(t, with_next, lo, ends, vocab, None, ids)
+        m = with_next.astype(bool)[:n]
+        follows = np.append(with_next.astype(bool)[1:], False)[:n]
+        last = np.zeros(n, bool)
+        last[ends - lo - 1] = True
+        at = np.flatnonzero(m & follows & ~last & np.isin(t, ids))
+        docs = np.searchsorted(ends, lo + at, side="right")
+        expected = {int(i): np.unique(docs[t[at] == i]).tolist() for i in np.unique(t[at]).tolist()}
+        assert {k: v.tolist() for k, v in facts.special_trained.items()} == expected

@@ -30,3 +30,19 @@ def test_documents_straddle_parts_and_boundaries_are_clipped(tmp_path):
         with gzip.open(tmp_path / BOUNDS_PART.format(k), "rt") as fh:
             lines.append(fh.read().split())
     assert lines == [["0,4", "4,8"], ["0,3", "3,6", "6,8"], ["0,4"]]
+
+
+def test_boundary_files_are_the_same_bytes_run_after_run(tmp_path):
+    """Their gzip header holds no time and no name: the same boundaries give the same file."""
+    lengths = np.arange(1, 250_001) % 97 + 1
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    written = []
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        write_boundaries(tmp_path / run, starts, ends, int(ends[-1]), 1)
+        written.append((tmp_path / run / BOUNDS_PART.format(0)).read_bytes())
+    assert written[0] == written[1]
+    assert gzip.decompress(written[0]).decode() == "".join(
+        f"{s},{e}\n" for s, e in zip(starts.tolist(), ends.tolist(), strict=True)
+    )

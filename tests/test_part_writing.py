@@ -185,3 +185,57 @@ def test_the_check_that_follows_the_writers_finds_what_a_check_after_them_finds(
         assert checked.digests == mine
         parts = {k: v for k, v in output_digests(out).items() if k.startswith(("token_ids", "labels_mask"))}
         assert parts and all(mine[k] == v for k, v in parts.items())
+
+
+def _cached(fd: int, offset: int) -> bool:
+    """Whether the page at ``offset`` is in the page cache (a read that must not wait for a disk)."""
+    try:
+        return os.preadv(fd, [bytearray(4096)], offset, os.RWF_NOWAIT) > 0
+    except BlockingIOError:
+        return False
+
+
+def test_what_is_durable_and_read_leaves_the_page_cache_and_nothing_else(tmp_path):
+    """``SyncBehind`` with the ``WrittenParts`` a reader follows: behind each sync, the pages the reader has read
+    leave the page cache; the pages it has not read yet stay (it reads them next, not from the disk)."""
+    import pytest
+
+    from sftmix.olmo_format import MASK_PART, TOKENS_PART, PartSet
+    from sftmix.part_writing import SyncBehind, WrittenParts
+
+    tokens_name, mask_name = TOKENS_PART.format(0), MASK_PART.format(0)
+
+    if not hasattr(os, "RWF_NOWAIT") or not hasattr(os, "posix_fadvise"):
+        pytest.skip("the page cache cannot be asked here")
+    probe = tmp_path / "probe"
+    probe.write_bytes(b"x" * 8192)
+    fd = os.open(probe, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        if _cached(fd, 0):
+            pytest.skip("this file system keeps its pages (tmpfs): nothing can leave the page cache")
+    finally:
+        os.close(fd)
+    mib = 1 << 20  # tokens of uint32: 4 MiB of ids, 1 MiB of mask a step
+    parts = PartSet(tmp_path, 8 * mib, np.dtype(np.uint32), 8 * mib)
+    written = WrittenParts()
+    for step in range(8):
+        lo = step * mib
+        parts.write(lo, np.full(mib, step, np.uint32), np.ones(mib, np.uint8))
+        written.advance(0, lo + mib)
+        written.read(0, min(lo + mib, 3 * mib))  # the reader stops at token 3 Mi
+        sync = SyncBehind(parts.files, every=1, written=written, itemsize=4)
+        sync.wrote([0], 5 * mib)
+        sync.close()  # (each sync ends before the next write: the test's order is the writers' own)
+    parts.close()
+    tokens_fd, mask_fd = (os.open(tmp_path / name, os.O_RDONLY) for name in (tokens_name, mask_name))
+    try:
+        assert not _cached(tokens_fd, 0) and not _cached(mask_fd, 0)
+        assert not _cached(tokens_fd, 3 * mib * 4 - 4096) and not _cached(mask_fd, 3 * mib - 4096)
+        for t in (3 * mib, 5 * mib, 8 * mib - 4096):
+            assert _cached(tokens_fd, t * 4) and _cached(mask_fd, t)
+    finally:
+        os.close(tokens_fd)
+        os.close(mask_fd)
+    assert np.array_equal(np.fromfile(tmp_path / tokens_name, np.uint32)[::mib], np.arange(8))
