@@ -25,7 +25,7 @@ from sftmix.slices import (
     SliceSpec,
     TokenizeContext,
     push_worker_tokenizer,
-    verify_slice,
+    verify_slices,
 )
 from tokenize_mixer.flows.head_start import HeadStart, take_head_start
 from tokenize_mixer.flows.pool import (
@@ -374,13 +374,15 @@ def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
         ) from first
     manifests = state.manifests
     stale = []
-    for spec in specs:
-        m = manifests[spec.index]
-        # Cached slices are distrusted until their files verify; with a remote work directory, a
-        # slice computed on another machine is fetched here (its digests checked on the way).
-        if not state.cached[spec.index] and ctx.remote_work_dir is None:
-            continue
-        problem = verify_slice(ctx.work_dir, m, ctx.remote_work_dir, hash_files=state.cached[spec.index])
+    # Cached slices are distrusted until their files verify; with a remote work directory, a slice
+    # computed on another machine is fetched here (its digests checked on the way).
+    checked = [s for s in specs if state.cached[s.index] or ctx.remote_work_dir is not None]
+    problems = verify_slices(
+        ctx.work_dir,
+        [(manifests[s.index], state.cached[s.index]) for s in checked],  # type: ignore[misc]
+        ctx.remote_work_dir,
+    )
+    for spec, problem in zip(checked, problems, strict=True):
         if problem is not None:
             logger.warning("cached slice %s is not trustworthy (%s): recomputing", spec.describe(), problem)
             stale.append(spec)

@@ -24,7 +24,7 @@ from prefect.states import Cancelling
 from sftmix.config import RunOptions
 from sftmix.errors import ConfigError, SliceFailuresError
 from sftmix.plan import Plan
-from sftmix.slices import SliceManifest, SliceSpec, push_worker_tokenizer, read_manifest, verify_slice
+from sftmix.slices import SliceManifest, SliceSpec, push_worker_tokenizer, read_manifest, verify_slices
 from tokenize_mixer.flows.fanout import SliceOutcome
 from tokenize_mixer.flows.pool import run_order
 from tokenize_mixer.flows.watch import StopCheck
@@ -120,11 +120,10 @@ def run_on_work_pool(plan: Plan, run: RunOptions) -> SliceOutcome:
                 except Exception as exc:  # the run is stopping anyway
                     logger.warning("could not cancel batch run %s: %s", run_id, exc)
             raise
-    stale = []
-    for s in plan.slices:
-        problem = verify_slice(ctx.work_dir, done[s.index], ctx.remote_work_dir, hash_files=s.index in cached)
-        if problem is not None:
-            stale.append(f"{s.describe()}: {problem}")
+    problems = verify_slices(
+        ctx.work_dir, [(done[s.index], s.index in cached) for s in plan.slices], ctx.remote_work_dir
+    )
+    stale = [f"{s.describe()}: {p}" for s, p in zip(plan.slices, problems, strict=True) if p is not None]
     if stale:
         raise SliceFailuresError(f"{len(stale)} finished slice(s) do not verify, first {stale[0]}; rerun")
     return SliceOutcome.of(
