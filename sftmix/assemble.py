@@ -174,7 +174,10 @@ def global_order(plan: Plan, manifests: list[SliceManifest]) -> tuple[np.ndarray
                 "num_examples=%d but only %d rows were kept: writing all of them", n, perm.shape[0]
             )
         perm = perm[:n]
-    return every[perm], tallies
+    # (gathered as opaque records: numpy copies each whole, where a structured gather goes field by
+    # field, 4-7x slower at 450k documents)
+    records = np.ascontiguousarray(every).view(f"V{DOCUMENT_DTYPE.itemsize}")
+    return records[perm].view(DOCUMENT_DTYPE), tallies
 
 
 #: Tokens of the output gathered at once (per worker: a window's tokens and mask in memory).

@@ -56,6 +56,7 @@ from .storage import (
     download_file,
     join_url,
     open_npy,
+    read_npy_of,
     read_remote_bytes,
     sha256_file,
     storage_errors,
@@ -305,7 +306,7 @@ def push_slice(ctx: TokenizeContext, manifest: SliceManifest) -> None:
 def load_slice_rows(work_dir: str | Path, manifest: SliceManifest) -> np.ndarray:
     """The row records of a finished slice (small: the plan of the output needs only these)."""
     try:
-        return np.asarray(open_npy(slice_dir(work_dir, manifest.key) / "rows.npy"), dtype=ROW_DTYPE)
+        return read_npy_of(slice_dir(work_dir, manifest.key) / "rows.npy", ROW_DTYPE)
     except (OSError, ValueError) as exc:
         raise ChecksumError(f"slice {manifest.key[:12]} ({manifest.dataset}): unreadable: {exc}") from None
 

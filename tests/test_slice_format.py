@@ -58,3 +58,35 @@ def test_slice_bytes_are_pinned_with_the_format_version(case, golden_dir, tmp_pa
         f"slice bytes changed ({case}: {digests}): bump SLICE_FORMAT_VERSION in sftmix/slices.py, so "
         "checkpoints of the old bytes are not reused, and pin the new digests here"
     )
+
+
+def test_row_records_read_without_numpy_header_parse_are_numpy_s(tmp_path):
+    """``read_npy_of`` reads a slice's row records as ``np.load`` does, for any count; a file of another
+    form (another dtype, version 2 header, cut short) goes to ``np.load`` and is read or refused by it."""
+    import numpy as np
+    import pytest
+
+    from sftmix.slices import ROW_DTYPE
+    from sftmix.storage import read_npy_of
+
+    rng = np.random.default_rng(31)
+    for n in (0, 1, 7, 1500):
+        rows = np.zeros(n, ROW_DTYPE)
+        for name in ROW_DTYPE.names:
+            rows[name] = rng.integers(-3, 1 << 40, n).astype(ROW_DTYPE[name])
+        path = tmp_path / f"rows-{n}.npy"
+        np.save(path, rows)
+        got = read_npy_of(path, ROW_DTYPE)
+        assert got.dtype == ROW_DTYPE and np.array_equal(got, np.load(path))
+        assert isinstance(got.base, bytes)  # (read whole, no map held)
+    other = tmp_path / "other.npy"
+    np.save(other, np.arange(5, dtype=np.int64))
+    assert read_npy_of(other, np.int64).tolist() == [0, 1, 2, 3, 4]
+    v2 = tmp_path / "v2.npy"
+    with open(v2, "wb") as fh:
+        np.lib.format.write_array(fh, np.zeros(3, ROW_DTYPE), version=(2, 0))
+    assert np.array_equal(read_npy_of(v2, ROW_DTYPE), np.zeros(3, ROW_DTYPE))
+    cut = tmp_path / "cut.npy"
+    cut.write_bytes((tmp_path / "rows-7.npy").read_bytes()[:-5])
+    with pytest.raises(ValueError):
+        read_npy_of(cut, ROW_DTYPE)
