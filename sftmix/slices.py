@@ -307,7 +307,7 @@ def load_slice_rows(work_dir: str | Path, manifest: SliceManifest) -> np.ndarray
     """The row records of a finished slice (small: the plan of the output needs only these)."""
     try:
         return read_npy_of(slice_dir(work_dir, manifest.key) / "rows.npy", ROW_DTYPE)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError) as exc:  # (EOFError: numpy's, for an empty file)
         raise ChecksumError(f"slice {manifest.key[:12]} ({manifest.dataset}): unreadable: {exc}") from None
 
 

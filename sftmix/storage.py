@@ -138,7 +138,7 @@ def read_npy_of(path: str | os.PathLike[str], dtype: Any) -> Any:
     data = Path(path).read_bytes()
     descr = np.lib.format.dtype_to_descr(np.dtype(dtype))
     prefix = f"{{'descr': {descr!r}, 'fortran_order': False, 'shape': ("
-    if data[:6] == b"\x93NUMPY" and data[6] in (1, 2):
+    if len(data) >= 12 and data[:6] == b"\x93NUMPY" and data[6] in (1, 2):
         start = 10 if data[6] == 1 else 12
         size = int.from_bytes(data[8:start], "little")
         header = data[start : start + size].decode("latin1")

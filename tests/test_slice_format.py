@@ -90,3 +90,6 @@ def test_row_records_read_without_numpy_header_parse_are_numpy_s(tmp_path):
     cut.write_bytes((tmp_path / "rows-7.npy").read_bytes()[:-5])
     with pytest.raises(ValueError):
         read_npy_of(cut, ROW_DTYPE)
+    cut.write_bytes(b"\x93NUMPY")  # (shorter than any header)
+    with pytest.raises(ValueError):
+        read_npy_of(cut, ROW_DTYPE)
