@@ -10,7 +10,7 @@ check following the writers (what a run does: each chunk checked once written).
 Each phase is run ``--repeat`` times; the page cache is warm after the first assembly, as it is in a run.
 ``--against-disk N``: then N rounds in turn of the disk's own time to write the output (its parts' bytes
 written sequentially from one 1 MiB buffer into a new file beside the staging, then fsync: ``dd bs=1M
-conv=fsync``) and the tail (assembled, checked as written), with their ratio per round.
+conv=fsync``, and the same with O_DIRECT: the disk alone) and the tail (assembled, checked as written), with their ratio per round.
 ``--memory``: each phase's peak of memory allocated in this process above what it held before (Python
 objects and numpy arrays, by ``tracemalloc``; slower, so its times are not the phases' own), in MiB and in
 bytes per output document: what the tail holds that grows with rows.

@@ -34,7 +34,7 @@ import numpy as np
 from .errors import ChecksumError
 from .olmo_format import part_spans
 from .processes import ignore_stop_signals, stop_signals_blocked
-from .storage import pread_into, pwrite_all
+from .storage import npy_header, pread_into, pwrite_all
 
 
 @dataclass
@@ -202,12 +202,10 @@ def cached_share(paths: list[str], offsets: list[int]) -> float | None:
 
 
 def _data_offset(fd: int, path: str) -> int:
-    head = os.pread(fd, 12, 0)
-    if len(head) < 12 or head[:6] != b"\x93NUMPY":
+    span = npy_header(os.pread(fd, 12, 0))
+    if span is None:
         raise ChecksumError(f"{path} is not a .npy file; rerun (its slice is recomputed)")
-    if head[6] == 1:
-        return 10 + int.from_bytes(head[8:10], "little")
-    return 12 + int.from_bytes(head[8:12], "little")
+    return sum(span)
 
 
 def _read_into(fd: int, view: memoryview, position: int, path: str) -> None:
@@ -284,10 +282,10 @@ class WrittenParts:
             self._upto[part] = max(upto, self._upto.get(part, 0))
             self._changed.notify_all()
 
-    def upto(self, part: int) -> int:
-        """Tokens of ``part`` written from its start."""
+    def progress(self) -> dict[int, int]:
+        """Tokens of each part written from its start, now."""
         with self._changed:
-            return self._upto.get(part, 0)
+            return dict(self._upto)
 
     def read(self, part: int, upto: int) -> None:
         """The reader that follows has read ``part`` through token ``upto``."""
@@ -367,26 +365,21 @@ class SyncBehind:
         if self._running is not None:
             self._running.result()  # (an error of the last one: the final fsync meets it again)
         fds = [fd for part in sorted(self._parts) for fd in self._fds(part)]
-        synced = (
-            {}
-            if self._written is None
-            else {p: self._written.upto(p) for p in self._dropped.keys() | self._parts}
-        )
-        self._dropped.update({p: self._dropped.get(p, 0) for p in self._parts})
+        synced = {} if self._written is None else self._written.progress()
         self._parts.clear()
         self._new = 0
         self._running = self._thread.submit(self._sync, fds, synced)
 
     def _sync(self, fds: list[int], synced: dict[int, int]) -> None:
         """Sync ``fds``; then drop what was written before the sync began (``synced``, tokens per part:
-        now durable) and is read."""
+        now durable: what was written to a part since the last sync began is in ``fds``) and is read."""
         for fd in fds:
             with contextlib.suppress(OSError):  # the final fsync reports it (closed on the way out: EBADF)
                 os.fdatasync(fd)
         if self._written is None or not hasattr(os, "posix_fadvise"):
             return
         for part, upto in synced.items():
-            lo, hi = self._dropped[part], min(upto, self._written.read_upto(part))
+            lo, hi = self._dropped.get(part, 0), min(upto, self._written.read_upto(part))
             if hi <= lo:
                 continue
             for fd, width in zip(self._fds(part), self._widths, strict=True):

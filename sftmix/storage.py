@@ -128,6 +128,15 @@ def open_npy(path: str | os.PathLike[str]) -> Any:
         return np.load(path, mmap_mode="r")
 
 
+def npy_header(head: bytes) -> tuple[int, int] | None:
+    """Where an ``.npy`` file's header lies, from its first 12 bytes: (its first byte, its length), the
+    data following it; ``None`` where they are not an ``.npy`` file's (versions 1 to 3)."""
+    if len(head) < 12 or head[:6] != b"\x93NUMPY" or head[6] not in (1, 2, 3):
+        return None
+    start = 10 if head[6] == 1 else 12
+    return start, int.from_bytes(head[8:start], "little")
+
+
 def read_npy_of(path: str | os.PathLike[str], dtype: Any) -> Any:
     """A small one-dimensional ``.npy`` file of ``dtype``, read into memory in one read: its header is
     matched against the one numpy writes for such an array, without ``np.load``'s parse of it (~0.2 ms a
@@ -138,9 +147,9 @@ def read_npy_of(path: str | os.PathLike[str], dtype: Any) -> Any:
     data = Path(path).read_bytes()
     descr = np.lib.format.dtype_to_descr(np.dtype(dtype))
     prefix = f"{{'descr': {descr!r}, 'fortran_order': False, 'shape': ("
-    if len(data) >= 12 and data[:6] == b"\x93NUMPY" and data[6] in (1, 2):
-        start = 10 if data[6] == 1 else 12
-        size = int.from_bytes(data[8:start], "little")
+    span = npy_header(data[:12])
+    if span is not None:
+        start, size = span
         header = data[start : start + size].decode("latin1")
         if header.startswith(prefix):
             count, _, rest = header[len(prefix) :].partition(",), }")
