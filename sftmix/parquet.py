@@ -14,7 +14,11 @@ other, so here:
 - a slice reads the footer and its row groups' bytes once, checks their sha256 against the plan's (a
   file that changed since the plan is one clear error, never rows of two versions), decodes its rows
   from those checked bytes alone (pyarrow reads through a file object that serves nothing else) and
-  casts them as the builder does.
+  casts them as the builder does;
+- a row group larger than :data:`STREAMED_BYTES` (pyarrow's writer puts up to 1Mi rows, gigabytes of
+  chats, in one) is decoded batch by batch as it is read from the file, each column chunk hashed as
+  pyarrow reads it; the slice checks those hashes against the plan's version before its checkpoint is
+  written (:func:`confirm`). A worker holds a batch, not the row group.
 
 So rows are the Python objects ``datasets`` gives (``tests/test_parquet.py`` compares them for several
 writers, a hub layout of several files and features a card declares), and a slice's key follows from
@@ -43,7 +47,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from . import settings
-from .errors import DatasetError
+from .errors import ConfigError, DatasetError
 from .features import decodes, features_schema
 from .parallel import available_cpus
 from .sources import local_builder, runs_in_parts, table_rows
@@ -53,10 +57,18 @@ logger = logging.getLogger(__name__)
 
 FINGERPRINT_PREFIX = "parquet-row-groups:"
 MAGIC = b"PAR1"
-#: A row group is cut into at most this many slices (each decodes all of it), and only when each piece
-#: still holds this many slices' worth of rows: decoding is a few percent of tokenizing the same rows.
+#: A row group is cut into at most this many slices, and only when each piece still holds this many
+#: slices' worth of rows. Each slice hashes the whole row group and decodes it up to its own last row:
+#: ~1 s per 440 MiB of chats, against ~55 core-s to tokenize them, so four pieces cost ~5% more work.
 MAX_PIECES_PER_ROW_GROUP = 4
 _READ_BLOCK = 4 << 20
+#: A row group whose data (uncompressed) is larger than this is decoded batch by batch, never whole:
+#: pyarrow writes up to 1Mi rows a row group by default (gigabytes of chats), and a worker holds one
+#: batch of about :data:`_STREAM_BATCH_BYTES`, whatever the writer chose. The environment's
+#: ``TOKENIZE_MIXER_PARQUET_STREAMED_BYTES`` sets it.
+STREAMED_BYTES = 64 << 20
+_STREAM_BATCH_BYTES = 8 << 20
+_STREAM_BUFFER = 1 << 20  # what pyarrow reads of a column chunk at a time
 
 
 class ParquetFooter(BaseModel):
@@ -166,13 +178,16 @@ def _changed(what: str) -> str:
     )
 
 
-class _Checked(io.RawIOBase):
-    """A read-only file of ``size`` bytes that holds only the given pieces (offset, bytes): pyarrow
-    decodes from what was checked, and a read of anything else fails instead of reaching the disk."""
+class _Served(io.RawIOBase):
+    """A read-only file of ``size`` bytes for pyarrow, each read served by :meth:`_serve` (which fails
+    for what it does not hold, instead of reaching the disk)."""
 
-    def __init__(self, size: int, pieces: list[tuple[int, bytes]]) -> None:
+    def __init__(self, size: int) -> None:
         super().__init__()
-        self._size, self._pieces, self._pos = size, sorted(pieces, key=lambda p: p[0]), 0
+        self._size, self._pos = size, 0
+
+    def _serve(self, pos: int, n: int) -> bytes:
+        raise NotImplementedError
 
     def readable(self) -> bool:
         return True
@@ -192,17 +207,28 @@ class _Checked(io.RawIOBase):
         n = self._size - self._pos if n is None or n < 0 else min(n, self._size - self._pos)
         if n <= 0:
             return b""
-        for offset, data in self._pieces:
-            if offset <= self._pos and self._pos + n <= offset + len(data):
-                out = data[self._pos - offset : self._pos - offset + n]
-                self._pos += n
-                return out
-        raise OSError(f"bytes {self._pos}-{self._pos + n} are outside the row groups the plan checked")
+        out = self._serve(self._pos, n)
+        self._pos += n
+        return out
 
     def readinto(self, b: Any) -> int:
         data = self.read(len(b))
         b[: len(data)] = data
         return len(data)
+
+
+class _Checked(_Served):
+    """The file as the given pieces (offset, bytes) of it: pyarrow decodes from what was checked."""
+
+    def __init__(self, size: int, pieces: list[tuple[int, bytes]]) -> None:
+        super().__init__(size)
+        self._pieces = sorted(pieces, key=lambda p: p[0])
+
+    def _serve(self, pos: int, n: int) -> bytes:
+        for offset, data in self._pieces:
+            if offset <= pos and pos + n <= offset + len(data):
+                return data[pos - offset : pos - offset + n]
+        raise OSError(f"bytes {pos}-{pos + n} are outside the row groups the plan checked")
 
 
 def _footer_bounds(fh: Any, size: int) -> int:
@@ -231,17 +257,22 @@ def _metadata(footer: bytes) -> Any:
     return pq.read_metadata(pa.BufferReader(MAGIC + footer))
 
 
-def _chunk_bounds(group: Any) -> tuple[int, int]:
-    """``[offset, end)`` of a row group's column chunks, from its footer record."""
-    starts, ends = [], []
+def _column_bounds(group: Any) -> list[tuple[int, int]]:
+    """``[offset, end)`` of each of a row group's column chunks, from its footer record."""
+    bounds = []
     for j in range(group.num_columns):
         col = group.column(j)
         start = col.data_page_offset
         if col.has_dictionary_page and col.dictionary_page_offset:
             start = min(start, col.dictionary_page_offset)
-        starts.append(start)
-        ends.append(start + col.total_compressed_size)
-    return min(starts), max(ends)
+        bounds.append((start, start + col.total_compressed_size))
+    return bounds
+
+
+def _chunk_bounds(group: Any) -> tuple[int, int]:
+    """``[offset, end)`` of a row group's column chunks, from its footer record."""
+    bounds = _column_bounds(group)
+    return min(s for s, _ in bounds), max(e for _, e in bounds)
 
 
 def _record_sha256(record: Any, offset: int) -> str:
@@ -399,9 +430,9 @@ def with_sha256(group: RowGroup) -> RowGroup:
 
 
 def _decodes_alone(layout: ParquetLayout, first: RowGroup) -> bool:
-    """Whether the row group decodes from its recorded bytes alone (it stays cached: the plan's sample)."""
+    """Whether the row group decodes from its recorded bytes alone (it stays open: the plan's sample)."""
     try:
-        _row_group_table(layout.source([first]), first)
+        _opened(layout.source([first]), first).rows([0])
     except DatasetError:
         raise
     except Exception as exc:
@@ -435,7 +466,8 @@ def slice_cuts(
     """(start, end, subset) per slice: whole row groups of about ``slice_bytes`` together, so each is
     decoded by one slice (one per task run: fewer, larger slices cost the orchestrator less); a row
     group of several times ``slice_bytes`` is cut into at most :data:`MAX_PIECES_PER_ROW_GROUP` slices,
-    each decoding it whole, so a file of a few large row groups still keeps several cores busy."""
+    each decoding it up to its own rows, so a file of a few large row groups still keeps several cores
+    busy."""
     import numpy as np
 
     cuts: list[tuple[int, int, list[int] | None]] = []
@@ -481,39 +513,258 @@ def _read_at(fh: Any, offset: int, end: int, path: str, what: str) -> bytes:
     return data
 
 
-def _row_group_table(source: ParquetSource, group: RowGroup) -> Any:
-    """A row group's rows as the builder gives them, decoded from bytes whose sha256 is the plan's."""
+def _opened(source: ParquetSource, group: RowGroup) -> _WholeGroup | _StreamedGroup:
+    """The reader of a row group of ``source``: kept open between batches of a slice (the two last this
+    thread read: a slice runs in one thread, and threads of a thread runner run their own)."""
     footer = next((f for f in source.footers if f.path == group.path), None)
     if footer is None:
         raise DatasetError(group.path, "the slice holds no footer for this file")
-    return _decoded(footer, source.schema_b64, group)
+    key, readers = (footer, source.schema_b64, group), _open_readers()
+    reader = readers.get(key)
+    if reader is not None:
+        readers.move_to_end(key)
+        return reader
+    reader = (_StreamedGroup if group.nbytes > streamed_bytes() else _WholeGroup)(
+        footer, source.schema_b64, group
+    )
+    readers[key] = reader
+    while len(readers) > _KEPT_OPEN:
+        readers.popitem(last=False)[1].confirm()
+    return reader
 
 
-@lru_cache(maxsize=2)
-def _decoded(footer: ParquetFooter, schema_b64: str, group: RowGroup) -> Any:
-    import pyarrow.parquet as pq
+def _open_readers() -> OrderedDict[tuple, _WholeGroup | _StreamedGroup]:
+    readers = getattr(_OPEN, "readers", None)
+    if readers is None:
+        readers = _OPEN.readers = OrderedDict()
+    return readers
 
-    path = footer.path
-    where = f"row group {group.index} (rows {group.first_row}-{group.first_row + group.rows - 1})"
+
+def streamed_bytes() -> int:
+    """:data:`STREAMED_BYTES`, or the environment's setting of it (a whole number of bytes)."""
+    raw = settings.PARQUET_STREAMED_BYTES.get()
+    if not raw:
+        return STREAMED_BYTES
     try:
-        with open(path, "rb") as fh:
-            tail = _read_at(fh, footer.offset, footer.size, path, "its footer")
-            data = _read_at(fh, group.offset, group.end, path, where)
+        return int(raw)
+    except ValueError:
+        raise ConfigError(
+            f"{settings.PARQUET_STREAMED_BYTES.name}={raw!r} is not a whole number of bytes"
+        ) from None
+
+
+def _where(group: RowGroup) -> str:
+    return f"row group {group.index} (rows {group.first_row}-{group.first_row + group.rows - 1})"
+
+
+def _open_file(path: str) -> Any:
+    try:
+        return open(path, "rb")
     except FileNotFoundError:
         raise DatasetError(path, _changed("the file, now missing,")) from None
+
+
+def _checked_footer(fh: Any, footer: ParquetFooter) -> bytes:
+    tail = _read_at(fh, footer.offset, footer.size, footer.path, "its footer")
     if hashlib.sha256(tail).hexdigest() != footer.sha256:
-        raise DatasetError(path, _changed("its footer"))
-    if hashlib.sha256(data).hexdigest() != group.sha256:
-        raise DatasetError(path, _changed(where))
-    checked = _Checked(footer.size, [(footer.offset, tail), (group.offset, data)])
-    table = pq.ParquetFile(checked, metadata=_metadata(tail), pre_buffer=False).read_row_group(
-        group.index, use_threads=False
-    )
-    if table.num_rows != group.rows:
-        raise DatasetError(
-            path, f"{where}: the reader found {table.num_rows} rows where the plan counted {group.rows}"
+        raise DatasetError(footer.path, _changed("its footer"))
+    return tail
+
+
+class _WholeGroup:
+    """A row group of ordinary size, decoded at once from bytes whose sha256 is the plan's."""
+
+    def __init__(self, footer: ParquetFooter, schema_b64: str, group: RowGroup) -> None:
+        import pyarrow.parquet as pq
+
+        path, where = footer.path, _where(group)
+        with _open_file(path) as fh:
+            tail = _checked_footer(fh, footer)
+            data = _read_at(fh, group.offset, group.end, path, where)
+        if hashlib.sha256(data).hexdigest() != group.sha256:
+            raise DatasetError(path, _changed(where))
+        checked = _Checked(footer.size, [(footer.offset, tail), (group.offset, data)])
+        table = pq.ParquetFile(checked, metadata=_metadata(tail), pre_buffer=False).read_row_group(
+            group.index, use_threads=False
         )
-    return _cast(table, _schema(schema_b64))
+        if table.num_rows != group.rows:
+            raise DatasetError(
+                path, f"{where}: the reader found {table.num_rows} rows where the plan counted {group.rows}"
+            )
+        self.table = _cast(table, _schema(schema_b64))
+
+    def rows(self, local: list[int]) -> list[dict[str, Any]]:
+        return table_rows(self.table, local)
+
+    def confirm(self) -> None:
+        """Nothing to confirm: every byte was checked before it was decoded."""
+
+    def close(self) -> None:
+        """Nothing is open."""
+
+
+class _ChunkCursor:
+    """One column chunk ``[start, end)`` as pyarrow reads it: in order, each byte read from the file
+    once and hashed as it is read, served only from what was hashed. :meth:`finish` hashes the rest and
+    compares with ``sha256``, the chunk's hash in the version of the file the plan read."""
+
+    def __init__(self, start: int, end: int, sha256: str) -> None:
+        self.start, self.end, self.sha256 = start, end, sha256
+        self._hash = hashlib.sha256()
+        self._held_from, self._held = start, b""  # the last read's bytes: [held_from, frontier)
+
+    @property
+    def frontier(self) -> int:
+        return self._held_from + len(self._held)
+
+    def read(self, fd: int, pos: int, n: int) -> bytes:
+        end = pos + n
+        if pos < self._held_from or end > self.end:
+            raise OSError(f"bytes {pos}-{end} are read out of order in the column chunk at {self.start}")
+        if end > self.frontier:
+            new = os.pread(fd, end - self.frontier, self.frontier)
+            if len(new) != end - self.frontier:
+                raise OSError(f"the file ends before byte {end}")
+            self._hash.update(new)
+            self._held = self._held + new
+        out = self._held[pos - self._held_from : end - self._held_from]
+        self._held_from, self._held = pos, out
+        return out
+
+    def finish(self, fd: int) -> bool:
+        """Whether the chunk, read to its end, is the plan's version."""
+        at = self.frontier
+        while at < self.end:
+            block = os.pread(fd, min(_READ_BLOCK, self.end - at), at)
+            if not block:
+                return False
+            self._hash.update(block)
+            at += len(block)
+        self._held = b""
+        return self._hash.hexdigest() == self.sha256
+
+
+class _Streamed(_Served):
+    """The file as pyarrow reads one large row group from it: the footer from checked bytes, each column
+    chunk through its :class:`_ChunkCursor` (what is decoded is what is hashed)."""
+
+    def __init__(self, fh: Any, size: int, footer: tuple[int, bytes], cursors: list[_ChunkCursor]) -> None:
+        super().__init__(size)
+        self._fh, self._footer = fh, footer
+        self.cursors = sorted(cursors, key=lambda c: c.start)
+        self._starts = [c.start for c in self.cursors]
+
+    def _serve(self, pos: int, n: int) -> bytes:
+        offset, tail = self._footer
+        if offset <= pos and pos + n <= offset + len(tail):
+            return tail[pos - offset : pos - offset + n]
+        i = bisect.bisect_right(self._starts, pos) - 1
+        if i < 0 or pos >= self.cursors[i].end:
+            raise OSError(f"bytes {pos}-{pos + n} are outside the row group the plan checked")
+        return self.cursors[i].read(self._fh.fileno(), pos, n)
+
+
+class _StreamedGroup:
+    """A large row group read batch by batch (:data:`STREAMED_BYTES`). Its bytes are hashed in one pass
+    first (the plan's sha256, and each column chunk's), then decoded as pyarrow reads them, each chunk
+    hashed again as it is read: :meth:`confirm` (before the slice's checkpoint is written) says whether
+    what was decoded is the version the plan read. A request for rows behind the current batch starts a
+    new pass (rows come in order within a slice)."""
+
+    def __init__(self, footer: ParquetFooter, schema_b64: str, group: RowGroup) -> None:
+        self.footer, self.group, self._target = footer, group, _schema(schema_b64)
+        self._fh: Any = None
+        self._begin()
+
+    def _begin(self) -> None:
+        self._fh = _open_file(self.footer.path)
+        try:
+            self._hash_and_open()
+        except BaseException:
+            self.close()
+            raise
+
+    def _hash_and_open(self) -> None:
+        import pyarrow.parquet as pq
+
+        path, group = self.footer.path, self.group
+        tail = _checked_footer(self._fh, self.footer)
+        meta = _metadata(tail)
+        bounds = sorted(_column_bounds(meta.row_group(group.index)))
+        whole, parts = hashlib.sha256(), [hashlib.sha256() for _ in bounds]
+        at = group.offset
+        while at < group.end:
+            block = os.pread(self._fh.fileno(), min(_READ_BLOCK, group.end - at), at)
+            if not block:
+                raise DatasetError(path, _changed(_where(group)))
+            whole.update(block)
+            for (start, end), h in zip(bounds, parts, strict=True):
+                lo, hi = max(start, at), min(end, at + len(block))
+                if lo < hi:
+                    h.update(block[lo - at : hi - at])
+            at += len(block)
+        if whole.hexdigest() != group.sha256:
+            raise DatasetError(path, _changed(_where(group)))
+        cursors = [_ChunkCursor(s, e, h.hexdigest()) for (s, e), h in zip(bounds, parts, strict=True)]
+        self._file = _Streamed(self._fh, self.footer.size, (self.footer.offset, tail), cursors)
+        batch_bytes = max(1, min(_STREAM_BATCH_BYTES, streamed_bytes() // 4))  # (a few batches at least)
+        batch_rows = max(1, group.rows * batch_bytes // max(group.nbytes, 1))
+        self._batches = pq.ParquetFile(
+            self._file, metadata=meta, pre_buffer=False, buffer_size=_STREAM_BUFFER
+        ).iter_batches(batch_size=batch_rows, row_groups=[group.index], use_threads=False)
+        self._table: Any = None
+        self._start = 0  # the group's row at the current batch's start
+
+    def _next_batch(self) -> None:
+        import pyarrow as pa
+
+        start = self._start + (0 if self._table is None else self._table.num_rows)
+        try:
+            batch = next(self._batches)
+        except StopIteration:
+            raise DatasetError(
+                self.footer.path,
+                f"{_where(self.group)}: the reader found {start} rows where the plan counted {self.group.rows}",
+            ) from None
+        except Exception:
+            self.confirm()  # a file that changed under the reader is said so, not as what pyarrow met
+            raise
+        self._table, self._start = _cast(pa.Table.from_batches([batch]), self._target), start
+
+    def rows(self, local: list[int]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        i = 0
+        while i < len(local):
+            if self._fh is None or (self._table is not None and local[i] < self._start):
+                self.confirm()  # (rows behind the current batch, or after a confirm: a new pass)
+                self._begin()
+            while self._table is None or local[i] >= self._start + self._table.num_rows:
+                self._next_batch()
+            end, j = self._start + self._table.num_rows, i
+            while j < len(local) and self._start <= local[j] < end:
+                j += 1
+            out += table_rows(self._table, [r - self._start for r in local[i:j]])
+            i = j
+        return out
+
+    def confirm(self) -> None:
+        """Raise if what was decoded is not the version the plan read; the file is closed after."""
+        fh, self._fh = self._fh, None
+        if fh is None:
+            return
+        with fh:
+            same = all(c.finish(fh.fileno()) for c in self._file.cursors)
+        if not same:
+            raise DatasetError(self.footer.path, _changed(_where(self.group)))
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+_OPEN = threading.local()  # .readers: this thread's open row groups, the last read last
+_KEPT_OPEN = 2
 
 
 def _cast(table: Any, target: Any) -> Any:
@@ -534,17 +785,27 @@ def read_rows(source: ParquetSource, rows: list[int]) -> list[dict[str, Any]]:
                 source.row_groups[0].path, f"row {local[0]} is in none of the slice's row groups"
             )
         try:
-            table = _row_group_table(source, group)
+            out += _opened(source, group).rows(local)
         except DatasetError:
             raise
         except Exception as exc:
             raise DatasetError(
                 group.path, f"row group {group.index} cannot be read: {type(exc).__name__}: {exc}"
             ) from None
-        out += table_rows(table, local)
     return out
 
 
+def confirm() -> None:
+    """Raise if any row group read batch by batch since the last :func:`release` was decoded from bytes
+    other than the plan's (the file changed while the slice read it): a slice calls it before its
+    checkpoint is written."""
+    for reader in list(_open_readers().values()):
+        reader.confirm()
+
+
 def release() -> None:
-    """Forget the decoded row groups (a worker between slices)."""
-    _decoded.cache_clear()
+    """Forget this thread's open row groups (a worker between slices)."""
+    readers = _open_readers()
+    for reader in readers.values():
+        reader.close()
+    readers.clear()

@@ -63,6 +63,11 @@ PARQUET_READER = Setting(
     "TOKENIZE_MIXER_PARQUET_READER",
     "datasets: read Parquet (a local file, a hub dataset's files) through datasets' Arrow conversion instead of by row group",
 )
+PARQUET_STREAMED_BYTES = Setting(
+    "TOKENIZE_MIXER_PARQUET_STREAMED_BYTES",
+    "a Parquet row group holding more than this many bytes of data (uncompressed) is read batch by batch, "
+    "never whole (default 64 MiB; a machine short of memory per worker, or the fault soak, lowers it)",
+)
 WORKER_START = Setting(
     "TOKENIZE_MIXER_WORKER_START",
     "spawn: start workers as Prefect does instead of forking them from a preloaded server",
@@ -89,6 +94,7 @@ ALL = (
     FAST_ENGINE,
     JSON_READER,
     PARQUET_READER,
+    PARQUET_STREAMED_BYTES,
     WORKER_START,
     PROCESSES_FROM_TOKENS,
     CONSOLE,

@@ -723,6 +723,8 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
             f"{ctx.template_source or 'in use'} (mask {ctx.mask}): the template's assistant turns are not "
             "found in its output, or these rows have none; check the template and the rows' roles"
         )
+    if spec.parquet is not None:
+        parquet.confirm()  # rows decoded batch by batch came from the version the plan read
     tokens = np.concatenate(token_chunks) if token_chunks else np.zeros(0, dtype=dtype)
     mask = np.concatenate(mask_chunks) if mask_chunks else np.zeros(0, dtype=np.uint8)
     root = slice_dir(ctx.work_dir, spec.key)

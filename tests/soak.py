@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from sftmix import settings
 from sftmix.assemble import PROCESSES_FROM_ENV
 from sftmix.digest import compare
 from sftmix.jsonl import BATCH_BYTES
@@ -118,6 +119,8 @@ CHANGES = ("truncate", "append", "replace")
 CHANGE_KINDS = ("change-input", "change-parquet")
 #: Rows a row group of the soak's Parquet copy (8,000 rows: 16 row groups, about 1 MiB each).
 PARQUET_GROUP_ROWS = 500
+#: Half of change-parquet's trials read every row group batch by batch, as only a large one is.
+PARQUET_STREAMED_BYTES = 1 << 16
 
 #: Lines the command prints that a `grep -m1` may wait for (kept when the baseline printed them).
 MARKERS = (
@@ -1363,6 +1366,9 @@ class Soak:
         expected = self.expected if data == self.data else self._version_expected(data, "", env, tdir)
         change, moment = rng.choice(CHANGES), self.early_or_any(rng)
         rec.fault = f"{change} the input at {moment:.2f} s"
+        if rec.kind == "change-parquet" and rng.random() < 0.5:  # its row groups read batch by batch
+            env[settings.PARQUET_STREAMED_BYTES.name] = str(PARQUET_STREAMED_BYTES)
+            rec.fault += ", row groups read by batch"
         try:
             cmd = Command(self.reaper, argv, env, tdir)
             if cmd.sleep_until(cmd.started + moment):
