@@ -4,6 +4,7 @@ datasets' whole-file Arrow conversion, side by side.
 
     python bench/startup.py --copies 40        # all ShareGPT chats 40x, each copy in its own seeded order (~4.8 GB)
     python bench/startup.py --copies 40 --format parquet   # the same chats as Parquet, 1,000 chats a row group
+    python bench/startup.py --copies 40 --format jsonl.gz  # the same .jsonl, gzipped (decompressed to a copy)
     python bench/startup.py --copies 40 --format hub       # that Parquet as a hub dataset's files (a directory)
     python bench/startup.py --copies 4 --data tests/golden/data/sharegpt_mt150.jsonl
 
@@ -71,6 +72,16 @@ def write_parquet(jsonl: Path, path: Path, group_rows: int = 1000) -> Path:
     return path
 
 
+def write_gzip(path: Path, packed: Path) -> Path:
+    """``path`` compressed as ``gzip`` does by default (level 6)."""
+    import gzip
+    import shutil
+
+    with open(path, "rb") as src, gzip.open(packed, "wb", compresslevel=6) as dst:
+        shutil.copyfileobj(src, dst, 4 << 20)
+    return packed
+
+
 def write_hub_layout(parquet: Path, repo: Path, files: int = 8) -> Path:
     """A Parquet file's row groups as a hub dataset's split of ``files`` files (``data/train-*.parquet``)."""
     import pyarrow.parquet as pq
@@ -118,7 +129,7 @@ def main() -> None:
         "--data", type=Path, default=None, help="chats (.jsonl with messages); default: all ShareGPT"
     )
     ap.add_argument("--tokenizer", type=Path, default=None, help="default: the dolma2 tokenizer of the tests")
-    ap.add_argument("--format", choices=("jsonl", "parquet", "hub"), default="jsonl")
+    ap.add_argument("--format", choices=("jsonl", "jsonl.gz", "parquet", "hub"), default="jsonl")
     ap.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()) / "tokenize-mixer-startup")
     args = ap.parse_args()
     if args.tokenizer is None:
@@ -129,6 +140,10 @@ def main() -> None:
     data = args.scratch / f"chats-{args.copies}.jsonl"
     if not data.exists():
         write_input(load_chats(args.data), args.copies, data)
+    if args.format == "jsonl.gz":
+        lines, data = data, data.with_suffix(".jsonl.gz")
+        if not data.exists():
+            write_gzip(lines, data)
     if args.format in ("parquet", "hub"):
         lines, data = data, data.with_suffix(".parquet")
         if not data.exists():
@@ -140,7 +155,7 @@ def main() -> None:
     size = sum(p.stat().st_size for p in data.rglob("*.parquet")) if data.is_dir() else data.stat().st_size
     print(f"input: {data} ({size / 2**30:.2f} GiB), {os.cpu_count()} CPUs")
     results = {}
-    ours = "batches" if args.format == "jsonl" else "row groups"
+    ours = "batches" if args.format.startswith("jsonl") else "row groups"
     for reader in ("datasets", ours):
         results[reader] = r = plan_once(data, args.tokenizer, reader)
         print(

@@ -143,6 +143,14 @@ def applies(path: str, split: str) -> bool:
     return not head.removeprefix(codecs.BOM_UTF8).startswith(b"[")
 
 
+def reads_decompressed(path: str, split: str) -> bool:
+    """Whether ``path`` is a compressed local JSON file of the 'train' split that the plan decompresses
+    to a copy (:func:`sftmix.sources.decompressed_copy`) and reads by batch, if :func:`applies` to it."""
+    if settings.JSON_READER.get() == "datasets" or is_remote(path) or split.strip() != "train":
+        return False
+    return local_builder(path) == "json" and compression_of(path) is not None and os.path.isfile(path)
+
+
 def batch_bounds(path: str) -> list[tuple[int, int]]:
     """``[offset, end)`` of each batch the builder reads: ``BATCH_BYTES``, then up to and including the
     next newline (the line after, when the batch ends on one: that is what readline returns)."""

@@ -32,6 +32,7 @@ from .sources import (
     RowsFingerprinter,
     SourceInfo,
     arrow_cache_files,
+    decompressed_copy,
     describe,
     hash_ahead,
     local_builder,
@@ -197,9 +198,11 @@ def _work_dir(run: RunOptions) -> tuple[Path, str | None]:
 
 def _local_copy(entry: DatasetEntry, datasets_cache: str) -> str:
     """The file the plan reads: the entry's own path, or for a ``gs://`` object this machine's copy of it
-    (fetched once per object generation, into the cache ``datasets`` would read it from)."""
+    (fetched once per object generation, into the cache ``datasets`` would read it from); a compressed
+    JSON Lines file, decompressed to a copy there (once per version of it)."""
     whole = is_remote(entry.path) and local_builder(entry.path) is not None and entry.split.strip() == "train"
-    return localize(entry.path, datasets_cache) if whole else entry.path
+    path = localize(entry.path, datasets_cache) if whole else entry.path
+    return decompressed_copy(path, datasets_cache) if jsonl.reads_decompressed(path, entry.split) else path
 
 
 def _jsonl_layout(entry: DatasetEntry, datasets_cache: str) -> jsonl.JsonlLayout | None:
@@ -235,7 +238,8 @@ def _parquet_counted(entry: DatasetEntry, datasets_cache: str) -> parquet.Parque
 def _read_by_us(entry: DatasetEntry) -> bool:
     """Whether the plan reads the dataset's local file itself (by batch or row group), not through
     ``datasets`` (whose file the plan hashes ahead)."""
-    return jsonl.applies(entry.path, entry.split) or parquet.applies(entry.path, entry.split)
+    path, split = entry.path, entry.split
+    return jsonl.applies(path, split) or jsonl.reads_decompressed(path, split) or parquet.applies(path, split)
 
 
 def batches_per_slice(slice_bytes: int) -> int:

@@ -24,16 +24,18 @@ import json
 import logging
 import os
 import re
+import shutil
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from .errors import DatasetError
 from .hub import offline_cache_problem, unreachable_hub_problem
-from .storage import download_file, is_remote, remote_fs, sha256_stream
+from .storage import atomic_open, download_file, is_remote, remote_fs, sha256_stream
 
 logger = logging.getLogger(__name__)
 
@@ -414,6 +416,51 @@ def localize(path: str, cache_dir: str) -> str:
         except Exception as exc:
             raise DatasetError(path, f"cannot download: {type(exc).__name__}: {exc}") from None
     return local
+
+
+def decompressed_copy(path: str, cache_dir: str) -> str:
+    """A compressed local data file's decompressed copy, made once per version of the file (its path,
+    size, modification time and inode) in ``cache_dir``, so that it is read like a plain file: by batch
+    on every core, where ``datasets`` decompresses and converts it on one. The copy lands whole or not at
+    all (temp name, fsync, rename); a file that changes while it is decompressed is refused."""
+    before = os.stat(path)
+    stamp = (before.st_size, before.st_mtime_ns, before.st_ino)
+    tag = hashlib.sha256(f"{os.path.abspath(path)}|{stamp}".encode()).hexdigest()[:24]
+    local = Path(cache_dir, "decompressed", tag, _split_compression(os.path.basename(path))[0])
+    if local.is_file():
+        return str(local)
+    logger.info("decompressing %s (%s bytes)", path, before.st_size)
+    try:
+        with _decompressing(path) as src, atomic_open(local) as dst:
+            shutil.copyfileobj(src, dst, _DECOMPRESS_BLOCK)
+            after = os.stat(path)
+            if (after.st_size, after.st_mtime_ns, after.st_ino) != stamp:
+                raise DatasetError(
+                    path, "the file changed while it was decompressed: rerun when it no longer changes"
+                )
+    except DatasetError:
+        raise
+    except Exception as exc:
+        raise DatasetError(path, f"cannot decompress the file: {type(exc).__name__}: {exc}") from None
+    return str(local)
+
+
+_DECOMPRESS_BLOCK = 16 << 20
+
+
+def _decompressing(path: str) -> Any:
+    """``path`` opened to read its decompressed bytes: gzip through ISA-L where it is installed (~3x the
+    gzip module's speed: 0.84 against 0.28-0.32 GB/s of output on this VM's cores), else as ``datasets``
+    opens it (fsspec's codecs). The same bytes either way: gzip checks each member's CRC-32 and length."""
+    if _split_compression(path)[1] == ".gz":
+        try:
+            from isal import igzip
+        except ImportError:
+            import gzip as igzip
+        return igzip.open(path, "rb")
+    import fsspec
+
+    return fsspec.open(path, "rb", compression="infer").open()
 
 
 def open_dataset(path: str, split: str, revision: str | None, cache_dir: str) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import codecs
 import json
 import random
+import sys
 from pathlib import Path
 
 import datasets
@@ -201,3 +202,113 @@ def test_the_plan_cuts_a_large_file_by_batch_and_an_edit_changes_only_its_batchs
     _write(path, rows)
     edited = plan(1.0)
     assert [a.key == b.key for a, b in zip(whole.slices, edited.slices, strict=True)] == [True, True, False]
+
+
+def _compressed(path: Path, suffix: str) -> Path:
+    import bz2
+    import gzip
+    import lzma
+
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}[suffix]
+    packed = path.with_name(path.name + suffix)
+    with opener(packed, "wb") as fh:
+        fh.write(path.read_bytes())
+    return packed
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".gz without isal", ".bz2", ".xz"])
+def test_a_compressed_file_is_read_by_batch_from_its_decompressed_copy(tmp_path, suffix, monkeypatch):
+    """The reference's loader decompresses and converts a compressed file on one core before any row is
+    read; the plan decompresses it once to a copy (per version of the file) and reads that by batch:
+    the rows are datasets' rows of the compressed file."""
+    from sftmix.sources import decompressed_copy
+
+    if suffix.endswith("without isal"):  # a platform without its wheel: the gzip module, the same bytes
+        monkeypatch.setitem(sys.modules, "isal", None)
+        suffix = ".gz"
+    rows = _many(random.Random(7), 300_000)
+    rows.insert(40, "\n")
+    plain = tmp_path / "chats.jsonl"
+    _write(plain, rows, bom=True)
+    packed = _compressed(plain, suffix)
+    assert jsonl.reads_decompressed(str(packed), "train") and not jsonl.applies(str(packed), "train")
+    assert not jsonl.reads_decompressed(str(packed), "train[:5]") and not jsonl.reads_decompressed(
+        str(plain), "train"
+    )
+    cache = tmp_path / "cache"
+    copy = decompressed_copy(str(packed), str(cache))
+    assert Path(copy).read_bytes() == plain.read_bytes() and Path(copy).name == "chats.jsonl"
+    assert jsonl.applies(copy, "train")
+    assert _our_rows(Path(copy))[1] == _reference_rows(packed, tmp_path / "datasets-cache")
+    made = Path(copy).stat().st_mtime_ns
+    assert (
+        decompressed_copy(str(packed), str(cache)) == copy and Path(copy).stat().st_mtime_ns == made
+    )  # once
+    assert not [p for p in cache.rglob("*") if p.is_file() and p != Path(copy)]  # nothing else left
+    rows[0] = {"id": 0, "messages": [{"role": "user", "content": "edited"}]}
+    _write(plain, rows)
+    packed = _compressed(plain, suffix)  # another version: another copy
+    assert Path(decompressed_copy(str(packed), str(cache))).read_bytes() == plain.read_bytes()
+
+
+def test_a_damaged_compressed_file_is_one_clear_error(tmp_path):
+    from sftmix.sources import decompressed_copy
+
+    plain = tmp_path / "chats.jsonl"
+    _write(plain, _many(random.Random(8), 100_000))
+    packed = _compressed(plain, ".gz")
+    packed.write_bytes(packed.read_bytes()[: packed.stat().st_size // 2])  # cut short
+    with pytest.raises(DatasetError, match=r"chats.jsonl.gz.*cannot decompress the file"):
+        decompressed_copy(str(packed), str(tmp_path / "cache"))
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]  # no copy, no temp file
+
+
+def test_the_plan_of_a_compressed_file_is_the_plan_of_its_content(tmp_path):
+    """Slices read the copy by batch, keyed by what they read: the same keys as the plain file's, so
+    finished slices are reused whichever of the two a mixer names."""
+    from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from sftmix.plan import build_plan
+
+    plain = tmp_path / "chats.jsonl"
+    _write(plain, _many(random.Random(9), 200_000))
+    packed = _compressed(plain, ".gz")
+
+    def plan(path: Path):
+        mixer = MixerConfig(
+            datasets=[DatasetEntry(path=str(path), amount=1.0)],
+            tokenizer=TokenizerSpec(name_or_path="examples/tokenizer", chat_template="olmo"),
+            output=OutputSpec(path=str(tmp_path / "out")),
+        )
+        return build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work"), slice_bytes=50_000))
+
+    ours, theirs = plan(packed), plan(plain)
+    assert len(ours.slices) > 1 and all(s.jsonl is not None for s in ours.slices)
+    assert [s.key for s in ours.slices] == [s.key for s in theirs.slices]
+    assert ours.datasets[0].fingerprint == theirs.datasets[0].fingerprint
+    assert ours.slices[0].dataset == str(packed)
+
+
+@pytest.mark.slow
+def test_shards_of_a_compressed_file_are_those_of_datasets(prefect_api, tmp_path, monkeypatch):
+    from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
+
+    examples = Path(__file__).parent.parent / "examples"
+    plain = tmp_path / "arithmetic.jsonl"
+    plain.write_bytes((examples / "data" / "arithmetic.jsonl").read_bytes())
+    packed = _compressed(plain, ".gz")
+
+    def convert(name: str) -> dict:
+        mixer = MixerConfig(
+            datasets=[DatasetEntry(path=str(packed), amount=2.0)],
+            tokenizer=TokenizerSpec(name_or_path=str(examples / "tokenizer"), chat_template="olmo"),
+            max_seq_length=256,
+            output=OutputSpec(path=str(tmp_path / name)),
+        )
+        run = RunOptions(work_dir=str(tmp_path / f"work-{name}"), slice_bytes=4096, runner="thread")
+        return tokenize_mixer(mixer=mixer, run=run)
+
+    ours = convert("ours")
+    assert ours["slices_total"] > 1
+    monkeypatch.setenv("TOKENIZE_MIXER_JSON_READER", "datasets")
+    assert convert("datasets")["digests"] == ours["digests"]
