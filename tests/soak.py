@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import gzip
 import json
 import os
 import random
@@ -83,6 +84,7 @@ LOCAL_KINDS = (
     "sigterm-rerun",
     "change-input",
     "change-parquet",
+    "change-gzip",
 )
 #: Kinds whose fault is aimed at the tail (the output's assembly, check and publish) or at a rerun of a
 #: published output (found up to date, or `--force`): stops there must leave the published output whole.
@@ -104,6 +106,7 @@ EXPECTED_CODE: dict[str, int | None] = {
     "sigterm-rerun": 128 + signal.SIGTERM,
     "change-input": 2,  # the file changed while the run read it (or exit 0: before or after it read it)
     "change-parquet": 2,  # the same, the input a Parquet file read by row group
+    "change-gzip": 2,  # the same, the input gzipped JSON Lines (decompressed to a copy by the plan)
     "cancel": 4,
     "kill-prefect-worker": None,
 }
@@ -114,9 +117,10 @@ PROBLEMS = ("hang", "slow", "code", "stderr", "leftover", "staging", "mixed", "r
 #: How change-input changes the run's copy of the data: cut to its first half of lines, a row appended,
 #: or replaced by a rename with a copy that differs in one row of its second batch. change-parquet's
 #: Parquet copy: cut to half its bytes, rewritten in place with a row appended, or replaced by a rename
-#: with a copy that differs in one row of its second half.
+#: with a copy that differs in one row of its second half. change-gzip's gzipped copy: cut to half its
+#: bytes, a gzip member of one row appended, or replaced by a rename with change-input's edited copy.
 CHANGES = ("truncate", "append", "replace")
-CHANGE_KINDS = ("change-input", "change-parquet")
+CHANGE_KINDS = ("change-input", "change-parquet", "change-gzip")
 #: Rows a row group of the soak's Parquet copy (8,000 rows: 16 row groups, about 1 MiB each).
 PARQUET_GROUP_ROWS = 500
 #: Half of change-parquet's trials read every row group batch by batch, as only a large one is.
@@ -608,6 +612,8 @@ def change_data(change: str, path: Path, tdir: Path) -> None:
     """One of :data:`CHANGES` to the data file at ``path`` (each always the same change)."""
     if path.suffix == ".parquet":
         change_parquet(change, path, tdir)
+    elif path.suffix == ".gz":
+        change_gzip(change, path, tdir)
     elif change == "truncate":
         with open(path, "rb") as fh:
             lines = fh.read().split(b"\n")
@@ -634,11 +640,33 @@ def change_data(change: str, path: Path, tdir: Path) -> None:
         os.replace(other, path)
 
 
+def change_gzip(change: str, path: Path, tdir: Path) -> None:
+    """One of :data:`CHANGES` to the gzipped data file at ``path``: change-input's own change to its
+    lines, compressed again, except a cut (half its bytes: a gzip stream cut short)."""
+    if change == "truncate":
+        os.truncate(path, path.stat().st_size // 2)
+        return
+    lines = tdir / "lines.jsonl"
+    lines.write_bytes(gzip.decompress(path.read_bytes()))
+    change_data(change, lines, tdir)
+    if change == "append":  # a second gzip member: what `cat a.gz b.gz` makes
+        with open(path, "ab") as fh:
+            fh.write(gzip.compress(lines.read_bytes()[len(gzip.decompress(path.read_bytes())) :], mtime=0))
+    else:
+        other = tdir / "replacement.jsonl.gz"
+        other.write_bytes(gzip.compress(lines.read_bytes(), mtime=0))
+        os.replace(other, path)
+    lines.unlink()
+
+
 def said_changed(line: str, data: Path, change: str) -> bool:
     """Whether a run's error line says its input changed, or is what the changed input itself gets (a
-    Parquet file cut short is no longer whole Parquet: a plan that meets it refuses it so)."""
-    cut_short = data.suffix == ".parquet" and change == "truncate" and "not a whole Parquet file" in line
-    return "changed" in line or cut_short
+    Parquet file cut short is no longer whole Parquet, a gzip stream cut short does not decompress: a
+    plan that meets it refuses it so)."""
+    cut = change == "truncate"
+    cut_short = cut and data.suffix == ".parquet" and "not a whole Parquet file" in line
+    cut_stream = cut and data.suffix == ".gz" and "cannot decompress the file" in line
+    return "changed" in line or cut_short or cut_stream
 
 
 def convert_argv(data: Path, work: Path, out: Path) -> list[str]:
@@ -865,6 +893,7 @@ class Soak:
         self.root = Path(tempfile.mkdtemp(prefix="tokenize-mixer-soak-"))
         self.data = self.root / "chats.jsonl"
         self.parquet = self.root / "chats.parquet"  # the same rows, for change-parquet
+        self.gzipped = self.root / "chats.jsonl.gz"  # the same lines, for change-gzip
         self.expected = self.root / "expected"
         self.home = self.root / "prefect-home"
         self.stack: Stack | None = None
@@ -887,6 +916,8 @@ class Soak:
         assert self.data.stat().st_size > BATCH_BYTES
         if "change-parquet" in self.kinds:
             write_parquet_copy([{**r, "id": r["id"].ljust(ID_CHARS, ".")} for r in rows], self.parquet)
+        if "change-gzip" in self.kinds:
+            self.gzipped.write_bytes(gzip.compress(self.data.read_bytes(), mtime=0))
         self.home.mkdir()
         # the temporary API's database, created once (a first run's slow API start is not the timeline)
         subprocess.run(
@@ -1358,7 +1389,7 @@ class Soak:
         data file, JSON Lines or its Parquet copy, is changed and restored: its path is in the output's
         statistics. Trials run one at a time.)"""
         assert self.baseline is not None
-        data = self.parquet if rec.kind == "change-parquet" else self.data
+        data = {"change-parquet": self.parquet, "change-gzip": self.gzipped}.get(rec.kind, self.data)
         original = tdir / f"original{data.suffix}"
         shutil.copyfile(data, original)
         work, out = tdir / "work", tdir / "out"
