@@ -35,6 +35,7 @@ from typing import Any, Protocol, TypeVar
 
 from .errors import DatasetError
 from .hub import offline_cache_problem, unreachable_hub_problem
+from .ownership import remove_abandoned_temps
 from .storage import atomic_open, download_file, is_remote, remote_fs, sha256_stream
 
 logger = logging.getLogger(__name__)
@@ -430,6 +431,7 @@ def decompressed_copy(path: str, cache_dir: str) -> str:
     if local.is_file():
         return str(local)
     logger.info("decompressing %s (%s bytes)", path, before.st_size)
+    remove_abandoned_temps(local.parent)  # a run killed while it decompressed this version
     try:
         with _decompressing(path) as src, atomic_open(local) as dst:
             shutil.copyfileobj(src, dst, _DECOMPRESS_BLOCK)

@@ -263,6 +263,34 @@ def test_a_damaged_compressed_file_is_one_clear_error(tmp_path):
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]  # no copy, no temp file
 
 
+def test_a_copy_left_half_made_by_a_killed_run_is_removed(tmp_path):
+    """A run killed while it decompressed (SIGKILL: no cleanup) leaves its temp file; the next run that
+    decompresses the same version removes it (ours, by its marker, and its writer is gone)."""
+    import subprocess
+
+    from sftmix.sources import decompressed_copy
+    from sftmix.storage import TMP_MARK
+
+    plain = tmp_path / "chats.jsonl"
+    _write(plain, _many(random.Random(10), 100_000))
+    packed = _compressed(plain, ".gz")
+    cache = tmp_path / "cache"
+    code = (
+        "import os, signal, sys, shutil\n"
+        "import sftmix.sources as s\n"
+        "def killed(src, dst, n):\n"
+        "    dst.write(src.read(1000)); dst.flush(); os.kill(os.getpid(), signal.SIGKILL)\n"
+        "shutil.copyfileobj = killed\n"
+        "s.decompressed_copy(sys.argv[1], sys.argv[2])\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(packed), str(cache)], check=False)
+    left = [p for p in cache.rglob("*") if p.is_file()]
+    assert len(left) == 1 and TMP_MARK in left[0].name, left
+    copy = Path(decompressed_copy(str(packed), str(cache)))
+    assert [p for p in cache.rglob("*") if p.is_file()] == [copy]
+    assert copy.read_bytes() == plain.read_bytes()
+
+
 def test_the_plan_of_a_compressed_file_is_the_plan_of_its_content(tmp_path):
     """Slices read the copy by batch, keyed by what they read: the same keys as the plain file's, so
     finished slices are reused whichever of the two a mixer names."""
