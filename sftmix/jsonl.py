@@ -46,7 +46,7 @@ from .errors import BadLineError, DatasetError
 from .features import features_schema
 from .parallel import available_cpus
 from .sources import _valid_utf8, compression_of, local_builder, runs_in_parts, table_rows
-from .storage import is_remote
+from .storage import file_version, is_remote
 
 #: ``datasets``' JsonConfig.chunksize: the batch the builder reads before finishing the line.
 BATCH_BYTES = 10 << 20
@@ -269,8 +269,8 @@ def scan(path: str, on_batch: BatchListener | None = None, threads: int | None =
     the plan cuts and starts slices while the rest of a large file is still being read. ``threads``:
     how many read it (default: one per CPU), fewer where slices already use the cores. A file scanned
     before (the same size, mtime and inode) is not read again: its batches are told at once."""
-    st = os.stat(path)
-    stamp = (path, st.st_size, st.st_mtime_ns, st.st_ino)
+    version = file_version(path)
+    stamp = (path, *version)
     with _SCANS_LOCK:
         found = stamp in _SCANS
         layout = _SCANS.get(stamp)
@@ -279,7 +279,7 @@ def scan(path: str, on_batch: BatchListener | None = None, threads: int | None =
             for batch in layout.batches:
                 on_batch(batch, layout.schema_b64)
         return layout
-    layout = _scan(path, (st.st_size, st.st_mtime_ns, st.st_ino), on_batch, threads or available_cpus())
+    layout = _scan(path, version, on_batch, threads or available_cpus())
     with _SCANS_LOCK:
         _SCANS[stamp] = layout
         while len(_SCANS) > _KEPT_SCANS:
@@ -361,8 +361,7 @@ def _scan(
                     on_batch(batch, schema)
         finally:
             pool.shutdown(cancel_futures=True)  # (a scan that ends early reads no further)
-    st = os.stat(path)
-    if (st.st_size, st.st_mtime_ns, st.st_ino) != stamp:
+    if file_version(path) != stamp:
         raise DatasetError(path, "the file changed while it was planned: plan it when it no longer changes")
     return JsonlLayout(
         path=path, size=stamp[0], batches=tuple(batches), schema_b64=schema, bad_lines=tuple(bad_lines)

@@ -38,7 +38,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
@@ -51,7 +51,7 @@ from .errors import ConfigError, DatasetError
 from .features import decodes, features_schema
 from .parallel import available_cpus
 from .sources import local_builder, runs_in_parts, table_rows
-from .storage import is_remote
+from .storage import file_version, is_remote
 
 logger = logging.getLogger(__name__)
 
@@ -285,17 +285,25 @@ def _record_sha256(record: Any, offset: int) -> str:
     return hashlib.sha256(json.dumps(found, sort_keys=True, default=str).encode("utf-8")).hexdigest()
 
 
+def _blocks(fd: int, start: int, end: int) -> Iterator[bytes]:
+    """Bytes ``[start, end)`` of ``fd`` in blocks of at most :data:`_READ_BLOCK`; fewer where the file
+    ends first (the caller counts them)."""
+    while start < end:
+        block = os.pread(fd, min(_READ_BLOCK, end - start), start)
+        if not block:
+            return
+        yield block
+        start += len(block)
+
+
 def _sha256_range(path: str, offset: int, end: int) -> str:
-    h = hashlib.sha256()
+    h, read = hashlib.sha256(), 0
     with open(path, "rb") as fh:
-        fh.seek(offset)
-        left = end - offset
-        while left > 0:
-            block = fh.read(min(_READ_BLOCK, left))
-            if not block:
-                raise DatasetError(path, _changed(f"bytes {offset}-{end}"))
+        for block in _blocks(fh.fileno(), offset, end):
             h.update(block)
-            left -= len(block)
+            read += len(block)
+    if read != end - offset:
+        raise DatasetError(path, _changed(f"bytes {offset}-{end}"))
     return h.hexdigest()
 
 
@@ -416,8 +424,7 @@ def _hashed(layout: ParquetLayout, on_group: GroupListener | None, threads: int)
         finally:
             pool.shutdown(cancel_futures=True)  # (a read that ends early reads no further)
     for path, *stamp in layout.stamps:
-        st = os.stat(path)
-        if (st.st_size, st.st_mtime_ns, st.st_ino) != tuple(stamp):
+        if file_version(path) != tuple(stamp):
             raise DatasetError(
                 path, "the file changed while it was planned: plan it when it no longer changes"
             )
@@ -634,14 +641,11 @@ class _ChunkCursor:
     def finish(self, fd: int) -> bool:
         """Whether the chunk, read to its end, is the plan's version."""
         at = self.frontier
-        while at < self.end:
-            block = os.pread(fd, min(_READ_BLOCK, self.end - at), at)
-            if not block:
-                return False
+        for block in _blocks(fd, at, self.end):
             self._hash.update(block)
             at += len(block)
         self._held = b""
-        return self._hash.hexdigest() == self.sha256
+        return at == self.end and self._hash.hexdigest() == self.sha256
 
 
 class _Streamed(_Served):
@@ -693,17 +697,14 @@ class _StreamedGroup:
         bounds = sorted(_column_bounds(meta.row_group(group.index)))
         whole, parts = hashlib.sha256(), [hashlib.sha256() for _ in bounds]
         at = group.offset
-        while at < group.end:
-            block = os.pread(self._fh.fileno(), min(_READ_BLOCK, group.end - at), at)
-            if not block:
-                raise DatasetError(path, _changed(_where(group)))
+        for block in _blocks(self._fh.fileno(), group.offset, group.end):
             whole.update(block)
             for (start, end), h in zip(bounds, parts, strict=True):
                 lo, hi = max(start, at), min(end, at + len(block))
                 if lo < hi:
                     h.update(block[lo - at : hi - at])
             at += len(block)
-        if whole.hexdigest() != group.sha256:
+        if at != group.end or whole.hexdigest() != group.sha256:
             raise DatasetError(path, _changed(_where(group)))
         cursors = [_ChunkCursor(s, e, h.hexdigest()) for (s, e), h in zip(bounds, parts, strict=True)]
         self._file = _Streamed(self._fh, self.footer.size, (self.footer.offset, tail), cursors)

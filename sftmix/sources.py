@@ -36,7 +36,7 @@ from typing import Any, Protocol, TypeVar
 from .errors import DatasetError
 from .hub import offline_cache_problem, unreachable_hub_problem
 from .ownership import remove_abandoned_temps
-from .storage import atomic_open, download_file, is_remote, remote_fs, sha256_stream
+from .storage import atomic_open, download_file, file_version, is_remote, remote_fs, sha256_stream
 
 logger = logging.getLogger(__name__)
 
@@ -424,19 +424,17 @@ def decompressed_copy(path: str, cache_dir: str) -> str:
     size, modification time and inode) in ``cache_dir``, so that it is read like a plain file: by batch
     on every core, where ``datasets`` decompresses and converts it on one. The copy lands whole or not at
     all (temp name, fsync, rename); a file that changes while it is decompressed is refused."""
-    before = os.stat(path)
-    stamp = (before.st_size, before.st_mtime_ns, before.st_ino)
-    tag = hashlib.sha256(f"{os.path.abspath(path)}|{stamp}".encode()).hexdigest()[:24]
+    version = file_version(path)
+    tag = hashlib.sha256(f"{os.path.abspath(path)}|{version}".encode()).hexdigest()[:24]
     local = Path(cache_dir, "decompressed", tag, _split_compression(os.path.basename(path))[0])
     if local.is_file():
         return str(local)
-    logger.info("decompressing %s (%s bytes)", path, before.st_size)
+    logger.info("decompressing %s (%s bytes)", path, version[0])
     remove_abandoned_temps(local.parent)  # a run killed while it decompressed this version
     try:
         with _decompressing(path) as src, atomic_open(local) as dst:
             shutil.copyfileobj(src, dst, _DECOMPRESS_BLOCK)
-            after = os.stat(path)
-            if (after.st_size, after.st_mtime_ns, after.st_ino) != stamp:
+            if file_version(path) != version:
                 raise DatasetError(
                     path, "the file changed while it was decompressed: rerun when it no longer changes"
                 )

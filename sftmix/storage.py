@@ -117,6 +117,13 @@ def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], 
 _NPY_HEADERS = threading.Lock()
 
 
+def file_version(path: str | os.PathLike[str]) -> tuple[int, int, int]:
+    """A file's size, modification time and inode: what tells one version of it from another without
+    reading it (a rewrite, an append, a cut or a rename over it changes one of them)."""
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
 def open_npy(path: str | os.PathLike[str]) -> Any:
     """``np.load(path, mmap_mode="r")``, one thread at a time: numpy parses the header with
     ``ast.literal_eval``, whose AST builder in CPython 3.11 keeps one recursion counter for every

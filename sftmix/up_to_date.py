@@ -38,7 +38,7 @@ from .output_dir import OUTPUT_MARKER, changed_since_published, read_output_mark
 from .publish import update_output_marker
 from .report import UP_TO_DATE, RunReport, Validation
 from .sources import local_builder
-from .storage import is_remote
+from .storage import file_version, is_remote
 
 logger = logging.getLogger(__name__)
 
@@ -82,8 +82,7 @@ def _making_again(output: str, why: str) -> None:
 
 
 def _stamp(path: str) -> list[int]:
-    st = os.stat(path)
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
+    return list(file_version(path))
 
 
 def _input_files(mixer: MixerConfig) -> list[str] | None:
