@@ -126,3 +126,34 @@ def test_the_collector_hands_back_the_slices_of_a_pool_whose_management_thread_e
     lost, stalls, stalled = collect_from_a_stalled_pool()
     assert sorted(lost) == ["k0", "k1"] and stalls == 1 and stalled
     assert time.monotonic() - since < 60
+
+
+def _task_settings() -> tuple[int, bool]:
+    import prefect.task_runners
+    from prefect.settings import get_current_settings
+
+    settled = getattr(prefect.task_runners._run_task_with_hydrated_context, "settled", False)
+    return get_current_settings().client.max_retries, settled
+
+
+@pytest.mark.slow
+def test_each_task_in_a_worker_runs_with_the_settings_of_its_submission(prefect_api):
+    """A worker validates the flow's settings once, not per task run (``flows.pool._settle_settings``),
+    and still gives every task the settings it was submitted with, when they change between tasks."""
+    from prefect import flow, task
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    settings_of = task(_task_settings)
+
+    @flow(task_runner=process_pool(2))
+    def submit_under_two_settings() -> list[tuple[int, bool]]:
+        futures = []
+        for retries in (7, 7, 7, 9, 9, 7):
+            with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: retries}):
+                futures.append(settings_of.submit())
+            futures[-1].wait()  # in turn, so one worker sees the settings change
+        return [f.result() for f in futures]
+
+    seen = submit_under_two_settings()
+    assert [retries for retries, _ in seen] == [7, 7, 7, 9, 9, 7]
+    assert all(settled for _, settled in seen)  # each worker settles before its first call
