@@ -58,12 +58,18 @@ def test_pieces_give_the_whole_texts_tokens(texts, name, want, chars_per_token):
     template=st.sampled_from(["olmo", "tulu", "zephyr"]),
     max_len=st.sampled_from([None, 8, 16, 64]),
     mode=st.sampled_from(["assistant", "last_turn"]),
+    every_row=st.booleans(),
 )
-def test_rows_dropped_early_are_the_rows_the_whole_check_drops(convs, tokenizer, template, max_len, mode):
+def test_rows_dropped_early_are_the_rows_the_whole_check_drops(
+    convs, tokenizer, template, max_len, mode, every_row
+):
     """Dropping a row after its first span (tokenizing no further) keeps and drops exactly the rows, with
-    the same reasons, that tokenizing every prefix in full does; kept rows have the same bytes."""
+    the same reasons, that tokenizing every prefix in full does; kept rows have the same bytes. Either for
+    every row (``drop_early``) or, as with a fast encoder, for rows that open with an assistant turn."""
     slow = masker(tokenizer, template, max_len, fast=False, mode=mode).tokenize(convs)
-    fast = masker(tokenizer, template, max_len, fast=True, mode=mode, drop_untrainable=True).tokenize(convs)
+    fast = masker(
+        tokenizer, template, max_len, fast=True, mode=mode, drop_untrainable=True, drop_early=every_row
+    ).tokenize(convs)
     for a, b in zip(fast, slow, strict=True):
         assert (a.status, a.detail) == (b.status, b.detail)
         if a.status == 0:
