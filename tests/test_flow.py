@@ -40,6 +40,8 @@ def test_edits_recompute_only_what_they_touch(prefect_api, tmp_path):
         )
     second = tokenize_mixer(mixer=demo_mixer(data, tmp_path / "o2"), run=run)
     assert (second["slices_computed"], second["slices_reused"]) == (1, 3)
+    # the slices the first run finished are reused from their checkpoints with no task run each
+    assert _slice_task_runs_of_the_last_flow_run() == 1
 
     third = tokenize_mixer(mixer=demo_mixer(data, tmp_path / "o3", max_len=128), run=run)
     assert third["slices_computed"] == third["slices_total"]
@@ -146,3 +148,14 @@ def test_default_workers_are_the_cpus_this_process_may_use():
     from sftmix.parallel import available_cpus
 
     assert 1 <= available_cpus() <= len(os.sched_getaffinity(0)) <= (os.cpu_count() or 1)
+
+
+def _slice_task_runs_of_the_last_flow_run() -> int:
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        last = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)[0]
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[last.id])))
+    return sum(run.name.startswith("tokenize ") for run in runs)
