@@ -442,15 +442,16 @@ class RunOptions(BaseModel):
         title="Rows per slice",
         description="Source rows in each slice (one task per slice). Empty: about the bytes per slice below.",
     )
-    slice_bytes: int = Field(
-        default=4 * 2**20,
+    slice_bytes: int | None = Field(
+        default=None,
         gt=0,
         title="Bytes per slice",
         description="Source bytes in each slice when rows per slice is empty: small enough to balance the "
-        "workers, large enough that orchestration costs little. It does not depend on the number of workers, "
+        "workers, large enough that orchestration costs little. Empty: by each dataset's size, 4 MiB up to "
+        "2 GiB of data, doubling to at most 64 MiB so that a dataset makes at most ~512 slices (one "
+        "Prefect API core dispatches ~25 task runs a second). It does not depend on the number of workers, "
         "so finished slices are reused whatever the parallelism. A local JSON Lines file of several 10 MiB "
-        "batches is cut into whole batches (the nearest number of them, at least one): on 64 cores or more, "
-        "40 MiB (4 batches) keeps the task runs per second under what one Prefect API core dispatches.",
+        "batches is cut into whole batches (the nearest number of them, at least one).",
     )
     dask_address: OptionalText = Field(
         default=None,

@@ -135,6 +135,23 @@ MAX_AUTO_SLICE_ROWS = 20_000
 SCAN_SHARE = 8
 
 
+#: Bytes per slice when the run leaves them to the tool: the smallest of these that cuts a dataset into
+#: at most ``AUTO_SLICES`` slices (the largest one beyond that).
+AUTO_SLICE_BYTES = (4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20)
+AUTO_SLICES = 512
+
+
+def slice_bytes_for(run: RunOptions, nbytes: int) -> int:
+    """The bytes per slice of a dataset of ``nbytes``: the run's, or by the dataset's size. Each slice is a
+    task run, and one Prefect API core dispatches ~25 a second: 10 MiB slices of a 100 GB mixture are
+    ~10,000, ~77 a second on 64 cores; these are ~2,000-3,500 (10 GB datasets get slices of 3 batches,
+    30 MiB: ~17 a second). The dataset's size decides, not the workers, so finished slices are reused
+    whatever the parallelism; in tiers, so a dataset that grows a little keeps its slices."""
+    if run.slice_bytes is not None:
+        return run.slice_bytes
+    return next((b for b in AUTO_SLICE_BYTES if nbytes <= b * AUTO_SLICES), AUTO_SLICE_BYTES[-1])
+
+
 def rows_per_slice(nbytes: int, n_rows: int, slice_bytes: int) -> int:
     """Rows that make about ``slice_bytes`` of this dataset's data."""
     per_row = max(1.0, nbytes / max(n_rows, 1))
@@ -240,6 +257,13 @@ def _read_by_us(entry: DatasetEntry) -> bool:
     ``datasets`` (whose file the plan hashes ahead)."""
     path, split = entry.path, entry.split
     return jsonl.applies(path, split) or jsonl.reads_decompressed(path, split) or parquet.applies(path, split)
+
+
+def _size_of(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0  # (the scan that follows says what is wrong with the file)
 
 
 def batches_per_slice(slice_bytes: int) -> int:
@@ -468,12 +492,12 @@ def _open_whole(
         warnings.append(w)
         logger.warning(w)
     selected = selected_source_rows(info.n_rows, target)
-    per_slice = run.slice_rows or rows_per_slice(info.nbytes, info.n_rows, run.slice_bytes)
+    per_slice = run.slice_rows or rows_per_slice(info.nbytes, info.n_rows, slice_bytes_for(run, info.nbytes))
     dataset = _Opened(index, entry, warnings=warnings, row_format=row_format, messages_key=messages_key)
     memo = FingerprintMemo(cutter.work_dir, info.fingerprint, entry.split)
     fingerprint_rows = RowsFingerprinter(entry.path, entry.split, entry.revision, datasets_cache, arrow_files)
     if batched is not None and not run.slice_rows:
-        groups = _batch_groups(batched, selected, run.slice_bytes)
+        groups = _batch_groups(batched, selected, slice_bytes_for(run, batched.size))
     else:
         groups = _row_groups(info.n_rows, selected, per_slice)
     for start, end, subset in groups:
@@ -561,7 +585,7 @@ def _open_parquet(
     if run.slice_rows:
         cuts = _row_groups(layout.n_rows, selected, run.slice_rows)
     else:
-        cuts = parquet.slice_cuts(layout, selected, run.slice_bytes)
+        cuts = parquet.slice_cuts(layout, selected, slice_bytes_for(run, layout.nbytes))
     dataset = _Opened(
         index,
         entry,
@@ -639,7 +663,7 @@ def _cut_streamed(
     hand_on = _HandOn(dataset, slices, ctx, early)
     made = hand_on.made
 
-    per_slice = batches_per_slice(run.slice_bytes)
+    per_slice = batches_per_slice(slice_bytes_for(run, _size_of(entry.path)))
     waiting: list[jsonl.JsonlBatch] = []  # counted batches of the next slice
 
     def cut(batches: list[jsonl.JsonlBatch], schema_b64: str) -> None:

@@ -214,6 +214,34 @@ def test_larger_slices_hold_whole_batches_and_share_keys_with_a_counted_plan(lar
     assert [s.key for s in build_plan(counted, run).slices] == early
 
 
+def test_left_to_the_tool_a_larger_dataset_has_larger_slices(large, tmp_path, monkeypatch):
+    """Bytes per slice left empty grow with each dataset's size, in tiers (fewer task runs for the one
+    Prefect API core at 100 GB): the same slices as asking for that tier, whether cut as the file is read
+    or after a count. Here at most 2 slices a dataset, so this ~25 MiB file gets the 16 MiB tier."""
+    from sftmix import plan as planning
+
+    assert [planning.slice_bytes_for(RunOptions(), n << 20) for n in (1, 2048, 2049, 10_000, 10**6)] == [
+        4 << 20,
+        4 << 20,
+        8 << 20,
+        32 << 20,
+        64 << 20,
+    ]
+    assert planning.slice_bytes_for(RunOptions(slice_bytes=123), 10**12) == 123
+    monkeypatch.setattr(planning, "AUTO_SLICES", 2)
+    assert 16 << 20 < large.stat().st_size <= 32 << 20  # above 2 x 8 MiB, within 2 x 16 MiB
+    streamed, counted = _mixer(large, tmp_path / "a"), _mixer(large, tmp_path / "b")
+    counted.datasets[0].amount = 10_000
+    early: list[str] = []
+    plan = build_plan(
+        streamed, RunOptions(work_dir=str(tmp_path / "w")), lambda spec, ctx: early.append(spec.key)
+    )
+    assert [len(s.jsonl.batches) for s in plan.slices] == [2, 1]
+    asked = RunOptions(work_dir=str(tmp_path / "w2"), slice_bytes=16 << 20)
+    assert [s.key for s in build_plan(streamed, asked).slices] == early
+    assert [s.key for s in build_plan(counted, RunOptions(work_dir=str(tmp_path / "w3"))).slices] == early
+
+
 def _truncate(path: Path) -> None:
     os.truncate(path, path.stat().st_size // 2)
 
