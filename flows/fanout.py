@@ -366,11 +366,11 @@ def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
             len(earlier),
             len(specs),
         )
-    for spec in specs:
-        if (m := earlier.get(spec.key)) is not None:
-            state.manifests[spec.index], state.cached[spec.index] = m, True
-            state.done += 1
-            state.progress.advance(spec, m.rows, m.tokens, reused=True)
+    reused = [(spec, m) for spec in specs if (m := earlier.get(spec.key)) is not None]
+    for spec, m in reused:
+        state.manifests[spec.index], state.cached[spec.index] = m, True
+    state.done += len(reused)
+    state.progress.reused([(spec, m.rows, m.tokens) for spec, m in reused])
     task = slice_task_for(ctx, refresh=run.force_recache, cache=not run.disable_cache)
     try:
         _run_all(

@@ -290,7 +290,7 @@ class SliceProgress:
         BOARD.begin(specs, keep, work_dir)
         self.every = every_seconds
         self._last_artifact = self._last_line = time.monotonic()
-        self._said_complete = False
+        self._said_complete = self._artifact_complete = False
         self.artifact = None
         self._artifact_paused_until = 0.0
         # progress in the UI is a view: never a reason to fail, nor to wait (Prefect's client retries a
@@ -304,6 +304,13 @@ class SliceProgress:
         BOARD.finished(spec, rows, tokens, reused)
         self.tick()
 
+    def reused(self, finished: list[tuple[SliceSpec, int, int]]) -> None:
+        """Slices an earlier run finished, as ``(spec, rows, tokens)``: counted together, with one look at
+        the artifact and the log (one each per slice, thousands of API calls on a resumed run)."""
+        for spec, rows, tokens in finished:
+            BOARD.finished(spec, rows, tokens, reused=True)
+        self.tick()
+
     def failed(self, spec: SliceSpec) -> None:
         BOARD.failed_slice(spec)
         self.tick()
@@ -315,8 +322,10 @@ class SliceProgress:
         now = time.monotonic()
         facts = BOARD.facts()
         complete = facts.done >= facts.total
-        if now - self._last_artifact >= self.every or complete:
-            self._last_artifact = now
+        # complete: said once (with every slice's manifest on disk the board is complete from the start of
+        # a rerun, and an update per finished slice was an API call each)
+        if now - self._last_artifact >= self.every or (complete and not self._artifact_complete):
+            self._last_artifact, self._artifact_complete = now, complete
             self._update_artifact(
                 progress=100.0 * facts.done / max(facts.total, 1),
                 description=f"{facts.counts()}; {facts.rate()}; {facts.left()}",

@@ -105,3 +105,27 @@ def test_the_last_slice_is_said_at_once_not_at_the_next_line(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if "progress " in line]
     assert len(lines) == 1 and "tokenizing done" in lines[0], proc.stderr[-3000:]
     assert proc.stderr.index(lines[0]) < proc.stderr.index("stopping the temporary"), proc.stderr[-3000:]
+
+
+def test_a_complete_count_updates_the_progress_artifact_once(prefect_api):
+    """A rerun finds every slice's manifest on disk, so the count is complete from the start: each slice
+    then handed back updated the UI's artifact again (an API call each, seconds for a few hundred)."""
+    from prefect import flow
+
+    from tokenize_mixer.flows.progress import BOARD, SliceProgress
+
+    specs = [_spec(i) for i in range(50)]
+
+    @flow
+    def hand_back_every_slice() -> int:
+        progress = SliceProgress(specs, every_seconds=3600)
+        updates: list[dict] = []
+        progress._update_artifact = lambda **fields: updates.append(fields)  # type: ignore[method-assign]
+        for spec in specs:  # what the manifest watcher counts at a rerun's start
+            BOARD.finished(spec, rows=1, tokens=1, reused=True)
+        for spec in specs:
+            progress.advance(spec, rows=1, tokens=1, reused=True)
+        progress.reused([(spec, 1, 1) for spec in specs])
+        return len(updates)
+
+    assert hand_back_every_slice() == 1
