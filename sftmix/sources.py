@@ -399,24 +399,56 @@ def localize(path: str, cache_dir: str) -> str:
         return path
     if local_builder(path) is None:
         raise DatasetError(path, f"a remote dataset must be a file: {READABLE}")
+    info = _object_info(path)
+    if info.get("type") == "directory":
+        raise DatasetError(path, "is a prefix, not an object; name the file")
+    tag = hashlib.sha256(f"{path}|{info.get('size')}|{_object_version(info)}".encode()).hexdigest()[:24]
+    local = os.path.join(cache_dir, "remote-files", tag, path.rsplit("/", 1)[-1])
+    if not os.path.isfile(local):
+        fetch_version(path, info, local)
+    return local
+
+
+def fetch_version(path: str, info: dict[str, Any], local: str) -> None:
+    """Fetch the version of object ``path`` that ``info`` describes to ``local``, or refuse: the
+    download is pinned to that generation where the store keeps one, and the object is asked again
+    after it, so a copy never holds another version's bytes under this version's name."""
+    logger.info("fetching %s (%s bytes)", path, info.get("size"))
+    remove_abandoned_temps(Path(local).parent)  # a run killed while it fetched this version
+
+    def same_version(fetched: Path) -> None:
+        now = _object_info(path, fresh=True)
+        if _object_version(now) != _object_version(info) or fetched.stat().st_size != info.get("size"):
+            raise DatasetError(path, _CHANGED_WHILE_FETCHED)
+
     try:
-        info = remote_fs(path).info(path)
+        download_file(path, local, generation=info.get("generation"), check=same_version)
+    except DatasetError:
+        raise
+    except FileNotFoundError:  # the pinned generation is gone
+        raise DatasetError(path, _CHANGED_WHILE_FETCHED) from None
+    except Exception as exc:
+        raise DatasetError(path, f"cannot download: {type(exc).__name__}: {exc}") from None
+
+
+_CHANGED_WHILE_FETCHED = "the object changed while it was fetched: rerun when it no longer changes"
+
+
+def _object_info(path: str, fresh: bool = False) -> dict[str, Any]:
+    """The store's description of object ``path`` (``fresh``: not from fsspec's listing cache)."""
+    fs = remote_fs(path)
+    if fresh:
+        fs.invalidate_cache(path)
+    try:
+        return fs.info(path)
     except FileNotFoundError:
         raise DatasetError(path, "object not found") from None
     except Exception as exc:
         raise DatasetError(path, f"cannot reach the object: {type(exc).__name__}: {exc}") from None
-    if info.get("type") == "directory":
-        raise DatasetError(path, "is a prefix, not an object; name the file")
-    version = info.get("generation") or info.get("etag") or info.get("md5Hash") or info.get("mtime")
-    tag = hashlib.sha256(f"{path}|{info.get('size')}|{version}".encode()).hexdigest()[:24]
-    local = os.path.join(cache_dir, "remote-files", tag, path.rsplit("/", 1)[-1])
-    if not os.path.isfile(local):
-        logger.info("fetching %s (%s bytes)", path, info.get("size"))
-        try:
-            download_file(path, local)
-        except Exception as exc:
-            raise DatasetError(path, f"cannot download: {type(exc).__name__}: {exc}") from None
-    return local
+
+
+def _object_version(info: dict[str, Any]) -> Any:
+    return info.get("generation") or info.get("etag") or info.get("md5Hash") or info.get("mtime")
 
 
 def decompressed_copy(path: str, cache_dir: str) -> str:

@@ -239,13 +239,29 @@ def upload_file(local: str | os.PathLike[str], url: str) -> None:
     remote_fs(url).put_file(str(local), url)
 
 
-def download_file(url: str, local: str | os.PathLike[str]) -> None:
-    """Fetch an object to a local path atomically (temp name, then rename)."""
+def download_file(
+    url: str,
+    local: str | os.PathLike[str],
+    *,
+    generation: str | None = None,
+    check: Callable[[Path], None] | None = None,
+) -> None:
+    """Fetch an object to a local path atomically (temp name, fsync, rename). ``generation`` pins the
+    object's version on a store that keeps versions (GCS); ``check`` may refuse the fetched temp file
+    before it lands."""
     final = Path(local)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(final)
     try:
-        remote_fs(url).get_file(url, str(tmp))
+        pinned = {"generation": generation} if generation else {}
+        remote_fs(url).get_file(url, str(tmp), **pinned)
+        if check is not None:
+            check(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, final)
     finally:
         with contextlib.suppress(FileNotFoundError):

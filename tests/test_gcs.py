@@ -177,6 +177,37 @@ def test_an_object_is_read_by_batch_or_row_group_from_this_machines_copy(gcs, pr
     assert parts(result["digests"]) == parts(DEMO_DIGESTS)
 
 
+def test_an_object_replaced_while_it_is_fetched_is_refused_not_stored_as_the_old_version(gcs, tmp_path):
+    """The copy's name says which version it holds: an object replaced between asking for its version
+    and fetching it is refused (the emulator ignores the pinned generation GCS would honour), and a
+    fetch killed earlier leaves a temp file the next fetch of that version removes."""
+    from sftmix.sources import fetch_version, localize
+    from sftmix.storage import temp_name
+
+    url = f"gs://src/{uuid.uuid4().hex[:8]}/general.jsonl"
+    first = (EXAMPLES / "data" / "general.jsonl").read_bytes()
+    gcs.pipe_file(url, first)
+    old = gcs.info(url)
+    second = first.replace(b"e", b"o")  # the same size: only its generation tells
+    gcs.pipe_file(url, second)
+    local = tmp_path / "copy" / "general.jsonl"
+    with pytest.raises(DatasetError, match=r"gs://src/.*the object changed while it was fetched"):
+        fetch_version(url, old, str(local))
+    assert not local.parent.exists() or not any(local.parent.iterdir())
+
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
+    left = temp_name(local).name.split("-")
+    left[-2] = dead.stdout.strip()  # written by a process that is gone
+    abandoned = local.parent / "-".join(left)
+    abandoned.write_bytes(b"half")
+    fetch_version(url, gcs.info(url), str(local))
+    assert local.read_bytes() == second and not abandoned.exists()
+    copy = Path(localize(url, str(tmp_path / "cache")))
+    assert copy.read_bytes() == second and [p.name for p in copy.parent.iterdir()] == [copy.name]
+
+
 def test_remote_errors_name_the_object(gcs, tmp_path):
     mixer = demo_mixer("gs://src/nowhere/general.jsonl", str(tmp_path / "o"))
     with pytest.raises(DatasetError, match=r"gs://src/nowhere/general.jsonl.*object not found"):
