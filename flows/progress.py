@@ -187,18 +187,29 @@ class Board:
         from sftmix.slices import read_manifest, slice_dir
 
         todo = {s.index: s for s in specs}
+        earlier: dict[int, tuple[int, int]] = {}  # index -> (inode, mtime) of an earlier run's manifest
         while todo and self.generation == generation:
             for index in [i for i in todo if i in self.seen]:
                 del todo[index]
             for index, spec in list(todo.items()):
                 if self.generation != generation:
                     return
-                if not (slice_dir(self.work_dir or "", spec.key) / "manifest.json").exists():
+                try:
+                    st = (slice_dir(self.work_dir or "", spec.key) / "manifest.json").stat()
+                except OSError:
+                    continue
+                if earlier.get(index) == (st.st_ino, st.st_mtime_ns):
                     continue
                 m = read_manifest(self.work_dir or "", spec.key)
-                if m is not None:
-                    self.finished(spec, m.rows, m.tokens, reused=m.finished_at < self.started_at)
-                    del todo[index]
+                if m is None:
+                    continue
+                if m.finished_at < self.started_at:
+                    # an earlier run's: the flow counts it if it reuses the slice; a slice it computes
+                    # again is counted when its new manifest replaces this one
+                    earlier[index] = (st.st_ino, st.st_mtime_ns)
+                    continue
+                self.finished(spec, m.rows, m.tokens, reused=False)
+                del todo[index]
             time.sleep(1.0)
 
     def finished(self, spec: SliceSpec, rows: int, tokens: int, reused: bool) -> None:

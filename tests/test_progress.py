@@ -81,6 +81,39 @@ def test_the_flow_taking_over_the_head_start_watches_the_manifests(tmp_path):
     assert (facts.done, facts.reused, facts.tokens) == (1, 0, 700)
 
 
+def test_an_earlier_runs_manifest_is_not_counted_until_this_run_writes_its_own(tmp_path):
+    """A rerun that computes slices again (``--force``, a changed setting) finds their old manifests:
+    counting them made the board say 100% while every slice was still to do."""
+    import time
+
+    from sftmix.slices import MANIFEST, SliceManifest, slice_dir
+
+    def write(finished_at: float) -> None:
+        manifest = SliceManifest(
+            key="k0", dataset="d.jsonl", row_start=0, row_end=10, rows=10, kept=10, tokens=700,
+            trainable_tokens=300, dropped={}, token_dtype="uint32", files={}, seconds=1.0,
+            finished_at=finished_at,
+        )  # fmt: skip
+        tmp = directory / "manifest.tmp"
+        tmp.write_text(manifest.model_dump_json(), encoding="utf-8")
+        tmp.rename(directory / MANIFEST)
+
+    directory = slice_dir(tmp_path, "k0")
+    directory.mkdir(parents=True)
+    write(time.time() - 3600)
+    board = Board()
+    board.begin([_spec(0), _spec(1)], work_dir=str(tmp_path))
+    time.sleep(2.5)  # two looks of the watcher
+    assert board.facts().done == 0
+    write(time.time())
+    deadline = time.monotonic() + 10
+    while board.facts().done < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    board.stop_watching()
+    facts = board.facts()
+    assert (facts.done, facts.reused, facts.tokens) == (1, 0, 700)
+
+
 @pytest.mark.slow
 def test_the_console_shows_summary_lines_not_a_line_per_slice(tmp_path):
     proc = cli(
