@@ -16,9 +16,13 @@ batches are independent of each other, so here:
   ``datasets``' own cast) and takes its rows.
 
 So rows are the same Python objects ``datasets`` gives (``tests/test_jsonl.py`` compares them on files of
-several batches), and a slice's key follows from the bytes of the batches it reads. Anything else (a
-JSON array, a compressed file, a sliced split, a remote file, a first batch pyarrow cannot parse) goes
-through ``datasets`` as before (:mod:`sftmix.sources`).
+several batches), and a slice's key follows from the bytes of the batches it reads.
+
+A ``gs://`` object is read the same way, in byte ranges, without a copy first: the plan pins the
+generation the object has when it is planned (:func:`pin`: ``url#generation``, as gsutil names a version),
+reads its ranges on many threads and counts the batches in order as they arrive; each slice reads its own
+batches' ranges of that generation. Anything else (a JSON array, a compressed file, a sliced split, a
+first batch pyarrow cannot parse) goes through ``datasets`` as before (:mod:`sftmix.sources`).
 """
 
 from __future__ import annotations
@@ -26,15 +30,17 @@ from __future__ import annotations
 import base64
 import bisect
 import codecs
+import contextlib
 import hashlib
 import io
+import itertools
 import json
 import os
 import re
 import threading
-from collections import OrderedDict
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Any
@@ -45,12 +51,23 @@ from . import settings
 from .errors import BadLineError, DatasetError
 from .features import features_schema
 from .parallel import available_cpus
-from .sources import _valid_utf8, compression_of, local_builder, runs_in_parts, table_rows
-from .storage import file_version, is_remote
+from .sources import (
+    _valid_utf8,
+    compression_of,
+    local_builder,
+    object_info,
+    object_version,
+    runs_in_parts,
+    table_rows,
+)
+from .storage import file_version, is_remote, remote_fs
 
 #: ``datasets``' JsonConfig.chunksize: the batch the builder reads before finishing the line.
 BATCH_BYTES = 10 << 20
 FINGERPRINT_PREFIX = "jsonl-batches:"
+#: A ``gs://`` object is read in ranges of this many bytes, by this many threads ahead of the plan's scan.
+REMOTE_CHUNK = 8 << 20
+REMOTE_READERS = 16
 #: Set to ``datasets`` to load every JSON file through ``datasets`` as before (to compare, or should
 #: reading by batch ever misbehave).
 READER_ENV = settings.JSON_READER.name
@@ -130,17 +147,72 @@ class JsonlLayout:
 
 
 def applies(path: str, split: str) -> bool:
-    """Whether ``path`` is a file this module reads: a local, uncompressed JSON file of the 'train'
-    split, whose first byte (after a BOM) does not open a JSON array."""
+    """Whether ``path`` is a file this module reads: an uncompressed JSON file of the 'train' split (local,
+    or a ``gs://`` object :func:`pin` pinned), whose first byte (after a BOM) does not open a JSON array."""
     if settings.JSON_READER.get() == "datasets":
         return False
-    if is_remote(path) or local_builder(path) != "json" or compression_of(path) is not None:
+    url = _unpinned(path)[0]
+    if local_builder(url) != "json" or compression_of(url) is not None or split.strip() != "train":
         return False
-    if split.strip() != "train" or not os.path.isfile(path) or os.path.getsize(path) == 0:
+    if not is_remote(path) and not os.path.isfile(path):
         return False
-    with open(path, "rb") as fh:
-        head = fh.read(len(codecs.BOM_UTF8) + 1)
+    size = size_of(path)
+    if size == 0:
+        return False
+    head = _read(path, 0, min(size, len(codecs.BOM_UTF8) + 1))
     return not head.removeprefix(codecs.BOM_UTF8).startswith(b"[")
+
+
+def reads_remote(path: str, split: str) -> bool:
+    """Whether ``path`` is a ``gs://`` JSON Lines object this module may read in place (:func:`applies`
+    tells, once it is pinned)."""
+    return (
+        settings.JSON_READER.get() != "datasets"
+        and is_remote(path)
+        and local_builder(path) == "json"
+        and compression_of(path) is None
+        and split.strip() == "train"
+    )
+
+
+def pin(path: str) -> str:
+    """A remote object's path with the generation it has now (``url#generation``): the plan and every
+    slice read that version, so an object replaced meanwhile is an error, never rows of two versions.
+    A local path, or an object whose store keeps no generations, comes back as it is."""
+    if not is_remote(path):
+        return path
+    generation = object_info(path, fresh=True).get("generation")
+    return f"{path}#{generation}" if generation else path
+
+
+def _unpinned(path: str) -> tuple[str, str | None]:
+    """A pinned object's URL and generation; any other path and ``None``."""
+    if is_remote(path):
+        url, mark, generation = path.rpartition("#")
+        if mark and generation.isdigit():
+            return url, generation
+    return path, None
+
+
+def size_of(path: str) -> int:
+    """The file's (or pinned object's) size in bytes; 0 when it cannot be read (the read says why)."""
+    try:
+        return source_version(path)[0]
+    except (OSError, DatasetError):
+        return 0
+
+
+def source_version(path: str) -> tuple[Any, ...]:
+    """What tells this version of the file from another: a local file's size, mtime and inode; an
+    object's size and generation (or etag), asked of the store now. A pinned object that is no longer
+    that generation is refused."""
+    if not is_remote(path):
+        return file_version(path)
+    url, generation = _unpinned(path)
+    info = object_info(url, fresh=True)
+    if generation is not None and str(info.get("generation")) != generation:
+        raise DatasetError(url, "the object changed while it was planned: plan it when it no longer changes")
+    return int(info.get("size") or 0), object_version(info)
 
 
 def reads_decompressed(path: str, split: str) -> bool:
@@ -174,12 +246,30 @@ def _batch_end(fh: Any, start: int, size: int) -> int:
 
 
 def _read(path: str, offset: int, end: int) -> bytes:
-    with open(path, "rb") as fh:
-        fh.seek(offset)
-        data = fh.read(end - offset)
+    if is_remote(path):
+        data = _read_remote(path, offset, end)
+    else:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(end - offset)
     if len(data) != end - offset:
         raise DatasetError(path, _changed(offset, end))
     return data
+
+
+def _read_remote(path: str, offset: int, end: int) -> bytes:
+    """Bytes ``[offset, end)`` of a remote object, of its pinned generation where it has one."""
+    if end <= offset:
+        return b""
+    url, generation = _unpinned(path)
+    try:
+        return remote_fs(url).cat_file(
+            url, start=offset, end=end, **({"generation": generation} if generation else {})
+        )
+    except FileNotFoundError:  # its pinned generation is gone: replaced or deleted
+        raise DatasetError(path, _changed(offset, end)) from None
+    except Exception as exc:
+        raise DatasetError(path, f"cannot read bytes {offset}-{end}: {type(exc).__name__}: {exc}") from None
 
 
 def _changed(offset: int, end: int) -> str:
@@ -216,7 +306,10 @@ def _rows_in(data: bytes) -> tuple[int, int, bool]:
 def _scan_batch(path: str, offset: int, end: int) -> tuple[str, int, int, bool, bool]:
     """sha256, rows (lines that are not blank) and newlines of one batch, whether some line does not
     look like one object, and whether its bytes are valid UTF-8."""
-    data = _read(path, offset, end)
+    return _scanned(_read(path, offset, end), offset)
+
+
+def _scanned(data: bytes, offset: int) -> tuple[str, int, int, bool, bool]:
     rows, newlines, odd = _rows_in(data.removeprefix(codecs.BOM_UTF8) if offset == 0 else data)
     return hashlib.sha256(data).hexdigest(), rows, newlines, odd, _valid_utf8(data)
 
@@ -269,7 +362,7 @@ def scan(path: str, on_batch: BatchListener | None = None, threads: int | None =
     the plan cuts and starts slices while the rest of a large file is still being read. ``threads``:
     how many read it (default: one per CPU), fewer where slices already use the cores. A file scanned
     before (the same size, mtime and inode) is not read again: its batches are told at once."""
-    version = file_version(path)
+    version = source_version(path)
     stamp = (path, *version)
     with _SCANS_LOCK:
         found = stamp in _SCANS
@@ -291,12 +384,24 @@ def first_batch(path: str) -> tuple[JsonlBatch, str] | None:
     """The file's first batch and the features' schema (serialized), from that batch alone: what the
     plan needs of a file before its slices can be cut (its columns, the rows it samples). ``None`` as
     for :func:`scan`."""
-    with open(path, "rb") as fh:
-        end = _batch_end(fh, 0, os.path.getsize(path))
-    found = _counted(path, 0, 0, end, 0, 0, _scan_batch(path, 0, end))
+    end = _first_batch_end(path, size_of(path))
+    data = _read(path, 0, end)
+    found = _counted(path, 0, 0, end, 0, 0, _scanned(data, 0), data)
     if found is None or found[2] is None:
         return None
     return found[0], found[2]
+
+
+def _first_batch_end(path: str, size: int) -> int:
+    if size <= BATCH_BYTES:
+        return size
+    at, window = BATCH_BYTES, min(1 << 16, REMOTE_CHUNK)  # the rest of the line, as readline reads it
+    while at < size:
+        data = _read(path, at, min(size, at + window))
+        if (newline := data.find(b"\n")) >= 0:
+            return at + newline + 1
+        at, window = at + len(data), 2 * window
+    return size
 
 
 def _counted(
@@ -307,15 +412,17 @@ def _counted(
     first_row: int,
     lines: int,
     scanned: tuple[str, int, int, bool, bool],
+    data: bytes | None = None,
 ) -> tuple[JsonlBatch, list[BadLine], str | None] | None:
-    """Batch ``k`` of the file from its scan, with the bad lines found in it and (for the first batch)
-    the features' schema: a batch that may hold a bad line (or is the first) is parsed. ``None``: the
-    file is not JSON Lines pyarrow reads (the caller lets ``datasets`` read it)."""
+    """Batch ``k`` of the file from its scan (and its bytes, where they are at hand), with the bad lines
+    found in it and (for the first batch) the features' schema: a batch that may hold a bad line (or is
+    the first) is parsed. ``None``: the file is not JSON Lines pyarrow reads (the caller lets
+    ``datasets`` read it)."""
     sha, rows, newlines, odd, utf8 = scanned
     bad: list[BadLine] = []
     schema = None
     if k == 0 or odd or not utf8:  # the first gives the features; an odd one may be JSON over many lines
-        data = _read(path, offset, end)
+        data = _read(path, offset, end) if data is None else data
         text = data.removeprefix(codecs.BOM_UTF8) if k == 0 else data
         try:
             table, found = read_batch(text, lines, None, offset + len(data) - len(text), utf8)
@@ -333,39 +440,115 @@ def _counted(
 
 
 def _scan(
-    path: str, stamp: tuple[int, int, int], on_batch: BatchListener | None, threads: int
+    path: str, stamp: tuple[Any, ...], on_batch: BatchListener | None, threads: int
 ) -> JsonlLayout | None:
-    """``stamp``: the file's (size, mtime, inode) before the read; a file that has another after it
+    """``stamp``: the file's :func:`source_version` before the read; a file that has another after it
     (rewritten, grown, truncated, replaced by a rename) was read as no one version of it."""
-    bounds = batch_bounds(path)
     batches: list[JsonlBatch] = []
     bad_lines: list[BadLine] = []
     first_row = lines = 0
     schema = ""
-    with ThreadPoolExecutor(max_workers=max(1, min(len(bounds), threads))) as pool:
-        try:
-            # in order, each as soon as it and the ones before it are done
-            for k, ((offset, end), scanned) in enumerate(
-                zip(bounds, pool.map(lambda b: _scan_batch(path, *b), bounds), strict=True)
-            ):
-                found = _counted(path, k, offset, end, first_row, lines, scanned)
-                if found is None:
-                    return None
-                batch, bad, first_schema = found
-                schema = first_schema or schema
-                batches.append(batch)
-                bad_lines += bad
-                first_row += batch.rows
-                lines += scanned[2]
-                if on_batch is not None:
-                    on_batch(batch, schema)
-        finally:
-            pool.shutdown(cancel_futures=True)  # (a scan that ends early reads no further)
-    if file_version(path) != stamp:
+    with contextlib.closing(_scanned_batches(path, stamp[0], threads)) as scanned_batches:
+        for k, (offset, end, scanned, data) in enumerate(scanned_batches):
+            found = _counted(path, k, offset, end, first_row, lines, scanned, data)
+            if found is None:
+                return None  # (closing the batches reads no further)
+            batch, bad, first_schema = found
+            schema = first_schema or schema
+            batches.append(batch)
+            bad_lines += bad
+            first_row += batch.rows
+            lines += scanned[2]
+            if on_batch is not None:
+                on_batch(batch, schema)
+    if source_version(path) != stamp:
         raise DatasetError(path, "the file changed while it was planned: plan it when it no longer changes")
     return JsonlLayout(
         path=path, size=stamp[0], batches=tuple(batches), schema_b64=schema, bad_lines=tuple(bad_lines)
     )
+
+
+Scanned = tuple[int, int, tuple[str, int, int, bool, bool], bytes | None]
+
+
+def _scanned_batches(path: str, size: int, threads: int) -> Iterator[Scanned]:
+    """Each batch's bounds and scan (and a remote batch's bytes), in order, each as soon as it and the
+    ones before it are scanned: a local file's batches on ``threads`` threads; a remote object's ranges
+    fetched ahead (:func:`_fetched_batches`), then scanned on ``threads`` threads."""
+    if not is_remote(path):
+        bounds = batch_bounds(path)
+        pool = ThreadPoolExecutor(max_workers=max(1, min(len(bounds), threads)))
+        try:
+            scans = pool.map(lambda b: _scan_batch(path, *b), bounds)
+            for (offset, end), scanned in zip(bounds, scans, strict=True):
+                yield offset, end, scanned, None
+        finally:
+            pool.shutdown(cancel_futures=True)
+        return
+    pool = ThreadPoolExecutor(max_workers=max(1, threads))
+    waiting: deque[tuple[int, int, Future[tuple[str, int, int, bool, bool]], bytes]] = deque()
+    try:
+        for offset, end, data in _fetched_batches(path, size):
+            waiting.append((offset, end, pool.submit(_scanned, data, offset), data))
+            while len(waiting) > threads or (waiting and waiting[0][2].done()):
+                first = waiting.popleft()
+                yield first[0], first[1], first[2].result(), first[3]
+        while waiting:
+            first = waiting.popleft()
+            yield first[0], first[1], first[2].result(), first[3]
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+def _fetched_batches(path: str, size: int) -> Iterator[tuple[int, int, bytes]]:
+    """A remote object's batches, in order: bounds as :func:`batch_bounds` finds them, and bytes."""
+    chunks = _fetched_chunks(path, size)
+    try:
+        start, buffer = 0, bytearray()  # the bytes fetched from ``start`` on
+        while start < size:
+            end = size
+            if start + BATCH_BYTES < size:
+                look = BATCH_BYTES  # then the rest of the line, as readline reads it
+                while True:
+                    if len(buffer) > look:
+                        if (newline := buffer.find(b"\n", look)) >= 0:
+                            end = start + newline + 1
+                            break
+                        look = len(buffer)
+                    if start + len(buffer) >= size:
+                        break  # the last line has no newline
+                    buffer += next(chunks)
+            while start + len(buffer) < end:
+                buffer += next(chunks)
+            data = bytes(buffer[: end - start])
+            del buffer[: end - start]
+            yield start, end, data
+            start = end
+    finally:
+        chunks.close()
+
+
+def _fetched_chunks(path: str, size: int) -> Iterator[bytes]:
+    """A remote object's bytes in order, :data:`REMOTE_CHUNK` at a time, fetched by
+    :data:`REMOTE_READERS` threads ahead of the reader (one stream from a store is slow; these many are
+    what a machine's network carries)."""
+    offsets = iter(range(0, size, REMOTE_CHUNK))
+    pool = ThreadPoolExecutor(max_workers=REMOTE_READERS, thread_name_prefix="jsonl-fetch")
+    ahead: deque[Future[bytes]] = deque()
+
+    def fetch(offset: int) -> None:
+        ahead.append(pool.submit(_read, path, offset, min(size, offset + REMOTE_CHUNK)))
+
+    try:
+        for offset in itertools.islice(offsets, REMOTE_READERS):
+            fetch(offset)
+        while ahead:
+            data = ahead.popleft().result()
+            if (offset := next(offsets, None)) is not None:
+                fetch(offset)
+            yield data
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
 def read_batch(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -214,9 +213,12 @@ def _work_dir(run: RunOptions) -> tuple[Path, str | None]:
 
 
 def _local_copy(entry: DatasetEntry, datasets_cache: str) -> str:
-    """The file the plan reads: the entry's own path, or for a ``gs://`` object this machine's copy of it
-    (fetched once per object generation, into the cache ``datasets`` would read it from); a compressed
-    JSON Lines file, decompressed to a copy there (once per version of it)."""
+    """The file the plan reads: the entry's own path; a ``gs://`` JSON Lines object's pinned generation
+    (:func:`sftmix.jsonl.pin`); for another ``gs://`` object, this machine's copy of it (fetched once
+    per object generation, into the cache ``datasets`` would read it from); a compressed JSON Lines
+    file, decompressed to a copy there (once per version of it)."""
+    if jsonl.reads_remote(entry.path, entry.split):
+        return jsonl.pin(entry.path)  # read in place, by byte range
     whole = is_remote(entry.path) and local_builder(entry.path) is not None and entry.split.strip() == "train"
     path = localize(entry.path, datasets_cache) if whole else entry.path
     return decompressed_copy(path, datasets_cache) if jsonl.reads_decompressed(path, entry.split) else path
@@ -256,14 +258,12 @@ def _read_by_us(entry: DatasetEntry) -> bool:
     """Whether the plan reads the dataset's local file itself (by batch or row group), not through
     ``datasets`` (whose file the plan hashes ahead)."""
     path, split = entry.path, entry.split
-    return jsonl.applies(path, split) or jsonl.reads_decompressed(path, split) or parquet.applies(path, split)
-
-
-def _size_of(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0  # (the scan that follows says what is wrong with the file)
+    return (
+        jsonl.applies(path, split)
+        or jsonl.reads_decompressed(path, split)
+        or jsonl.reads_remote(path, split)
+        or parquet.applies(path, split)
+    )
 
 
 def batches_per_slice(slice_bytes: int) -> int:
@@ -317,6 +317,9 @@ class _Opened:
     # Parquet: its row groups counted from the footers, and its slices' rows, cut as they are hashed
     row_groups: parquet.ParquetLayout | None = None
     cuts: list[tuple[int, int, list[int] | None]] = field(default_factory=list)
+    streamed: str | None = (
+        None  # the JSON Lines file (or pinned object) its slices are cut from as it is read
+    )
 
     def counted(self, n_rows: int, target: int, fingerprint: str) -> None:
         """Its plan, once its rows are counted (slices numbered in mixer order later)."""
@@ -388,17 +391,17 @@ def _format_of(entry: DatasetEntry, columns: Any) -> tuple[str, str]:
         raise DatasetError(entry.path, str(exc)) from None
 
 
-def _streams(entry: DatasetEntry, run: RunOptions) -> bool:
-    """Whether the dataset's slices can be cut while its file is read: a JSON Lines file of several batches
-    whose every row is selected whatever their count (a fraction of 1.0 or more). Its slices are its
-    batches (or, with ``slice_rows``, that many rows of a batch), so each is cut once its batch is
-    counted."""
-    return (
-        isinstance(entry.amount, float)
-        and entry.amount >= 1.0
-        and jsonl.applies(entry.path, entry.split)
-        and os.path.getsize(entry.path) > jsonl.BATCH_BYTES
-    )
+def _streamed_path(entry: DatasetEntry) -> str | None:
+    """The file (or pinned ``gs://`` object) whose slices can be cut while it is read: JSON Lines of
+    several batches whose every row is selected whatever their count (a fraction of 1.0 or more). Its
+    slices are its batches (or, with ``slice_rows``, that many rows of a batch), so each is cut once its
+    batch is counted. ``None`` for any other dataset."""
+    if not isinstance(entry.amount, float) or entry.amount < 1.0:
+        return None
+    path = jsonl.pin(entry.path) if jsonl.reads_remote(entry.path, entry.split) else entry.path
+    if jsonl.applies(path, entry.split) and jsonl.size_of(path) > jsonl.BATCH_BYTES:
+        return path
+    return None
 
 
 def _open_streamed(
@@ -406,10 +409,10 @@ def _open_streamed(
 ) -> _Opened | None:
     """A file whose slices are cut while it is read, opened from its first batch; ``None`` for any other
     (or one whose selection, estimated from its first batch, might be refused: it is counted first)."""
-    if not _streams(entry, run):
-        return None
     try:
-        head = jsonl.first_batch(entry.path)
+        if (path := _streamed_path(entry)) is None:
+            return None
+        head = jsonl.first_batch(path)
     except DatasetError as exc:
         raise DatasetError(entry.path, exc.reason) from None
     if head is None:
@@ -418,13 +421,13 @@ def _open_streamed(
     columns = jsonl.schema_names(schema_b64)
     if not batch.rows or not columns:
         return None
-    estimate = round(os.path.getsize(entry.path) * batch.rows / max(1, batch.end - batch.offset))
+    estimate = round(jsonl.size_of(path) * batch.rows / max(1, batch.end - batch.offset))
     target = target_rows(entry.amount, estimate)
     if selection_problem(entry.amount, estimate, target, 2 * target, memory) is not None:
         return None  # (near a limit: counted first, so that a refusal comes before any work)
     row_format, messages_key = _format_of(entry, columns)
-    dataset = _Opened(index, entry, row_format=row_format, messages_key=messages_key)
-    source = jsonl.JsonlSource(path=entry.path, schema_b64=schema_b64, batches=[batch])
+    dataset = _Opened(index, entry, row_format=row_format, messages_key=messages_key, streamed=path)
+    source = jsonl.JsonlSource(path=path, schema_b64=schema_b64, batches=[batch])
     first = (0, min(batch.rows, run.slice_rows or batch.rows), None)  # the first slice's rows
     dataset.sampled = cutter.spec(dataset, first, _batch_data(schema_b64, [batch]), 0, jsonl=source)
     return dataset
@@ -659,15 +662,16 @@ def _cut_streamed(
     """A streamed file's slices (whole batches, or ``slice_rows`` rows of one), each numbered and handed
     to ``early`` as soon as its batches are counted; the file is then a dataset like any other (or, found
     not to be JSON Lines pyarrow reads after all, is read whole as :func:`_open_whole` reads it)."""
-    entry = dataset.entry
+    entry, path = dataset.entry, dataset.streamed
+    assert path is not None
     hand_on = _HandOn(dataset, slices, ctx, early)
     made = hand_on.made
 
-    per_slice = batches_per_slice(slice_bytes_for(run, _size_of(entry.path)))
+    per_slice = batches_per_slice(slice_bytes_for(run, jsonl.size_of(path)))
     waiting: list[jsonl.JsonlBatch] = []  # counted batches of the next slice
 
     def cut(batches: list[jsonl.JsonlBatch], schema_b64: str) -> None:
-        source = jsonl.JsonlSource(path=entry.path, schema_b64=schema_b64, batches=batches)
+        source = jsonl.JsonlSource(path=path, schema_b64=schema_b64, batches=batches)
         data = _batch_data(schema_b64, batches)
         lo, hi = batches[0].first_row, batches[-1].first_row + batches[-1].rows
         nbytes, per = batches[-1].end - batches[0].offset, run.slice_rows or hi - lo
@@ -685,7 +689,7 @@ def _cut_streamed(
             waiting.clear()
 
     try:
-        layout = jsonl.scan(entry.path, counted, hand_on.reading_threads())
+        layout = jsonl.scan(path, counted, hand_on.reading_threads())
     except DatasetError as exc:
         raise DatasetError(entry.path, exc.reason) from None
     if layout is not None and waiting:  # the file's last batches
@@ -735,7 +739,7 @@ def prepare_plan(mixer: MixerConfig, run: RunOptions) -> None:
     def open_datasets() -> None:
         try:
             for entry in mixer.datasets:
-                if _streams(entry, run):
+                if _streamed_path(entry) is not None:
                     continue  # read by the plan itself, its slices starting as it goes
                 if _jsonl_layout(entry, datasets_cache) is not None:
                     continue

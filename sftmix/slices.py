@@ -54,6 +54,7 @@ from .storage import (
     atomic_write_bytes,
     atomic_write_with,
     download_file,
+    is_remote,
     join_url,
     open_npy,
     read_npy_of,
@@ -622,7 +623,7 @@ def on_this_machine(ctx: TokenizeContext, spec: SliceSpec) -> tuple[TokenizeCont
     # datasets opens the dataset here. Files it has are read as planned (their checksums must agree).
     if spec.parquet is not None and not all(os.path.isfile(f.path) for f in spec.parquet.footers):
         update["parquet"] = None
-    if spec.jsonl is not None and not os.path.isfile(spec.jsonl.path):
+    if spec.jsonl is not None and not is_remote(spec.jsonl.path) and not os.path.isfile(spec.jsonl.path):
         update["jsonl"] = None
     return here, spec.model_copy(update=update)
 

@@ -399,10 +399,10 @@ def localize(path: str, cache_dir: str) -> str:
         return path
     if local_builder(path) is None:
         raise DatasetError(path, f"a remote dataset must be a file: {READABLE}")
-    info = _object_info(path)
+    info = object_info(path)
     if info.get("type") == "directory":
         raise DatasetError(path, "is a prefix, not an object; name the file")
-    tag = hashlib.sha256(f"{path}|{info.get('size')}|{_object_version(info)}".encode()).hexdigest()[:24]
+    tag = hashlib.sha256(f"{path}|{info.get('size')}|{object_version(info)}".encode()).hexdigest()[:24]
     local = os.path.join(cache_dir, "remote-files", tag, path.rsplit("/", 1)[-1])
     if not os.path.isfile(local):
         fetch_version(path, info, local)
@@ -417,8 +417,8 @@ def fetch_version(path: str, info: dict[str, Any], local: str) -> None:
     remove_abandoned_temps(Path(local).parent)  # a run killed while it fetched this version
 
     def same_version(fetched: Path) -> None:
-        now = _object_info(path, fresh=True)
-        if _object_version(now) != _object_version(info) or fetched.stat().st_size != info.get("size"):
+        now = object_info(path, fresh=True)
+        if object_version(now) != object_version(info) or fetched.stat().st_size != info.get("size"):
             raise DatasetError(path, _CHANGED_WHILE_FETCHED)
 
     try:
@@ -434,7 +434,7 @@ def fetch_version(path: str, info: dict[str, Any], local: str) -> None:
 _CHANGED_WHILE_FETCHED = "the object changed while it was fetched: rerun when it no longer changes"
 
 
-def _object_info(path: str, fresh: bool = False) -> dict[str, Any]:
+def object_info(path: str, fresh: bool = False) -> dict[str, Any]:
     """The store's description of object ``path`` (``fresh``: not from fsspec's listing cache)."""
     fs = remote_fs(path)
     if fresh:
@@ -447,7 +447,7 @@ def _object_info(path: str, fresh: bool = False) -> dict[str, Any]:
         raise DatasetError(path, f"cannot reach the object: {type(exc).__name__}: {exc}") from None
 
 
-def _object_version(info: dict[str, Any]) -> Any:
+def object_version(info: dict[str, Any]) -> Any:
     return info.get("generation") or info.get("etag") or info.get("md5Hash") or info.get("mtime")
 
 

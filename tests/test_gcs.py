@@ -140,9 +140,10 @@ def test_sources_work_dir_results_and_output_on_gcs(gcs, prefect_api, tmp_path, 
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
-def test_an_object_is_read_by_batch_or_row_group_from_this_machines_copy(gcs, prefect_api, tmp_path, suffix):
-    """A gs:// JSON Lines or Parquet object is fetched once and read as a local file is (never converted
-    whole): the demo's bytes. A worker on a machine whose cache lacks the copy opens the object itself."""
+def test_an_object_is_read_by_batch_or_row_group_not_converted_whole(gcs, prefect_api, tmp_path, suffix):
+    """A gs:// JSON Lines object is read by batch in place, by byte range; a Parquet object is fetched
+    once and read by row group from this machine's copy: the demo's bytes either way. A worker on a
+    machine whose cache lacks the Parquet copy opens the object itself."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -161,20 +162,65 @@ def test_an_object_is_read_by_batch_or_row_group_from_this_machines_copy(gcs, pr
     prefix = "parquet-row-groups:" if suffix == ".parquet" else "jsonl-batches:"
     assert plan.datasets[0].fingerprint.startswith(prefix)
     first = plan.slices[plan.datasets[0].slices[0]]
-    assert (first.parquet if suffix == ".parquet" else first.jsonl) is not None
     elsewhere = plan.context.model_copy(update={"remote_work_dir": f"gs://work/{uuid.uuid4().hex[:8]}"})
-    copy = Path(first.parquet.footers[0].path if first.parquet else first.jsonl.path)  # type: ignore[union-attr]
-    assert copy.is_relative_to(tmp_path / "work") and on_this_machine(elsewhere, first)[
-        1
-    ] == first.model_copy(
-        update={"arrow_files": None}
-    )  # a machine holding the same copy reads it (its checksums are the plan's)
-    copy.rename(copy.with_name("away"))
-    _, there = on_this_machine(elsewhere, first)
-    assert there.jsonl is None and there.parquet is None  # one without it opens the object itself
-    copy.with_name("away").rename(copy)
+    if suffix == ".jsonl":
+        assert first.jsonl is not None and first.jsonl.path == f"{general}#{gcs.info(general)['generation']}"
+        assert on_this_machine(elsewhere, first)[1].jsonl == first.jsonl  # read in place anywhere
+    else:
+        assert first.parquet is not None
+        copy = Path(first.parquet.footers[0].path)
+        assert copy.is_relative_to(tmp_path / "work") and on_this_machine(elsewhere, first)[
+            1
+        ] == first.model_copy(
+            update={"arrow_files": None}
+        )  # a machine holding the same copy reads it (its checksums are the plan's)
+        copy.rename(copy.with_name("away"))
+        _, there = on_this_machine(elsewhere, first)
+        assert there.jsonl is None and there.parquet is None  # one without it opens the object itself
+        copy.with_name("away").rename(copy)
     result = tokenize_mixer(mixer=mixer, run=run)
     assert parts(result["digests"]) == parts(DEMO_DIGESTS)
+
+
+def test_a_large_jsonl_object_is_read_in_place_by_byte_range_while_it_is_planned(gcs, prefect_api, tmp_path):
+    """A gs:// JSON Lines object is not fetched whole before its first slice (minutes at 100 GB): the plan
+    pins its generation, reads its ranges on many threads and cuts each slice as its batches are
+    counted; a slice reads its own ranges. The batches and the output are the local file's; an object
+    replaced after the plan is one clear error where it is read, never rows of two versions."""
+    from sftmix import jsonl
+    from sftmix.digest import compare
+    from tests.test_head_start import _mixer, arithmetic
+
+    local = tmp_path / "large.jsonl"
+    with open(local, "w", encoding="utf-8") as fh:
+        for k, row in enumerate(arithmetic(random.Random(9), 7_600)):
+            fh.write(json.dumps({**row, "id": f"{k:05d}-" + "x" * 3000}) + "\n")
+    assert local.stat().st_size > 2 * jsonl.BATCH_BYTES
+    url = f"gs://src/{uuid.uuid4().hex[:8]}/large.jsonl"
+    gcs.put_file(str(local), url)
+    pinned = f"{url}#{gcs.info(url)['generation']}"
+    jsonl._SCANS.clear()
+    mixer, run = _mixer(url, tmp_path / "out"), RunOptions(work_dir=str(tmp_path / "w"), runner="thread")  # type: ignore[arg-type]
+    early: list[str] = []
+    plan = build_plan(mixer, run, lambda spec, ctx: early.append(spec.key))
+    assert early == [s.key for s in plan.slices]  # each handed on as its batches were counted
+    assert {s.jsonl.path for s in plan.slices} == {pinned}  # type: ignore[union-attr]
+    assert not (tmp_path / "w" / "datasets-cache" / "remote-files").exists()  # no copy
+    here = build_plan(_mixer(local, tmp_path / "here"), RunOptions(work_dir=str(tmp_path / "w2")))
+    assert [s.jsonl.batches for s in plan.slices] == [s.jsonl.batches for s in here.slices]  # type: ignore[union-attr]
+    tokenize_mixer(mixer=mixer, run=run)
+    tokenize_mixer(mixer=_mixer(local, tmp_path / "here"), run=RunOptions(work_dir=str(tmp_path / "w2")))
+    result = compare(tmp_path / "out", tmp_path / "here")
+    differ = {i.name for i in result.items if i.status != "OK"}
+    assert differ <= {"dataset_statistics.json", "dataset_statistics.txt"}, result.render()  # (they name it)
+
+    data = local.read_bytes()
+    gcs.pipe_file(url, data.replace(b"xxxx", b"yyyy", 1))  # replaced: the same size, another generation
+    jsonl.release()
+    with pytest.raises(DatasetError, match=r"large.jsonl.*changed since the run was planned"):
+        jsonl.read_rows(plan.slices[0].jsonl, [0])  # type: ignore[arg-type]
+    with pytest.raises(DatasetError, match=r"large.jsonl.*changed while it was planned"):
+        jsonl.scan(pinned)
 
 
 def test_an_object_replaced_while_it_is_fetched_is_refused_not_stored_as_the_old_version(gcs, tmp_path):

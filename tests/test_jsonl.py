@@ -340,3 +340,29 @@ def test_shards_of_a_compressed_file_are_those_of_datasets(prefect_api, tmp_path
     assert ours["slices_total"] > 1
     monkeypatch.setenv("TOKENIZE_MIXER_JSON_READER", "datasets")
     assert convert("datasets")["digests"] == ours["digests"]
+
+
+def test_ranges_fetched_ahead_give_the_batches_the_builder_reads(tmp_path, monkeypatch):
+    """A gs:// object's batches are found in ranges fetched ahead (``_fetched_batches``), not by a seek
+    and readline per batch: the same bounds and bytes as :func:`jsonl.batch_bounds` on random files,
+    with ranges and batches small enough that lines straddle both (run here on local files: the same
+    reads)."""
+    rng = random.Random(41)
+    for trial in range(300):
+        lines = [
+            b"x" * rng.choice([0, 1, 2, rng.randrange(1, 40), rng.randrange(40, 200)])
+            for _ in range(rng.randrange(0, 30))
+        ]
+        data = b"\n".join(lines) + (b"\n" if rng.random() < 0.5 else b"")
+        if not data:
+            continue
+        path = tmp_path / f"t{trial}.jsonl"
+        path.write_bytes(data)
+        monkeypatch.setattr(jsonl, "BATCH_BYTES", rng.randrange(1, 120))
+        monkeypatch.setattr(jsonl, "REMOTE_CHUNK", rng.randrange(1, 70))
+        monkeypatch.setattr(jsonl, "REMOTE_READERS", rng.randrange(1, 5))
+        bounds = jsonl.batch_bounds(str(path))
+        fetched = list(jsonl._fetched_batches(str(path), len(data)))
+        assert [(a, b) for a, b, _ in fetched] == bounds, trial
+        assert [d for _, _, d in fetched] == [data[a:b] for a, b in bounds]
+        assert jsonl._first_batch_end(str(path), len(data)) == bounds[0][1]
