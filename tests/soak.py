@@ -85,6 +85,7 @@ LOCAL_KINDS = (
     "change-input",
     "change-parquet",
     "change-gzip",
+    "change-gcs",
 )
 #: Kinds whose fault is aimed at the tail (the output's assembly, check and publish) or at a rerun of a
 #: published output (found up to date, or `--force`): stops there must leave the published output whole.
@@ -107,6 +108,7 @@ EXPECTED_CODE: dict[str, int | None] = {
     "change-input": 2,  # the file changed while the run read it (or exit 0: before or after it read it)
     "change-parquet": 2,  # the same, the input a Parquet file read by row group
     "change-gzip": 2,  # the same, the input gzipped JSON Lines (decompressed to a copy by the plan)
+    "change-gcs": 2,  # the same, the input a gs:// JSON Lines object read in place (a GCS emulator)
     "cancel": 4,
     "kill-prefect-worker": None,
 }
@@ -119,8 +121,12 @@ PROBLEMS = ("hang", "slow", "code", "stderr", "leftover", "staging", "mixed", "r
 #: Parquet copy: cut to half its bytes, rewritten in place with a row appended, or replaced by a rename
 #: with a copy that differs in one row of its second half. change-gzip's gzipped copy: cut to half its
 #: bytes, a gzip member of one row appended, or replaced by a rename with change-input's edited copy.
+#: change-gcs's object: replaced by change-input's cut, appended or edited copy (an object is only ever
+#: replaced whole: each change is a new generation).
 CHANGES = ("truncate", "append", "replace")
-CHANGE_KINDS = ("change-input", "change-parquet", "change-gzip")
+CHANGE_KINDS = ("change-input", "change-parquet", "change-gzip", "change-gcs")
+#: Where change-gcs's object lies on the soak's GCS emulator.
+GCS_DATA = "gs://soak/chats.jsonl"
 #: Rows a row group of the soak's Parquet copy (8,000 rows: 16 row groups, about 1 MiB each).
 PARQUET_GROUP_ROWS = 500
 #: Half of change-parquet's trials read every row group batch by batch, as only a large one is.
@@ -669,7 +675,7 @@ def said_changed(line: str, data: Path, change: str) -> bool:
     return "changed" in line or cut_short or cut_stream
 
 
-def convert_argv(data: Path, work: Path, out: Path) -> list[str]:
+def convert_argv(data: Path | str, work: Path, out: Path) -> list[str]:
     return [
         str(COMMAND), "convert", "--dataset_mixer_list", str(data), "1.0",
         "--tokenizer_name_or_path", str(ROOT / "examples" / "tokenizer"), "--chat_template_name", "olmo",
@@ -874,6 +880,58 @@ class Stack:
         return runs[0]
 
 
+class Emulator:
+    """A GCS emulator (gcp-storage-emulator, in memory) in a session of its own, for change-gcs: the
+    object its trials change, and the environment that points a command's gcsfs at it."""
+
+    def __init__(self, reaper: Reaper) -> None:
+        port = _free_port()
+        self.proc = reaper.hold(
+            subprocess.Popen(
+                [str(Path(sys.executable).parent / "gcp-storage-emulator"), "start", "--host=127.0.0.1",
+                 f"--port={port}", "--in-memory"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )  # fmt: skip
+        self.session = self.proc.pid
+        self.env = {
+            "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}",
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",  # the emulator has no gRPC control plane
+            "FSSPEC_GS_TOKEN": "anon",
+        }
+        import socket
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("the GCS emulator did not start") from None
+                time.sleep(0.2)
+        from gcsfs.core import GCSFileSystem  # (not the package's default: it asks a gRPC API first)
+
+        self.fs = GCSFileSystem(
+            token="anon", endpoint_url=self.env["STORAGE_EMULATOR_HOST"], skip_instance_cache=True
+        )
+        self.fs.mkdir(GCS_DATA.split("/")[2])
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.session, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 # --------------------------------------------------------------------------------------------------
 # the soak
 
@@ -897,6 +955,7 @@ class Soak:
         self.expected = self.root / "expected"
         self.home = self.root / "prefect-home"
         self.stack: Stack | None = None
+        self.gcs: Emulator | None = None  # for change-gcs
         self.baseline: Baseline | None = None
         self.durations: dict[str, list[float]] = {}
         self._cancelled = ""  # the flow run a cancel trial cancelled
@@ -928,6 +987,9 @@ class Soak:
             check=True,
         )
         self.baseline = self._baseline()
+        if "change-gcs" in self.kinds:  # (after the baseline, which counts every process left as its)
+            self.gcs = Emulator(self.reaper)
+            self.gcs.fs.put_file(str(self.data), GCS_DATA)
         self.setup.update(
             baseline_wall=round(self.baseline.wall, 2),
             output_bytes=self.baseline.output_bytes,
@@ -1006,6 +1068,8 @@ class Soak:
 
     def close(self) -> None:
         try:
+            if self.gcs is not None:
+                self.gcs.stop()
             if self.stack is not None:
                 self.stack.stop()
         finally:
@@ -1081,7 +1145,8 @@ class Soak:
         return rec
 
     def owned(self) -> set[int]:
-        return set(self.stack.sessions) if self.stack is not None else set()
+        owned = set(self.stack.sessions) if self.stack is not None else set()
+        return owned | ({self.gcs.session} if self.gcs is not None else set())
 
     def _env(self, rec: TrialRecord, tmp: Path) -> dict[str, str]:
         if rec.kind == "cancel":
@@ -1090,6 +1155,9 @@ class Soak:
             env = {**self.stack.env, "TMPDIR": str(tmp)}
         else:
             env = local_env(self.home, tmp)
+        if rec.kind == "change-gcs":
+            assert self.gcs is not None
+            env.update(self.gcs.env)
         if rec.start.startswith("spawned"):
             env["TOKENIZE_MIXER_WORKER_START"] = "spawn"
         if rec.start.endswith(TAIL_IN_PROCESSES):
@@ -1389,9 +1457,11 @@ class Soak:
         data file, JSON Lines or its Parquet copy, is changed and restored: its path is in the output's
         statistics. Trials run one at a time.)"""
         assert self.baseline is not None
-        data = {"change-parquet": self.parquet, "change-gzip": self.gzipped}.get(rec.kind, self.data)
-        original = tdir / f"original{data.suffix}"
-        shutil.copyfile(data, original)
+        data: Path | str = {
+            "change-parquet": self.parquet, "change-gzip": self.gzipped, "change-gcs": GCS_DATA
+        }.get(rec.kind, self.data)  # fmt: skip
+        original = tdir / f"original{Path(data).suffix}"
+        shutil.copyfile(self.data if data == GCS_DATA else data, original)
         work, out = tdir / "work", tdir / "out"
         argv, env = convert_argv(data, work, out), self._env(rec, tdir / "tmp")
         expected = self.expected if data == self.data else self._version_expected(data, "", env, tdir)
@@ -1403,7 +1473,7 @@ class Soak:
         try:
             cmd = Command(self.reaper, argv, env, tdir)
             if cmd.sleep_until(cmd.started + moment):
-                change_data(change, data, tdir)
+                self._change(change, data, tdir)
                 rec.landed, rec.moment = True, round(time.monotonic() - cmd.started, 3)
             exited = cmd.wait(cmd.started + 3 * self.baseline.wall + HANG_AFTER)
             if not exited:
@@ -1411,7 +1481,7 @@ class Soak:
                 cmd.kill_group()
             self._settle(rec, cmd, "the run")
         finally:
-            shutil.copyfile(original, data)  # restored: the rerun makes the expected output
+            self._restore(original, data)  # restored: the rerun makes the expected output
         rec.code, rec.published = (cmd.code if exited else None), published(out)
         stderr = cmd.err.text()
         if rec.code == 0:
@@ -1426,7 +1496,7 @@ class Soak:
             errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
             if rec.code != 2 or rec.published or not rec.landed:
                 rec.problem("code", f"exit {rec.code}, published {rec.published}, changed {rec.landed}")
-            elif len(errors) != 1 or not said_changed(errors[0], data, change) or "Traceback" in stderr:
+            elif len(errors) != 1 or not said_changed(errors[0], Path(data), change) or "Traceback" in stderr:
                 rec.problem("stderr", f"{len(errors)} 'error: ' line(s), not one saying the file changed")
         if rec.problems:
             rec.detail += f"stderr:\n{stderr[-TAIL:]}\n"
@@ -1435,14 +1505,34 @@ class Soak:
             shutil.rmtree(out)  # (the other version's, or the expected one: made again)
         self._rerun_command(rec, argv, env, work, out, tdir, reuse=False, expected=expected)
 
-    def _version_expected(self, data: Path, change: str, env: dict[str, str], tdir: Path) -> Path:
+    def _change(self, change: str, data: Path | str, tdir: Path) -> None:
+        """One of :data:`CHANGES` to ``data``: a file, or change-gcs's object (replaced by the file's copy
+        as the change leaves it)."""
+        if isinstance(data, Path):
+            change_data(change, data, tdir)
+            return
+        assert self.gcs is not None
+        changed = tdir / "changed.jsonl"
+        shutil.copyfile(self.data, changed)
+        change_data(change, changed, tdir)
+        self.gcs.fs.put_file(str(changed), data)
+
+    def _restore(self, original: Path, data: Path | str) -> None:
+        if isinstance(data, Path):
+            shutil.copyfile(original, data)
+        else:
+            assert self.gcs is not None
+            self.gcs.fs.put_file(str(original), data)
+
+    def _version_expected(self, data: Path | str, change: str, env: dict[str, str], tdir: Path) -> Path:
         """The output of ``data`` as ``change`` leaves it (``""``: unchanged), made once by a plain run."""
-        expected = self.root / f"expected{data.suffix.replace('.', '-')}-{change or 'unchanged'}"
+        name = "gcs" if isinstance(data, str) else Path(data).suffix.replace(".", "-")
+        expected = self.root / f"expected{name}-{change or 'unchanged'}"
         if not expected.exists():
-            original = tdir / f"original{data.suffix}"
+            original = tdir / f"original{Path(data).suffix}"
             try:
                 if change:
-                    change_data(change, data, tdir)
+                    self._change(change, data, tdir)
                 run = subprocess.run(
                     convert_argv(data, tdir / "version-work", expected),
                     env=env,
@@ -1451,7 +1541,7 @@ class Soak:
                     timeout=300,
                 )
             finally:
-                shutil.copyfile(original, data)
+                self._restore(original, data)
             if run.returncode != 0:
                 raise RuntimeError(f"the {change} version's run failed:\n{run.stderr.decode()[-TAIL:]}")
         return expected
