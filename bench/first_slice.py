@@ -4,7 +4,12 @@
     python bench/first_slice.py /tmp/tokenize-mixer-startup/chats-40.parquet            # our reader
     python bench/first_slice.py /tmp/tokenize-mixer-startup/chats-40.parquet --datasets # datasets' conversion
 
+    python bench/first_slice.py chats-40.jsonl --gcs   # the file as a gs:// object (a GCS emulator)
+
 The inputs are bench/startup.py's (`--format parquet` writes the Parquet copy); dolma2, olmo, 4096.
+With ``--gcs`` the file is put on a GCS emulator (gcp-storage-emulator, in memory, on loopback) and the
+command reads the object: the time to its first slice, against the file's size, says whether the plan
+waits for the whole object.
 """
 
 from __future__ import annotations
@@ -28,12 +33,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("data", type=Path)
     ap.add_argument("--datasets", action="store_true", help="read through datasets' Arrow conversion")
+    ap.add_argument("--gcs", action="store_true", help="read the file as a gs:// object of a GCS emulator")
     args = ap.parse_args()
     from tests.tokenizer_fixtures import ensure_dolma2
 
     tokenizer = str(ensure_dolma2())
     reader = "datasets" if args.datasets else ""
     env = {**os.environ, "TOKENIZE_MIXER_PARQUET_READER": reader, "TOKENIZE_MIXER_JSON_READER": reader}
+    data, emulator = str(args.data), None
+    if args.gcs:
+        from tests.soak import Emulator
+
+        emulator = Emulator(None)
+        data = f"gs://soak/{args.data.name}"
+        emulator.fs.put_file(str(args.data), data)
+        env.update(emulator.env)
     subprocess.run(["sync"], check=False)
     cold = False
     with contextlib.suppress(OSError), open("/proc/sys/vm/drop_caches", "w") as fh:
@@ -41,7 +55,7 @@ def main() -> None:
         cold = True
     with tempfile.TemporaryDirectory(prefix="first-slice-") as scratch:
         argv = [
-            str(ROOT / ".venv" / "bin" / "tokenize-mixer"), "convert", "--dataset_mixer_list", str(args.data),
+            str(ROOT / ".venv" / "bin" / "tokenize-mixer"), "convert", "--dataset_mixer_list", data,
             "1.0", "--tokenizer_name_or_path", tokenizer, "--chat_template_name", "olmo",
             "--max_seq_length", "4096", "--work_dir", f"{scratch}/work", "--output_dir", f"{scratch}/out",
         ]  # fmt: skip
@@ -58,11 +72,9 @@ def main() -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGINT)
         proc.wait(120)
-    print(
-        json.dumps(
-            {"data": str(args.data), "reader": reader or "ours", "cold": cold, "first_slice_done_s": first}
-        )
-    )
+    if emulator is not None:
+        emulator.stop()
+    print(json.dumps({"data": data, "reader": reader or "ours", "cold": cold, "first_slice_done_s": first}))
 
 
 if __name__ == "__main__":

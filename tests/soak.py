@@ -884,9 +884,9 @@ class Emulator:
     """A GCS emulator (gcp-storage-emulator, in memory) in a session of its own, for change-gcs: the
     object its trials change, and the environment that points a command's gcsfs at it."""
 
-    def __init__(self, reaper: Reaper) -> None:
+    def __init__(self, reaper: Reaper | None) -> None:
         port = _free_port()
-        self.proc = reaper.hold(
+        self.proc = (reaper.hold if reaper is not None else _held)(
             subprocess.Popen(
                 [str(Path(sys.executable).parent / "gcp-storage-emulator"), "start", "--host=127.0.0.1",
                  f"--port={port}", "--in-memory"],
@@ -922,6 +922,10 @@ class Emulator:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.session, signal.SIGKILL)
         self.proc.wait(10)
+
+
+def _held(proc: subprocess.Popen[Any]) -> subprocess.Popen[Any]:
+    return proc
 
 
 def _free_port() -> int:
