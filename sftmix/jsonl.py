@@ -19,8 +19,7 @@ So rows are the same Python objects ``datasets`` gives (``tests/test_jsonl.py`` 
 several batches), and a slice's key follows from the bytes of the batches it reads.
 
 A ``gs://`` object is read the same way, in byte ranges, without a copy first: the plan pins the
-generation the object has when it is planned (:func:`pin`: ``url#generation``, as gsutil names a version),
-reads its ranges on many threads and counts the batches in order as they arrive; each slice reads its own
+generation the object has when it is planned (:mod:`sftmix.pinned`), reads its ranges on many threads and counts the batches in order as they arrive; each slice reads its own
 batches' ranges of that generation. Anything else (a JSON array, a compressed file, a sliced split, a
 first batch pyarrow cannot parse) goes through ``datasets`` as before (:mod:`sftmix.sources`).
 """
@@ -47,27 +46,19 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from . import settings
+from . import pinned, settings
 from .errors import BadLineError, DatasetError
 from .features import features_schema
 from .parallel import available_cpus
-from .sources import (
-    _valid_utf8,
-    compression_of,
-    local_builder,
-    object_info,
-    object_version,
-    runs_in_parts,
-    table_rows,
-)
-from .storage import file_version, is_remote, remote_fs
+from .sources import _valid_utf8, compression_of, local_builder, runs_in_parts, table_rows
+from .storage import is_remote
 
 #: ``datasets``' JsonConfig.chunksize: the batch the builder reads before finishing the line.
 BATCH_BYTES = 10 << 20
 FINGERPRINT_PREFIX = "jsonl-batches:"
 #: A ``gs://`` object is read in ranges of this many bytes, by this many threads ahead of the plan's scan.
-REMOTE_CHUNK = 8 << 20
-REMOTE_READERS = 16
+REMOTE_CHUNK = pinned.RANGE_BYTES
+REMOTE_READERS = pinned.READERS
 #: Set to ``datasets`` to load every JSON file through ``datasets`` as before (to compare, or should
 #: reading by batch ever misbehave).
 READER_ENV = settings.JSON_READER.name
@@ -148,15 +139,16 @@ class JsonlLayout:
 
 def applies(path: str, split: str) -> bool:
     """Whether ``path`` is a file this module reads: an uncompressed JSON file of the 'train' split (local,
-    or a ``gs://`` object :func:`pin` pinned), whose first byte (after a BOM) does not open a JSON array."""
+    or a pinned ``gs://`` object: :mod:`sftmix.pinned`), whose first byte (after a BOM) does not open a
+    JSON array."""
     if settings.JSON_READER.get() == "datasets":
         return False
-    url = _unpinned(path)[0]
+    url = pinned.unpinned(path)[0]
     if local_builder(url) != "json" or compression_of(url) is not None or split.strip() != "train":
         return False
     if not is_remote(path) and not os.path.isfile(path):
         return False
-    size = size_of(path)
+    size = pinned.size_of(path)
     if size == 0:
         return False
     head = _read(path, 0, min(size, len(codecs.BOM_UTF8) + 1))
@@ -173,46 +165,6 @@ def reads_remote(path: str, split: str) -> bool:
         and compression_of(path) is None
         and split.strip() == "train"
     )
-
-
-def pin(path: str) -> str:
-    """A remote object's path with the generation it has now (``url#generation``): the plan and every
-    slice read that version, so an object replaced meanwhile is an error, never rows of two versions.
-    A local path, or an object whose store keeps no generations, comes back as it is."""
-    if not is_remote(path):
-        return path
-    generation = object_info(path, fresh=True).get("generation")
-    return f"{path}#{generation}" if generation else path
-
-
-def _unpinned(path: str) -> tuple[str, str | None]:
-    """A pinned object's URL and generation; any other path and ``None``."""
-    if is_remote(path):
-        url, mark, generation = path.rpartition("#")
-        if mark and generation.isdigit():
-            return url, generation
-    return path, None
-
-
-def size_of(path: str) -> int:
-    """The file's (or pinned object's) size in bytes; 0 when it cannot be read (the read says why)."""
-    try:
-        return source_version(path)[0]
-    except (OSError, DatasetError):
-        return 0
-
-
-def source_version(path: str) -> tuple[Any, ...]:
-    """What tells this version of the file from another: a local file's size, mtime and inode; an
-    object's size and generation (or etag), asked of the store now. A pinned object that is no longer
-    that generation is refused."""
-    if not is_remote(path):
-        return file_version(path)
-    url, generation = _unpinned(path)
-    info = object_info(url, fresh=True)
-    if generation is not None and str(info.get("generation")) != generation:
-        raise DatasetError(url, "the object changed while it was planned: plan it when it no longer changes")
-    return int(info.get("size") or 0), object_version(info)
 
 
 def reads_decompressed(path: str, split: str) -> bool:
@@ -247,7 +199,7 @@ def _batch_end(fh: Any, start: int, size: int) -> int:
 
 def _read(path: str, offset: int, end: int) -> bytes:
     if is_remote(path):
-        data = _read_remote(path, offset, end)
+        data = pinned.read_remote(path, offset, end, _changed(offset, end))
     else:
         with open(path, "rb") as fh:
             fh.seek(offset)
@@ -255,21 +207,6 @@ def _read(path: str, offset: int, end: int) -> bytes:
     if len(data) != end - offset:
         raise DatasetError(path, _changed(offset, end))
     return data
-
-
-def _read_remote(path: str, offset: int, end: int) -> bytes:
-    """Bytes ``[offset, end)`` of a remote object, of its pinned generation where it has one."""
-    if end <= offset:
-        return b""
-    url, generation = _unpinned(path)
-    try:
-        return remote_fs(url).cat_file(
-            url, start=offset, end=end, **({"generation": generation} if generation else {})
-        )
-    except FileNotFoundError:  # its pinned generation is gone: replaced or deleted
-        raise DatasetError(path, _changed(offset, end)) from None
-    except Exception as exc:
-        raise DatasetError(path, f"cannot read bytes {offset}-{end}: {type(exc).__name__}: {exc}") from None
 
 
 def _changed(offset: int, end: int) -> str:
@@ -362,7 +299,7 @@ def scan(path: str, on_batch: BatchListener | None = None, threads: int | None =
     the plan cuts and starts slices while the rest of a large file is still being read. ``threads``:
     how many read it (default: one per CPU), fewer where slices already use the cores. A file scanned
     before (the same size, mtime and inode) is not read again: its batches are told at once."""
-    version = source_version(path)
+    version = pinned.version(path)
     stamp = (path, *version)
     with _SCANS_LOCK:
         found = stamp in _SCANS
@@ -384,7 +321,7 @@ def first_batch(path: str) -> tuple[JsonlBatch, str] | None:
     """The file's first batch and the features' schema (serialized), from that batch alone: what the
     plan needs of a file before its slices can be cut (its columns, the rows it samples). ``None`` as
     for :func:`scan`."""
-    end = _first_batch_end(path, size_of(path))
+    end = _first_batch_end(path, pinned.size_of(path))
     data = _read(path, 0, end)
     found = _counted(path, 0, 0, end, 0, 0, _scanned(data, 0), data)
     if found is None or found[2] is None:
@@ -442,8 +379,8 @@ def _counted(
 def _scan(
     path: str, stamp: tuple[Any, ...], on_batch: BatchListener | None, threads: int
 ) -> JsonlLayout | None:
-    """``stamp``: the file's :func:`source_version` before the read; a file that has another after it
-    (rewritten, grown, truncated, replaced by a rename) was read as no one version of it."""
+    """``stamp``: the file's :func:`sftmix.pinned.version` before the read; a file with another version
+    after it (rewritten, grown, truncated, replaced by a rename) was read as no one version of it."""
     batches: list[JsonlBatch] = []
     bad_lines: list[BadLine] = []
     first_row = lines = 0
@@ -461,7 +398,7 @@ def _scan(
             lines += scanned[2]
             if on_batch is not None:
                 on_batch(batch, schema)
-    if source_version(path) != stamp:
+    if pinned.version(path) != stamp:
         raise DatasetError(path, "the file changed while it was planned: plan it when it no longer changes")
     return JsonlLayout(
         path=path, size=stamp[0], batches=tuple(batches), schema_b64=schema, bad_lines=tuple(bad_lines)
@@ -487,16 +424,17 @@ def _scanned_batches(path: str, size: int, threads: int) -> Iterator[Scanned]:
         return
     pool = ThreadPoolExecutor(max_workers=max(1, threads))
     waiting: deque[tuple[int, int, Future[tuple[str, int, int, bool, bool]], bytes]] = deque()
+    fetched = _fetched_batches(path, size)
     try:
-        for offset, end, data in _fetched_batches(path, size):
-            waiting.append((offset, end, pool.submit(_scanned, data, offset), data))
-            while len(waiting) > threads or (waiting and waiting[0][2].done()):
-                first = waiting.popleft()
-                yield first[0], first[1], first[2].result(), first[3]
-        while waiting:
-            first = waiting.popleft()
-            yield first[0], first[1], first[2].result(), first[3]
+        for batch in itertools.chain(fetched, [None]):  # None: the end, every scan still waiting is due
+            if batch is not None:
+                offset, end, data = batch
+                waiting.append((offset, end, pool.submit(_scanned, data, offset), data))
+            while waiting and (batch is None or len(waiting) > threads or waiting[0][2].done()):
+                offset, end, scan, data = waiting.popleft()
+                yield offset, end, scan.result(), data
     finally:
+        fetched.close()
         pool.shutdown(cancel_futures=True)
 
 

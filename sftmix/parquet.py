@@ -46,12 +46,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from . import settings
+from . import pinned, settings
 from .errors import ConfigError, DatasetError
 from .features import decodes, features_schema
 from .parallel import available_cpus
 from .sources import local_builder, runs_in_parts, table_rows
-from .storage import file_version, is_remote
+from .storage import is_remote
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class ParquetLayout:
     file_schema_sha256: str  # the files' own Arrow schema: with a row group's bytes, what decodes them
     schema_b64: str  # the features' Arrow schema (with datasets' metadata), serialized
     row_groups: tuple[RowGroup, ...]
-    stamps: tuple[tuple[str, int, int, int], ...] = ()  # each file's path, size, mtime and inode, as counted
+    stamps: tuple[tuple[Any, ...], ...] = ()  # each file's path and version (:func:`sftmix.pinned.version`)
 
     @cached_property
     def first_rows(self) -> list[int]:
@@ -163,12 +163,21 @@ def disabled() -> bool:
 
 
 def applies(path: str, split: str) -> bool:
-    """Whether ``path`` is a file this module reads: a local Parquet file of the whole 'train' split."""
-    if disabled():
+    """Whether ``path`` is a file this module reads: a Parquet file of the whole 'train' split, local or
+    a pinned ``gs://`` object (:mod:`sftmix.pinned`)."""
+    if disabled() or local_builder(pinned.unpinned(path)[0]) != "parquet" or split.strip() != "train":
         return False
-    if is_remote(path) or local_builder(path) != "parquet" or split.strip() != "train":
+    if not is_remote(path) and not os.path.isfile(path):
         return False
-    return os.path.isfile(path) and os.path.getsize(path) > 2 * len(MAGIC)
+    return pinned.size_of(path) > 2 * len(MAGIC)
+
+
+def reads_remote(path: str, split: str) -> bool:
+    """Whether ``path`` is a ``gs://`` Parquet object this module may read in place, by range
+    (:func:`applies` tells, once it is pinned)."""
+    return (
+        not disabled() and is_remote(path) and local_builder(path) == "parquet" and split.strip() == "train"
+    )
 
 
 def _changed(what: str) -> str:
@@ -231,21 +240,52 @@ class _Checked(_Served):
         raise OSError(f"bytes {pos}-{pos + n} are outside the row groups the plan checked")
 
 
-def _footer_bounds(fh: Any, size: int) -> int:
+class _Ranges:
+    """A file's bytes by range: a local file through one descriptor; a pinned ``gs://`` object from its
+    store, that generation only, each range one request (the object is never fetched whole)."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self._fd = path, None
+        if not is_remote(path):
+            try:
+                self._fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise DatasetError(path, _changed("the file, now missing,")) from None
+        # a request to a store costs tens of ms: fewer, larger ones, and a column chunk read ahead
+        self.block = _READ_BLOCK if self._fd is not None else pinned.RANGE_BYTES
+        self.ahead = 0 if self._fd is not None else pinned.RANGE_BYTES
+
+    def read(self, offset: int, n: int) -> bytes:
+        """Bytes ``[offset, offset + n)``; fewer where the file ends first (the caller counts them)."""
+        if self._fd is not None:
+            return os.pread(self._fd, n, offset)
+        return pinned.read_remote(self.path, offset, offset + n, _changed(f"bytes {offset}-{offset + n}"))
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> _Ranges:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _footer_bounds(ranges: _Ranges, size: int) -> int:
     """Where the footer (its metadata, length and marker) begins; a file without the markers is refused."""
-    fh.seek(0)
-    head = fh.read(len(MAGIC))
-    fh.seek(size - 8)
-    tail = fh.read(8)
+    head = ranges.read(0, len(MAGIC))
+    tail = ranges.read(size - 8, 8)
     if head != MAGIC or tail[4:] != MAGIC:
         raise DatasetError(
-            fh.name,
+            ranges.path,
             "not a whole Parquet file (it does not begin and end with the marker PAR1): "
             "a file still being written, cut short, or not Parquet",
         )
     length = int.from_bytes(tail[:4], "little")
     if length <= 0 or length > size - 12:
-        raise DatasetError(fh.name, f"not a whole Parquet file (its footer claims {length} bytes)")
+        raise DatasetError(ranges.path, f"not a whole Parquet file (its footer claims {length} bytes)")
     return size - 8 - length
 
 
@@ -285,11 +325,11 @@ def _record_sha256(record: Any, offset: int) -> str:
     return hashlib.sha256(json.dumps(found, sort_keys=True, default=str).encode("utf-8")).hexdigest()
 
 
-def _blocks(fd: int, start: int, end: int) -> Iterator[bytes]:
-    """Bytes ``[start, end)`` of ``fd`` in blocks of at most :data:`_READ_BLOCK`; fewer where the file
-    ends first (the caller counts them)."""
+def _blocks(ranges: _Ranges, start: int, end: int) -> Iterator[bytes]:
+    """Bytes ``[start, end)`` of the file in blocks; fewer where the file ends first (the caller counts
+    them)."""
     while start < end:
-        block = os.pread(fd, min(_READ_BLOCK, end - start), start)
+        block = ranges.read(start, min(ranges.block, end - start))
         if not block:
             return
         yield block
@@ -298,8 +338,8 @@ def _blocks(fd: int, start: int, end: int) -> Iterator[bytes]:
 
 def _sha256_range(path: str, offset: int, end: int) -> str:
     h, read = hashlib.sha256(), 0
-    with open(path, "rb") as fh:
-        for block in _blocks(fh.fileno(), offset, end):
+    with _Ranges(path) as ranges:
+        for block in _blocks(ranges, offset, end):
             h.update(block)
             read += len(block)
     if read != end - offset:
@@ -335,14 +375,14 @@ def counted(paths: list[str], declared: Any = None) -> ParquetLayout | None:
     stamps, footers, bounds, schemas, first_row = [], [], [], [], 0
     for path in paths:
         try:
-            st = os.stat(path)
-            offset, footer, meta = _read_footer(path, st.st_size)
+            version = pinned.version(path)
+            offset, footer, meta = _read_footer(path, version[0])
         except OSError as exc:
             raise DatasetError(path, f"cannot be read: {type(exc).__name__}: {exc}") from None
-        stamps.append((path, st.st_size, st.st_mtime_ns, st.st_ino))
+        stamps.append((path, *version))
         footers.append(
             ParquetFooter(
-                path=path, size=st.st_size, offset=offset, sha256=hashlib.sha256(footer).hexdigest()
+                path=path, size=version[0], offset=offset, sha256=hashlib.sha256(footer).hexdigest()
             )
         )
         schemas.append(meta.schema.to_arrow_schema())
@@ -407,10 +447,13 @@ def hashed(
 
 
 def _hashed(layout: ParquetLayout, on_group: GroupListener | None, threads: int) -> ParquetLayout | None:
-    """``layout.stamps``: each file's (path, size, mtime, inode) before the read; a file that has another
-    after it (rewritten, grown, truncated, replaced by a rename) was read as no one version of it."""
+    """``layout.stamps``: each file's path and version before the read; a file with another version after
+    it (rewritten, grown, truncated, replaced by a rename) was read as no one version of it. A remote
+    object's row groups are read on as many threads as a network carries, whatever the cores."""
     groups: list[RowGroup] = []
     todo = layout.row_groups
+    if any(is_remote(f.path) for f in layout.footers):
+        threads = max(threads, pinned.READERS)
     with ThreadPoolExecutor(max_workers=max(1, min(len(todo), threads))) as pool:
         try:
             for group, sha in zip(
@@ -424,7 +467,7 @@ def _hashed(layout: ParquetLayout, on_group: GroupListener | None, threads: int)
         finally:
             pool.shutdown(cancel_futures=True)  # (a read that ends early reads no further)
     for path, *stamp in layout.stamps:
-        if file_version(path) != tuple(stamp):
+        if pinned.version(path) != tuple(stamp):
             raise DatasetError(
                 path, "the file changed while it was planned: plan it when it no longer changes"
             )
@@ -450,10 +493,9 @@ def _decodes_alone(layout: ParquetLayout, first: RowGroup) -> bool:
 
 def _read_footer(path: str, size: int) -> tuple[int, bytes, Any]:
     """Where the file's footer begins, its bytes and the metadata they hold."""
-    with open(path, "rb") as fh:
-        offset = _footer_bounds(fh, size)
-        fh.seek(offset)
-        footer = fh.read(size - offset)
+    with _Ranges(path) as ranges:
+        offset = _footer_bounds(ranges, size)
+        footer = _read_at(ranges, offset, size, "its footer")
     try:
         return offset, footer, _metadata(footer)
     except Exception as exc:
@@ -512,11 +554,10 @@ def _schema(schema_b64: str) -> Any:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(schema_b64)))
 
 
-def _read_at(fh: Any, offset: int, end: int, path: str, what: str) -> bytes:
-    fh.seek(offset)
-    data = fh.read(end - offset)
+def _read_at(ranges: _Ranges, offset: int, end: int, what: str) -> bytes:
+    data = ranges.read(offset, end - offset)
     if len(data) != end - offset:
-        raise DatasetError(path, _changed(what))
+        raise DatasetError(ranges.path, _changed(what))
     return data
 
 
@@ -564,15 +605,8 @@ def _where(group: RowGroup) -> str:
     return f"row group {group.index} (rows {group.first_row}-{group.first_row + group.rows - 1})"
 
 
-def _open_file(path: str) -> Any:
-    try:
-        return open(path, "rb")
-    except FileNotFoundError:
-        raise DatasetError(path, _changed("the file, now missing,")) from None
-
-
-def _checked_footer(fh: Any, footer: ParquetFooter) -> bytes:
-    tail = _read_at(fh, footer.offset, footer.size, footer.path, "its footer")
+def _checked_footer(ranges: _Ranges, footer: ParquetFooter) -> bytes:
+    tail = _read_at(ranges, footer.offset, footer.size, "its footer")
     if hashlib.sha256(tail).hexdigest() != footer.sha256:
         raise DatasetError(footer.path, _changed("its footer"))
     return tail
@@ -585,9 +619,9 @@ class _WholeGroup:
         import pyarrow.parquet as pq
 
         path, where = footer.path, _where(group)
-        with _open_file(path) as fh:
-            tail = _checked_footer(fh, footer)
-            data = _read_at(fh, group.offset, group.end, path, where)
+        with _Ranges(path) as ranges:
+            tail = _checked_footer(ranges, footer)
+            data = _read_at(ranges, group.offset, group.end, where)
         if hashlib.sha256(data).hexdigest() != group.sha256:
             raise DatasetError(path, _changed(where))
         checked = _Checked(footer.size, [(footer.offset, tail), (group.offset, data)])
@@ -618,30 +652,30 @@ class _ChunkCursor:
     def __init__(self, start: int, end: int, sha256: str) -> None:
         self.start, self.end, self.sha256 = start, end, sha256
         self._hash = hashlib.sha256()
-        self._held_from, self._held = start, b""  # the last read's bytes: [held_from, frontier)
+        self._held_from, self._held = start, b""  # bytes from the last read's start: [held_from, frontier)
 
     @property
     def frontier(self) -> int:
         return self._held_from + len(self._held)
 
-    def read(self, fd: int, pos: int, n: int) -> bytes:
+    def read(self, ranges: _Ranges, pos: int, n: int) -> bytes:
         end = pos + n
         if pos < self._held_from or end > self.end:
             raise OSError(f"bytes {pos}-{end} are read out of order in the column chunk at {self.start}")
         if end > self.frontier:
-            new = os.pread(fd, end - self.frontier, self.frontier)
-            if len(new) != end - self.frontier:
-                raise OSError(f"the file ends before byte {end}")
+            want = max(end, min(self.end, self.frontier + ranges.ahead)) - self.frontier
+            new = ranges.read(self.frontier, want)
+            if len(new) != want:
+                raise OSError(f"the file ends before byte {self.frontier + want}")
             self._hash.update(new)
-            self._held = self._held + new
-        out = self._held[pos - self._held_from : end - self._held_from]
-        self._held_from, self._held = pos, out
-        return out
+            self._held = (self._held + new)[pos - self._held_from :]  # (what lies behind ``pos`` goes)
+            self._held_from = pos
+        return self._held[pos - self._held_from : end - self._held_from]
 
-    def finish(self, fd: int) -> bool:
+    def finish(self, ranges: _Ranges) -> bool:
         """Whether the chunk, read to its end, is the plan's version."""
         at = self.frontier
-        for block in _blocks(fd, at, self.end):
+        for block in _blocks(ranges, at, self.end):
             self._hash.update(block)
             at += len(block)
         self._held = b""
@@ -652,9 +686,11 @@ class _Streamed(_Served):
     """The file as pyarrow reads one large row group from it: the footer from checked bytes, each column
     chunk through its :class:`_ChunkCursor` (what is decoded is what is hashed)."""
 
-    def __init__(self, fh: Any, size: int, footer: tuple[int, bytes], cursors: list[_ChunkCursor]) -> None:
+    def __init__(
+        self, ranges: _Ranges, size: int, footer: tuple[int, bytes], cursors: list[_ChunkCursor]
+    ) -> None:
         super().__init__(size)
-        self._fh, self._footer = fh, footer
+        self._ranges, self._footer = ranges, footer
         self.cursors = sorted(cursors, key=lambda c: c.start)
         self._starts = [c.start for c in self.cursors]
 
@@ -665,7 +701,7 @@ class _Streamed(_Served):
         i = bisect.bisect_right(self._starts, pos) - 1
         if i < 0 or pos >= self.cursors[i].end:
             raise OSError(f"bytes {pos}-{pos + n} are outside the row group the plan checked")
-        return self.cursors[i].read(self._fh.fileno(), pos, n)
+        return self.cursors[i].read(self._ranges, pos, n)
 
 
 class _StreamedGroup:
@@ -677,11 +713,11 @@ class _StreamedGroup:
 
     def __init__(self, footer: ParquetFooter, schema_b64: str, group: RowGroup) -> None:
         self.footer, self.group, self._target = footer, group, _schema(schema_b64)
-        self._fh: Any = None
+        self._ranges: _Ranges | None = None
         self._begin()
 
     def _begin(self) -> None:
-        self._fh = _open_file(self.footer.path)
+        self._ranges = _Ranges(self.footer.path)
         try:
             self._hash_and_open()
         except BaseException:
@@ -692,12 +728,13 @@ class _StreamedGroup:
         import pyarrow.parquet as pq
 
         path, group = self.footer.path, self.group
-        tail = _checked_footer(self._fh, self.footer)
+        assert self._ranges is not None
+        tail = _checked_footer(self._ranges, self.footer)
         meta = _metadata(tail)
         bounds = sorted(_column_bounds(meta.row_group(group.index)))
         whole, parts = hashlib.sha256(), [hashlib.sha256() for _ in bounds]
         at = group.offset
-        for block in _blocks(self._fh.fileno(), group.offset, group.end):
+        for block in _blocks(self._ranges, group.offset, group.end):
             whole.update(block)
             for (start, end), h in zip(bounds, parts, strict=True):
                 lo, hi = max(start, at), min(end, at + len(block))
@@ -707,7 +744,7 @@ class _StreamedGroup:
         if at != group.end or whole.hexdigest() != group.sha256:
             raise DatasetError(path, _changed(_where(group)))
         cursors = [_ChunkCursor(s, e, h.hexdigest()) for (s, e), h in zip(bounds, parts, strict=True)]
-        self._file = _Streamed(self._fh, self.footer.size, (self.footer.offset, tail), cursors)
+        self._file = _Streamed(self._ranges, self.footer.size, (self.footer.offset, tail), cursors)
         batch_bytes = max(1, min(_STREAM_BATCH_BYTES, streamed_bytes() // 4))  # (a few batches at least)
         batch_rows = max(1, group.rows * batch_bytes // max(group.nbytes, 1))
         self._batches = pq.ParquetFile(
@@ -736,7 +773,7 @@ class _StreamedGroup:
         out: list[dict[str, Any]] = []
         i = 0
         while i < len(local):
-            if self._fh is None or (self._table is not None and local[i] < self._start):
+            if self._ranges is None or (self._table is not None and local[i] < self._start):
                 self.confirm()  # (rows behind the current batch, or after a confirm: a new pass)
                 self._begin()
             while self._table is None or local[i] >= self._start + self._table.num_rows:
@@ -750,18 +787,18 @@ class _StreamedGroup:
 
     def confirm(self) -> None:
         """Raise if what was decoded is not the version the plan read; the file is closed after."""
-        fh, self._fh = self._fh, None
-        if fh is None:
+        ranges, self._ranges = self._ranges, None
+        if ranges is None:
             return
-        with fh:
-            same = all(c.finish(fh.fileno()) for c in self._file.cursors)
+        with ranges:
+            same = all(c.finish(ranges) for c in self._file.cursors)
         if not same:
             raise DatasetError(self.footer.path, _changed(_where(self.group)))
 
     def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        if self._ranges is not None:
+            self._ranges.close()
+            self._ranges = None
 
 
 _OPEN = threading.local()  # .readers: this thread's open row groups, the last read last

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
-from . import jsonl, parquet
+from . import jsonl, parquet, pinned
 from .config import DatasetEntry, MixerConfig, RunOptions, TokenizerSpec, default_work_dir, local_mirror
 from .encoders import same_encodings
 from .errors import ConfigError, DatasetError, TemplateError
@@ -213,12 +213,12 @@ def _work_dir(run: RunOptions) -> tuple[Path, str | None]:
 
 
 def _local_copy(entry: DatasetEntry, datasets_cache: str) -> str:
-    """The file the plan reads: the entry's own path; a ``gs://`` JSON Lines object's pinned generation
-    (:func:`sftmix.jsonl.pin`); for another ``gs://`` object, this machine's copy of it (fetched once
-    per object generation, into the cache ``datasets`` would read it from); a compressed JSON Lines
-    file, decompressed to a copy there (once per version of it)."""
-    if jsonl.reads_remote(entry.path, entry.split):
-        return jsonl.pin(entry.path)  # read in place, by byte range
+    """The file the plan reads: the entry's own path; a ``gs://`` JSON Lines or Parquet object's pinned
+    generation (:func:`sftmix.pinned.pin`); for another ``gs://`` object, this machine's copy of it
+    (fetched once per object generation, into the cache ``datasets`` would read it from); a compressed
+    JSON Lines file, decompressed to a copy there (once per version of it)."""
+    if jsonl.reads_remote(entry.path, entry.split) or parquet.reads_remote(entry.path, entry.split):
+        return pinned.pin(entry.path)  # read in place, by byte range
     whole = is_remote(entry.path) and local_builder(entry.path) is not None and entry.split.strip() == "train"
     path = localize(entry.path, datasets_cache) if whole else entry.path
     return decompressed_copy(path, datasets_cache) if jsonl.reads_decompressed(path, entry.split) else path
@@ -241,10 +241,12 @@ def _jsonl_layout(entry: DatasetEntry, datasets_cache: str) -> jsonl.JsonlLayout
 
 def _parquet_counted(entry: DatasetEntry, datasets_cache: str) -> parquet.ParquetLayout | None:
     """The dataset's row groups, counted from the footers (not yet hashed), when it is Parquet read by
-    row group (:mod:`sftmix.parquet`): a local file or a ``gs://`` object's copy, or the files of a hub
-    dataset (or a directory laid out like one), fetched; else ``None``."""
+    row group (:mod:`sftmix.parquet`): a local file or a ``gs://`` object (read in place), or the files
+    of a hub dataset (or a directory laid out like one), fetched; else ``None``."""
     try:
-        if parquet.applies(path := _local_copy(entry, datasets_cache), entry.split):
+        if local_builder(entry.path) == "parquet" and parquet.applies(
+            path := _local_copy(entry, datasets_cache), entry.split
+        ):
             return parquet.counted([path])
         if local_builder(entry.path) is None and not parquet.disabled():
             found = parquet_data_files(entry.path, entry.split, entry.revision, datasets_cache)
@@ -263,6 +265,7 @@ def _read_by_us(entry: DatasetEntry) -> bool:
         or jsonl.reads_decompressed(path, split)
         or jsonl.reads_remote(path, split)
         or parquet.applies(path, split)
+        or parquet.reads_remote(path, split)
     )
 
 
@@ -398,8 +401,8 @@ def _streamed_path(entry: DatasetEntry) -> str | None:
     batch is counted. ``None`` for any other dataset."""
     if not isinstance(entry.amount, float) or entry.amount < 1.0:
         return None
-    path = jsonl.pin(entry.path) if jsonl.reads_remote(entry.path, entry.split) else entry.path
-    if jsonl.applies(path, entry.split) and jsonl.size_of(path) > jsonl.BATCH_BYTES:
+    path = pinned.pin(entry.path) if jsonl.reads_remote(entry.path, entry.split) else entry.path
+    if jsonl.applies(path, entry.split) and pinned.size_of(path) > jsonl.BATCH_BYTES:
         return path
     return None
 
@@ -421,7 +424,7 @@ def _open_streamed(
     columns = jsonl.schema_names(schema_b64)
     if not batch.rows or not columns:
         return None
-    estimate = round(jsonl.size_of(path) * batch.rows / max(1, batch.end - batch.offset))
+    estimate = round(pinned.size_of(path) * batch.rows / max(1, batch.end - batch.offset))
     target = target_rows(entry.amount, estimate)
     if selection_problem(entry.amount, estimate, target, 2 * target, memory) is not None:
         return None  # (near a limit: counted first, so that a refusal comes before any work)
@@ -667,7 +670,7 @@ def _cut_streamed(
     hand_on = _HandOn(dataset, slices, ctx, early)
     made = hand_on.made
 
-    per_slice = batches_per_slice(slice_bytes_for(run, jsonl.size_of(path)))
+    per_slice = batches_per_slice(slice_bytes_for(run, pinned.size_of(path)))
     waiting: list[jsonl.JsonlBatch] = []  # counted batches of the next slice
 
     def cut(batches: list[jsonl.JsonlBatch], schema_b64: str) -> None:

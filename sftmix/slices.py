@@ -619,9 +619,11 @@ def on_this_machine(ctx: TokenizeContext, spec: SliceSpec) -> tuple[TokenizeCont
     if here is ctx:
         return ctx, spec
     update: dict[str, Any] = {"arrow_files": None}
-    # Files the planner read that this machine lacks (its copies of a hub dataset or a gs:// object):
-    # datasets opens the dataset here. Files it has are read as planned (their checksums must agree).
-    if spec.parquet is not None and not all(os.path.isfile(f.path) for f in spec.parquet.footers):
+    # Files the planner read that this machine lacks (its copies of a hub dataset's files): datasets
+    # opens the dataset here. Files it has, and gs:// objects, are read as planned (checksums agree).
+    if spec.parquet is not None and not all(
+        is_remote(f.path) or os.path.isfile(f.path) for f in spec.parquet.footers
+    ):
         update["parquet"] = None
     if spec.jsonl is not None and not is_remote(spec.jsonl.path) and not os.path.isfile(spec.jsonl.path):
         update["jsonl"] = None

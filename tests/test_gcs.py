@@ -141,9 +141,9 @@ def test_sources_work_dir_results_and_output_on_gcs(gcs, prefect_api, tmp_path, 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
 def test_an_object_is_read_by_batch_or_row_group_not_converted_whole(gcs, prefect_api, tmp_path, suffix):
-    """A gs:// JSON Lines object is read by batch in place, by byte range; a Parquet object is fetched
-    once and read by row group from this machine's copy: the demo's bytes either way. A worker on a
-    machine whose cache lacks the Parquet copy opens the object itself."""
+    """A gs:// JSON Lines object is read by batch, and a Parquet object by row group, in place, by byte
+    range of the generation the plan pinned: no copy, the demo's bytes either way, and a worker on
+    another machine reads the same ranges."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -156,6 +156,7 @@ def test_an_object_is_read_by_batch_or_row_group_not_converted_whole(gcs, prefec
         gcs.put_file(str(tmp_path / "general.parquet"), general)
     else:
         gcs.put_file(str(EXAMPLES / "data" / "general.jsonl"), general)
+    pinned = f"{general}#{gcs.info(general)['generation']}"
     mixer = demo_mixer(general, str(tmp_path / "out"))
     run = RunOptions(work_dir=str(tmp_path / "work"), runner="thread")
     plan = build_plan(mixer, run)
@@ -164,20 +165,13 @@ def test_an_object_is_read_by_batch_or_row_group_not_converted_whole(gcs, prefec
     first = plan.slices[plan.datasets[0].slices[0]]
     elsewhere = plan.context.model_copy(update={"remote_work_dir": f"gs://work/{uuid.uuid4().hex[:8]}"})
     if suffix == ".jsonl":
-        assert first.jsonl is not None and first.jsonl.path == f"{general}#{gcs.info(general)['generation']}"
+        assert first.jsonl is not None and first.jsonl.path == pinned
         assert on_this_machine(elsewhere, first)[1].jsonl == first.jsonl  # read in place anywhere
     else:
-        assert first.parquet is not None
-        copy = Path(first.parquet.footers[0].path)
-        assert copy.is_relative_to(tmp_path / "work") and on_this_machine(elsewhere, first)[
-            1
-        ] == first.model_copy(
-            update={"arrow_files": None}
-        )  # a machine holding the same copy reads it (its checksums are the plan's)
-        copy.rename(copy.with_name("away"))
-        _, there = on_this_machine(elsewhere, first)
-        assert there.jsonl is None and there.parquet is None  # one without it opens the object itself
-        copy.with_name("away").rename(copy)
+        assert first.parquet is not None and {f.path for f in first.parquet.footers} == {pinned}
+        assert {g.path for s in plan.slices if s.parquet for g in s.parquet.row_groups} == {pinned}
+        assert on_this_machine(elsewhere, first)[1].parquet == first.parquet  # read in place anywhere
+    assert not (tmp_path / "work" / "datasets-cache" / "remote-files").exists()  # no copy
     result = tokenize_mixer(mixer=mixer, run=run)
     assert parts(result["digests"]) == parts(DEMO_DIGESTS)
 
@@ -221,6 +215,59 @@ def test_a_large_jsonl_object_is_read_in_place_by_byte_range_while_it_is_planned
         jsonl.read_rows(plan.slices[0].jsonl, [0])  # type: ignore[arg-type]
     with pytest.raises(DatasetError, match=r"large.jsonl.*changed while it was planned"):
         jsonl.scan(pinned)
+
+
+def test_a_parquet_object_is_read_by_row_group_in_place_and_a_replaced_one_is_refused(
+    gcs, prefect_api, tmp_path, monkeypatch
+):
+    """A gs:// Parquet object is never fetched whole: the plan reads its footer and hashes its row groups
+    by range; each slice reads its own row groups' ranges (here batch by batch, as a large row group is
+    read). The row groups and the output are the local file's; an object replaced after the plan is one
+    clear error where it is read, never rows of two versions."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sftmix import parquet
+    from sftmix.digest import compare
+    from tests.test_head_start import _mixer, arithmetic
+
+    rows = [{**row, "id": f"{k:05d}"} for k, row in enumerate(arithmetic(random.Random(11), 3_000))]
+    local = tmp_path / "chats.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), local, row_group_size=700)
+    url = f"gs://src/{uuid.uuid4().hex[:8]}/chats.parquet"
+    gcs.put_file(str(local), url)
+    pinned = f"{url}#{gcs.info(url)['generation']}"
+    monkeypatch.setenv("TOKENIZE_MIXER_PARQUET_STREAMED_BYTES", "16384")  # every row group by batch
+    mixer, run = _mixer(url, tmp_path / "out"), RunOptions(work_dir=str(tmp_path / "w"), runner="thread")  # type: ignore[arg-type]
+    plan = build_plan(mixer, run)
+    here = build_plan(_mixer(local, tmp_path / "here"), RunOptions(work_dir=str(tmp_path / "w2")))  # type: ignore[arg-type]
+    groups = [g for s in plan.slices for g in s.parquet.row_groups]  # type: ignore[union-attr]
+    assert {g.path for g in groups} == {pinned} and len({g.index for g in groups}) == 5
+    assert [(g.index, g.sha256) for g in groups] == [
+        (g.index, g.sha256)
+        for s in here.slices
+        for g in s.parquet.row_groups  # type: ignore[union-attr]
+    ]
+    assert plan.datasets[0].fingerprint == here.datasets[0].fingerprint
+    assert not (tmp_path / "w" / "datasets-cache" / "remote-files").exists()  # no copy
+    tokenize_mixer(mixer=mixer, run=run)
+    tokenize_mixer(mixer=_mixer(local, tmp_path / "here"), run=RunOptions(work_dir=str(tmp_path / "w2")))  # type: ignore[arg-type]
+    result = compare(tmp_path / "out", tmp_path / "here")
+    differ = {i.name for i in result.items if i.status != "OK"}
+    assert differ <= {"dataset_statistics.json", "dataset_statistics.txt"}, result.render()  # (they name it)
+
+    rows[0]["id"] = "zzzzz"  # replaced: another generation
+    pq.write_table(pa.Table.from_pylist(rows), local, row_group_size=700)
+    gcs.put_file(str(local), url)
+    for streamed in ("16384", str(1 << 30)):  # a row group read batch by batch, and one read whole
+        monkeypatch.setenv("TOKENIZE_MIXER_PARQUET_STREAMED_BYTES", streamed)
+        parquet.release()
+        with pytest.raises(DatasetError, match=r"chats.parquet.*changed since the run was planned"):
+            parquet.read_rows(plan.slices[0].parquet, [0])  # type: ignore[arg-type]
+            parquet.confirm()
+    parquet.release()
+    with pytest.raises(DatasetError, match=r"chats.parquet.*changed while it was planned"):
+        parquet.counted([pinned])
 
 
 def test_an_object_replaced_while_it_is_fetched_is_refused_not_stored_as_the_old_version(gcs, tmp_path):

@@ -1,0 +1,75 @@
+"""One version of an input file, read by byte range: a local file, or a ``gs://`` object named with the
+generation the plan read (``url#generation``, gsutil's way of naming a version).
+
+The plan and every slice read that version, wherever they run, so an object replaced meanwhile is an
+error where it is read, never rows of two versions; and a slice reads only its own ranges of it, never
+the whole object (minutes at 100 GB, and once per machine of a cluster).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import DatasetError
+from .sources import object_info, object_version
+from .storage import file_version, is_remote, remote_fs
+
+#: A remote object is read in ranges of this many bytes, on this many threads at once: one stream from
+#: a store is slow (each request waits tens of ms); these many are what a machine's network carries.
+RANGE_BYTES = 8 << 20
+READERS = 16
+
+
+def pin(path: str) -> str:
+    """A remote object's path with the generation it has now (``url#generation``). A local path, or an
+    object whose store keeps no generations, comes back as it is."""
+    if not is_remote(path):
+        return path
+    generation = object_info(path, fresh=True).get("generation")
+    return f"{path}#{generation}" if generation else path
+
+
+def unpinned(path: str) -> tuple[str, str | None]:
+    """A pinned object's URL and generation; any other path and ``None``."""
+    if is_remote(path):
+        url, mark, generation = path.rpartition("#")
+        if mark and generation.isdigit():
+            return url, generation
+    return path, None
+
+
+def version(path: str) -> tuple[Any, ...]:
+    """What tells this version of the file from another: a local file's size, mtime and inode; an
+    object's size and generation (or etag), asked of the store now. A pinned object that is no longer
+    that generation is refused."""
+    if not is_remote(path):
+        return file_version(path)
+    url, generation = unpinned(path)
+    info = object_info(url, fresh=True)
+    if generation is not None and str(info.get("generation")) != generation:
+        raise DatasetError(url, "the object changed while it was planned: plan it when it no longer changes")
+    return int(info.get("size") or 0), object_version(info)
+
+
+def size_of(path: str) -> int:
+    """The file's (or pinned object's) size in bytes; 0 when it cannot be read (the read says why)."""
+    try:
+        return version(path)[0]
+    except (OSError, DatasetError):
+        return 0
+
+
+def read_remote(path: str, offset: int, end: int, changed: str) -> bytes:
+    """Bytes ``[offset, end)`` of a remote object, of its pinned generation where it has one (fewer where
+    the object ends first). ``changed``: the error's words when that generation is gone."""
+    if end <= offset:
+        return b""
+    url, generation = unpinned(path)
+    try:
+        return remote_fs(url).cat_file(
+            url, start=offset, end=end, **({"generation": generation} if generation else {})
+        )
+    except FileNotFoundError:  # its pinned generation is gone: replaced or deleted
+        raise DatasetError(path, changed) from None
+    except Exception as exc:
+        raise DatasetError(path, f"cannot read bytes {offset}-{end}: {type(exc).__name__}: {exc}") from None
