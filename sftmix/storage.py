@@ -199,13 +199,19 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
         return sha256_stream(fh)
 
 
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """Make a file's bytes (a directory's: its entries) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """A rename made durable where the file system allows it (some refuse to open a directory)."""
     with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(path)
 
 
 def remove_tree(path: str | os.PathLike[str]) -> None:
@@ -257,11 +263,7 @@ def download_file(
         remote_fs(url).get_file(url, str(tmp), **pinned)
         if check is not None:
             check(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(tmp)
         os.replace(tmp, final)
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -54,31 +54,45 @@ def test_the_board_counts_each_slice_once_and_rates_only_computed_ones():
     assert len(seen) >= 5
 
 
+def _write_manifest(work_dir, key: str, finished_at: float) -> None:
+    """A slice's manifest as a worker lands it (a temp name, then a rename), 700 tokens."""
+    from sftmix.slices import MANIFEST, SliceManifest, slice_dir
+
+    manifest = SliceManifest(
+        key=key, dataset="d.jsonl", row_start=0, row_end=10, rows=10, kept=10, tokens=700,
+        trainable_tokens=300, dropped={}, token_dtype="uint32", files={}, seconds=1.0,
+        finished_at=finished_at,
+    )  # fmt: skip
+    directory = slice_dir(work_dir, key)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / "manifest.tmp"
+    tmp.write_text(manifest.model_dump_json(), encoding="utf-8")
+    tmp.rename(directory / MANIFEST)
+
+
+def _counted_by_the_watcher(board: Board) -> tuple[int, int, int]:
+    """(done, reused, tokens) once the manifest watcher counts a slice (or after 10 s), watching stopped."""
+    import time
+
+    deadline = time.monotonic() + 10
+    while board.facts().done < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    board.stop_watching()
+    facts = board.facts()
+    return facts.done, facts.reused, facts.tokens
+
+
 def test_the_flow_taking_over_the_head_start_watches_the_manifests(tmp_path):
     """The head start counts without a watcher; the flow that keeps its count must start one, or the
     slices its workers finish are counted only when the orchestrator hands them back (40 s late, seen at
     1 B tokens)."""
     import time
 
-    from sftmix.slices import MANIFEST, SliceManifest, slice_dir
-
     board, specs = Board(), [_spec(i) for i in range(2)]
     board.begin(specs)  # the head start: no work directory
     board.begin(specs, keep=True, work_dir=str(tmp_path))  # the flow takes over
-    manifest = SliceManifest(
-        key="k1", dataset="d.jsonl", row_start=10, row_end=20, rows=10, kept=10, tokens=700,
-        trainable_tokens=300, dropped={}, token_dtype="uint32", files={}, seconds=1.0,
-        finished_at=time.time(),
-    )  # fmt: skip
-    directory = slice_dir(tmp_path, "k1")
-    directory.mkdir(parents=True)
-    (directory / MANIFEST).write_text(manifest.model_dump_json(), encoding="utf-8")
-    deadline = time.monotonic() + 10
-    while board.facts().done < 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    board.stop_watching()
-    facts = board.facts()
-    assert (facts.done, facts.reused, facts.tokens) == (1, 0, 700)
+    _write_manifest(tmp_path, "k1", time.time())
+    assert _counted_by_the_watcher(board) == (1, 0, 700)
 
 
 def test_an_earlier_runs_manifest_is_not_counted_until_this_run_writes_its_own(tmp_path):
@@ -86,32 +100,13 @@ def test_an_earlier_runs_manifest_is_not_counted_until_this_run_writes_its_own(t
     counting them made the board say 100% while every slice was still to do."""
     import time
 
-    from sftmix.slices import MANIFEST, SliceManifest, slice_dir
-
-    def write(finished_at: float) -> None:
-        manifest = SliceManifest(
-            key="k0", dataset="d.jsonl", row_start=0, row_end=10, rows=10, kept=10, tokens=700,
-            trainable_tokens=300, dropped={}, token_dtype="uint32", files={}, seconds=1.0,
-            finished_at=finished_at,
-        )  # fmt: skip
-        tmp = directory / "manifest.tmp"
-        tmp.write_text(manifest.model_dump_json(), encoding="utf-8")
-        tmp.rename(directory / MANIFEST)
-
-    directory = slice_dir(tmp_path, "k0")
-    directory.mkdir(parents=True)
-    write(time.time() - 3600)
+    _write_manifest(tmp_path, "k0", time.time() - 3600)
     board = Board()
     board.begin([_spec(0), _spec(1)], work_dir=str(tmp_path))
     time.sleep(2.5)  # two looks of the watcher
     assert board.facts().done == 0
-    write(time.time())
-    deadline = time.monotonic() + 10
-    while board.facts().done < 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    board.stop_watching()
-    facts = board.facts()
-    assert (facts.done, facts.reused, facts.tokens) == (1, 0, 700)
+    _write_manifest(tmp_path, "k0", time.time())
+    assert _counted_by_the_watcher(board) == (1, 0, 700)
 
 
 @pytest.mark.slow
