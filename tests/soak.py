@@ -108,7 +108,7 @@ EXPECTED_CODE: dict[str, int | None] = {
     "change-input": 2,  # the file changed while the run read it (or exit 0: before or after it read it)
     "change-parquet": 2,  # the same, the input a Parquet file read by row group
     "change-gzip": 2,  # the same, the input gzipped JSON Lines (decompressed to a copy by the plan)
-    "change-gcs": 2,  # the same, the input a gs:// JSON Lines object read in place (a GCS emulator)
+    "change-gcs": 2,  # the same, the input a gs:// JSON Lines or Parquet object read in place (an emulator)
     "cancel": 4,
     "kill-prefect-worker": None,
 }
@@ -121,12 +121,14 @@ PROBLEMS = ("hang", "slow", "code", "stderr", "leftover", "staging", "mixed", "r
 #: Parquet copy: cut to half its bytes, rewritten in place with a row appended, or replaced by a rename
 #: with a copy that differs in one row of its second half. change-gzip's gzipped copy: cut to half its
 #: bytes, a gzip member of one row appended, or replaced by a rename with change-input's edited copy.
-#: change-gcs's object: replaced by change-input's cut, appended or edited copy (an object is only ever
-#: replaced whole: each change is a new generation).
+#: change-gcs's object, JSON Lines or (half the trials) its Parquet copy: replaced by the file's copy as
+#: change-input or change-parquet changes it (an object is only ever replaced whole: each change is a new
+#: generation).
 CHANGES = ("truncate", "append", "replace")
 CHANGE_KINDS = ("change-input", "change-parquet", "change-gzip", "change-gcs")
-#: Where change-gcs's object lies on the soak's GCS emulator.
+#: Where change-gcs's objects lie on the soak's GCS emulator (both read in place, by range).
 GCS_DATA = "gs://soak/chats.jsonl"
+GCS_PARQUET = "gs://soak/chats.parquet"
 #: Rows a row group of the soak's Parquet copy (8,000 rows: 16 row groups, about 1 MiB each).
 PARQUET_GROUP_ROWS = 500
 #: Half of change-parquet's trials read every row group batch by batch, as only a large one is.
@@ -885,7 +887,9 @@ class Emulator:
     object its trials change, and the environment that points a command's gcsfs at it."""
 
     def __init__(self, reaper: Reaper | None) -> None:
-        port = _free_port()
+        from tests.ports import free_port
+
+        port = free_port()
         self.proc = (reaper.hold if reaper is not None else _held)(
             subprocess.Popen(
                 [str(Path(sys.executable).parent / "gcp-storage-emulator"), "start", "--host=127.0.0.1",
@@ -926,14 +930,6 @@ class Emulator:
 
 def _held(proc: subprocess.Popen[Any]) -> subprocess.Popen[Any]:
     return proc
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -977,7 +973,7 @@ class Soak:
             "".join(json.dumps({**r, "id": r["id"].ljust(ID_CHARS, ".")}) + "\n" for r in rows)
         )
         assert self.data.stat().st_size > BATCH_BYTES
-        if "change-parquet" in self.kinds:
+        if "change-parquet" in self.kinds or "change-gcs" in self.kinds:
             write_parquet_copy([{**r, "id": r["id"].ljust(ID_CHARS, ".")} for r in rows], self.parquet)
         if "change-gzip" in self.kinds:
             self.gzipped.write_bytes(gzip.compress(self.data.read_bytes(), mtime=0))
@@ -994,6 +990,7 @@ class Soak:
         if "change-gcs" in self.kinds:  # (after the baseline, which counts every process left as its)
             self.gcs = Emulator(self.reaper)
             self.gcs.fs.put_file(str(self.data), GCS_DATA)
+            self.gcs.fs.put_file(str(self.parquet), GCS_PARQUET)
         self.setup.update(
             baseline_wall=round(self.baseline.wall, 2),
             output_bytes=self.baseline.output_bytes,
@@ -1464,14 +1461,18 @@ class Soak:
         data: Path | str = {
             "change-parquet": self.parquet, "change-gzip": self.gzipped, "change-gcs": GCS_DATA
         }.get(rec.kind, self.data)  # fmt: skip
+        if rec.kind == "change-gcs" and rng.random() < 0.5:
+            data = GCS_PARQUET
         original = tdir / f"original{Path(data).suffix}"
-        shutil.copyfile(self.data if data == GCS_DATA else data, original)
+        shutil.copyfile(self._local_copy(data), original)
         work, out = tdir / "work", tdir / "out"
         argv, env = convert_argv(data, work, out), self._env(rec, tdir / "tmp")
         expected = self.expected if data == self.data else self._version_expected(data, "", env, tdir)
         change, moment = rng.choice(CHANGES), self.early_or_any(rng)
         rec.fault = f"{change} the input at {moment:.2f} s"
-        if rec.kind == "change-parquet" and rng.random() < 0.5:  # its row groups read batch by batch
+        if data == GCS_PARQUET:
+            rec.fault += ", a Parquet object"
+        if Path(data).suffix == ".parquet" and rng.random() < 0.5:  # its row groups read batch by batch
             env[settings.PARQUET_STREAMED_BYTES.name] = str(PARQUET_STREAMED_BYTES)
             rec.fault += ", row groups read by batch"
         try:
@@ -1516,10 +1517,14 @@ class Soak:
             change_data(change, data, tdir)
             return
         assert self.gcs is not None
-        changed = tdir / "changed.jsonl"
-        shutil.copyfile(self.data, changed)
+        changed = tdir / f"changed{Path(data).suffix}"
+        shutil.copyfile(self._local_copy(data), changed)
         change_data(change, changed, tdir)
         self.gcs.fs.put_file(str(changed), data)
+
+    def _local_copy(self, data: Path | str) -> Path:
+        """The soak's own file of ``data``'s rows: ``data`` itself, or the file a gs:// object was put from."""
+        return {GCS_DATA: self.data, GCS_PARQUET: self.parquet}.get(str(data), Path(data))
 
     def _restore(self, original: Path, data: Path | str) -> None:
         if isinstance(data, Path):
@@ -1530,7 +1535,7 @@ class Soak:
 
     def _version_expected(self, data: Path | str, change: str, env: dict[str, str], tdir: Path) -> Path:
         """The output of ``data`` as ``change`` leaves it (``""``: unchanged), made once by a plain run."""
-        name = "gcs" if isinstance(data, str) else Path(data).suffix.replace(".", "-")
+        name = ("gcs" if isinstance(data, str) else "") + Path(data).suffix.replace(".", "-")
         expected = self.root / f"expected{name}-{change or 'unchanged'}"
         if not expected.exists():
             original = tdir / f"original{Path(data).suffix}"
