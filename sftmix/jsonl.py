@@ -168,11 +168,15 @@ def reads_remote(path: str, split: str) -> bool:
 
 
 def reads_decompressed(path: str, split: str) -> bool:
-    """Whether ``path`` is a compressed local JSON file of the 'train' split that the plan decompresses
-    to a copy (:func:`sftmix.sources.decompressed_copy`) and reads by batch, if :func:`applies` to it."""
-    if settings.JSON_READER.get() == "datasets" or is_remote(path) or split.strip() != "train":
+    """Whether ``path`` is a compressed JSON file (local, or a ``gs://`` object) of the 'train' split that the
+    plan decompresses to a copy (:func:`sftmix.sources.decompressed_copy`) and reads by batch, if
+    :func:`applies` to it."""
+    url = pinned.unpinned(path)[0]
+    if settings.JSON_READER.get() == "datasets" or split.strip() != "train":
         return False
-    return local_builder(path) == "json" and compression_of(path) is not None and os.path.isfile(path)
+    if local_builder(url) != "json" or compression_of(url) is None:
+        return False
+    return is_remote(path) or os.path.isfile(path)
 
 
 def batch_bounds(path: str) -> list[tuple[int, int]]:
@@ -440,7 +444,7 @@ def _scanned_batches(path: str, size: int, threads: int) -> Iterator[Scanned]:
 
 def _fetched_batches(path: str, size: int) -> Iterator[tuple[int, int, bytes]]:
     """A remote object's batches, in order: bounds as :func:`batch_bounds` finds them, and bytes."""
-    chunks = _fetched_chunks(path, size)
+    chunks = pinned.fetched(lambda offset, end: _read(path, offset, end), size, REMOTE_CHUNK, REMOTE_READERS)
     try:
         start, buffer = 0, bytearray()  # the bytes fetched from ``start`` on
         while start < size:
@@ -464,29 +468,6 @@ def _fetched_batches(path: str, size: int) -> Iterator[tuple[int, int, bytes]]:
             start = end
     finally:
         chunks.close()
-
-
-def _fetched_chunks(path: str, size: int) -> Iterator[bytes]:
-    """A remote object's bytes in order, :data:`REMOTE_CHUNK` at a time, fetched by
-    :data:`REMOTE_READERS` threads ahead of the reader (one stream from a store is slow; these many are
-    what a machine's network carries)."""
-    offsets = iter(range(0, size, REMOTE_CHUNK))
-    pool = ThreadPoolExecutor(max_workers=REMOTE_READERS, thread_name_prefix="jsonl-fetch")
-    ahead: deque[Future[bytes]] = deque()
-
-    def fetch(offset: int) -> None:
-        ahead.append(pool.submit(_read, path, offset, min(size, offset + REMOTE_CHUNK)))
-
-    try:
-        for offset in itertools.islice(offsets, REMOTE_READERS):
-            fetch(offset)
-        while ahead:
-            data = ahead.popleft().result()
-            if (offset := next(offsets, None)) is not None:
-                fetch(offset)
-            yield data
-    finally:
-        pool.shutdown(cancel_futures=True)
 
 
 def read_batch(

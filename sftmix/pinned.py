@@ -8,16 +8,37 @@ the whole object (minutes at 100 GB, and once per machine of a cluster).
 
 from __future__ import annotations
 
+import io
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from .errors import DatasetError
-from .sources import object_info, object_version
 from .storage import file_version, is_remote, remote_fs
 
 #: A remote object is read in ranges of this many bytes, on this many threads at once: one stream from
 #: a store is slow (each request waits tens of ms); these many are what a machine's network carries.
 RANGE_BYTES = 8 << 20
 READERS = 16
+
+
+def object_info(path: str, fresh: bool = False) -> dict[str, Any]:
+    """The store's description of object ``path`` (``fresh``: not from fsspec's listing cache)."""
+    fs = remote_fs(path)
+    if fresh:
+        fs.invalidate_cache(path)
+    try:
+        return fs.info(path)
+    except FileNotFoundError:
+        raise DatasetError(path, "object not found") from None
+    except Exception as exc:
+        raise DatasetError(path, f"cannot reach the object: {type(exc).__name__}: {exc}") from None
+
+
+def object_version(info: dict[str, Any]) -> Any:
+    return info.get("generation") or info.get("etag") or info.get("md5Hash") or info.get("mtime")
 
 
 def pin(path: str) -> str:
@@ -73,3 +94,59 @@ def read_remote(path: str, offset: int, end: int, changed: str) -> bytes:
         raise DatasetError(path, changed) from None
     except Exception as exc:
         raise DatasetError(path, f"cannot read bytes {offset}-{end}: {type(exc).__name__}: {exc}") from None
+
+
+def fetched(
+    read: Callable[[int, int], bytes], size: int, chunk: int = RANGE_BYTES, readers: int = READERS
+) -> Iterator[bytes]:
+    """An object's bytes in order, ``chunk`` at a time, each ``read(offset, end)`` on one of ``readers``
+    threads ahead of the caller (at most ``readers`` chunks held)."""
+    offsets = iter(range(0, size, chunk))
+    pool = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="range-fetch")
+    ahead: deque[Future[bytes]] = deque()
+
+    def fetch(offset: int) -> None:
+        ahead.append(pool.submit(read, offset, min(size, offset + chunk)))
+
+    try:
+        for offset in itertools.islice(offsets, readers):
+            fetch(offset)
+        while ahead:
+            data = ahead.popleft().result()
+            if (offset := next(offsets, None)) is not None:
+                fetch(offset)
+            yield data
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+class Stream(io.RawIOBase):
+    """A pinned object read in order as a file (what a decompressor reads), its ranges fetched ahead
+    (:func:`fetched`); one that ends before ``size`` bytes is an error, not a shorter file."""
+
+    def __init__(self, path: str, size: int, changed: str) -> None:
+        super().__init__()
+        self.path, self._changed = path, changed
+        self._chunks = fetched(lambda offset, end: self._read(offset, end), size, RANGE_BYTES, READERS)
+        self._held = memoryview(b"")
+
+    def _read(self, offset: int, end: int) -> bytes:
+        data = read_remote(self.path, offset, end, self._changed)
+        if len(data) != end - offset:
+            raise DatasetError(self.path, self._changed)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if not self._held:
+            self._held = memoryview(next(self._chunks, b""))
+        n = min(len(b), len(self._held))
+        b[:n] = self._held[:n]
+        self._held = self._held[n:]
+        return n
+
+    def close(self) -> None:
+        self._chunks.close()
+        super().close()

@@ -214,14 +214,15 @@ def _work_dir(run: RunOptions) -> tuple[Path, str | None]:
 
 def _local_copy(entry: DatasetEntry, datasets_cache: str) -> str:
     """The file the plan reads: the entry's own path; a ``gs://`` JSON Lines or Parquet object's pinned
-    generation (:func:`sftmix.pinned.pin`); for another ``gs://`` object, this machine's copy of it
-    (fetched once per object generation, into the cache ``datasets`` would read it from); a compressed
-    JSON Lines file, decompressed to a copy there (once per version of it)."""
+    generation (:func:`sftmix.pinned.pin`); a compressed JSON Lines file or object, decompressed to a copy
+    in the cache ``datasets`` would read it from (once per version of it); for another ``gs://`` object,
+    this machine's copy of it there (fetched once per object generation)."""
     if jsonl.reads_remote(entry.path, entry.split) or parquet.reads_remote(entry.path, entry.split):
         return pinned.pin(entry.path)  # read in place, by byte range
+    if jsonl.reads_decompressed(entry.path, entry.split):
+        return decompressed_copy(pinned.pin(entry.path), datasets_cache)  # an object read as it streams
     whole = is_remote(entry.path) and local_builder(entry.path) is not None and entry.split.strip() == "train"
-    path = localize(entry.path, datasets_cache) if whole else entry.path
-    return decompressed_copy(path, datasets_cache) if jsonl.reads_decompressed(path, entry.split) else path
+    return localize(entry.path, datasets_cache) if whole else entry.path
 
 
 def _jsonl_layout(entry: DatasetEntry, datasets_cache: str) -> jsonl.JsonlLayout | None:

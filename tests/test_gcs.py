@@ -270,6 +270,40 @@ def test_a_parquet_object_is_read_by_row_group_in_place_and_a_replaced_one_is_re
         parquet.counted([pinned])
 
 
+def test_a_compressed_jsonl_object_is_decompressed_as_it_is_read_not_fetched_first(
+    gcs, prefect_api, tmp_path, monkeypatch
+):
+    """A gs:// .jsonl.gz is decompressed as its ranges arrive (fetched ahead on many threads), into the
+    copy the plan reads by batch: no compressed copy is fetched first. The demo's bytes; an object
+    replaced after it was pinned is refused and leaves no copy."""
+    import gzip
+
+    from sftmix import pinned
+    from sftmix.sources import decompressed_copy
+
+    lines = (EXAMPLES / "data" / "general.jsonl").read_bytes()
+    url = f"gs://src/{uuid.uuid4().hex[:8]}/general.jsonl.gz"
+    gcs.pipe_file(url, gzip.compress(lines, mtime=0))
+    mixer = demo_mixer(url, str(tmp_path / "out"))
+    run = RunOptions(work_dir=str(tmp_path / "work"), runner="thread")
+    plan = build_plan(mixer, run)
+    first = plan.slices[plan.datasets[0].slices[0]]
+    assert first.jsonl is not None and Path(first.jsonl.path).read_bytes() == lines
+    assert Path(first.jsonl.path).is_relative_to(tmp_path / "work" / "datasets-cache" / "decompressed")
+    assert not (tmp_path / "work" / "datasets-cache" / "remote-files").exists()  # no compressed copy
+    result = tokenize_mixer(mixer=mixer, run=run)
+    assert parts(result["digests"]) == parts(DEMO_DIGESTS)
+
+    monkeypatch.setattr(pinned, "RANGE_BYTES", 1000)  # many ranges, fetched ahead out of order
+    copy = decompressed_copy(pinned.pin(url), str(tmp_path / "cache"))
+    assert Path(copy).read_bytes() == lines
+    pinned_url = pinned.pin(url)
+    gcs.pipe_file(url, gzip.compress(lines.replace(b"e", b"o"), mtime=0))  # replaced after it was pinned
+    with pytest.raises(DatasetError, match=r"general.jsonl.gz.*changed"):
+        decompressed_copy(pinned_url, str(tmp_path / "cache2"))
+    assert not any(p.is_file() for p in (tmp_path / "cache2").rglob("*"))
+
+
 def test_an_object_replaced_while_it_is_fetched_is_refused_not_stored_as_the_old_version(gcs, tmp_path):
     """The copy's name says which version it holds: an object replaced between asking for its version
     and fetching it is refused (the emulator ignores the pinned generation GCS would honour), and a
