@@ -108,7 +108,7 @@ EXPECTED_CODE: dict[str, int | None] = {
     "change-input": 2,  # the file changed while the run read it (or exit 0: before or after it read it)
     "change-parquet": 2,  # the same, the input a Parquet file read by row group
     "change-gzip": 2,  # the same, the input gzipped JSON Lines (decompressed to a copy by the plan)
-    "change-gcs": 2,  # the same, the input a gs:// JSON Lines or Parquet object read in place (an emulator)
+    "change-gcs": 2,  # the same, the input a gs:// object (JSON Lines, Parquet, gzipped) on an emulator
     "cancel": 4,
     "kill-prefect-worker": None,
 }
@@ -121,14 +121,15 @@ PROBLEMS = ("hang", "slow", "code", "stderr", "leftover", "staging", "mixed", "r
 #: Parquet copy: cut to half its bytes, rewritten in place with a row appended, or replaced by a rename
 #: with a copy that differs in one row of its second half. change-gzip's gzipped copy: cut to half its
 #: bytes, a gzip member of one row appended, or replaced by a rename with change-input's edited copy.
-#: change-gcs's object, JSON Lines or (half the trials) its Parquet copy: replaced by the file's copy as
-#: change-input or change-parquet changes it (an object is only ever replaced whole: each change is a new
-#: generation).
+#: change-gcs's object, JSON Lines, its Parquet copy or its gzipped copy (a third of the trials each):
+#: replaced by the file's copy as change-input, change-parquet or change-gzip changes it (an object is
+#: only ever replaced whole: each change is a new generation).
 CHANGES = ("truncate", "append", "replace")
 CHANGE_KINDS = ("change-input", "change-parquet", "change-gzip", "change-gcs")
-#: Where change-gcs's objects lie on the soak's GCS emulator (both read in place, by range).
+#: Where change-gcs's objects lie on the soak's GCS emulator (each read by range, never fetched whole).
 GCS_DATA = "gs://soak/chats.jsonl"
 GCS_PARQUET = "gs://soak/chats.parquet"
+GCS_GZIP = "gs://soak/chats.jsonl.gz"
 #: Rows a row group of the soak's Parquet copy (8,000 rows: 16 row groups, about 1 MiB each).
 PARQUET_GROUP_ROWS = 500
 #: Half of change-parquet's trials read every row group batch by batch, as only a large one is.
@@ -975,7 +976,7 @@ class Soak:
         assert self.data.stat().st_size > BATCH_BYTES
         if "change-parquet" in self.kinds or "change-gcs" in self.kinds:
             write_parquet_copy([{**r, "id": r["id"].ljust(ID_CHARS, ".")} for r in rows], self.parquet)
-        if "change-gzip" in self.kinds:
+        if "change-gzip" in self.kinds or "change-gcs" in self.kinds:
             self.gzipped.write_bytes(gzip.compress(self.data.read_bytes(), mtime=0))
         self.home.mkdir()
         # the temporary API's database, created once (a first run's slow API start is not the timeline)
@@ -991,6 +992,7 @@ class Soak:
             self.gcs = Emulator(self.reaper)
             self.gcs.fs.put_file(str(self.data), GCS_DATA)
             self.gcs.fs.put_file(str(self.parquet), GCS_PARQUET)
+            self.gcs.fs.put_file(str(self.gzipped), GCS_GZIP)
         self.setup.update(
             baseline_wall=round(self.baseline.wall, 2),
             output_bytes=self.baseline.output_bytes,
@@ -1461,8 +1463,8 @@ class Soak:
         data: Path | str = {
             "change-parquet": self.parquet, "change-gzip": self.gzipped, "change-gcs": GCS_DATA
         }.get(rec.kind, self.data)  # fmt: skip
-        if rec.kind == "change-gcs" and rng.random() < 0.5:
-            data = GCS_PARQUET
+        if rec.kind == "change-gcs":
+            data = rng.choice((GCS_DATA, GCS_PARQUET, GCS_GZIP))
         original = tdir / f"original{Path(data).suffix}"
         shutil.copyfile(self._local_copy(data), original)
         work, out = tdir / "work", tdir / "out"
@@ -1470,8 +1472,8 @@ class Soak:
         expected = self.expected if data == self.data else self._version_expected(data, "", env, tdir)
         change, moment = rng.choice(CHANGES), self.early_or_any(rng)
         rec.fault = f"{change} the input at {moment:.2f} s"
-        if data == GCS_PARQUET:
-            rec.fault += ", a Parquet object"
+        if data in (GCS_PARQUET, GCS_GZIP):
+            rec.fault += ", a Parquet object" if data == GCS_PARQUET else ", a gzipped object"
         if Path(data).suffix == ".parquet" and rng.random() < 0.5:  # its row groups read batch by batch
             env[settings.PARQUET_STREAMED_BYTES.name] = str(PARQUET_STREAMED_BYTES)
             rec.fault += ", row groups read by batch"
@@ -1524,7 +1526,9 @@ class Soak:
 
     def _local_copy(self, data: Path | str) -> Path:
         """The soak's own file of ``data``'s rows: ``data`` itself, or the file a gs:// object was put from."""
-        return {GCS_DATA: self.data, GCS_PARQUET: self.parquet}.get(str(data), Path(data))
+        return {GCS_DATA: self.data, GCS_PARQUET: self.parquet, GCS_GZIP: self.gzipped}.get(
+            str(data), Path(data)
+        )
 
     def _restore(self, original: Path, data: Path | str) -> None:
         if isinstance(data, Path):
