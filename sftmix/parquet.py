@@ -1,7 +1,8 @@
 """Parquet read by row group, as ``datasets``' Parquet builder reads it, without converting the whole
-dataset to Arrow on one core before the first slice can start: a local ``.parquet`` file, or the files
-of a hub dataset's split (most hub datasets are Parquet; :func:`sftmix.sources.parquet_data_files`
-fetches them into the cache ``datasets`` downloads to), or of a local directory laid out like one.
+dataset to Arrow on one core before the first slice can start: a local ``.parquet`` file, a ``gs://``
+one read in place by range (pinned to its generation: :mod:`sftmix.pinned`), or the files of a hub
+dataset's split (most hub datasets are Parquet; :func:`sftmix.sources.parquet_data_files` fetches them
+into the cache ``datasets`` downloads to), or of a local directory laid out like one.
 
 The reference loads these with ``datasets.load_dataset``: the features are the ones the dataset card
 declares, else the first file's Arrow schema (``Features.from_arrow_schema``), and every row group of
