@@ -83,6 +83,32 @@ def on_forced_exit(key: int, cleanup: Callable[[], None] | None) -> None:
         _cleanups[key] = cleanup
 
 
+#: Temp files being written (each landing under its final name by a rename), by the process writing them.
+_being_written: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def removed_at_exit(path: str | os.PathLike[str]) -> Iterator[None]:
+    """While in this block, the temp file ``path`` is removed should the process end first: a stop ends
+    it at once (:func:`exit_now`), and a thread that writes beside the run (a daemon thread decompressing
+    or fetching an input ahead of the plan) never unwinds. Only the process that wrote it removes it: a
+    forked worker inherits this table, not the files."""
+    key = os.fspath(path)
+    _being_written[key] = os.getpid()
+    try:
+        yield
+    finally:
+        _being_written.pop(key, None)
+
+
+def _remove_written() -> None:
+    pid = os.getpid()
+    for path, writer in list(_being_written.items()):
+        if writer == pid:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
 def _run_cleanups(within: float = 2.0) -> None:
     def run_all() -> None:
         for cleanup in list(_cleanups.values()):
@@ -320,6 +346,7 @@ def finish(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    _remove_written()
     run_exit_functions = getattr(atexit, "_run_exitfuncs", None)
     if run_exit_functions is None:  # not CPython: the usual exit
         sys.exit(code)
@@ -366,6 +393,7 @@ def exit_now(stop: RunStopped, forced: bool = False) -> None:
     _exit_lock.acquire()
     if forced:
         _run_cleanups()
+    _remove_written()
     kill_descendants()
     _remove_multiprocessing_tempdir()
     output = published_output()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .errors import StorageError
+from .stopping import removed_at_exit
 
 logger = logging.getLogger(__name__)
 
@@ -85,11 +86,12 @@ def atomic_open(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(final)
     try:
-        with open(tmp, "wb") as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
+        with removed_at_exit(tmp):
+            with open(tmp, "wb") as fh:
+                yield fh
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -259,12 +261,13 @@ def download_file(
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(final)
     try:
-        pinned = {"generation": generation} if generation else {}
-        remote_fs(url).get_file(url, str(tmp), **pinned)
-        if check is not None:
-            check(tmp)
-        fsync_path(tmp)
-        os.replace(tmp, final)
+        with removed_at_exit(tmp):
+            pinned = {"generation": generation} if generation else {}
+            remote_fs(url).get_file(url, str(tmp), **pinned)
+            if check is not None:
+                check(tmp)
+            fsync_path(tmp)
+            os.replace(tmp, final)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()

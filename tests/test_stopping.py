@@ -520,3 +520,35 @@ def test_a_ctrl_c_at_any_moment_of_the_start_prints_one_line(tmp_path):
             continue
         assert proc.returncode == 130, (delay, err[-3000:])
         _one_line_reason(err, "stopped by SIGINT")
+
+
+def test_a_stop_while_an_input_is_decompressed_leaves_no_temp_file(tmp_path):
+    """A compressed input is decompressed to a copy by a thread that works beside the plan, which a stop
+    does not unwind (the command ends at once): the copy's temp file must go with the command, not stay in
+    the work directory (hundreds of GB at our users' sizes) until a rerun of that same version."""
+    import gzip
+
+    from sftmix.storage import TMP_MARK
+
+    block = "".join(json.dumps(r) + "\n" for r in arithmetic(random.Random(3), 20_000))
+    data = tmp_path / "chats.jsonl.gz"
+    with gzip.open(data, "wt", compresslevel=1, encoding="utf-8") as fh:
+        for _ in range(60):  # ~250 MB to decompress: long enough to be stopped in the middle
+            fh.write(block)
+    work, out = tmp_path / "work", tmp_path / "out"
+    copies = work / "datasets-cache" / "decompressed"
+
+    def temps() -> list[Path]:
+        return [p for p in copies.rglob("*") if TMP_MARK in p.name] if copies.exists() else []
+
+    run = Run(command(data, work, out))
+    deadline = time.monotonic() + 120
+    while not temps() and run.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(0.3)  # (the command's signal handling is in place well before: its plan is running)
+    assert temps(), f"the copy was not seen being written when stopped:\n{run.stderr[-3000:]}"
+    since = time.monotonic()
+    os.killpg(run.proc.pid, signal.SIGINT)
+    assert run.stopped(since) == 130
+    _one_line_reason(run.stderr, "stopped by SIGINT")
+    assert temps() == []
