@@ -15,7 +15,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 
-def _offline() -> bool:
+def offline() -> bool:
+    """``HF_HUB_OFFLINE``: the hub is not asked; what its cache holds is all there is."""
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
 
 
@@ -33,7 +34,7 @@ def unreachable_hub_problem() -> str | None:
     """Why a name that is not a local path here cannot be loaded from the hub right now, or ``None``
     (the hub resolves, or offline mode, where the cache answers at once). The reason does not repeat
     the name: the error it goes into names it (``dataset 'x': is not ...``)."""
-    if _offline():
+    if offline():
         return None
     problem = _hub_host_problem()
     if problem is None:
@@ -68,7 +69,7 @@ def offline_cache_problem(
     """Under ``HF_HUB_OFFLINE``, why hub name ``name`` (``kind`` ``dataset`` or ``model``) cannot load: no
     local cache holds it (the hub's, and for a dataset ``datasets``' own and ``datasets_caches``), so a
     typo is said at once rather than after the loaders looked. ``None`` online or where a cache has it."""
-    if not _offline():
+    if not offline():
         return None
     repo, hub_caches = f"{kind}s--{name.replace('/', '--')}", _hub_caches()
     if any(_holds(cache, repo) for cache in hub_caches):

@@ -41,13 +41,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from . import pinned, settings
+from .downloads import Downloads
 from .errors import ConfigError, DatasetError
 from .features import decodes, features_schema
 from .parallel import available_cpus
@@ -119,6 +120,8 @@ class ParquetLayout:
     schema_b64: str  # the features' Arrow schema (with datasets' metadata), serialized
     row_groups: tuple[RowGroup, ...]
     stamps: tuple[tuple[Any, ...], ...] = ()  # each file's path and version (:func:`sftmix.pinned.version`)
+    #: A hub dataset's files downloading while the plan reads them; ``None``: every file is where it is read.
+    downloads: Downloads | None = field(default=None, compare=False, repr=False)
 
     @cached_property
     def first_rows(self) -> list[int]:
@@ -242,14 +245,16 @@ class _Checked(_Served):
 
 
 class _Ranges:
-    """A file's bytes by range: a local file through one descriptor; a pinned ``gs://`` object from its
-    store, that generation only, each range one request (the object is never fetched whole)."""
+    """A file's bytes by range: a local file (or this machine's copy of a hub file, :func:`pinned.local_copy`)
+    through one descriptor; a pinned ``gs://`` object or a hub file from its store, that version only,
+    each range one request (the object is never fetched whole)."""
 
     def __init__(self, path: str) -> None:
         self.path, self._fd = path, None
-        if not is_remote(path):
+        local = path if not is_remote(path) else pinned.local_copy(path)
+        if local is not None:
             try:
-                self._fd = os.open(path, os.O_RDONLY)
+                self._fd = os.open(local, os.O_RDONLY)
             except FileNotFoundError:
                 raise DatasetError(path, _changed("the file, now missing,")) from None
         # a request to a store costs tens of ms: fewer, larger ones, and a column chunk read ahead
@@ -348,6 +353,8 @@ def _sha256_range(path: str, offset: int, end: int) -> str:
     return h.hexdigest()
 
 
+T = TypeVar("T")
+
 #: What :func:`hashed` hands on as each row group is hashed, in order.
 GroupListener = Callable[[RowGroup], None]
 
@@ -374,12 +381,7 @@ def counted(paths: list[str], declared: Any = None) -> ParquetLayout | None:
     features a hub dataset's card declares) or the first file's. ``None`` when ``datasets`` is to read
     it: no rows, features that decode, files of different schemas, row groups recorded out of place."""
     stamps, footers, bounds, schemas, first_row = [], [], [], [], 0
-    for path in paths:
-        try:
-            version = pinned.version(path)
-            offset, footer, meta = _read_footer(path, version[0])
-        except OSError as exc:
-            raise DatasetError(path, f"cannot be read: {type(exc).__name__}: {exc}") from None
+    for path, (version, (offset, footer, meta)) in zip(paths, _footers(paths), strict=True):
         stamps.append((path, *version))
         footers.append(
             ParquetFooter(
@@ -422,6 +424,32 @@ def counted(paths: list[str], declared: Any = None) -> ParquetLayout | None:
     )
 
 
+def _footers(paths: list[str]) -> Iterator[tuple[tuple[Any, ...], tuple[int, bytes, Any]]]:
+    """Each file's version and footer (:func:`_read_footer`), in order."""
+
+    def read(path: str) -> tuple[tuple[Any, ...], tuple[int, bytes, Any]]:
+        try:
+            version = pinned.version(path)
+            return version, _read_footer(path, version[0])
+        except OSError as exc:
+            raise DatasetError(path, f"cannot be read: {type(exc).__name__}: {exc}") from None
+
+    return _each(read, paths)
+
+
+def _each(fn: Callable[[str], T], paths: list[str]) -> Iterator[T]:
+    """``fn`` of each path, in order; where some are remote, on as many threads as a network carries
+    (each asks the store, tens of ms a request: a hub dataset has hundreds of files)."""
+    if not any(is_remote(p) for p in paths):
+        yield from map(fn, paths)
+        return
+    with ThreadPoolExecutor(max_workers=min(len(paths), pinned.READERS)) as pool:
+        try:
+            yield from pool.map(fn, paths)
+        finally:
+            pool.shutdown(cancel_futures=True)
+
+
 def hashed(
     layout: ParquetLayout, on_group: GroupListener | None = None, threads: int | None = None
 ) -> ParquetLayout | None:
@@ -455,28 +483,40 @@ def _hashed(layout: ParquetLayout, on_group: GroupListener | None, threads: int)
     todo = layout.row_groups
     if any(is_remote(f.path) for f in layout.footers):
         threads = max(threads, pinned.READERS)
+
+    def sha256(group: RowGroup) -> str:
+        if layout.downloads is not None:
+            layout.downloads.wait(group.path)
+        return _sha256_range(group.path, group.offset, group.end)
+
     with ThreadPoolExecutor(max_workers=max(1, min(len(todo), threads))) as pool:
         try:
-            for group, sha in zip(
-                todo, pool.map(lambda g: _sha256_range(g.path, g.offset, g.end), todo), strict=True
-            ):
+            for group, sha in zip(todo, pool.map(sha256, todo), strict=True):
                 groups.append(group.model_copy(update={"sha256": sha}))
                 if len(groups) == 1 and not _decodes_alone(layout, groups[0]):
                     return None
                 if on_group is not None:
                     on_group(groups[-1])
+        except BaseException:
+            if layout.downloads is not None:
+                layout.downloads.close()  # (threads waiting for a file stop waiting)
+            raise
         finally:
             pool.shutdown(cancel_futures=True)  # (a read that ends early reads no further)
-    for path, *stamp in layout.stamps:
-        if pinned.version(path) != tuple(stamp):
+    paths = [path for path, *_ in layout.stamps]
+    for (path, *stamp), now in zip(layout.stamps, _each(pinned.version, paths), strict=True):
+        if now != tuple(stamp):
             raise DatasetError(
                 path, "the file changed while it was planned: plan it when it no longer changes"
             )
     return replace(layout, row_groups=tuple(groups))
 
 
-def with_sha256(group: RowGroup) -> RowGroup:
-    """The row group with the sha256 of its bytes (one hashed ahead of the rest: a sample's)."""
+def with_sha256(group: RowGroup, downloads: Downloads | None = None) -> RowGroup:
+    """The row group with the sha256 of its bytes (one hashed ahead of the rest: a sample's), once its
+    file has landed (:attr:`ParquetLayout.downloads`)."""
+    if downloads is not None:
+        downloads.wait(group.path)
     return group.model_copy(update={"sha256": _sha256_range(group.path, group.offset, group.end)})
 
 

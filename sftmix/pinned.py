@@ -1,5 +1,7 @@
-"""One version of an input file, read by byte range: a local file, or a ``gs://`` object named with the
-generation the plan read (``url#generation``, gsutil's way of naming a version).
+"""One version of an input file, read by byte range: a local file, a ``gs://`` object named with the
+generation the plan read (``url#generation``, gsutil's way of naming a version), or a hub dataset's file
+named at a commit (``hf://datasets/owner/name@<commit>/path``: that commit's bytes never change), read
+from this machine's hub cache when the file is there (:func:`local_copy`).
 
 The plan and every slice read that version, wherever they run, so an object replaced meanwhile is an
 error where it is read, never rows of two versions; and a slice reads only its own ranges of it, never
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import re
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,7 +41,36 @@ def object_info(path: str, fresh: bool = False) -> dict[str, Any]:
 
 
 def object_version(info: dict[str, Any]) -> Any:
-    return info.get("generation") or info.get("etag") or info.get("md5Hash") or info.get("mtime")
+    return (
+        info.get("generation")
+        or info.get("etag")
+        or info.get("md5Hash")
+        or info.get("blob_id")
+        or info.get("mtime")
+    )
+
+
+#: A hub file named at a commit, as ``datasets`` names a hub dataset's data files.
+_AT_COMMIT = re.compile(r"hf://(datasets|models|spaces)/([^/@]+/[^/@]+)@([0-9a-f]{40})/(.+)")
+
+
+def at_commit(path: str) -> bool:
+    """Whether ``path`` is a hub file named at a commit (its bytes never change)."""
+    return _AT_COMMIT.fullmatch(path) is not None
+
+
+def local_copy(path: str) -> str | None:
+    """This machine's copy of a hub file named at a commit: the hub cache's, where ``datasets`` (and
+    :mod:`sftmix.downloads`) put it, read in place of the hub. ``None`` for any other path, or a file
+    the cache does not hold."""
+    found = _AT_COMMIT.fullmatch(path)
+    if found is None:
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    kind, repo, commit, name = found.groups()
+    copy = try_to_load_from_cache(repo, name, revision=commit, repo_type=kind.rstrip("s"))
+    return copy if isinstance(copy, str) else None
 
 
 def pin(path: str) -> str:
@@ -86,10 +118,11 @@ def read_remote(path: str, offset: int, end: int, changed: str) -> bytes:
     if end <= offset:
         return b""
     url, generation = unpinned(path)
+    options: dict[str, Any] = {"generation": generation} if generation else {}
+    if url.startswith("hf://"):
+        options["cache_type"] = "none"  # the range asked for, not a block of read-ahead around it
     try:
-        return remote_fs(url).cat_file(
-            url, start=offset, end=end, **({"generation": generation} if generation else {})
-        )
+        return remote_fs(url).cat_file(url, start=offset, end=end, **options)
     except FileNotFoundError:  # its pinned generation is gone: replaced or deleted
         raise DatasetError(path, changed) from None
     except Exception as exc:

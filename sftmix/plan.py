@@ -12,7 +12,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -251,7 +251,15 @@ def _parquet_counted(entry: DatasetEntry, datasets_cache: str) -> parquet.Parque
             return parquet.counted([path])
         if local_builder(entry.path) is None and not parquet.disabled():
             found = parquet_data_files(entry.path, entry.split, entry.revision, datasets_cache)
-            return None if found is None else parquet.counted(found.paths, found.declared)
+            if found is None:
+                return None
+            layout = parquet.counted(found.paths, found.declared)
+            if found.downloads is None:
+                return layout
+            if layout is None:  # datasets reads it, and downloads it itself
+                found.downloads.close()
+                return None
+            return replace(layout, downloads=found.downloads)
     except DatasetError as exc:
         raise DatasetError(entry.path, exc.reason) from None
     return None
@@ -602,7 +610,7 @@ def _open_parquet(
         row_groups=layout,
         cuts=cuts,
     )
-    first = [parquet.with_sha256(g) for g in parquet.groups_for(layout, *cuts[0][:2])]  # the sample's
+    first = [parquet.with_sha256(g, layout.downloads) for g in parquet.groups_for(layout, *cuts[0][:2])]
     dataset.sampled = cutter.spec(
         dataset, cuts[0], _digest(layout.data_key(first)), 0, parquet=layout.source(first)
     )

@@ -33,10 +33,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from .downloads import Downloads
 from .errors import DatasetError
-from .hub import offline_cache_problem, unreachable_hub_problem
+from .hub import offline, offline_cache_problem, unreachable_hub_problem
 from .ownership import remove_abandoned_temps
-from .pinned import Stream, object_info, object_version, unpinned, version
+from .pinned import Stream, at_commit, local_copy, object_info, object_version, unpinned, version
 from .storage import atomic_open, download_file, is_remote, sha256_stream
 
 logger = logging.getLogger(__name__)
@@ -578,20 +579,23 @@ def _open_dataset(
 
 @dataclass(frozen=True)
 class ParquetFiles:
-    """A hub dataset's (or a local directory's) Parquet files for one split, local copies in the order
-    ``datasets`` reads them, and the features its card declares (an Arrow schema), if any."""
+    """A hub dataset's (or a local directory's) Parquet files for one split, in the order ``datasets``
+    reads them, and the features its card declares (an Arrow schema), if any. A hub dataset's files are
+    local copies where this machine's hub cache has them all; otherwise they are named on the hub at
+    their commit (read by range, and from the cache once there) and ``downloads`` is fetching them."""
 
     paths: list[str]
     declared: Any = None
+    downloads: Downloads | None = None
 
 
 def parquet_data_files(name: str, split: str, revision: str | None, cache_dir: str) -> ParquetFiles | None:
     """Where ``datasets.load_dataset(name, split=split)`` would read Parquet files with its Parquet
     builder (a hub dataset as the hub serves most, or a local directory laid out like one): the files,
-    fetched into the same cache its download uses, so they are read by row group instead of converted
-    whole on one core. ``None`` for anything else (another builder, a sliced split, a builder
-    configured to filter or select columns, features that decode, a name that cannot be resolved):
-    ``datasets`` then loads it as before, and says what is wrong."""
+    fetched into the same cache its download uses (in the background, :class:`ParquetFiles`), so they
+    are read by row group instead of converted whole on one core. ``None`` for anything else (another
+    builder, a sliced split, a builder configured to filter or select columns, features that decode, a
+    name that cannot be resolved): ``datasets`` then loads it as before, and says what is wrong."""
     if local_builder(name) is not None or is_remote(name) or "[" in split:
         return None
     if hub_name_problem(name, [cache_dir] if cache_dir else []) is not None:
@@ -617,13 +621,22 @@ def parquet_data_files(name: str, split: str, revision: str | None, cache_dir: s
             data_dir=config.data_dir,
             base_path=builder.base_path,
         )
-        paths = [str(p) for p in manager.download(list(files))]
+        files = [str(f) for f in files]
+        hub = [f for f in files if at_commit(f)]
+        downloads = None
+        if not offline() and any(local_copy(f) is None for f in hub):  # downloaded as the plan reads them
+            paths = [f if f in hub else str(manager.download(f)) for f in files]
+            downloads = Downloads(name, hub, lambda url: str(manager.download(url)))
+        else:
+            paths = [str(p) for p in manager.download(files)]
     except Exception as exc:  # datasets' own load meets it again, and says what it is
         logger.debug("%s: not read by row group (%s: %s)", name, type(exc).__name__, exc)
         return None
-    if not all(os.path.isfile(p) and p.lower().endswith(".parquet") for p in paths):
+    if not all((at_commit(p) or os.path.isfile(p)) and p.lower().endswith(".parquet") for p in paths):
+        if downloads is not None:
+            downloads.close()
         return None
-    return ParquetFiles(paths, None if features is None else features.arrow_schema)
+    return ParquetFiles(paths, None if features is None else features.arrow_schema, downloads)
 
 
 def describe(path: str, split: str, revision: str | None, cache_dir: str) -> SourceInfo:

@@ -1,0 +1,166 @@
+"""A Hugging Face hub for tests: one dataset repository served from a local directory over loopback,
+speaking the part of the hub's HTTP API that ``huggingface_hub`` and ``datasets`` use to resolve a
+dataset, list its files and download them (whole or by byte range). No network: the real clients,
+pointed at it with ``HF_ENDPOINT``.
+
+A test can hold a file's whole download (not its ranged reads) until it lets it go, or fail it, and read
+which requests were made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import re
+import threading
+import urllib.parse
+from pathlib import Path
+
+from tests.ports import free_port
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a client that went away mid-answer (a stopped run): not the test's business
+
+
+class HubEmulator:
+    """Serves ``root`` as dataset ``repo`` at :attr:`endpoint` (at one commit, named from its files)."""
+
+    def __init__(self, root: Path, repo: str) -> None:
+        self.root, self.repo = root, repo
+        self.commit = hashlib.sha1("\n".join(self._files()).encode()).hexdigest()
+        self.held: dict[str, threading.Event] = {}  # path -> set to let its whole download go
+        self.failing: set[str] = set()  # paths whose whole download fails
+        self.requests: list[tuple[str, str, str | None]] = []  # (method, path, range)
+        self.served: list[str] = []  # files served whole, as each was sent
+        self._lock = threading.Lock()
+        self._server = _Server(("127.0.0.1", free_port()), self._handler())
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> HubEmulator:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for event in self.held.values():
+            event.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def whole_downloads(self, path: str) -> int:
+        """How many times ``path`` was sent whole (not a range)."""
+        with self._lock:
+            return self.served.count(path)
+
+    def _files(self) -> list[str]:
+        return sorted(p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file())
+
+    def _entry(self, path: str) -> dict:
+        full = self.root / path
+        if full.is_dir():
+            return {"type": "directory", "path": path, "oid": self.commit}
+        return {"type": "file", "path": path, "size": full.stat().st_size, "oid": _oid(full)}
+
+    def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
+        hub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, code: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+                self.send_response(code)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            def _json(self, obj: object) -> None:
+                self._send(200, json.dumps(obj).encode(), {"Content-Type": "application/json"})
+
+            def _serve(self) -> None:
+                url = urllib.parse.urlparse(self.path)
+                path = urllib.parse.unquote(url.path)
+                with hub._lock:
+                    hub.requests.append((self.command, path, self.headers.get("Range")))
+                api = f"/api/datasets/{hub.repo}"
+                if path in (api, f"{api}/revision/main", f"{api}/revision/{hub.commit}"):
+                    return self._json(
+                        {
+                            "id": hub.repo,
+                            "sha": hub.commit,
+                            "private": False,
+                            "disabled": False,
+                            "gated": False,
+                            "lastModified": "2026-01-01T00:00:00.000Z",
+                            "siblings": [{"rfilename": f} for f in hub._files()],
+                            "tags": [],
+                        }
+                    )
+                if m := re.fullmatch(rf"{re.escape(api)}/tree/[^/]+/?(.*)", path):
+                    return self._tree(m.group(1).strip("/"), "recursive=true" in url.query.lower())
+                if re.fullmatch(rf"{re.escape(api)}/paths-info/[^/]+", path):
+                    body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+                    wanted = urllib.parse.parse_qs(body).get("paths", [])
+                    return self._json([hub._entry(p) for p in wanted if (hub.root / p).exists()])
+                if m := re.fullmatch(rf"/datasets/{re.escape(hub.repo)}/resolve/[^/]+/(.+)", path):
+                    return self._file(m.group(1))
+                self._send(404, headers={"X-Error-Code": "EntryNotFound"})
+
+            def _tree(self, under: str, recursive: bool) -> None:
+                base = hub.root / under
+                if not base.is_dir():
+                    return self._send(404, headers={"X-Error-Code": "EntryNotFound"})
+                found = base.rglob("*") if recursive else base.iterdir()
+                self._json([hub._entry(p.relative_to(hub.root).as_posix()) for p in sorted(found)])
+
+            def _file(self, name: str) -> None:
+                full = hub.root / name
+                if not full.is_file():
+                    return self._send(404, headers={"X-Error-Code": "EntryNotFound"})
+                asked = self.headers.get("Range")
+                if self.command == "GET" and asked is None:
+                    if name in hub.failing:
+                        return self._send(403, b"forbidden by the test")
+                    if (held := hub.held.get(name)) is not None:
+                        held.wait(60)
+                data = full.read_bytes()
+                headers = {"X-Repo-Commit": hub.commit, "ETag": f'"{_oid(full)}"', "Accept-Ranges": "bytes"}
+                if asked is None:
+                    self._send(200, data, headers)
+                    if self.command == "GET":
+                        with hub._lock:
+                            hub.served.append(name)
+                    return
+                lo, _, hi = asked.removeprefix("bytes=").partition("-")
+                start = int(lo) if lo else len(data) - int(hi)
+                end = min(int(hi), len(data) - 1) if lo and hi else len(data) - 1
+                headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+                self._send(206, data[start : end + 1], headers)
+
+            do_GET = do_HEAD = do_POST = _serve
+
+        return Handler
+
+
+def _oid(path: Path) -> str:
+    return hashlib.sha1(path.read_bytes()).hexdigest()
+
+
+def hub_environment(hub: HubEmulator, home: Path) -> dict[str, str]:
+    """The environment of a process that reaches ``hub`` (and only it), with its own hub cache."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    return {**env, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(home), "HF_HUB_DISABLE_TELEMETRY": "1"}

@@ -1,0 +1,209 @@
+"""A hub dataset read through a hub (``tests/hub_emulator.py``: the real ``huggingface_hub`` and
+``datasets`` against a local server): its footers are read by range, its files download while the plan
+reads them, and the first slice is handed on before the last file has landed; its rows are those of the
+same files read locally, from this machine's hub cache or, without it, by range; a download that fails
+is one clear error naming the dataset and the file; a dataset the cache holds is read from its copies."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tests.hub_emulator import HubEmulator, hub_environment
+
+ROOT = Path(__file__).parent.parent
+EXAMPLES = ROOT / "examples"
+REPO = "org/mixture"
+FILES = [f"data/train-0000{k}-of-00003.parquet" for k in range(3)]
+
+# Plans the hub dataset in a process of its own (the hub's settings are read at import): prints a line
+# per slice handed on early, then what the plan found and the rows its slices read; with "uncached",
+# reads them again with this machine's hub cache moved away (a worker elsewhere reads by range).
+_PLAN = """
+import json, os, shutil, sys
+from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.errors import DatasetError
+from sftmix.plan import build_plan
+from sftmix import parquet
+path, examples, work, mode = sys.argv[1:5]
+mixer = MixerConfig(
+    datasets=[DatasetEntry(path=path)],
+    tokenizer=TokenizerSpec(name_or_path=os.path.join(examples, "tokenizer"), chat_template="olmo"),
+    max_seq_length=256,
+    output=OutputSpec(path=os.path.join(work, "out")),
+)
+def early(spec, ctx):
+    print("slice", spec.index, flush=True)
+try:
+    plan = build_plan(mixer, RunOptions(work_dir=work, slice_rows=40), early)
+except DatasetError as exc:
+    print("error", json.dumps(str(exc)), flush=True)
+    sys.exit(0)
+def rows():
+    return [r for s in plan.slices for r in parquet.read_rows(s.parquet, list(range(s.row_start, s.row_end)))]
+found = {
+    "slices": [[s.row_start, s.row_end, [g.sha256 for g in s.parquet.row_groups]] for s in plan.slices],
+    "paths": sorted({g.path for s in plan.slices for g in s.parquet.row_groups}),
+    "rows": rows(),
+}
+if mode == "uncached":
+    shutil.move(os.path.join(os.environ["HF_HOME"], "hub"), os.path.join(work, "moved-away"))
+    found["uncached_rows"] = rows()
+print("plan", json.dumps(found), flush=True)
+"""
+
+
+def _rows(n: int) -> list[dict]:
+    return [
+        {
+            "id": f"row-{i}",
+            "messages": [
+                {"role": "user", "content": f"What is {i} + {i}?"},
+                {"role": "assistant", "content": f"{i} + {i} = {2 * i}."},
+            ],
+        }
+        for i in range(n)
+    ]
+
+
+def _repo(root: Path, n: int = 240) -> Path:
+    """A dataset laid out as the hub serves one: three train files of several row groups, and a card."""
+    (root / "data").mkdir(parents=True)
+    table = pa.Table.from_pylist(_rows(n))
+    third = n // 3
+    for k, name in enumerate(FILES):
+        pq.write_table(table.slice(k * third, third), root / name, row_group_size=20)
+    (root / "README.md").write_text("---\nlicense: odc-by\n---\n# a mixture\n")
+    return root
+
+
+def _plan(path: str, env: dict[str, str], work: Path, mode: str = "", on_slice=None) -> dict:
+    """The plan's findings (``error`` where it refused), calling ``on_slice`` at the first early slice."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PLAN, path, str(EXAMPLES), str(work), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    found: dict = {"early": 0}
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        kind, _, rest = line.rstrip("\n").partition(" ")
+        if kind == "slice":
+            if found["early"] == 0 and on_slice is not None:
+                on_slice()
+            found["early"] += 1
+        elif kind in ("plan", "error"):
+            found[kind] = json.loads(rest)
+    stderr = proc.stderr.read() if proc.stderr else ""
+    assert proc.wait(120) == 0, stderr
+    found["stderr"] = stderr
+    return found
+
+
+def test_a_hub_dataset_is_planned_while_its_files_download(tmp_path):
+    """The last file's download is held until the first slice is handed on: the plan reads every
+    footer by range, hashes each file as it lands, and cuts the same slices as from the files here."""
+    repo = _repo(tmp_path / "repo")
+    local = _plan(str(repo), _offline_environment(tmp_path / "home-local"), tmp_path / "work-local")
+    with HubEmulator(repo, REPO) as hub:
+        hub.held[FILES[-1]] = held = threading.Event()
+        seen: list[int] = []
+
+        def first_slice() -> None:
+            seen.append(hub.whole_downloads(FILES[-1]))
+            held.set()
+
+        found = _plan(
+            REPO, hub_environment(hub, tmp_path / "home"), tmp_path / "work", "uncached", first_slice
+        )
+        ranged = [r for m, p, r in hub.requests if m == "GET" and r is not None]
+        assert seen == [0], "the first slice waited for the last file's download"
+        assert all(hub.whole_downloads(f) == 1 for f in FILES)
+        assert ranged, "the footers were not read by range"
+    plan = found["plan"]
+    assert plan["slices"] == local["plan"]["slices"] and found["early"] == len(plan["slices"]) > 3
+    assert all(p.startswith(f"hf://datasets/{REPO}@{hub.commit}/") for p in plan["paths"])
+    assert plan["rows"] == local["plan"]["rows"] == _rows(240)
+    assert plan["uncached_rows"] == plan["rows"]  # read by range from the hub
+
+
+def test_a_download_that_fails_is_one_clear_error(tmp_path):
+    repo = _repo(tmp_path / "repo")
+    with HubEmulator(repo, REPO) as hub:
+        hub.failing.add(FILES[1])
+        found = _plan(REPO, hub_environment(hub, tmp_path / "home"), tmp_path / "work")
+    assert "plan" not in found, found
+    error = found["error"]
+    assert REPO in error and FILES[1] in error and "cannot download" in error, error
+    assert "Traceback" not in found["stderr"]
+
+
+def test_a_hub_dataset_the_cache_holds_is_read_from_its_copies(tmp_path):
+    """Once the files are in this machine's hub cache, a plan reads them there: nothing downloads
+    again, and the slices name the copies (as ``datasets`` would read them)."""
+    repo = _repo(tmp_path / "repo")
+    home = tmp_path / "home"
+    with HubEmulator(repo, REPO) as hub:
+        first = _plan(REPO, hub_environment(hub, home), tmp_path / "work")
+        again = _plan(REPO, hub_environment(hub, home), tmp_path / "work-2")
+        assert all(hub.whole_downloads(f) == 1 for f in FILES)  # downloaded once
+    assert again["plan"]["slices"] == first["plan"]["slices"] and again["plan"]["rows"] == _rows(240)
+    assert all(p.startswith("hf://") for p in first["plan"]["paths"])
+    assert not any(p.startswith("hf://") for p in again["plan"]["paths"])
+
+
+def _offline_environment(home: Path) -> dict[str, str]:
+    """A process that reads local files only (the same files as a directory laid out like the hub)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    return {**env, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+
+
+def test_a_stop_while_a_hub_file_downloads_ends_the_run_and_a_rerun_gives_the_local_bytes(tmp_path):
+    """Ctrl-C while the plan waits for a file that is still downloading ends the command within
+    seconds (a download thread does not hold it), with one line; the rerun downloads the rest and
+    writes the bytes of the same files read as a local directory."""
+    from sftmix.digest import compare
+    from tests.cli_runs import cli_env, convert_command
+    from tests.test_stopping import STOP_WITHIN, Run, _one_line_reason
+
+    repo = _repo(tmp_path / "repo")
+    local = subprocess.run(
+        convert_command(repo, tmp_path / "work-local", tmp_path / "out-local", 40),
+        env={**cli_env(), **_offline_environment(tmp_path / "home-local")},
+        capture_output=True,
+        text=True,
+    )
+    assert local.returncode == 0, local.stderr[-3000:]
+    hub_run = convert_command(Path(REPO), tmp_path / "work", tmp_path / "out", 40)
+    with HubEmulator(repo, REPO) as hub:
+        hub.held[FILES[-1]] = held = threading.Event()  # not let go while the first run lasts
+        env = hub_environment(hub, tmp_path / "home")
+        run = Run(hub_run, env=env)
+        deadline = time.monotonic() + 120
+        while not any(m == "GET" and p.endswith(FILES[-1]) and r is None for m, p, r in list(hub.requests)):
+            assert time.monotonic() < deadline and run.proc.poll() is None, run.stderr[-3000:]
+            time.sleep(0.05)
+        time.sleep(0.5)
+        since = time.monotonic()
+        os.killpg(run.proc.pid, signal.SIGINT)
+        assert run.stopped(since) == 130
+        assert time.monotonic() - since < STOP_WITHIN
+        _one_line_reason(run.stderr, "stopped by SIGINT")
+        held.set()
+        rerun = subprocess.run(hub_run, env={**cli_env(), **env}, capture_output=True, text=True)
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+    result = compare(tmp_path / "out", tmp_path / "out-local")
+    differ = [d.name for d in result.items if d.status != "OK"]
+    assert differ == ["dataset_statistics.json"], result.render()  # (it names the dataset)
