@@ -5,11 +5,14 @@
     python bench/first_slice.py /tmp/tokenize-mixer-startup/chats-40.parquet --datasets # datasets' conversion
 
     python bench/first_slice.py chats-40.jsonl --gcs   # the file as a gs:// object (a GCS emulator)
+    python bench/first_slice.py /tmp/tokenize-mixer-startup/hub-10 --hub --rate 100   # served as a hub
 
 The inputs are bench/startup.py's (`--format parquet` writes the Parquet copy); dolma2, olmo, 4096.
 With ``--gcs`` the file is put on a GCS emulator (gcp-storage-emulator, in memory, on loopback) and the
 command reads the object: the time to its first slice, against the file's size, says whether the plan
-waits for the whole object.
+waits for the whole object. With ``--hub`` the input is a directory laid out as a hub dataset
+(`bench/startup.py --format hub`), served by ``tests/hub_emulator.py`` (each answer at ``--rate`` MB/s, a
+link's speed) to a command with an empty hub cache: does the plan wait for every file's download?
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ def main() -> None:
     ap.add_argument("data", type=Path)
     ap.add_argument("--datasets", action="store_true", help="read through datasets' Arrow conversion")
     ap.add_argument("--gcs", action="store_true", help="read the file as a gs:// object of a GCS emulator")
+    ap.add_argument("--hub", action="store_true", help="serve the directory as a hub dataset (an emulator)")
+    ap.add_argument("--rate", type=float, default=None, help="with --hub: MB/s of each answer")
     args = ap.parse_args()
     from tests.tokenizer_fixtures import ensure_dolma2
 
@@ -48,6 +53,15 @@ def main() -> None:
         data = f"gs://soak/{args.data.name}"
         emulator.fs.put_file(str(args.data), data)
         env.update(emulator.env)
+    hub, scratch_hub = None, tempfile.TemporaryDirectory(prefix="first-slice-hub-")
+    if args.hub:
+        from tests.hub_emulator import HubEmulator, hub_environment
+
+        hub = HubEmulator(
+            args.data, "bench/chats", None if args.rate is None else args.rate * 1e6
+        ).__enter__()
+        data = hub.repo
+        env.update(hub_environment(hub, Path(scratch_hub.name) / "home"))
     subprocess.run(["sync"], check=False)
     cold = False
     with contextlib.suppress(OSError), open("/proc/sys/vm/drop_caches", "w") as fh:
@@ -74,6 +88,9 @@ def main() -> None:
         proc.wait(120)
     if emulator is not None:
         emulator.stop()
+    if hub is not None:
+        hub.__exit__(None, None, None)
+    scratch_hub.cleanup()
     print(json.dumps({"data": data, "reader": reader or "ours", "cold": cold, "first_slice_done_s": first}))
 
 

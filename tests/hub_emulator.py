@@ -9,12 +9,14 @@ which requests were made.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import http.server
 import json
 import os
 import re
 import threading
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -31,8 +33,9 @@ class _Server(http.server.ThreadingHTTPServer):
 class HubEmulator:
     """Serves ``root`` as dataset ``repo`` at :attr:`endpoint` (at one commit, named from its files)."""
 
-    def __init__(self, root: Path, repo: str) -> None:
-        self.root, self.repo = root, repo
+    def __init__(self, root: Path, repo: str, rate: float | None = None) -> None:
+        """``rate``: bytes a second each answer is sent at (a link's speed; loopback's own otherwise)."""
+        self.root, self.repo, self.rate = root, repo, rate
         self.commit = hashlib.sha1("\n".join(self._files()).encode()).hexdigest()
         self.held: dict[str, threading.Event] = {}  # path -> set to let its whole download go
         self.failing: set[str] = set()  # paths whose whole download fails
@@ -80,13 +83,16 @@ class HubEmulator:
                 pass
 
             def _send(self, code: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+                self._head(code, len(body), headers)
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            def _head(self, code: int, length: int, headers: dict[str, str] | None = None) -> None:
                 self.send_response(code)
                 for k, v in (headers or {}).items():
                     self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(length))
                 self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(body)
 
             def _json(self, obj: object) -> None:
                 self._send(200, json.dumps(obj).encode(), {"Content-Type": "application/json"})
@@ -137,27 +143,48 @@ class HubEmulator:
                         return self._send(403, b"forbidden by the test")
                     if (held := hub.held.get(name)) is not None:
                         held.wait(60)
-                data = full.read_bytes()
+                size = full.stat().st_size
                 headers = {"X-Repo-Commit": hub.commit, "ETag": f'"{_oid(full)}"', "Accept-Ranges": "bytes"}
-                if asked is None:
-                    self._send(200, data, headers)
-                    if self.command == "GET":
-                        with hub._lock:
-                            hub.served.append(name)
+                start, end, code = 0, size - 1, 200
+                if asked is not None:
+                    lo, _, hi = asked.removeprefix("bytes=").partition("-")
+                    start = int(lo) if lo else size - int(hi)
+                    end = min(int(hi), size - 1) if lo and hi else size - 1
+                    headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+                    code = 206
+                self._head(code, end + 1 - start, headers)
+                if self.command == "HEAD":
                     return
-                lo, _, hi = asked.removeprefix("bytes=").partition("-")
-                start = int(lo) if lo else len(data) - int(hi)
-                end = min(int(hi), len(data) - 1) if lo and hi else len(data) - 1
-                headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
-                self._send(206, data[start : end + 1], headers)
+                with open(full, "rb") as fh:
+                    fh.seek(start)
+                    sent, began = 0, time.monotonic()
+                    while sent < end + 1 - start:
+                        block = fh.read(min(1 << 20, end + 1 - start - sent))
+                        self.wfile.write(block)
+                        sent += len(block)
+                        if hub.rate is not None:  # (a link's speed)
+                            time.sleep(max(0.0, began + sent / hub.rate - time.monotonic()))
+                if asked is None:
+                    with hub._lock:
+                        hub.served.append(name)
 
             do_GET = do_HEAD = do_POST = _serve
 
         return Handler
 
 
+@functools.lru_cache(maxsize=1024)
+def _oid_of(path: Path, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha1()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
 def _oid(path: Path) -> str:
-    return hashlib.sha1(path.read_bytes()).hexdigest()
+    stat = path.stat()
+    return _oid_of(path, stat.st_size, stat.st_mtime_ns)
 
 
 def hub_environment(hub: HubEmulator, home: Path) -> dict[str, str]:

@@ -40,6 +40,7 @@ from sftmix.assemble import PROCESSES_FROM_ENV
 from sftmix.digest import compare
 from sftmix.jsonl import BATCH_BYTES
 from sftmix.output_dir import output_id
+from tests.hub_emulator import HubEmulator
 from tokenize_mixer.flows.runtime import PRIVATE_DIR_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,6 +87,7 @@ LOCAL_KINDS = (
     "change-parquet",
     "change-gzip",
     "change-gcs",
+    "sigint-hub",
 )
 #: Kinds whose fault is aimed at the tail (the output's assembly, check and publish) or at a rerun of a
 #: published output (found up to date, or `--force`): stops there must leave the published output whole.
@@ -109,6 +111,7 @@ EXPECTED_CODE: dict[str, int | None] = {
     "change-parquet": 2,  # the same, the input a Parquet file read by row group
     "change-gzip": 2,  # the same, the input gzipped JSON Lines (decompressed to a copy by the plan)
     "change-gcs": 2,  # the same, the input a gs:// object (JSON Lines, Parquet, gzipped) on an emulator
+    "sigint-hub": 128 + signal.SIGINT,  # Ctrl-C, the input a hub dataset whose files download meanwhile
     "cancel": 4,
     "kill-prefect-worker": None,
 }
@@ -130,6 +133,11 @@ CHANGE_KINDS = ("change-input", "change-parquet", "change-gzip", "change-gcs")
 GCS_DATA = "gs://soak/chats.jsonl"
 GCS_PARQUET = "gs://soak/chats.parquet"
 GCS_GZIP = "gs://soak/chats.jsonl.gz"
+#: sigint-hub's dataset: the Parquet copy's row groups in files of a hub dataset on a hub emulator (its
+#: own hub cache each trial, so they download during the run), each answer sent at a link's speed.
+HUB_DATASET = "soak/chats"
+HUB_FILES = 4
+HUB_RATE = 8e6
 #: Rows a row group of the soak's Parquet copy (8,000 rows: 16 row groups, about 1 MiB each).
 PARQUET_GROUP_ROWS = 500
 #: Half of change-parquet's trials read every row group batch by batch, as only a large one is.
@@ -594,6 +602,23 @@ def write_parquet_copy(rows: list[dict], path: Path) -> None:
     pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=PARQUET_GROUP_ROWS)
 
 
+def write_hub_copy(parquet: Path, repo: Path) -> Path:
+    """The Parquet copy's row groups dealt in order into :data:`HUB_FILES` files of a hub dataset."""
+    import pyarrow.parquet as pq
+
+    source = pq.ParquetFile(parquet)
+    groups = source.num_row_groups
+    (repo / "data").mkdir(parents=True)
+    for k in range(HUB_FILES):
+        with pq.ParquetWriter(
+            repo / "data" / f"train-{k:05d}-of-{HUB_FILES:05d}.parquet", source.schema_arrow
+        ) as w:
+            for g in range(k * groups // HUB_FILES, (k + 1) * groups // HUB_FILES):
+                w.write_table(source.read_row_group(g))
+    (repo / "README.md").write_text("---\nlicense: odc-by\n---\n")
+    return repo
+
+
 def _parquet_rows(path: Path) -> list[dict]:
     import pyarrow.parquet as pq
 
@@ -957,6 +982,7 @@ class Soak:
         self.home = self.root / "prefect-home"
         self.stack: Stack | None = None
         self.gcs: Emulator | None = None  # for change-gcs
+        self.hub: HubEmulator | None = None  # for sigint-hub (a thread of this process)
         self.baseline: Baseline | None = None
         self.durations: dict[str, list[float]] = {}
         self._cancelled = ""  # the flow run a cancel trial cancelled
@@ -974,7 +1000,7 @@ class Soak:
             "".join(json.dumps({**r, "id": r["id"].ljust(ID_CHARS, ".")}) + "\n" for r in rows)
         )
         assert self.data.stat().st_size > BATCH_BYTES
-        if "change-parquet" in self.kinds or "change-gcs" in self.kinds:
+        if {"change-parquet", "change-gcs", "sigint-hub"} & set(self.kinds):
             write_parquet_copy([{**r, "id": r["id"].ljust(ID_CHARS, ".")} for r in rows], self.parquet)
         if "change-gzip" in self.kinds or "change-gcs" in self.kinds:
             self.gzipped.write_bytes(gzip.compress(self.data.read_bytes(), mtime=0))
@@ -988,6 +1014,11 @@ class Soak:
             check=True,
         )
         self.baseline = self._baseline()
+        if "sigint-hub" in self.kinds:
+            self.hub = HubEmulator(
+                write_hub_copy(self.parquet, self.root / "hub-repo"), HUB_DATASET, HUB_RATE
+            )
+            self.hub.__enter__()
         if "change-gcs" in self.kinds:  # (after the baseline, which counts every process left as its)
             self.gcs = Emulator(self.reaper)
             self.gcs.fs.put_file(str(self.data), GCS_DATA)
@@ -1071,6 +1102,8 @@ class Soak:
 
     def close(self) -> None:
         try:
+            if self.hub is not None:
+                self.hub.__exit__(None, None, None)
             if self.gcs is not None:
                 self.gcs.stop()
             if self.stack is not None:
@@ -1161,6 +1194,10 @@ class Soak:
         if rec.kind == "change-gcs":
             assert self.gcs is not None
             env.update(self.gcs.env)
+        if rec.kind == "sigint-hub":  # an empty hub cache of its own: the files download during the run
+            assert self.hub is not None
+            env.update(HF_ENDPOINT=self.hub.endpoint, HF_HOME=str(tmp.parent / "hf-home"))
+            env.pop("HF_HUB_OFFLINE", None)
         if rec.start.startswith("spawned"):
             env["TOKENIZE_MIXER_WORKER_START"] = "spawn"
         if rec.start.endswith(TAIL_IN_PROCESSES):
@@ -1175,8 +1212,12 @@ class Soak:
             return
         base = self.baseline
         work, out = tdir / "work", tdir / "out"
-        argv = convert_argv(self.data, work, out)
+        data: Path | str = HUB_DATASET if rec.kind == "sigint-hub" else self.data
+        argv = convert_argv(data, work, out)
         env = self._env(rec, tdir / "tmp")
+        expected = None
+        if rec.kind == "sigint-hub":  # (its statistics name the dataset; made with a cache of its own)
+            expected = self._version_expected(data, "", {**env, "HF_HOME": str(self.root / "hf-home")}, tdir)
         kind = rec.kind
         fault_at: float | None = None
         published_id: str | None = None
@@ -1229,7 +1270,7 @@ class Soak:
                 except (OSError, ValueError) as e:
                     rec.problem("error", f"no exit status from the pipeline: {e!r}")
                 self._judge_code(rec)
-        self._rerun_command(rec, argv, env, work, out, tdir)
+        self._rerun_command(rec, argv, env, work, out, tdir, expected=expected)
 
     def _pattern(self, rng: random.Random) -> str:
         """A line the baseline printed: a slice's progress line ("[k/") or one of the markers."""
@@ -1245,7 +1286,7 @@ class Soak:
         assert self.baseline is not None
         base = self.baseline
         kind = rec.kind
-        if kind in ("sigint-group", "sigterm", "sighup-group", "sigterm-tail", "sigterm-rerun"):
+        if kind in ("sigint-group", "sigterm", "sighup-group", "sigterm-tail", "sigterm-rerun", "sigint-hub"):
             forced = "--force" in cmd.argv
             if kind == "sigterm-tail" or forced:  # while the output is assembled, checked and published
                 delay = rng.uniform(0, base.published_at - base.tail_at + 0.1)
@@ -1264,12 +1305,16 @@ class Soak:
                 rec.fault += f"{kind} at {moment:.2f} s"
                 if not cmd.sleep_until(cmd.started + moment):
                     return None
-            sig = {"sigint-group": signal.SIGINT, "sighup-group": signal.SIGHUP}.get(kind, signal.SIGTERM)
+            sig = {
+                "sigint-group": signal.SIGINT,
+                "sighup-group": signal.SIGHUP,
+                "sigint-hub": signal.SIGINT,
+            }.get(kind, signal.SIGTERM)
             if not stop_handling_begun(cmd.pid):
                 rec.before_our_code = True
                 rec.fault += " (before the command's first line: Python's own start)"
             fault_at = time.monotonic()
-            if not kind.endswith("-group"):
+            if not kind.endswith("-group") and kind != "sigint-hub":
                 os.kill(cmd.pid, sig)
             else:
                 os.killpg(cmd.pid, sig)
@@ -1539,7 +1584,8 @@ class Soak:
 
     def _version_expected(self, data: Path | str, change: str, env: dict[str, str], tdir: Path) -> Path:
         """The output of ``data`` as ``change`` leaves it (``""``: unchanged), made once by a plain run."""
-        name = ("gcs" if isinstance(data, str) else "") + Path(data).suffix.replace(".", "-")
+        name = {GCS_DATA: "gcs", GCS_PARQUET: "gcs", GCS_GZIP: "gcs", HUB_DATASET: "hub"}.get(str(data), "")
+        name += Path(data).suffix.replace(".", "-")
         expected = self.root / f"expected{name}-{change or 'unchanged'}"
         if not expected.exists():
             original = tdir / f"original{Path(data).suffix}"
@@ -1554,7 +1600,8 @@ class Soak:
                     timeout=300,
                 )
             finally:
-                self._restore(original, data)
+                if change:
+                    self._restore(original, data)
             if run.returncode != 0:
                 raise RuntimeError(f"the {change} version's run failed:\n{run.stderr.decode()[-TAIL:]}")
         return expected
