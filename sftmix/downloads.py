@@ -9,9 +9,10 @@ as soon as it has landed (:attr:`sftmix.parquet.ParquetLayout.downloads`).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import CancelledError, Future
 
 from .errors import DatasetError
@@ -78,3 +79,15 @@ class Downloads:
             self._queue.clear()
             for landed in self._landed.values():
                 landed.cancel()
+
+
+@contextlib.contextmanager
+def closed_on_error(downloads: Downloads | None) -> Iterator[None]:
+    """Within it, an error (a refusal, a stop) closes ``downloads``: no file downloads for a plan that
+    will not read it."""
+    try:
+        yield
+    except BaseException:
+        if downloads is not None:
+            downloads.close()
+        raise

@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from . import pinned, settings
-from .downloads import Downloads
+from .downloads import Downloads, closed_on_error
 from .errors import ConfigError, DatasetError
 from .features import decodes, features_schema
 from .parallel import available_cpus
@@ -491,16 +491,15 @@ def _hashed(layout: ParquetLayout, on_group: GroupListener | None, threads: int)
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(todo), threads))) as pool:
         try:
-            for group, sha in zip(todo, pool.map(sha256, todo), strict=True):
-                groups.append(group.model_copy(update={"sha256": sha}))
-                if len(groups) == 1 and not _decodes_alone(layout, groups[0]):
-                    return None
-                if on_group is not None:
-                    on_group(groups[-1])
-        except BaseException:
-            if layout.downloads is not None:
-                layout.downloads.close()  # (threads waiting for a file stop waiting)
-            raise
+            with closed_on_error(layout.downloads):  # (and threads waiting for a file stop waiting)
+                for group, sha in zip(todo, pool.map(sha256, todo), strict=True):
+                    groups.append(group.model_copy(update={"sha256": sha}))
+                    if len(groups) == 1 and not _decodes_alone(layout, groups[0]):
+                        if layout.downloads is not None:
+                            layout.downloads.close()  # datasets reads it, and downloads it itself
+                        return None
+                    if on_group is not None:
+                        on_group(groups[-1])
         finally:
             pool.shutdown(cancel_futures=True)  # (a read that ends early reads no further)
     paths = [path for path, *_ in layout.stamps]

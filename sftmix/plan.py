@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from . import jsonl, parquet, pinned
 from .config import DatasetEntry, MixerConfig, RunOptions, TokenizerSpec, default_work_dir, local_mirror
+from .downloads import closed_on_error
 from .encoders import same_encodings
 from .errors import ConfigError, DatasetError, TemplateError
 from .formats import MESSAGES_KEY, Conversation, RowFormatError, conversation_from_row, detect_format
@@ -589,32 +590,33 @@ def _open_parquet(
     layout = _parquet_counted(entry, str(cutter.work_dir / "datasets-cache"))
     if layout is None:
         return None
-    row_format, messages_key = _format_of(entry, layout.columns)
-    target = target_rows(entry.amount, layout.n_rows)
-    _check_selection(entry, layout.n_rows, target, selected_total + target, memory)
-    warnings = []
-    if (w := small_count_warning(entry.path, entry.amount, layout.n_rows)) is not None:
-        warnings.append(w)
-        logger.warning(w)
-    selected = selected_source_rows(layout.n_rows, target)
-    if run.slice_rows:
-        cuts = _row_groups(layout.n_rows, selected, run.slice_rows)
-    else:
-        cuts = parquet.slice_cuts(layout, selected, slice_bytes_for(run, layout.nbytes))
-    dataset = _Opened(
-        index,
-        entry,
-        warnings=warnings,
-        row_format=row_format,
-        messages_key=messages_key,
-        row_groups=layout,
-        cuts=cuts,
-    )
-    first = [parquet.with_sha256(g, layout.downloads) for g in parquet.groups_for(layout, *cuts[0][:2])]
-    dataset.sampled = cutter.spec(
-        dataset, cuts[0], _digest(layout.data_key(first)), 0, parquet=layout.source(first)
-    )
-    return dataset
+    with closed_on_error(layout.downloads):  # refused (or stopped): its files stop downloading
+        row_format, messages_key = _format_of(entry, layout.columns)
+        target = target_rows(entry.amount, layout.n_rows)
+        _check_selection(entry, layout.n_rows, target, selected_total + target, memory)
+        warnings = []
+        if (w := small_count_warning(entry.path, entry.amount, layout.n_rows)) is not None:
+            warnings.append(w)
+            logger.warning(w)
+        selected = selected_source_rows(layout.n_rows, target)
+        if run.slice_rows:
+            cuts = _row_groups(layout.n_rows, selected, run.slice_rows)
+        else:
+            cuts = parquet.slice_cuts(layout, selected, slice_bytes_for(run, layout.nbytes))
+        dataset = _Opened(
+            index,
+            entry,
+            warnings=warnings,
+            row_format=row_format,
+            messages_key=messages_key,
+            row_groups=layout,
+            cuts=cuts,
+        )
+        first = [parquet.with_sha256(g, layout.downloads) for g in parquet.groups_for(layout, *cuts[0][:2])]
+        dataset.sampled = cutter.spec(
+            dataset, cuts[0], _digest(layout.data_key(first)), 0, parquet=layout.source(first)
+        )
+        return dataset
 
 
 def _cut_parquet(
