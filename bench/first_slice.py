@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--gcs", action="store_true", help="read the file as a gs:// object of a GCS emulator")
     ap.add_argument("--hub", action="store_true", help="serve the directory as a hub dataset (an emulator)")
     ap.add_argument("--rate", type=float, default=None, help="with --hub: MB/s of each answer")
+    ap.add_argument("--to-end", action="store_true", help="let the run finish; print its whole time too")
     args = ap.parse_args()
     from tests.tokenizer_fixtures import ensure_dolma2
 
@@ -77,12 +78,15 @@ def main() -> None:
         proc = subprocess.Popen(
             argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
-        first = None
+        first = whole = None
         while proc.poll() is None and time.monotonic() - started < 600:
-            if next(Path(scratch, "work", "slices").glob("*/*/manifest.json"), None) is not None:
+            if first is None and next(Path(scratch, "work", "slices").glob("*/*/manifest.json"), None):
                 first = time.monotonic() - started
-                break
+                if not args.to_end:
+                    break
             time.sleep(0.05)
+        if args.to_end and proc.poll() == 0:
+            whole = time.monotonic() - started
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGINT)
         proc.wait(120)
@@ -91,7 +95,8 @@ def main() -> None:
     if hub is not None:
         hub.__exit__(None, None, None)
     scratch_hub.cleanup()
-    print(json.dumps({"data": data, "reader": reader or "ours", "cold": cold, "first_slice_done_s": first}))
+    found = {"data": data, "reader": reader or "ours", "cold": cold, "first_slice_done_s": first}
+    print(json.dumps({**found, "whole_run_s": whole} if args.to_end else found))
 
 
 if __name__ == "__main__":
