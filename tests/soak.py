@@ -137,7 +137,9 @@ GCS_GZIP = "gs://soak/chats.jsonl.gz"
 #: own hub cache each trial, so they download during the run), each answer sent at a link's speed.
 HUB_DATASET = "soak/chats"
 HUB_FILES = 4
-HUB_RATE = 8e6
+HUB_RATE = 2e6
+#: Seconds from the command's start within which sigint-hub draws most of its moments: its downloads.
+HUB_WINDOW = 4.0
 #: Rows a row group of the soak's Parquet copy (8,000 rows: 16 row groups, about 1 MiB each).
 PARQUET_GROUP_ROWS = 500
 #: Half of change-parquet's trials read every row group batch by batch, as only a large one is.
@@ -1300,6 +1302,8 @@ class Soak:
                 if kind == "sigterm-rerun":
                     moment = rng.uniform(0, base.up_to_date_wall)
                     rec.fault = "up to date, "
+                elif kind == "sigint-hub" and rng.random() < 0.6:  # while its files download
+                    moment = rng.uniform(0, HUB_WINDOW)
                 else:
                     moment = self.early_or_any(rng)
                 rec.fault += f"{kind} at {moment:.2f} s"
