@@ -257,6 +257,7 @@ class _Ranges:
                 self._fd = os.open(local, os.O_RDONLY)
             except FileNotFoundError:
                 raise DatasetError(path, _changed("the file, now missing,")) from None
+        self.local = self._fd is not None
         # a request to a store costs tens of ms: fewer, larger ones, and a column chunk read ahead
         self.block = _READ_BLOCK if self._fd is not None else pinned.RANGE_BYTES
         self.ahead = 0 if self._fd is not None else pinned.RANGE_BYTES
@@ -279,10 +280,10 @@ class _Ranges:
         self.close()
 
 
-def _footer_bounds(ranges: _Ranges, size: int) -> int:
-    """Where the footer (its metadata, length and marker) begins; a file without the markers is refused."""
+def _footer_bounds(ranges: _Ranges, size: int, tail: bytes) -> int:
+    """Where the footer (its metadata, length and marker) begins, from the file's last 8 bytes ``tail``; a
+    file without the markers is refused."""
     head = ranges.read(0, len(MAGIC))
-    tail = ranges.read(size - 8, 8)
     if head != MAGIC or tail[4:] != MAGIC:
         raise DatasetError(
             ranges.path,
@@ -531,11 +532,21 @@ def _decodes_alone(layout: ParquetLayout, first: RowGroup) -> bool:
     return True
 
 
+#: Bytes read at once from a remote file's end: its footer, length and marker in one request for most
+#: files (a request costs tens of ms; a hub dataset has hundreds of files).
+_FOOTER_GUESS = 64 << 10
+
+
 def _read_footer(path: str, size: int) -> tuple[int, bytes, Any]:
     """Where the file's footer begins, its bytes and the metadata they hold."""
     with _Ranges(path) as ranges:
-        offset = _footer_bounds(ranges, size)
-        footer = _read_at(ranges, offset, size, "its footer")
+        guess = min(max(size, 0), 8 if ranges.local else _FOOTER_GUESS)
+        end = ranges.read(size - guess, guess) if guess else b""
+        offset = _footer_bounds(ranges, size, end[-8:] if len(end) == guess >= 8 else b"")
+        if offset >= size - guess:
+            footer = end[offset - (size - guess) :]
+        else:
+            footer = _read_at(ranges, offset, size, "its footer")
     try:
         return offset, footer, _metadata(footer)
     except Exception as exc:
