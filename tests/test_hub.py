@@ -204,6 +204,7 @@ def test_a_stop_while_a_hub_file_downloads_ends_the_run_and_a_rerun_gives_the_lo
         held.set()
         rerun = subprocess.run(hub_run, env={**cli_env(), **env}, capture_output=True, text=True)
         assert rerun.returncode == 0, rerun.stderr[-3000:]
+        assert "HTTP Request:" not in rerun.stderr  # (a line per hub request is noise, not progress)
     result = compare(tmp_path / "out", tmp_path / "out-local")
     differ = [d.name for d in result.items if d.status != "OK"]
     assert differ == ["dataset_statistics.json"], result.render()  # (it names the dataset)

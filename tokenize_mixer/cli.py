@@ -597,6 +597,8 @@ def _configure_logging(verbose: bool) -> None:
     for name in (
         "httpx",
         "httpcore",
+        "httpx2",  # (huggingface_hub's own copies of them: a line per hub request otherwise)
+        "httpcore2",
         "websockets",
         "datasets",
         "filelock",
