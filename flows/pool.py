@@ -28,7 +28,7 @@ from prefect.task_runners import ProcessPoolTaskRunner
 
 from sftmix.config import RunOptions
 from sftmix.parallel import available_cpus
-from sftmix.processes import stop_signals_blocked
+from sftmix.processes import start_resource_tracker, stop_signals_blocked
 from sftmix.slices import SliceManifest, SliceSpec, TokenizeContext, read_manifest
 
 from .worker_start import start_method
@@ -176,6 +176,7 @@ class ProcessPool(ProcessPoolTaskRunner):
     def __enter__(self) -> ProcessPool:
         if self._started:  # begun ahead of the flow (flows.head_start): its workers are already busy
             return self
+        start_resource_tracker()  # (before the executor's first semaphore starts one that SIGHUP kills)
         super().__enter__()
         executor = self._executor
         if executor is not None:

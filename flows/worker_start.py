@@ -15,12 +15,11 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 import os
-from multiprocessing import resource_tracker
 from typing import TYPE_CHECKING
 
 from sftmix import settings
 from sftmix.parallel import available_cpus
-from sftmix.processes import stop_signals_blocked
+from sftmix.processes import start_resource_tracker, stop_signals_blocked
 
 if TYPE_CHECKING:
     from sftmix.config import MixerConfig, RunOptions
@@ -73,11 +72,8 @@ def start_worker_server(mixer: MixerConfig, run: RunOptions) -> None:
         return
     if not local:  # a hub or remote dataset that workers may read through datasets
         multiprocessing.get_context("forkserver").set_forkserver_preload([*WORKER_PRELOAD, "datasets"])
-    # The server needs multiprocessing's resource tracker. It ignores SIGINT and SIGTERM but not SIGHUP
-    # (a closed terminal, sent to the whole group): born with it blocked, it never sees one. Its start
-    # unblocks SIGINT and SIGTERM in the calling thread: started in a block of its own first, so that
+    # The server needs multiprocessing's resource tracker: started first, in a block of its own, so that
     # the server's block holds for the server's whole start.
-    with stop_signals_blocked():
-        resource_tracker.ensure_running()
+    start_resource_tracker()
     with stop_signals_blocked():  # the server, and each worker it forks, is born deaf to Ctrl-C
         multiprocessing.forkserver.ensure_running()

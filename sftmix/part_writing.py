@@ -33,7 +33,7 @@ import numpy as np
 
 from .errors import ChecksumError
 from .olmo_format import part_spans
-from .processes import ignore_stop_signals, stop_signals_blocked
+from .processes import ignore_stop_signals, start_resource_tracker, stop_signals_blocked
 from .storage import npy_header, pread_into, pwrite_all
 
 
@@ -220,6 +220,7 @@ def worker_processes(workers: int) -> Iterator[ProcessPoolExecutor]:
     """Worker processes for the jobs: spawned (the run's process has threads, which forking copies
     badly), deaf to the stop signals (a stopped run kills them: their windows were going into a staging
     directory that is removed with them), gone when the parts are written."""
+    start_resource_tracker()
     pool = ProcessPoolExecutor(
         max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=ignore_stop_signals
     )

@@ -107,3 +107,16 @@ def stop_signals_blocked() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def start_resource_tracker() -> None:
+    """Before a pool of worker processes: multiprocessing's resource tracker (it follows the pool's
+    semaphores), started deaf to the stop signals. It ignores SIGINT and SIGTERM but not SIGHUP (a closed
+    terminal, sent to the whole group); killed by one, it is started again by the next semaphore the
+    stopping run lets go of, and the new one, which never saw them registered, prints a traceback for
+    each. Born with the signals blocked, it never sees one. Its start unblocks SIGINT and SIGTERM in the
+    calling thread: it gets a block of its own. (Once running, this returns at once.)"""
+    from multiprocessing import resource_tracker
+
+    with stop_signals_blocked():
+        resource_tracker.ensure_running()
