@@ -484,17 +484,11 @@ def _hashed(layout: ParquetLayout, on_group: GroupListener | None, threads: int)
     todo = layout.row_groups
     if any(is_remote(f.path) for f in layout.footers):
         threads = max(threads, pinned.READERS)
-
-    def sha256(group: RowGroup) -> str:
-        if layout.downloads is not None:
-            layout.downloads.wait(group.path)
-        return _sha256_range(group.path, group.offset, group.end)
-
     with ThreadPoolExecutor(max_workers=max(1, min(len(todo), threads))) as pool:
         try:
             with closed_on_error(layout.downloads):  # (and threads waiting for a file stop waiting)
-                for group, sha in zip(todo, pool.map(sha256, todo), strict=True):
-                    groups.append(group.model_copy(update={"sha256": sha}))
+                for group in pool.map(lambda g: with_sha256(g, layout.downloads), todo):
+                    groups.append(group)
                     if len(groups) == 1 and not _decodes_alone(layout, groups[0]):
                         if layout.downloads is not None:
                             layout.downloads.close()  # datasets reads it, and downloads it itself
