@@ -447,8 +447,8 @@ class RunOptions(BaseModel):
         gt=0,
         title="Bytes per slice",
         description="Source bytes in each slice when rows per slice is empty: small enough to balance the "
-        "workers, large enough that orchestration costs little. Empty: by each dataset's size, 4 MiB up to "
-        "2 GiB of data, doubling to at most 64 MiB so that a dataset makes at most ~512 slices (one "
+        "workers, large enough that orchestration costs little. Empty: by the whole mixture's size, 4 MiB "
+        "up to 2 GiB of data, doubling to at most 64 MiB so that a mixture makes at most ~512 slices (one "
         "Prefect API core dispatches ~25 task runs a second). It does not depend on the number of workers, "
         "so finished slices are reused whatever the parallelism. A local JSON Lines file of several 10 MiB "
         "batches is cut into whole batches (the nearest number of them, at least one).",

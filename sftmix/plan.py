@@ -135,18 +135,20 @@ MAX_AUTO_SLICE_ROWS = 20_000
 SCAN_SHARE = 8
 
 
-#: Bytes per slice when the run leaves them to the tool: the smallest of these that cuts a dataset into
+#: Bytes per slice when the run leaves them to the tool: the smallest of these that cuts the mixture into
 #: at most ``AUTO_SLICES`` slices (the largest one beyond that).
 AUTO_SLICE_BYTES = (4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20)
 AUTO_SLICES = 512
 
 
 def slice_bytes_for(run: RunOptions, nbytes: int) -> int:
-    """The bytes per slice of a dataset of ``nbytes``: the run's, or by the dataset's size. Each slice is a
-    task run, and one Prefect API core dispatches ~25 a second: 10 MiB slices of a 100 GB mixture are
-    ~10,000, ~77 a second on 64 cores; these are ~2,000-3,500 (10 GB datasets get slices of 3 batches,
-    30 MiB: ~17 a second). The dataset's size decides, not the workers, so finished slices are reused
-    whatever the parallelism; in tiers, so a dataset that grows a little keeps its slices."""
+    """The bytes per slice of a mixture of ``nbytes``: the run's, or by the mixture's size. Each slice is a
+    task run, and one Prefect API core dispatches ~25 a second whatever the cores: a mixture cut into at
+    most ~512 slices (up to 32 GiB) costs at most ~20 s of dispatch; beyond, 64 MiB slices are dispatched
+    as fast as 64 cores tokenize them. The whole mixture decides, not each dataset (20 datasets of 1 GB
+    each cut into 512 slices were ~10,000 task runs, minutes of dispatch on 64 cores for seconds of
+    work), and not the workers, so finished slices are reused whatever the parallelism; in tiers, so a
+    mixture that grows a little keeps its slices."""
     if run.slice_bytes is not None:
         return run.slice_bytes
     return next((b for b in AUTO_SLICE_BYTES if nbytes <= b * AUTO_SLICES), AUTO_SLICE_BYTES[-1])
@@ -333,6 +335,9 @@ class _Opened:
     streamed: str | None = (
         None  # the JSON Lines file (or pinned object) its slices are cut from as it is read
     )
+    whole: _Whole | None = None  # read whole (counted, hashed) before its slices are cut
+    selected: np.ndarray | None = None  # its rows selected by its amount (``None``: every row, once)
+    nbytes: int = 0  # its data's size, as the mixture's size counts it (the slices' size)
 
     def counted(self, n_rows: int, target: int, fingerprint: str) -> None:
         """Its plan, once its rows are counted (slices numbered in mixer order later)."""
@@ -439,7 +444,14 @@ def _open_streamed(
     if selection_problem(entry.amount, estimate, target, 2 * target, memory) is not None:
         return None  # (near a limit: counted first, so that a refusal comes before any work)
     row_format, messages_key = _format_of(entry, columns)
-    dataset = _Opened(index, entry, row_format=row_format, messages_key=messages_key, streamed=path)
+    dataset = _Opened(
+        index,
+        entry,
+        row_format=row_format,
+        messages_key=messages_key,
+        streamed=path,
+        nbytes=pinned.size_of(path),
+    )
     source = jsonl.JsonlSource(path=path, schema_b64=schema_b64, batches=[batch])
     first = (0, min(batch.rows, run.slice_rows or batch.rows), None)  # the first slice's rows
     dataset.sampled = cutter.spec(dataset, first, _batch_data(schema_b64, [batch]), 0, jsonl=source)
@@ -473,6 +485,22 @@ def _check_selection(
         raise DatasetError(entry.path, problem)
 
 
+def _sampled_rows(n_rows: int, selected: np.ndarray | None) -> tuple[int, int, list[int] | None]:
+    """The rows a dataset's sample reads: its first selected rows (up to :data:`SAMPLE_ROWS`)."""
+    if selected is None:
+        return 0, min(n_rows, SAMPLE_ROWS), None
+    return _row_groups(n_rows, selected[:SAMPLE_ROWS], SAMPLE_ROWS)[0]
+
+
+@dataclass
+class _Whole:
+    """What slicing a dataset read whole needs: its count and layout, and the rows selected."""
+
+    info: SourceInfo
+    batched: jsonl.JsonlLayout | None
+    arrow_files: list[str] | None
+
+
 def _open_whole(
     index: int,
     entry: DatasetEntry,
@@ -482,7 +510,8 @@ def _open_whole(
     selected_total: int,
     memory: int | None,
 ) -> _Opened:
-    """A dataset read whole before its slices are cut (counted, hashed), and its slices."""
+    """A dataset read whole before its slices are cut (counted, hashed): counted and sampled here, its
+    slices cut by :func:`_cut_whole` once the mixture's size is known."""
     datasets_cache = str(cutter.work_dir / "datasets-cache")
     warnings: list[str] = []
     batched = _jsonl_layout(entry, datasets_cache)
@@ -508,13 +537,35 @@ def _open_whole(
         warnings.append(w)
         logger.warning(w)
     selected = selected_source_rows(info.n_rows, target)
-    per_slice = run.slice_rows or rows_per_slice(info.nbytes, info.n_rows, slice_bytes_for(run, info.nbytes))
-    dataset = _Opened(index, entry, warnings=warnings, row_format=row_format, messages_key=messages_key)
+    dataset = _Opened(
+        index,
+        entry,
+        warnings=warnings,
+        row_format=row_format,
+        messages_key=messages_key,
+        whole=_Whole(info, batched, arrow_files),
+        selected=selected,
+        nbytes=info.nbytes,
+    )
+    rows = _sampled_rows(info.n_rows, selected)
+    source = None if batched is None else batched.source(jsonl.batches_for(batched, rows[0], rows[1]))
+    dataset.sampled = cutter.spec(dataset, rows, "sample", 0, arrow_files=arrow_files, jsonl=source)
+    dataset.counted(info.n_rows, target, info.fingerprint)
+    return dataset
+
+
+def _cut_whole(dataset: _Opened, run: RunOptions, cutter: _SliceCutter, slice_bytes: int) -> None:
+    """The slices of a dataset read whole, each with the fingerprint of the rows it reads."""
+    assert dataset.whole is not None
+    entry, whole = dataset.entry, dataset.whole
+    info, batched, arrow_files, selected = whole.info, whole.batched, whole.arrow_files, dataset.selected
     memo = FingerprintMemo(cutter.work_dir, info.fingerprint, entry.split)
+    datasets_cache = str(cutter.work_dir / "datasets-cache")
     fingerprint_rows = RowsFingerprinter(entry.path, entry.split, entry.revision, datasets_cache, arrow_files)
     if batched is not None and not run.slice_rows:
-        groups = _batch_groups(batched, selected, slice_bytes_for(run, batched.size))
+        groups = _batch_groups(batched, selected, slice_bytes)
     else:
+        per_slice = run.slice_rows or rows_per_slice(info.nbytes, info.n_rows, slice_bytes)
         groups = _row_groups(info.n_rows, selected, per_slice)
     for start, end, subset in groups:
         source = None
@@ -530,9 +581,6 @@ def _open_whole(
         )
     memo.save()
     fingerprint_rows.close()
-    dataset.sampled = dataset.specs[0]
-    dataset.counted(info.n_rows, target, info.fingerprint)
-    return dataset
 
 
 class _HandOn:
@@ -570,9 +618,11 @@ def _read_whole_instead(
     ctx: TokenizeContext,
     selected_total: int,
     memory: int | None,
+    slice_bytes: int,
 ) -> None:
     """A dataset found, once its read began, to be one only ``datasets`` reads (before any slice was cut)."""
     whole = _open_whole(dataset.index, dataset.entry, run, cutter, ctx.on_bad_row, selected_total, memory)
+    _cut_whole(whole, run, cutter, slice_bytes)
     dataset.plan, dataset.specs, dataset.warnings = whole.plan, whole.specs, whole.warnings
 
 
@@ -599,10 +649,6 @@ def _open_parquet(
             warnings.append(w)
             logger.warning(w)
         selected = selected_source_rows(layout.n_rows, target)
-        if run.slice_rows:
-            cuts = _row_groups(layout.n_rows, selected, run.slice_rows)
-        else:
-            cuts = parquet.slice_cuts(layout, selected, slice_bytes_for(run, layout.nbytes))
         dataset = _Opened(
             index,
             entry,
@@ -610,12 +656,12 @@ def _open_parquet(
             row_format=row_format,
             messages_key=messages_key,
             row_groups=layout,
-            cuts=cuts,
+            selected=selected,
+            nbytes=layout.nbytes,
         )
-        first = [parquet.with_sha256(g, layout.downloads) for g in parquet.groups_for(layout, *cuts[0][:2])]
-        dataset.sampled = cutter.spec(
-            dataset, cuts[0], _digest(layout.data_key(first)), 0, parquet=layout.source(first)
-        )
+        rows = _sampled_rows(layout.n_rows, selected)
+        first = [parquet.with_sha256(g, layout.downloads) for g in parquet.groups_for(layout, *rows[:2])]
+        dataset.sampled = cutter.spec(dataset, rows, "sample", 0, parquet=layout.source(first))
         return dataset
 
 
@@ -628,6 +674,7 @@ def _cut_parquet(
     selected_total: int,
     memory: int | None,
     early: EarlySlice | None,
+    slice_bytes: int,
 ) -> None:
     """A Parquet dataset's slices, each numbered and handed to ``early`` as soon as its row groups are
     hashed; a dataset whose first row group does not decode from its recorded bytes alone is read by
@@ -636,6 +683,10 @@ def _cut_parquet(
     assert layout is not None
     target = target_rows(entry.amount, layout.n_rows)
     _check_selection(entry, layout.n_rows, target, selected_total + target, memory)
+    if run.slice_rows:
+        dataset.cuts = _row_groups(layout.n_rows, dataset.selected, run.slice_rows)
+    else:
+        dataset.cuts = parquet.slice_cuts(layout, dataset.selected, slice_bytes)
     hand_on = _HandOn(dataset, slices, ctx, early)
     made = hand_on.made
     hashed: dict[tuple[str, int], parquet.RowGroup] = {}
@@ -655,7 +706,7 @@ def _cut_parquet(
     except DatasetError as exc:
         raise DatasetError(entry.path, exc.reason) from None
     if done is None:  # (found before any slice was cut)
-        _read_whole_instead(dataset, run, cutter, ctx, selected_total, memory)
+        _read_whole_instead(dataset, run, cutter, ctx, selected_total, memory, slice_bytes)
         return
     assert len(made) == len(dataset.cuts)
     slices += made
@@ -672,6 +723,7 @@ def _cut_streamed(
     selected_total: int,
     memory: int | None,
     early: EarlySlice | None,
+    slice_bytes: int,
 ) -> None:
     """A streamed file's slices (whole batches, or ``slice_rows`` rows of one), each numbered and handed
     to ``early`` as soon as its batches are counted; the file is then a dataset like any other (or, found
@@ -681,7 +733,7 @@ def _cut_streamed(
     hand_on = _HandOn(dataset, slices, ctx, early)
     made = hand_on.made
 
-    per_slice = batches_per_slice(slice_bytes_for(run, pinned.size_of(path)))
+    per_slice = batches_per_slice(slice_bytes)
     waiting: list[jsonl.JsonlBatch] = []  # counted batches of the next slice
 
     def cut(batches: list[jsonl.JsonlBatch], schema_b64: str) -> None:
@@ -709,7 +761,7 @@ def _cut_streamed(
     if layout is not None and waiting:  # the file's last batches
         cut(waiting, layout.schema_b64)
     if layout is None or not layout.n_rows or not layout.columns:
-        _read_whole_instead(dataset, run, cutter, ctx, selected_total, memory)
+        _read_whole_instead(dataset, run, cutter, ctx, selected_total, memory, slice_bytes)
         return
     if (w := _bad_lines_warning(entry, ctx.on_bad_row, layout.bad_lines)) is not None:
         dataset.warnings.append(w)
@@ -955,17 +1007,19 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
             dataset.samples = sample
         opened.append(dataset)
     ctx.encoder = choose_encoder(mixer.tokenizer, tk, ctx, [c for d in opened for c in d.samples])
+    slice_bytes = slice_bytes_for(run, sum(d.nbytes for d in opened))
     slices: list[SliceSpec] = []
     datasets: list[DatasetPlan] = []
     for dataset in opened:  # the slices, in mixer order (a large file's start while it is read)
         selected_total = sum(d.target for d in datasets)
         if dataset.row_groups is not None:
-            _cut_parquet(dataset, run, cutter, ctx, slices, selected_total, memory, early)
+            _cut_parquet(dataset, run, cutter, ctx, slices, selected_total, memory, early, slice_bytes)
         elif dataset.plan is None:
-            _cut_streamed(dataset, run, cutter, ctx, slices, selected_total, memory, early)
+            _cut_streamed(dataset, run, cutter, ctx, slices, selected_total, memory, early, slice_bytes)
         else:  # (opened before the counts of streamed files before it were known)
             d = dataset.plan
             _check_selection(dataset.entry, d.n_rows, d.target, selected_total + d.target, memory)
+            _cut_whole(dataset, run, cutter, slice_bytes)
         assert dataset.plan is not None
         dataset.plan.slices = []
         for spec in dataset.specs:

@@ -215,9 +215,9 @@ def test_larger_slices_hold_whole_batches_and_share_keys_with_a_counted_plan(lar
 
 
 def test_left_to_the_tool_a_larger_dataset_has_larger_slices(large, tmp_path, monkeypatch):
-    """Bytes per slice left empty grow with each dataset's size, in tiers (fewer task runs for the one
+    """Bytes per slice left empty grow with the mixture's size, in tiers (fewer task runs for the one
     Prefect API core at 100 GB): the same slices as asking for that tier, whether cut as the file is read
-    or after a count. Here at most 2 slices a dataset, so this ~25 MiB file gets the 16 MiB tier."""
+    or after a count. Here at most 2 slices a mixture, so this ~25 MiB file gets the 16 MiB tier."""
     from sftmix import plan as planning
 
     assert [planning.slice_bytes_for(RunOptions(), n << 20) for n in (1, 2048, 2049, 10_000, 10**6)] == [
@@ -240,6 +240,28 @@ def test_left_to_the_tool_a_larger_dataset_has_larger_slices(large, tmp_path, mo
     asked = RunOptions(work_dir=str(tmp_path / "w2"), slice_bytes=16 << 20)
     assert [s.key for s in build_plan(streamed, asked).slices] == early
     assert [s.key for s in build_plan(counted, RunOptions(work_dir=str(tmp_path / "w3"))).slices] == early
+
+
+@pytest.mark.parametrize("amount", [1.0, 0.5])
+def test_left_to_the_tool_the_slices_follow_the_whole_mixtures_size(large, tmp_path, monkeypatch, amount):
+    """Two datasets get the slices one dataset of their total size gets, not each its own (20 datasets of
+    1 GB were ~10,000 task runs, minutes of dispatch on 64 cores): whether a file is cut as it is read
+    (1.0) or counted first (0.5), the same slices as asking for the mixture's tier. Here at most 2 slices
+    a mixture: one ~25 MiB file alone gets the 16 MiB tier (2 batches), the two together 32 MiB (3)."""
+    from sftmix import plan as planning
+
+    monkeypatch.setattr(planning, "AUTO_SLICES", 2)
+    other = tmp_path / "other.jsonl"
+    shutil.copyfile(large, other)
+    alone = build_plan(_mixer(large, tmp_path / "a"), RunOptions(work_dir=str(tmp_path / "w1")))
+    assert [len(s.jsonl.batches) for s in alone.slices] == [2, 1]
+    both = _mixer(large, tmp_path / "b")
+    both.datasets[0].amount = amount
+    both.datasets.append(DatasetEntry(path=str(other), amount=1.0))
+    plan = build_plan(both, RunOptions(work_dir=str(tmp_path / "w2")))
+    assert [(s.dataset_index, len(s.jsonl.batches)) for s in plan.slices] == [(0, 3), (1, 3)]
+    asked = build_plan(both, RunOptions(work_dir=str(tmp_path / "w3"), slice_bytes=32 << 20))
+    assert [s.key for s in asked.slices] == [s.key for s in plan.slices]
 
 
 def _truncate(path: Path) -> None:
