@@ -33,6 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from . import hub_files
 from .downloads import Downloads
 from .errors import DatasetError
 from .hub import offline, offline_cache_problem, unreachable_hub_problem
@@ -600,6 +601,8 @@ def parquet_data_files(name: str, split: str, revision: str | None, cache_dir: s
         return None
     if hub_name_problem(name, [cache_dir] if cache_dir else []) is not None:
         return None
+    if offline() and (kept := hub_files.recalled(cache_dir, name, revision, split)) is not None:
+        return ParquetFiles(*kept)  # (``datasets`` never prepared it: its loader has nothing offline)
     _quiet_datasets()
     try:
         import datasets
@@ -636,7 +639,10 @@ def parquet_data_files(name: str, split: str, revision: str | None, cache_dir: s
         if downloads is not None:
             downloads.close()
         return None
-    return ParquetFiles(paths, None if features is None else features.arrow_schema, downloads)
+    declared = None if features is None else features.arrow_schema
+    if not offline():
+        hub_files.remember(cache_dir, name, revision, split, files, declared)
+    return ParquetFiles(paths, declared, downloads)
 
 
 def describe(path: str, split: str, revision: str | None, cache_dir: str) -> SourceInfo:

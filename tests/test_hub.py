@@ -208,3 +208,45 @@ def test_a_stop_while_a_hub_file_downloads_ends_the_run_and_a_rerun_gives_the_lo
     result = compare(tmp_path / "out", tmp_path / "out-local")
     differ = [d.name for d in result.items if d.status != "OK"]
     assert differ == ["dataset_statistics.json"], result.render()  # (it names the dataset)
+
+
+def test_a_hub_dataset_an_online_run_read_is_converted_offline_from_the_hub_cache(tmp_path):
+    """``datasets`` never prepared the dataset (the plan read its files itself), so its loader has
+    nothing under ``HF_HUB_OFFLINE``; the rerun reads the files the online plan found, from the hub
+    cache: the same bytes out, slices and rows. A file the cache lacks is one error naming it, never
+    fewer rows."""
+    from sftmix.digest import compare
+    from tests.cli_runs import cli_env, convert_command
+
+    repo = _repo(tmp_path / "repo")
+    home, work = tmp_path / "home", tmp_path / "work"
+    with HubEmulator(repo, REPO) as hub:
+        env = hub_environment(hub, home)
+        online = subprocess.run(
+            convert_command(Path(REPO), work, tmp_path / "out", 40),
+            env={**cli_env(), **env},
+            capture_output=True,
+            text=True,
+        )
+        assert online.returncode == 0, online.stderr[-3000:]
+        planned = _plan(REPO, env, tmp_path / "work-2")
+    offline = {**env, "HF_HUB_OFFLINE": "1"}
+    rerun = subprocess.run(
+        convert_command(Path(REPO), work, tmp_path / "out-offline", 40),
+        env={**cli_env(), **offline},
+        capture_output=True,
+        text=True,
+    )
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    result = compare(tmp_path / "out-offline", tmp_path / "out")
+    assert result.matches, result.render()
+    again = _plan(REPO, offline, work)
+    assert "error" not in again, again["error"]
+    assert again["plan"]["slices"] == planned["plan"]["slices"] and again["plan"]["rows"] == _rows(240)
+    assert not any(p.startswith("hf://") for p in again["plan"]["paths"])
+    assert "Traceback" not in again["stderr"]
+    snapshot = next((home / "hub" / f"datasets--{REPO.replace('/', '--')}" / "snapshots").iterdir())
+    (snapshot / FILES[1]).unlink()  # this machine's copy of one file gone
+    missing = _plan(REPO, offline, work)
+    assert "plan" not in missing, missing
+    assert REPO in missing["error"] and FILES[1] in missing["error"] and "HF_HUB_OFFLINE" in missing["error"]
