@@ -485,6 +485,15 @@ def _check_selection(
         raise DatasetError(entry.path, problem)
 
 
+def _selected_rows(entry: DatasetEntry, n_rows: int, target: int, warnings: list[str]) -> np.ndarray | None:
+    """The rows the entry's amount selects (``None``: every row, once), with the reference's warning for
+    a small count that was probably meant as a fraction (:func:`small_count_warning`)."""
+    if (w := small_count_warning(entry.path, entry.amount, n_rows)) is not None:
+        warnings.append(w)
+        logger.warning(w)
+    return selected_source_rows(n_rows, target)
+
+
 def _sampled_rows(n_rows: int, selected: np.ndarray | None) -> tuple[int, int, list[int] | None]:
     """The rows a dataset's sample reads: its first selected rows (up to :data:`SAMPLE_ROWS`)."""
     if selected is None:
@@ -494,7 +503,7 @@ def _sampled_rows(n_rows: int, selected: np.ndarray | None) -> tuple[int, int, l
 
 @dataclass
 class _Whole:
-    """What slicing a dataset read whole needs: its count and layout, and the rows selected."""
+    """What cutting a dataset read whole into slices needs: its count, its batches or Arrow files."""
 
     info: SourceInfo
     batched: jsonl.JsonlLayout | None
@@ -533,10 +542,7 @@ def _open_whole(
     )
     target = target_rows(entry.amount, info.n_rows)
     _check_selection(entry, info.n_rows, target, selected_total + target, memory)
-    if (w := small_count_warning(entry.path, entry.amount, info.n_rows)) is not None:
-        warnings.append(w)
-        logger.warning(w)
-    selected = selected_source_rows(info.n_rows, target)
+    selected = _selected_rows(entry, info.n_rows, target, warnings)
     dataset = _Opened(
         index,
         entry,
@@ -644,11 +650,8 @@ def _open_parquet(
         row_format, messages_key = _format_of(entry, layout.columns)
         target = target_rows(entry.amount, layout.n_rows)
         _check_selection(entry, layout.n_rows, target, selected_total + target, memory)
-        warnings = []
-        if (w := small_count_warning(entry.path, entry.amount, layout.n_rows)) is not None:
-            warnings.append(w)
-            logger.warning(w)
-        selected = selected_source_rows(layout.n_rows, target)
+        warnings: list[str] = []
+        selected = _selected_rows(entry, layout.n_rows, target, warnings)
         dataset = _Opened(
             index,
             entry,
