@@ -494,11 +494,15 @@ def _selected_rows(entry: DatasetEntry, n_rows: int, target: int, warnings: list
     return selected_source_rows(n_rows, target)
 
 
-def _sampled_rows(n_rows: int, selected: np.ndarray | None) -> tuple[int, int, list[int] | None]:
-    """The rows a dataset's sample reads: its first selected rows (up to :data:`SAMPLE_ROWS`)."""
+def _sampled_rows(
+    n_rows: int, selected: np.ndarray | None, run: RunOptions
+) -> tuple[int, int, list[int] | None]:
+    """The rows a dataset's sample reads: its first selected rows, up to :data:`SAMPLE_ROWS` and no more
+    than its first slice holds."""
+    limit = min(SAMPLE_ROWS, run.slice_rows or SAMPLE_ROWS)
     if selected is None:
-        return 0, min(n_rows, SAMPLE_ROWS), None
-    return _row_groups(n_rows, selected[:SAMPLE_ROWS], SAMPLE_ROWS)[0]
+        return 0, min(n_rows, limit), None
+    return _row_groups(n_rows, selected[:limit], limit)[0]
 
 
 @dataclass
@@ -553,7 +557,7 @@ def _open_whole(
         selected=selected,
         nbytes=info.nbytes,
     )
-    rows = _sampled_rows(info.n_rows, selected)
+    rows = _sampled_rows(info.n_rows, selected, run)
     source = None if batched is None else batched.source(jsonl.batches_for(batched, rows[0], rows[1]))
     dataset.sampled = cutter.spec(dataset, rows, "sample", 0, arrow_files=arrow_files, jsonl=source)
     dataset.counted(info.n_rows, target, info.fingerprint)
@@ -662,7 +666,7 @@ def _open_parquet(
             selected=selected,
             nbytes=layout.nbytes,
         )
-        rows = _sampled_rows(layout.n_rows, selected)
+        rows = _sampled_rows(layout.n_rows, selected, run)
         first = [parquet.with_sha256(g, layout.downloads) for g in parquet.groups_for(layout, *rows[:2])]
         dataset.sampled = cutter.spec(dataset, rows, "sample", 0, parquet=layout.source(first))
         return dataset
