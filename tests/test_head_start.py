@@ -245,7 +245,7 @@ def test_left_to_the_tool_a_larger_dataset_has_larger_slices(large, tmp_path, mo
 @pytest.mark.parametrize("amount", [1.0, 0.5])
 def test_left_to_the_tool_the_slices_follow_the_whole_mixtures_size(large, tmp_path, monkeypatch, amount):
     """Two datasets get the slices one dataset of their total size gets, not each its own (20 datasets of
-    1 GB were ~10,000 task runs, minutes of dispatch on 64 cores): whether a file is cut as it is read
+    1 GB were up to ~4,800 task runs, minutes of dispatch on 64 cores): whether a file is cut as it is read
     (1.0) or counted first (0.5), the same slices as asking for the mixture's tier. Here at most 2 slices
     a mixture: one ~25 MiB file alone gets the 16 MiB tier (2 batches), the two together 32 MiB (3)."""
     from sftmix import plan as planning
