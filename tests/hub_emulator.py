@@ -187,7 +187,12 @@ def _oid(path: Path) -> str:
     return _oid_of(path, stat.st_size, stat.st_mtime_ns)
 
 
+def without_hub_settings() -> dict[str, str]:
+    """This process's environment without the hub's settings (``HF_*``): a test's own hub and cache only."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+
+
 def hub_environment(hub: HubEmulator, home: Path) -> dict[str, str]:
     """The environment of a process that reaches ``hub`` (and only it), with its own hub cache."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    env = without_hub_settings()
     return {**env, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(home), "HF_HUB_DISABLE_TELEMETRY": "1"}

@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tests.hub_emulator import HubEmulator, hub_environment
+from tests.hub_emulator import HubEmulator, hub_environment, without_hub_settings
 
 ROOT = Path(__file__).parent.parent
 EXAMPLES = ROOT / "examples"
@@ -166,8 +166,7 @@ def test_a_hub_dataset_the_cache_holds_is_read_from_its_copies(tmp_path):
 
 def _offline_environment(home: Path) -> dict[str, str]:
     """A process that reads local files only (the same files as a directory laid out like the hub)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
-    return {**env, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    return {**without_hub_settings(), "HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
 
 
 def test_a_stop_while_a_hub_file_downloads_ends_the_run_and_a_rerun_gives_the_local_bytes(tmp_path):
