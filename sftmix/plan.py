@@ -89,6 +89,7 @@ class Plan(BaseModel):
     warnings: list[str]
     unrendered: list[str] = []  # (also in warnings) data the template leaves out, in words
     inputs: dict | None = None  # the input files' stamps, taken before the plan read them (up_to_date)
+    slicing: str = ""  # how the slices were sized, in words (the summary's)
 
     def recipe(self) -> dict[str, Any]:
         """Everything the output's bytes follow from (and nothing they do not: run options, the
@@ -120,7 +121,7 @@ class Plan(BaseModel):
             lines.append(
                 f"{d.index:>3}  {d.name:<40} {d.split:<8} {d.amount!s:>8} {d.n_rows:>9} {d.target:>9} {len(d.slices):>6}"
             )
-        lines.append(f"\n{len(self.slices)} slices")
+        lines.append(f"\n{len(self.slices)} slices" + (f", {self.slicing}" if self.slicing else ""))
         for w in self.warnings:
             lines.append(f"warning: {w}")
         return "\n".join(lines)
@@ -1014,7 +1015,8 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
             dataset.samples = sample
         opened.append(dataset)
     ctx.encoder = choose_encoder(mixer.tokenizer, tk, ctx, [c for d in opened for c in d.samples])
-    slice_bytes = slice_bytes_for(run, sum(d.nbytes for d in opened))
+    data_bytes = sum(d.nbytes for d in opened)
+    slice_bytes = slice_bytes_for(run, data_bytes)
     slices: list[SliceSpec] = []
     datasets: list[DatasetPlan] = []
     for dataset in opened:  # the slices, in mixer order (a large file's start while it is read)
@@ -1050,4 +1052,19 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
         warnings=[w for d in opened for w in d.warnings] + [line for d in opened for line in d.left_out],
         unrendered=[line for d in opened for line in d.left_out],
         inputs=inputs,
+        slicing=_slicing(run, data_bytes, slices),
     )
+
+
+def _slicing(run: RunOptions, data_bytes: int, slices: list[SliceSpec]) -> str:
+    """How the slices were sized, for the plan's summary: what decided it, and what a person sets to
+    change it (the size a mixture's slices get follows from its total, so adding a dataset can change it)."""
+    if run.slice_rows:
+        return f"{run.slice_rows:,} rows each (slice_rows)"
+    average = sum(s.est_bytes for s in slices) / max(1, len(slices))
+    how = (
+        "slice_bytes"
+        if run.slice_bytes
+        else f"by the mixture's {data_bytes / 1e9:,.2f} GB; slice_bytes sets another"
+    )
+    return f"{average / 1e6:,.1f} MB of data each on average ({how})"
