@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 #: The signals that stop a command (``sftmix.stopping`` turns each into a stop of the run).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -76,6 +77,24 @@ def descendants(pid: int | None = None) -> list[int]:
             found += children
             parents += children
     return found
+
+
+def end_resource_tracking() -> None:
+    """In a process about to end at once, before its descendants are killed (multiprocessing's resource
+    tracker with them): its semaphores are no longer reported to any tracker. A pool's thread that lets
+    one go after the kill (it saw its workers die) would otherwise start a new tracker, which never saw
+    the semaphore registered and prints a ``KeyError`` traceback for each. A semaphore is still unlinked
+    by its own clean-up; only the report is dropped."""
+    tracker = sys.modules.get("multiprocessing.resource_tracker")
+    if tracker is None:
+        return
+
+    def untracked(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    for name in ("register", "unregister", "ensure_running"):
+        setattr(tracker, name, untracked)
+        setattr(tracker._resource_tracker, name, untracked)
 
 
 def kill_descendants() -> None:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .processes import PR_SET_PDEATHSIG, STOP_SIGNALS, kill_descendants
+from .processes import PR_SET_PDEATHSIG, STOP_SIGNALS, end_resource_tracking, kill_descendants
 
 logger = logging.getLogger(__name__)
 
@@ -394,6 +394,7 @@ def exit_now(stop: RunStopped, forced: bool = False) -> None:
     if forced:
         _run_cleanups()
     _remove_written()
+    end_resource_tracking()  # (killed below: a semaphore let go of after that would start another)
     kill_descendants()
     _remove_multiprocessing_tempdir()
     output = published_output()

@@ -574,6 +574,37 @@ os._exit(0)
 """
 
 
+# A stop's exit, with a pool's thread letting a semaphore go right after the command's descendants
+# (the resource tracker among them) are killed: the moment a CI run's SIGINT in the head start met.
+_LET_GO_AFTER_THE_KILL = """
+import gc, multiprocessing, time
+from sftmix import stopping
+from sftmix.processes import kill_descendants, start_resource_tracker
+start_resource_tracker()
+held = [multiprocessing.get_context("spawn").Lock()]  # a named semaphore, registered with the tracker
+def killed_then_let_go():
+    kill_descendants()
+    time.sleep(0.2)  # (the pool's thread sees its workers gone once they are: the tracker is gone too)
+    held.clear()
+    gc.collect()  # its clean-up reports it gone: to a tracker started again, if any
+    time.sleep(0.5)  # (such a tracker has printed by now)
+stopping.kill_descendants = killed_then_let_go
+stopping.exit_now(stopping.RunStopped("stopped by SIGINT", 130))
+"""
+
+
+def test_a_semaphore_let_go_as_the_stop_kills_the_tracker_prints_nothing():
+    """The stop kills every process the command started, multiprocessing's resource tracker too; a
+    semaphore let go of after that started a new tracker, which printed a ``KeyError`` traceback for
+    each it never saw registered (CI: SIGINT while the API starts, two tracebacks after the one line)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LET_GO_AFTER_THE_KILL], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 130, done.stderr
+    _one_line_reason(done.stderr, "stopped by SIGINT")
+    assert "relaunching" not in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("pool", ["slices", "tail"])
 def test_the_resource_tracker_of_a_worker_pool_never_sees_sighup(pool):
     """multiprocessing's resource tracker ignores SIGINT and SIGTERM but not SIGHUP: a SIGHUP to the group
