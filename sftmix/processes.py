@@ -79,6 +79,46 @@ def descendants(pid: int | None = None) -> list[int]:
     return found
 
 
+#: The named semaphores this process made and has not let go of (:func:`start_resource_tracker` keeps
+#: the record): what a stop that kills the resource tracker unlinks itself.
+_held_semaphores: set[str] = set()
+
+
+def _keep_semaphore_record() -> None:
+    """Every semaphore this process registers with the tracker (a pool's queues and locks) is also noted
+    here until it is let go of. Once only; the tracker is still told of each."""
+    from multiprocessing import resource_tracker
+
+    if getattr(resource_tracker.register, "keeps_record", False):
+        return
+    tracker = resource_tracker._resource_tracker
+
+    def register(name: str, rtype: str) -> None:
+        if rtype == "semaphore":
+            _held_semaphores.add(name)
+        tracker.register(name, rtype)
+
+    def unregister(name: str, rtype: str) -> None:
+        _held_semaphores.discard(name)
+        tracker.unregister(name, rtype)
+
+    register.keeps_record = True  # type: ignore[attr-defined]
+    resource_tracker.register = register
+    resource_tracker.unregister = unregister
+
+
+def unlink_held_semaphores() -> None:
+    """In a process about to end at once, after its descendants (the resource tracker among them) are
+    killed: unlink the named semaphores it still holds. The tracker would have unlinked them at its own
+    end; killed, it leaves each as a file in ``/dev/shm`` for good. The names are this process's own
+    record (:func:`start_resource_tracker`), never a guess from ``/dev/shm``."""
+    from _multiprocessing import sem_unlink  # type: ignore[import-not-found]
+
+    for name in list(_held_semaphores):
+        with contextlib.suppress(OSError):  # (let go of meanwhile by its own clean-up)
+            sem_unlink(name)
+
+
 def end_resource_tracking() -> None:
     """In a process about to end at once, before its descendants are killed (multiprocessing's resource
     tracker with them): its semaphores are no longer reported to any tracker. A pool's thread that lets
@@ -134,8 +174,10 @@ def start_resource_tracker() -> None:
     terminal, sent to the whole group); killed by one, it is started again by the next semaphore the
     stopping run lets go of, and the new one, which never saw them registered, prints a traceback for
     each. Born with the signals blocked, it never sees one. Its start unblocks SIGINT and SIGTERM in the
-    calling thread: it gets a block of its own. (Once running, this returns at once.)"""
+    calling thread: it gets a block of its own. (Once running, this returns at once.) From here on the
+    semaphores this process makes are on its own record too (:func:`unlink_held_semaphores`)."""
     from multiprocessing import resource_tracker
 
+    _keep_semaphore_record()
     with stop_signals_blocked():
         resource_tracker.ensure_running()

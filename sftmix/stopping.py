@@ -23,7 +23,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .processes import PR_SET_PDEATHSIG, STOP_SIGNALS, end_resource_tracking, kill_descendants
+from .processes import (
+    PR_SET_PDEATHSIG,
+    STOP_SIGNALS,
+    end_resource_tracking,
+    kill_descendants,
+    unlink_held_semaphores,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -396,6 +402,7 @@ def exit_now(stop: RunStopped, forced: bool = False) -> None:
     _remove_written()
     end_resource_tracking()  # (killed below: a semaphore let go of after that would start another)
     kill_descendants()
+    unlink_held_semaphores()  # (the tracker, killed, no longer does)
     _remove_multiprocessing_tempdir()
     output = published_output()
     if output is not None:

@@ -23,6 +23,30 @@ def convert_command(data: Path, work: Path, out: Path, slice_rows: int, *extra: 
     ]  # fmt: skip
 
 
+def semaphores(pid: int) -> set[int]:
+    """The named semaphores ``pid`` has open (a worker pool's queues and locks), by inode: each is
+    mapped from ``/dev/shm`` under the temporary name it was made with, so the inode, not the name,
+    finds its file there. None once the process is gone."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    except OSError:
+        return set()
+    return {int(line.split()[4]) for line in maps if "/dev/shm/sem." in line}
+
+
+def left_in_shm(inodes: set[int]) -> list[str]:
+    """Those of the semaphores ``inodes`` still in ``/dev/shm``: a command that ended left them for good
+    (the resource tracker that unlinks them at its end was killed with the command's other processes)."""
+    left = []
+    for entry in Path("/dev/shm").iterdir() if inodes else ():
+        try:
+            if entry.stat().st_ino in inodes:
+                left.append(entry.name)
+        except OSError:  # (another process's, gone meanwhile)
+            continue
+    return left
+
+
 def cli_env(api_url: str | None = None) -> dict:
     """No configured Prefect API (the CLI starts its own) unless ``api_url`` names one."""
     e = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}

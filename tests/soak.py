@@ -40,6 +40,7 @@ from sftmix.assemble import PROCESSES_FROM_ENV
 from sftmix.digest import compare
 from sftmix.jsonl import BATCH_BYTES
 from sftmix.output_dir import output_id
+from tests.cli_runs import left_in_shm, semaphores
 from tests.hub_emulator import HubEmulator
 from tokenize_mixer.flows.runtime import PRIVATE_DIR_PREFIX
 
@@ -419,6 +420,14 @@ class Command:
         self.out = Capture(self.proc.stdout)
         self.err = Capture(self.proc.stderr)
         self.ended: float | None = None
+        self.semaphores: set[int] = set()  # every named semaphore it held (under a shell: its child)
+        threading.Thread(target=self._note_semaphores, daemon=True).start()
+
+    def _note_semaphores(self) -> None:
+        while alive(self.pid):
+            for pid in (self.pid, *children(self.pid)):
+                self.semaphores |= semaphores(pid)
+            time.sleep(0.2)
 
     @property
     def pid(self) -> int:
@@ -1645,6 +1654,8 @@ class Soak:
         if left:
             rec.problem("leftover", f"after {what}:\n" + "\n".join(evidence(left)))
             self.reaper.kill(left)
+        if semaphores_left := left_in_shm(set(cmd.semaphores)):
+            rec.problem("leftover", f"named semaphores of {what} left in /dev/shm: {semaphores_left}")
         cmd.finish()
 
     def _judge_rerun_output(

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sftmix.digest import compare
-from tests.cli_runs import assert_rerun_resumes, cli_env, convert_command
+from tests.cli_runs import assert_rerun_resumes, cli_env, convert_command, left_in_shm, semaphores
 from tokenize_mixer.flows.worker_start import START_METHOD_ENV
 
 ROOT = Path(__file__).parent.parent
@@ -167,6 +167,8 @@ def test_a_signal_stops_the_run_cleanly_and_a_rerun_resumes(chats, tmp_path, how
     run.wait_for_slices()
     children = run.children()
     assert len(children) >= 2  # the temporary API server and the pool's workers
+    held = semaphores(run.proc.pid)
+    assert held  # the pool's queues
     sig = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGHUP": signal.SIGHUP}[how.split()[0]]
     since = time.monotonic()
     if "process only" in how:
@@ -176,6 +178,7 @@ def test_a_signal_stops_the_run_cleanly_and_a_rerun_resumes(chats, tmp_path, how
     assert run.stopped(since) == code
     _one_line_reason(run.stderr, reason)
     assert _gone(children), "a worker or the API server outlived the run"
+    assert not left_in_shm(held), "the pool's semaphores outlived the run"
     _rerun_matches(data, work, out, expected)
 
 
@@ -192,11 +195,13 @@ def test_a_signal_while_the_api_starts_stops_the_head_start(chats, tmp_path):
     assert "Beginning flow run" not in run.stderr  # the API is not answering yet
     children = run.children()
     assert len(run.workers(forked=True)) >= 2  # the head start's workers
+    held = semaphores(run.proc.pid)
     since = time.monotonic()
     os.killpg(run.proc.pid, signal.SIGINT)
     assert run.stopped(since) == 130
     _one_line_reason(run.stderr, "stopped by SIGINT")
     assert _gone(children), "a head-start worker or the API server outlived the run"
+    assert held and not left_in_shm(held), "the head start's semaphores outlived the run"
     finished = len(list(work.glob("slices/*/*/manifest.json")))
     _rerun_matches(data, work, out, expected)  # the head start's slices are reused
     assert json.loads((out / "run_report.json").read_text())["slices_reused"] >= finished

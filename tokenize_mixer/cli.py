@@ -77,7 +77,7 @@ def _plan_flags(parser: argparse.ArgumentParser) -> None:
         parser,
         "slice_bytes",
         type=int,
-        help="target source bytes per slice when --slice_rows is not given (default: 4-64 MiB by the dataset's size)",
+        help="target source bytes per slice when --slice_rows is not given (default: 4-64 MiB by the mixture's size)",
     )
 
 
