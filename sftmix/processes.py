@@ -168,16 +168,27 @@ def stop_signals_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+#: For multiprocessing's resource tracker: no warning of "leaked" semaphores when the command that started
+#: it was killed outright (kill -9, the OOM killer). The tracker unlinks them, which is its job, and the
+#: warning would follow the shell's "Killed" line with nothing in it for a person to do.
+_LEAK_WARNING_OFF = "ignore:resource_tracker:UserWarning"
+
+
 def start_resource_tracker() -> None:
     """Before a pool of worker processes: multiprocessing's resource tracker (it follows the pool's
     semaphores), started deaf to the stop signals. It ignores SIGINT and SIGTERM but not SIGHUP (a closed
     terminal, sent to the whole group); killed by one, it is started again by the next semaphore the
     stopping run lets go of, and the new one, which never saw them registered, prints a traceback for
-    each. Born with the signals blocked, it never sees one. Its start unblocks SIGINT and SIGTERM in the
+    each. Born with the signals blocked, it never sees one (nor warns of what a killed command held:
+    :data:`_LEAK_WARNING_OFF`). Its start unblocks SIGINT and SIGTERM in the
     calling thread: it gets a block of its own. (Once running, this returns at once.) From here on the
     semaphores this process makes are on its own record too (:func:`unlink_held_semaphores`)."""
     from multiprocessing import resource_tracker
 
     _keep_semaphore_record()
-    with stop_signals_blocked():
-        resource_tracker.ensure_running()
+    sys.warnoptions.append(_LEAK_WARNING_OFF)  # (the tracker's command line carries this process's -W)
+    try:
+        with stop_signals_blocked():
+            resource_tracker.ensure_running()
+    finally:
+        sys.warnoptions.remove(_LEAK_WARNING_OFF)

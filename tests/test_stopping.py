@@ -258,15 +258,20 @@ def test_a_killed_worker_is_replaced_and_the_bytes_are_the_same(chats, tmp_path,
 @pytest.mark.parametrize("forked", [False, True], ids=["spawned", "forked"])
 def test_a_command_killed_outright_leaves_no_process_behind(chats, tmp_path, forked):
     """kill -9 of the command alone, not its group: its API server, its workers and the workers' fork
-    server end by themselves (a rerun resumes: test_kill)."""
+    server end by themselves (a rerun resumes: test_kill). multiprocessing's resource tracker, the last,
+    unlinks the semaphores the command held, and says nothing of them."""
     data, _ = chats
     run = Run(command(data, tmp_path / "work", tmp_path / "out"), env=None if forked else SPAWNED)
     run.wait_for_slices()
     left = run.children()
     assert run.workers(forked)
+    held = semaphores(run.proc.pid)
     os.kill(run.proc.pid, signal.SIGKILL)
     run.proc.wait(timeout=30)
     assert _gone(left, within=10), [(p, _cmdline(p)[:90]) for p in left if Path(f"/proc/{p}").exists()]
+    run.reader.join(10)
+    assert held and not left_in_shm(held), "the pool's semaphores outlived the command"
+    assert "leaked semaphore" not in run.stderr, run.stderr[-3000:]
 
 
 def test_a_dead_api_server_stops_the_run(chats, tmp_path):
