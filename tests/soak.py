@@ -89,10 +89,14 @@ LOCAL_KINDS = (
     "change-gzip",
     "change-gcs",
     "sigint-hub",
+    "sigint-mixture",
 )
 #: Kinds whose fault is aimed at the tail (the output's assembly, check and publish) or at a rerun of a
 #: published output (found up to date, or `--force`): stops there must leave the published output whole.
 RERUN_KINDS = ("sigterm-rerun",)
+#: Kinds whose fault is a Ctrl-C to the command's process group (as sigint-group), each with an input
+#: of its own.
+SIGINT_TO_GROUP = ("sigint-hub", "sigint-mixture")
 SERVER_KINDS = ("cancel", "kill-prefect-worker")
 KINDS = LOCAL_KINDS + SERVER_KINDS
 
@@ -113,6 +117,7 @@ EXPECTED_CODE: dict[str, int | None] = {
     "change-gzip": 2,  # the same, the input gzipped JSON Lines (decompressed to a copy by the plan)
     "change-gcs": 2,  # the same, the input a gs:// object (JSON Lines, Parquet, gzipped) on an emulator
     "sigint-hub": 128 + signal.SIGINT,  # Ctrl-C, the input a hub dataset whose files download meanwhile
+    "sigint-mixture": 128 + signal.SIGINT,  # Ctrl-C, the input two datasets, one counted first
     "cancel": 4,
     "kill-prefect-worker": None,
 }
@@ -141,6 +146,27 @@ HUB_FILES = 4
 HUB_RATE = 2e6
 #: Seconds from the command's start within which sigint-hub draws most of its moments: its downloads.
 HUB_WINDOW = 4.0
+#: sigint-mixture's slicings, one drawn a trial: the mixture's own size (the plan cuts its datasets after
+#: opening them all), a size in bytes, rows. Each gives the bytes of the first (``Mixture``).
+MIXTURE_SLICINGS: tuple[tuple[str, ...], ...] = (
+    (),
+    ("--slice_bytes", str(1 << 18)),
+    ("--slice_rows", str(SLICE_ROWS)),
+)
+
+
+@dataclass(frozen=True)
+class Mixture:
+    """sigint-mixture's input: the soak's file whole (read by batch) and a file of its first half of rows
+    at 0.5 (read whole: counted first, then a sample of it selected)."""
+
+    whole: Path
+    half: Path
+
+    def mixer_list(self) -> list[str]:
+        return [str(self.whole), "1.0", str(self.half), "0.5"]
+
+
 #: Rows a row group of the soak's Parquet copy (8,000 rows: 16 row groups, about 1 MiB each).
 PARQUET_GROUP_ROWS = 500
 #: Half of change-parquet's trials read every row group batch by batch, as only a large one is.
@@ -714,12 +740,17 @@ def said_changed(line: str, data: Path, change: str) -> bool:
     return "changed" in line or cut_short or cut_stream
 
 
-def convert_argv(data: Path | str, work: Path, out: Path) -> list[str]:
+def convert_argv(data: Path | str | Mixture, work: Path, out: Path, slicing: Sequence[str] = ()) -> list[str]:
+    """A mixture is sliced as ``slicing`` says (by default the mixture's own size); one dataset, by rows."""
+    if isinstance(data, Mixture):
+        mixer = data.mixer_list()
+    else:
+        mixer, slicing = [str(data), "1.0"], ("--slice_rows", str(SLICE_ROWS))
     return [
-        str(COMMAND), "convert", "--dataset_mixer_list", str(data), "1.0",
+        str(COMMAND), "convert", "--dataset_mixer_list", *mixer,
         "--tokenizer_name_or_path", str(ROOT / "examples" / "tokenizer"), "--chat_template_name", "olmo",
         "--max_seq_length", "256", "--work_dir", str(work), "--output_dir", str(out),
-        "--slice_rows", str(SLICE_ROWS), "--runner", "process", "--workers", "2",
+        *slicing, "--runner", "process", "--workers", "2",
     ]  # fmt: skip
 
 
@@ -989,6 +1020,7 @@ class Soak:
         self.data = self.root / "chats.jsonl"
         self.parquet = self.root / "chats.parquet"  # the same rows, for change-parquet
         self.gzipped = self.root / "chats.jsonl.gz"  # the same lines, for change-gzip
+        self.mixture = Mixture(self.data, self.root / "chats-half.jsonl")  # for sigint-mixture
         self.expected = self.root / "expected"
         self.home = self.root / "prefect-home"
         self.stack: Stack | None = None
@@ -1015,6 +1047,10 @@ class Soak:
             write_parquet_copy([{**r, "id": r["id"].ljust(ID_CHARS, ".")} for r in rows], self.parquet)
         if "change-gzip" in self.kinds or "change-gcs" in self.kinds:
             self.gzipped.write_bytes(gzip.compress(self.data.read_bytes(), mtime=0))
+        if "sigint-mixture" in self.kinds:
+            lines = self.data.read_text().splitlines(keepends=True)
+            self.mixture.half.write_text("".join(lines[: len(lines) // 2]))
+            assert self.mixture.half.stat().st_size < BATCH_BYTES  # (read whole)
         self.home.mkdir()
         # the temporary API's database, created once (a first run's slow API start is not the timeline)
         subprocess.run(
@@ -1223,12 +1259,18 @@ class Soak:
             return
         base = self.baseline
         work, out = tdir / "work", tdir / "out"
-        data: Path | str = HUB_DATASET if rec.kind == "sigint-hub" else self.data
-        argv = convert_argv(data, work, out)
+        data: Path | str | Mixture = {"sigint-hub": HUB_DATASET, "sigint-mixture": self.mixture}.get(
+            rec.kind, self.data
+        )
+        slicing = rng.choice(MIXTURE_SLICINGS) if rec.kind == "sigint-mixture" else ()
+        argv = convert_argv(data, work, out, slicing)
         env = self._env(rec, tdir / "tmp")
         expected = None
         if rec.kind == "sigint-hub":  # (its statistics name the dataset; made with a cache of its own)
             expected = self._version_expected(data, "", {**env, "HF_HOME": str(self.root / "hf-home")}, tdir)
+        elif rec.kind == "sigint-mixture":  # (made sliced by the mixture's size, whatever the trial's)
+            expected = self._version_expected(data, "", env, tdir)
+            rec.fault = f"{' '.join(slicing) or 'sliced by the mixture'}, "
         kind = rec.kind
         fault_at: float | None = None
         published_id: str | None = None
@@ -1297,7 +1339,14 @@ class Soak:
         assert self.baseline is not None
         base = self.baseline
         kind = rec.kind
-        if kind in ("sigint-group", "sigterm", "sighup-group", "sigterm-tail", "sigterm-rerun", "sigint-hub"):
+        if kind in (
+            "sigint-group",
+            "sigterm",
+            "sighup-group",
+            "sigterm-tail",
+            "sigterm-rerun",
+            *SIGINT_TO_GROUP,
+        ):
             forced = "--force" in cmd.argv
             if kind == "sigterm-tail" or forced:  # while the output is assembled, checked and published
                 delay = rng.uniform(0, base.published_at - base.tail_at + 0.1)
@@ -1318,16 +1367,13 @@ class Soak:
                 rec.fault += f"{kind} at {moment:.2f} s"
                 if not cmd.sleep_until(cmd.started + moment):
                     return None
-            sig = {
-                "sigint-group": signal.SIGINT,
-                "sighup-group": signal.SIGHUP,
-                "sigint-hub": signal.SIGINT,
-            }.get(kind, signal.SIGTERM)
+            sig = {"sighup-group": signal.SIGHUP, "sigint-group": signal.SIGINT}.get(kind, signal.SIGTERM)
+            sig = signal.SIGINT if kind in SIGINT_TO_GROUP else sig
             if not stop_handling_begun(cmd.pid):
                 rec.before_our_code = True
                 rec.fault += " (before the command's first line: Python's own start)"
             fault_at = time.monotonic()
-            if not kind.endswith("-group") and kind != "sigint-hub":
+            if not kind.endswith("-group") and kind not in SIGINT_TO_GROUP:
                 os.kill(cmd.pid, sig)
             else:
                 os.killpg(cmd.pid, sig)
@@ -1595,15 +1641,23 @@ class Soak:
             assert self.gcs is not None
             self.gcs.fs.put_file(str(original), data)
 
-    def _version_expected(self, data: Path | str, change: str, env: dict[str, str], tdir: Path) -> Path:
+    def _version_expected(
+        self, data: Path | str | Mixture, change: str, env: dict[str, str], tdir: Path
+    ) -> Path:
         """The output of ``data`` as ``change`` leaves it (``""``: unchanged), made once by a plain run."""
-        name = {GCS_DATA: "gcs", GCS_PARQUET: "gcs", GCS_GZIP: "gcs", HUB_DATASET: "hub"}.get(str(data), "")
-        name += Path(data).suffix.replace(".", "-")
+        if isinstance(data, Mixture):
+            name = "-mixture"
+        else:
+            name = {GCS_DATA: "gcs", GCS_PARQUET: "gcs", GCS_GZIP: "gcs", HUB_DATASET: "hub"}.get(
+                str(data), ""
+            )
+            name += Path(data).suffix.replace(".", "-")
         expected = self.root / f"expected{name}-{change or 'unchanged'}"
         if not expected.exists():
-            original = tdir / f"original{Path(data).suffix}"
             try:
                 if change:
+                    assert not isinstance(data, Mixture)
+                    original = tdir / f"original{Path(data).suffix}"
                     self._change(change, data, tdir)
                 run = subprocess.run(
                     convert_argv(data, tdir / "version-work", expected),
@@ -1712,10 +1766,12 @@ class Soak:
         fault_at: float | None = None
         killed_at = 0.0  # wall clock, to compare with the output's
         flow_procs: list[int] = []
+        held: set[int] = set()  # the flow run's named semaphores
         if watch.running() and watch.sleep_until(time.monotonic() + delay):
             worker = self.stack.worker_pid()
             flow_procs = children(worker)
             flow_procs += [p.pid for f in flow_procs for p in descendants(f)]
+            held = set().union(*(semaphores(p) for p in flow_procs))
             if flow_procs and not published(out):
                 killed_at = time.time()
                 os.kill(worker, signal.SIGKILL)
@@ -1748,6 +1804,10 @@ class Soak:
                 if rec.elapsed > STOP_WITHIN:
                     rec.problem(
                         "slow", f"the flow-run process and its pool ended {rec.elapsed:.1f} s after the kill"
+                    )
+                if semaphores_left := left_in_shm(held):
+                    rec.problem(
+                        "leftover", f"the flow run's named semaphores left in /dev/shm: {semaphores_left}"
                     )
         if not watch.wait((fault_at or watch.started) + HANG_AFTER + (0 if fault_at else 3 * base.wall)):
             rec.problem(
