@@ -79,9 +79,10 @@ def descendants(pid: int | None = None) -> list[int]:
     return found
 
 
-#: The named semaphores this process made and has not let go of (:func:`start_resource_tracker` keeps
-#: the record): what a stop that kills the resource tracker unlinks itself.
-_held_semaphores: set[str] = set()
+#: The named semaphores made and not yet let go of (:func:`start_resource_tracker` keeps the record),
+#: each with the PID of the process that made it (a forked child inherits the record, not the
+#: semaphores): what a stop that kills the resource tracker unlinks itself.
+_held_semaphores: dict[str, int] = {}
 
 
 def _keep_semaphore_record() -> None:
@@ -95,11 +96,11 @@ def _keep_semaphore_record() -> None:
 
     def register(name: str, rtype: str) -> None:
         if rtype == "semaphore":
-            _held_semaphores.add(name)
+            _held_semaphores[name] = os.getpid()
         tracker.register(name, rtype)
 
     def unregister(name: str, rtype: str) -> None:
-        _held_semaphores.discard(name)
+        _held_semaphores.pop(name, None)
         tracker.unregister(name, rtype)
 
     register.keeps_record = True  # type: ignore[attr-defined]
@@ -114,7 +115,9 @@ def unlink_held_semaphores() -> None:
     record (:func:`start_resource_tracker`), never a guess from ``/dev/shm``."""
     from _multiprocessing import sem_unlink  # type: ignore[import-not-found]
 
-    for name in list(_held_semaphores):
+    for name, maker in list(_held_semaphores.items()):
+        if maker != os.getpid():
+            continue
         with contextlib.suppress(OSError):  # (let go of meanwhile by its own clean-up)
             sem_unlink(name)
 

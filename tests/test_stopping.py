@@ -625,3 +625,33 @@ def test_the_resource_tracker_of_a_worker_pool_never_sees_sighup(pool):
         [sys.executable, "-c", _TRACKER, pool], capture_output=True, text=True, timeout=120, env=cli_env()
     )
     assert found.stdout.strip() == "True", found.stdout + found.stderr[-3000:]
+
+
+# A stop's exit unlinks the semaphores of its own record; a process forked from one that holds them (it
+# inherits the record, not the semaphores) unlinks none of them.
+_FORKED_CHILD_UNLINKS_NOTHING = """
+import multiprocessing, os
+from sftmix.processes import start_resource_tracker, unlink_held_semaphores
+start_resource_tracker()
+held = multiprocessing.get_context("spawn").Lock()  # a named semaphore, on the record
+name = held._semlock.name
+child = os.fork()
+if child == 0:
+    unlink_held_semaphores()
+    os._exit(0)
+os.waitpid(child, 0)
+print(os.path.exists("/dev/shm/sem." + name.lstrip("/")), flush=True)
+unlink_held_semaphores()
+print(os.path.exists("/dev/shm/sem." + name.lstrip("/")), flush=True)
+"""
+
+
+def test_a_stop_unlinks_only_the_semaphores_its_own_process_made():
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKED_CHILD_UNLINKS_NOTHING],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.stdout.split() == ["True", "False"], done.stdout + done.stderr
