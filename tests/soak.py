@@ -1323,7 +1323,50 @@ class Soak:
                 except (OSError, ValueError) as e:
                     rec.problem("error", f"no exit status from the pipeline: {e!r}")
                 self._judge_code(rec)
+        offline_first = random.Random(f"{self.seed}/{rec.index}/offline").random() < 0.5
+        if (
+            rec.kind == "sigint-hub"
+            and offline_first
+            and self._offline_rerun(rec, argv, env, out, tdir, expected)
+        ):
+            return  # (the output is judged: what an online rerun would find is up to date)
         self._rerun_command(rec, argv, env, work, out, tdir, expected=expected)
+
+    def _offline_rerun(
+        self,
+        rec: TrialRecord,
+        argv: list[str],
+        env: dict[str, str],
+        out: Path,
+        tdir: Path,
+        expected: Path | None,
+    ) -> bool:
+        """sigint-hub, half its trials: the stopped run's rerun first with ``HF_HUB_OFFLINE`` (a cluster's
+        compute node, after an online run on its login node was stopped). It gives the hub version's bytes,
+        or one error and nothing published (a file the stopped run did not download, or no plan got as far
+        as keeping the dataset's files): never fewer rows. True when it published the output."""
+        cmd = Command(self.reaper, argv, {**env, "HF_HUB_OFFLINE": "1"}, tdir)
+        exited = cmd.wait(cmd.started + RERUN_TIMEOUT)
+        if not exited:
+            cmd.kill_group()
+        self._settle(rec, cmd, "the offline rerun")
+        stderr = cmd.err.text()
+        errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+        if not exited:
+            rec.problem("rerun", f"the offline rerun ran {RERUN_TIMEOUT:.0f} s:\n{stderr[-TAIL:]}")
+        elif cmd.code == 0:
+            result = compare(out, expected or self.expected)
+            rec.fault += "; the offline rerun published"
+            if not result.matches:
+                rec.problem("rerun", f"the offline rerun's bytes differ:\n{result.render()[-TAIL:]}")
+            return True
+        elif cmd.code != 2 or len(errors) != 1 or "Traceback" in stderr or published(out):
+            rec.problem(
+                "rerun", f"the offline rerun exited {cmd.code}, published {published(out)}:\n{stderr[-TAIL:]}"
+            )
+        else:
+            rec.fault += "; the offline rerun refused: " + errors[0][:160]
+        return False
 
     def _pattern(self, rng: random.Random) -> str:
         """A line the baseline printed: a slice's progress line ("[k/") or one of the markers."""
