@@ -113,8 +113,10 @@ def unlink_held_semaphores() -> None:
     killed: unlink the named semaphores it still holds. The tracker would have unlinked them at its own
     end; killed, it leaves each as a file in ``/dev/shm`` for good. The names are this process's own
     record (:func:`start_resource_tracker`), never a guess from ``/dev/shm``."""
-    from _multiprocessing import sem_unlink  # type: ignore[import-not-found]
-
+    try:
+        from _multiprocessing import sem_unlink  # type: ignore[import-not-found]
+    except ImportError:  # (no named semaphores here: Windows)
+        return
     for name, maker in list(_held_semaphores.items()):
         if maker != os.getpid():
             continue
