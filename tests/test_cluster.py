@@ -21,7 +21,7 @@ import pytest
 
 from sftmix.config import MixerConfig, RunOptions
 from sftmix.digest import output_digests
-from tests.cli_runs import machine_env
+from tests.cli_runs import left_in_shm, machine_env, semaphores
 from tests.ports import free_port
 from tests.test_gcs import gcs, parts  # noqa: F401 (the emulator fixture)
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
@@ -86,9 +86,34 @@ def dask_cluster(tmp_path, gcs, prefect_api):  # noqa: F811
         yield f"tcp://127.0.0.1:{port}", workers
     finally:
         for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
+            _kill_machine(p.pid)
             p.wait()
+
+
+#: The named semaphores of the machines' processes killed so far (by inode): unlinked at the end.
+_KILLED_SEMAPHORES: set[int] = set()
+
+
+def _kill_machine(pgid: int) -> None:
+    """SIGKILL a machine's process group, as a crash would. Its semaphores (its multiprocessing resource
+    tracker dies with it, which would unlink them) are noted first, and unlinked once the test's
+    machines are gone: on a real machine /dev/shm goes with it."""
+    for pid in [int(d) for d in os.listdir("/proc") if d.isdigit()]:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if int(stat[stat.rfind(")") + 2 :].split()[2]) == pgid:
+                _KILLED_SEMAPHORES.update(semaphores(pid))
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+@pytest.fixture(autouse=True)
+def _crashed_machines_leave_no_semaphores():
+    yield
+    for name in left_in_shm(_KILLED_SEMAPHORES):
+        with contextlib.suppress(OSError):
+            (Path("/dev/shm") / name).unlink()
+    _KILLED_SEMAPHORES.clear()
 
 
 def _mixer(data: str, output: str) -> MixerConfig:
@@ -130,7 +155,7 @@ def test_dask_workers_sharing_only_a_gcs_work_dir_survive_a_killed_worker(
         deadline = time.time() + 120
         while time.time() < deadline and not killed.is_set():
             if list((tmp_path / "machine-a" / "work").glob("mirrors/*/slices/*/*/manifest.json")):
-                os.killpg(workers["a"].pid, signal.SIGKILL)
+                _kill_machine(workers["a"].pid)
                 killed.set()
                 return
             time.sleep(0.02)
