@@ -6,6 +6,7 @@ datasets' whole-file Arrow conversion, side by side.
     python bench/startup.py --copies 40 --format parquet   # the same chats as Parquet, 1,000 chats a row group
     python bench/startup.py --copies 40 --format jsonl.gz  # the same .jsonl, gzipped (decompressed to a copy)
     python bench/startup.py --copies 40 --format hub       # that Parquet as a hub dataset's files (a directory)
+    python bench/startup.py --copies 40 --format hub-jsonl # that .jsonl as a hub dataset's 8 JSON Lines files
     python bench/startup.py --copies 4 --data tests/golden/data/sharegpt_mt150.jsonl
 
 Each plan runs in a fresh process with a fresh work directory (nothing cached), on the same file, with
@@ -99,9 +100,25 @@ def write_hub_layout(parquet: Path, repo: Path, files: int = 8) -> Path:
     return repo
 
 
+def write_hub_jsonl(jsonl: Path, repo: Path, files: int = 8) -> Path:
+    """A .jsonl's lines as a hub dataset's split of ``files`` JSON Lines files (``data/train-*.jsonl``)."""
+    size = jsonl.stat().st_size
+    (repo / "data").mkdir(parents=True)
+    with open(jsonl, "rb") as src:
+        for k in range(files):
+            with open(repo / "data" / f"train-{k:05d}-of-{files:05d}.jsonl", "wb") as dst:
+                while src.tell() < (k + 1) * size // files and (
+                    block := src.read(min(64 << 20, (k + 1) * size // files - src.tell()))
+                ):
+                    dst.write(block)
+                dst.write(src.readline())  # the rest of the line
+    (repo / "README.md").write_text("---\nlicense: other\n---\n# ShareGPT copies\n")
+    return repo
+
+
 def plan_once(data: Path, tokenizer: Path, reader: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="startup-") as work:
-        parquet = data.suffix == ".parquet" or data.is_dir()
+        parquet = data.suffix == ".parquet" or (data.is_dir() and any(data.rglob("*.parquet")))
         setting = "TOKENIZE_MIXER_PARQUET_READER" if parquet else "TOKENIZE_MIXER_JSON_READER"
         env = {**os.environ, setting: "datasets" if reader == "datasets" else ""}
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -129,7 +146,7 @@ def main() -> None:
         "--data", type=Path, default=None, help="chats (.jsonl with messages); default: all ShareGPT"
     )
     ap.add_argument("--tokenizer", type=Path, default=None, help="default: the dolma2 tokenizer of the tests")
-    ap.add_argument("--format", choices=("jsonl", "jsonl.gz", "parquet", "hub"), default="jsonl")
+    ap.add_argument("--format", choices=("jsonl", "jsonl.gz", "parquet", "hub", "hub-jsonl"), default="jsonl")
     ap.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()) / "tokenize-mixer-startup")
     args = ap.parse_args()
     if args.tokenizer is None:
@@ -152,10 +169,14 @@ def main() -> None:
         parquet, data = data, args.scratch / f"hub-{args.copies}"
         if not data.exists():
             write_hub_layout(parquet, data)
-    size = sum(p.stat().st_size for p in data.rglob("*.parquet")) if data.is_dir() else data.stat().st_size
+    if args.format == "hub-jsonl":
+        lines, data = data, args.scratch / f"hub-jsonl-{args.copies}"
+        if not data.exists():
+            write_hub_jsonl(lines, data)
+    size = sum(p.stat().st_size for p in data.rglob("train-*")) if data.is_dir() else data.stat().st_size
     print(f"input: {data} ({size / 2**30:.2f} GiB), {os.cpu_count()} CPUs")
     results = {}
-    ours = "batches" if args.format.startswith("jsonl") else "row groups"
+    ours = "batches" if "jsonl" in args.format else "row groups"
     for reader in ("datasets", ours):
         results[reader] = r = plan_once(data, args.tokenizer, reader)
         print(

@@ -1,6 +1,7 @@
-"""A hub dataset's Parquet files as a plan with the hub in reach found them, kept for a plan without it.
+"""A hub dataset's files as a plan with the hub in reach found them, kept for a plan without it.
 
-The plan reads a hub dataset's Parquet files itself (:func:`sftmix.sources.parquet_data_files`), so
+The plan reads a hub dataset's Parquet or JSON Lines files itself (:func:`sftmix.sources.parquet_data_files`,
+:func:`sftmix.sources.json_data_files`), so
 ``datasets`` never prepares the dataset in its own cache; under ``HF_HUB_OFFLINE`` its loader finds
 nothing to start from and the rerun fails, where the reference (which prepared it) reruns offline. So
 each plan that resolves a hub dataset online keeps what it found (the files at their commit, the
@@ -45,9 +46,10 @@ def _schema(text: str | None) -> Any:
 
 
 def remember(
-    cache_dir: str, name: str, revision: str | None, split: str, files: list[str], declared: Any
+    cache_dir: str, name: str, revision: str | None, split: str, files: list[str], declared: Any, builder: str
 ) -> None:
-    """Keep what an online plan found for ``name``'s ``split``: its files, each named at its commit."""
+    """Keep what an online plan found for ``name``'s ``split``: its files, each named at its commit, and
+    the ``datasets`` builder that reads them (``parquet`` or ``json``)."""
     if not files or not all(at_commit(f) for f in files):
         return  # (a local directory laid out like the hub: nothing to keep)
     record = {
@@ -55,6 +57,7 @@ def remember(
         "dataset": [name, revision, split.strip()],
         "files": files,
         "declared": _schema_text(declared),
+        "builder": builder,
     }
     data = json.dumps(record, indent=1).encode("utf-8")
     path = _record_path(cache_dir, name, revision, split)
@@ -68,14 +71,18 @@ def remember(
         logger.debug("cannot keep the files of %s in %s: %s", name, path, exc)
 
 
-def recalled(cache_dir: str, name: str, revision: str | None, split: str) -> tuple[list[str], Any] | None:
-    """The local copies of the files an online plan found for ``name``'s ``split``, and the features
-    its card declared; ``None`` where no plan kept them. A file this machine's hub cache lacks is a
-    :class:`DatasetError` naming it."""
+def recalled(
+    cache_dir: str, name: str, revision: str | None, split: str, builder: str
+) -> tuple[list[str], Any] | None:
+    """The local copies of the files an online plan found for ``name``'s ``split`` (read by ``builder``),
+    and the features its card declared; ``None`` where no plan kept them. A file this machine's hub
+    cache lacks is a :class:`DatasetError` naming it."""
     path = _record_path(cache_dir, name, revision, split)
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
         if record["format"] != RECORD_FORMAT or record["dataset"] != [name, revision, split.strip()]:
+            return None
+        if record.get("builder", "parquet") != builder:  # (records before JSON's were all Parquet's)
             return None
         files = [str(f) for f in record["files"]]
         declared = _schema(record["declared"])

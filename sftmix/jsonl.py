@@ -1,5 +1,5 @@
-"""Local JSON Lines files read as ``datasets``' JSON builder reads them, without converting the whole file
-on one core before the first slice can start.
+"""JSON Lines files (local, ``gs://``, a hub dataset's) read as ``datasets``' JSON builder reads them,
+without converting them whole on one core before the first slice can start.
 
 The reference loads a local ``.jsonl`` with ``datasets.load_dataset("json")``. Its builder reads the file
 in batches (10 MiB, then the rest of the line: :data:`BATCH_BYTES`), parses each batch with pyarrow's JSON
@@ -20,8 +20,10 @@ several batches), and a slice's key follows from the bytes of the batches it rea
 
 A ``gs://`` object is read the same way, in byte ranges, without a copy first: the plan pins the
 generation the object has when it is planned (:mod:`sftmix.pinned`), reads its ranges on many threads and counts the batches in order as they arrive; each slice reads its own
-batches' ranges of that generation. Anything else (a JSON array, a compressed file, a sliced split, a
-first batch pyarrow cannot parse) goes through ``datasets`` as before (:mod:`sftmix.sources`).
+batches' ranges of that generation. A hub dataset's (or a local directory's) JSON Lines files are read
+the same way (:func:`scan_files`): the builder reads them one after another, the first file's first batch
+fixing the features of all. Anything else (a JSON array, a compressed file, a sliced split, a first batch
+pyarrow cannot parse) goes through ``datasets`` as before (:mod:`sftmix.sources`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from typing import Any
 
@@ -73,13 +75,18 @@ class BadLine:
     line: int  # 1-based, as editors count
     reason: str
     excerpt: str  # the text near the fault
+    file: str = ""  # the file it is in, for a dataset of several files
 
     def error(self, path: str, more: int = 0) -> BadLineError:
-        return BadLineError(path, self.line, self.reason, self.excerpt, more)
+        return BadLineError(self.file or path, self.line, self.reason, self.excerpt, more)
+
+    @property
+    def place(self) -> str:
+        return f"{self.file}:{self.line}" if self.file else str(self.line)
 
     @property
     def detail(self) -> str:
-        return f"line {self.line}: {self.reason} ({self.excerpt})"
+        return f"line {self.place}: {self.reason} ({self.excerpt})"
 
 
 class JsonlBatch(BaseModel):
@@ -94,10 +101,12 @@ class JsonlBatch(BaseModel):
     sha256: str
     lines_before: int = 0  # newlines in the file before it, to name a line in errors
     utf8: bool = True  # the plan found its bytes valid UTF-8 (the slice checks its sha256 is the plan's)
+    path: str = ""  # its file, in a dataset of several files ("": the source's)
 
 
 class JsonlSource(BaseModel):
-    """What a slice needs to read its rows: the file, the features as an Arrow schema, its batches."""
+    """What a slice needs to read its rows: the file (or, for a dataset of several files, the dataset:
+    each batch names its file), the features as an Arrow schema, its batches."""
 
     path: str
     schema_b64: str
@@ -135,6 +144,11 @@ class JsonlLayout:
 
     def source(self, batches: list[JsonlBatch]) -> JsonlSource:
         return JsonlSource(path=self.path, schema_b64=self.schema_b64, batches=batches)
+
+
+def files_of(source: JsonlSource) -> set[str]:
+    """The files a slice's batches are in."""
+    return {b.path or source.path for b in source.batches}
 
 
 def applies(path: str, split: str) -> bool:
@@ -319,6 +333,37 @@ def scan(path: str, on_batch: BatchListener | None = None, threads: int | None =
         while len(_SCANS) > _KEPT_SCANS:
             _SCANS.popitem(last=False)
     return layout
+
+
+def scan_files(paths: list[str], name: str, threads: int | None = None) -> JsonlLayout | None:
+    """The batches of a dataset of several JSON Lines files (a hub dataset's, a directory's), as
+    ``datasets``' JSON builder reads them one after another: rows numbered across the files in order,
+    every batch cast to the features of the *first* file's first batch (a key a row lacks is null). The
+    files are scanned side by side, each on a share of the cores. ``None`` where a file is not one
+    :func:`applies` to, or the first is not JSON Lines pyarrow reads (``datasets`` then loads it)."""
+    if not paths or not all(applies(p, "train") for p in paths):
+        return None
+    cpus = threads or available_cpus()
+    with ThreadPoolExecutor(max_workers=max(1, min(len(paths), cpus))) as pool:
+        layouts = list(pool.map(lambda p: scan(p, threads=max(1, cpus // len(paths))), paths))
+    if any(layout is None for layout in layouts) or not layouts[0].schema_b64:  # type: ignore[union-attr]
+        return None
+    batches: list[JsonlBatch] = []
+    bad_lines: list[BadLine] = []
+    first_row = 0
+    for path, layout in zip(paths, layouts, strict=True):
+        assert layout is not None
+        for batch in layout.batches:
+            batches.append(batch.model_copy(update={"first_row": first_row + batch.first_row, "path": path}))
+        bad_lines += [replace(bad, file=path) for bad in layout.bad_lines]
+        first_row += layout.n_rows
+    return JsonlLayout(
+        path=name,
+        size=sum(layout.size for layout in layouts if layout is not None),
+        batches=tuple(batches),
+        schema_b64=layouts[0].schema_b64,  # type: ignore[union-attr]
+        bad_lines=tuple(bad_lines),
+    )
 
 
 def first_batch(path: str) -> tuple[JsonlBatch, str] | None:
@@ -569,7 +614,7 @@ def _line_problem(line: bytes, at: int) -> tuple[str, str] | None:
 
 def _refusal_reason(exc: Exception, line: bytes, target: Any) -> str:
     """Why the reader refuses a row that Python's JSON reader reads: a field's type (the message names
-    the field), or a key the file's first batch never has."""
+    the field), or a key the first batch never has."""
     from .sources import _MIXED_TYPES
 
     if (changed := _MIXED_TYPES.search(str(exc))) is not None:
@@ -579,9 +624,10 @@ def _refusal_reason(exc: Exception, line: bytes, target: Any) -> str:
         )
     if target is not None and (found := _first_unknown_key(line, target)) is not None:
         return (
-            f"key {found!r} is in none of the rows of the file's first {BATCH_BYTES >> 20} MiB, which fix its "
-            "columns; the reference's loader (datasets) refuses this file too: give every row the same keys "
-            "(null where a value is unknown), or put a row with every key first"
+            f"key {found!r} is in none of the rows of the first {BATCH_BYTES >> 20} MiB the loader reads (of the "
+            "first file, where a dataset has several), which fix the columns; the reference's loader (datasets) "
+            "refuses it too: give every row the same keys (null where a value is unknown), or put a row with "
+            "every key first"
         )
     return f"the reader refuses it ({type(exc).__name__}: {exc})"
 
@@ -632,6 +678,8 @@ def _batch_table(path: str, batch: JsonlBatch, schema_b64: str) -> tuple[Any, di
         raise DatasetError(
             path, f"{rows}: the reader found {table.num_rows} rows where the plan counted {batch.rows}"
         )
+    if batch.path:  # one of a dataset's several files: its lines are named by it
+        bad = {row: replace(line, file=batch.path) for row, line in bad.items()}
     return table, bad
 
 
@@ -678,7 +726,7 @@ def read_rows(source: JsonlSource, rows: list[int]) -> list[dict[str, Any] | Bad
     for batch, local in runs_in_parts(rows, source.batches):
         if batch is None:
             raise DatasetError(source.path, f"row {local[0]} is in none of the slice's batches")
-        table, bad = _batch_table(source.path, batch, source.schema_b64)
+        table, bad = _batch_table(batch.path or source.path, batch, source.schema_b64)
         got = table_rows(table, local)
         out += [bad.get(r, record) for r, record in zip(local, got, strict=True)] if bad else got
     return out

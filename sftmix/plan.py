@@ -35,6 +35,7 @@ from .sources import (
     decompressed_copy,
     describe,
     hash_ahead,
+    json_data_files,
     local_builder,
     localize,
     parquet_data_files,
@@ -230,13 +231,18 @@ def _local_copy(entry: DatasetEntry, datasets_cache: str) -> str:
 
 
 def _jsonl_layout(entry: DatasetEntry, datasets_cache: str) -> jsonl.JsonlLayout | None:
-    """The file's batches when it is JSON Lines read by batch (:mod:`sftmix.jsonl`), else ``None``."""
+    """The batches of a JSON Lines file, or of a hub dataset's (or a directory's) JSON Lines files, read
+    by batch (:mod:`sftmix.jsonl`); else ``None``."""
     path = entry.path
     try:
-        path = _local_copy(entry, datasets_cache)
-        if not jsonl.applies(path, entry.split):
-            return None
-        layout = jsonl.scan(path)
+        if local_builder(entry.path) is None and not is_remote(entry.path):
+            files = json_data_files(entry.path, entry.split, entry.revision, datasets_cache)
+            layout = None if files is None else jsonl.scan_files(files, entry.path)
+        else:
+            path = _local_copy(entry, datasets_cache)
+            if not jsonl.applies(path, entry.split):
+                return None
+            layout = jsonl.scan(path)
     except DatasetError as exc:
         raise DatasetError(entry.path, exc.reason) from None
     if layout is None or not layout.n_rows or not layout.columns:
@@ -289,21 +295,37 @@ def batches_per_slice(slice_bytes: int) -> int:
     return max(1, round(slice_bytes / jsonl.BATCH_BYTES))
 
 
+def _runs_of_bytes(batches: list[jsonl.JsonlBatch], slice_bytes: int) -> list[list[jsonl.JsonlBatch]]:
+    """Consecutive batches, each run of them holding ``slice_bytes`` or a little more (the last, less)."""
+    runs: list[list[jsonl.JsonlBatch]] = [[]]
+    held = 0
+    for batch in batches:
+        if held >= slice_bytes:
+            runs.append([])
+            held = 0
+        runs[-1].append(batch)
+        held += batch.end - batch.offset
+    return [run for run in runs if run]
+
+
 def _batch_groups(
     layout: jsonl.JsonlLayout, selected: np.ndarray | None, slice_bytes: int
 ) -> list[tuple[int, int, list[int] | None]]:
     """(start, end, subset) per slice of a file read by batch: whole batches (:func:`batches_per_slice`),
     so each batch is parsed once; a file of one batch (small) is cut into slices of about
-    ``slice_bytes``, each parsing it."""
+    ``slice_bytes``, each parsing it. The batches of several files (their last ones short) are taken
+    until they hold about ``slice_bytes``."""
     batches = [b for b in layout.batches if b.rows]
     if len(layout.batches) == 1:
-        pieces, per = max(1, -(-layout.size // slice_bytes)), 1
+        pieces, runs = max(1, -(-layout.size // slice_bytes)), [batches]
+    elif any(b.path for b in batches):
+        pieces, runs = 1, _runs_of_bytes(batches, slice_bytes)
     else:
-        pieces, per = 1, batches_per_slice(slice_bytes)
+        per = batches_per_slice(slice_bytes)
+        pieces, runs = 1, [batches[k : k + per] for k in range(0, len(batches), per)]
     groups: list[tuple[int, int, list[int] | None]] = []
-    for k in range(0, len(batches), per):
-        last = batches[min(k + per, len(batches)) - 1]
-        lo, hi = batches[k].first_row, last.first_row + last.rows
+    for taken in runs:
+        lo, hi = taken[0].first_row, taken[-1].first_row + taken[-1].rows
         if selected is None:
             rows = np.arange(lo, hi)
         else:
@@ -467,7 +489,7 @@ def _bad_lines_warning(
         return None
     if on_bad_row == "error":
         raise bad_lines[0].error(entry.path, more=len(bad_lines) - 1)
-    n, lines = len(bad_lines), ", ".join(str(b.line) for b in bad_lines[:10])
+    n, lines = len(bad_lines), ", ".join(b.place for b in bad_lines[:10])
     w = (
         f"{entry.path}: {n:,} line{'s' if n != 1 else ''} that {'are' if n != 1 else 'is'} not a row "
         f"(line{'s' if n != 1 else ''} {lines}{', ...' if n > 10 else ''}) will be skipped "

@@ -625,7 +625,9 @@ def on_this_machine(ctx: TokenizeContext, spec: SliceSpec) -> tuple[TokenizeCont
         is_remote(f.path) or os.path.isfile(f.path) for f in spec.parquet.footers
     ):
         update["parquet"] = None
-    if spec.jsonl is not None and not is_remote(spec.jsonl.path) and not os.path.isfile(spec.jsonl.path):
+    if spec.jsonl is not None and not all(
+        is_remote(f) or os.path.isfile(f) for f in jsonl.files_of(spec.jsonl)
+    ):
         update["jsonl"] = None
     return here, spec.model_copy(update=update)
 

@@ -553,7 +553,8 @@ def _open_dataset(
         else:
             if (problem := hub_name_problem(path, [cache_dir] if cache_dir else [])) is not None:
                 raise DatasetError(name, problem)
-            ds = datasets.load_dataset(path, split=split, revision=revision, cache_dir=cache_dir)
+            options = _builder_options(path, revision, cache_dir)
+            ds = datasets.load_dataset(path, split=split, revision=revision, cache_dir=cache_dir, **options)
     except DatasetError:
         raise
     except StopIteration:  # the json builder finds no table at all in the file
@@ -590,6 +591,36 @@ class ParquetFiles:
     downloads: Downloads | None = None
 
 
+def _builder(name: str, revision: str | None, cache_dir: str) -> Any:
+    """``datasets``' builder for hub name (or local directory) ``name``: what it reads, and how."""
+    _quiet_datasets()
+    import datasets
+
+    return datasets.load_dataset_builder(name, revision=revision, cache_dir=cache_dir)
+
+
+def _download_manager(builder: Any, cache_dir: str) -> Any:
+    """A download manager that fetches a builder's files into the cache its own download uses."""
+    import datasets
+
+    return datasets.DownloadManager(
+        dataset_name=builder.dataset_name,
+        download_config=datasets.DownloadConfig(
+            cache_dir=os.path.join(cache_dir, "downloads"), use_etag=False, token=builder.token
+        ),
+        data_dir=builder.config.data_dir,
+        base_path=builder.base_path,
+    )
+
+
+def _read_by_files(name: str, split: str, cache_dir: str) -> bool:
+    """Whether hub name (or local directory) ``name``'s split may be read from its files, not loaded
+    through ``datasets``: a whole split of a name that resolves."""
+    if local_builder(name) is not None or is_remote(name) or "[" in split:
+        return False
+    return hub_name_problem(name, [cache_dir] if cache_dir else []) is None
+
+
 def parquet_data_files(name: str, split: str, revision: str | None, cache_dir: str) -> ParquetFiles | None:
     """Where ``datasets.load_dataset(name, split=split)`` would read Parquet files with its Parquet
     builder (a hub dataset as the hub serves most, or a local directory laid out like one): the files,
@@ -597,18 +628,14 @@ def parquet_data_files(name: str, split: str, revision: str | None, cache_dir: s
     are read by row group instead of converted whole on one core. ``None`` for anything else (another
     builder, a sliced split, a builder configured to filter or select columns, features that decode, a
     name that cannot be resolved): ``datasets`` then loads it as before, and says what is wrong."""
-    if local_builder(name) is not None or is_remote(name) or "[" in split:
+    if not _read_by_files(name, split, cache_dir):
         return None
-    if hub_name_problem(name, [cache_dir] if cache_dir else []) is not None:
-        return None
-    if offline() and (kept := hub_files.recalled(cache_dir, name, revision, split)) is not None:
+    if offline() and (kept := hub_files.recalled(cache_dir, name, revision, split, "parquet")) is not None:
         return ParquetFiles(*kept)  # (``datasets`` never prepared it: its loader has nothing offline)
-    _quiet_datasets()
     try:
-        import datasets
         from datasets.features.features import require_decoding
 
-        builder = datasets.load_dataset_builder(name, revision=revision, cache_dir=cache_dir)
+        builder = _builder(name, revision, cache_dir)
         config = builder.config
         files = (config.data_files or {}).get(split.strip())
         if builder.name != "parquet" or not files or config.columns is not None or config.filters is not None:
@@ -616,14 +643,7 @@ def parquet_data_files(name: str, split: str, revision: str | None, cache_dir: s
         features = builder.info.features
         if features is not None and any(require_decoding(f) for f in features.values()):
             return None
-        manager = datasets.DownloadManager(
-            dataset_name=builder.dataset_name,
-            download_config=datasets.DownloadConfig(
-                cache_dir=os.path.join(cache_dir, "downloads"), use_etag=False, token=builder.token
-            ),
-            data_dir=config.data_dir,
-            base_path=builder.base_path,
-        )
+        manager = _download_manager(builder, cache_dir)
         files = [str(f) for f in files]
         hub = [f for f in files if at_commit(f)]
         downloads = None
@@ -641,8 +661,53 @@ def parquet_data_files(name: str, split: str, revision: str | None, cache_dir: s
         return None
     declared = None if features is None else features.arrow_schema
     if not offline():
-        hub_files.remember(cache_dir, name, revision, split, files, declared)
+        hub_files.remember(cache_dir, name, revision, split, files, declared, "parquet")
     return ParquetFiles(paths, declared, downloads)
+
+
+def json_data_files(name: str, split: str, revision: str | None, cache_dir: str) -> list[str] | None:
+    """Where ``datasets.load_dataset(name, split="train")`` would read JSON files with its JSON builder,
+    taking the features from the first batch of the first file (a hub dataset of JSON Lines files, or a
+    local directory of them): the files, downloaded as ``datasets`` downloads them, for the plan to read
+    by batch on all cores (:func:`sftmix.jsonl.scan_files`) instead of ``datasets`` converting them whole
+    on one core. ``None`` for anything else (a split other than 'train' or not the builder's first: its
+    features come from the first; features the card declares; a JSON field to read rows from; another
+    encoding or batch size): ``datasets`` then loads it as before."""
+    if split.strip() != "train" or not _read_by_files(name, split, cache_dir):
+        return None
+    if offline() and (kept := hub_files.recalled(cache_dir, name, revision, split, "json")) is not None:
+        return kept[0]
+    try:
+        from .jsonl import BATCH_BYTES
+
+        builder = _builder(name, revision, cache_dir)
+        config = builder.config
+        splits = list(config.data_files or {})
+        if builder.name != "json" or splits[:1] != ["train"] or builder.info.features is not None:
+            return None
+        if config.field is not None or config.encoding.lower().replace("-", "") != "utf8":
+            return None
+        if config.encoding_errors is not None or config.chunksize != BATCH_BYTES:
+            return None
+        files = [str(f) for f in config.data_files["train"]]
+        paths = [str(p) for p in _download_manager(builder, cache_dir).download(files)]
+    except Exception as exc:  # datasets' own load meets it again, and says what it is
+        logger.debug("%s: not read by batch (%s: %s)", name, type(exc).__name__, exc)
+        return None
+    if not paths or not all(os.path.isfile(p) for p in paths):
+        return None
+    if not offline():
+        hub_files.remember(cache_dir, name, revision, split, files, None, "json")
+    return paths
+
+
+def _builder_options(name: str, revision: str | None, cache_dir: str) -> dict[str, Any]:
+    """The options :func:`_reference_json_options` gives a hub dataset (or local directory) that
+    ``datasets`` reads with its JSON builder, as it gives a local JSON file; none for any other."""
+    try:
+        return _reference_json_options() if _builder(name, revision, cache_dir).name == "json" else {}
+    except Exception:  # the load meets it again, and says what it is
+        return {}
 
 
 def describe(path: str, split: str, revision: str | None, cache_dir: str) -> SourceInfo:

@@ -157,8 +157,9 @@ MIXTURE_SLICINGS: tuple[tuple[str, ...], ...] = (
 
 @dataclass(frozen=True)
 class Mixture:
-    """sigint-mixture's input: the soak's file whole (read by batch) and a file of its first half of rows
-    at 0.5 (read whole: counted first, then a sample of it selected)."""
+    """sigint-mixture's input: the soak's file whole (read by batch) and a directory of two files that
+    hold its first half of rows, at 0.5 (read by batch as a hub dataset's JSON Lines files are, counted
+    first, then a sample of it selected)."""
 
     whole: Path
     half: Path
@@ -1020,7 +1021,7 @@ class Soak:
         self.data = self.root / "chats.jsonl"
         self.parquet = self.root / "chats.parquet"  # the same rows, for change-parquet
         self.gzipped = self.root / "chats.jsonl.gz"  # the same lines, for change-gzip
-        self.mixture = Mixture(self.data, self.root / "chats-half.jsonl")  # for sigint-mixture
+        self.mixture = Mixture(self.data, self.root / "chats-half")  # for sigint-mixture
         self.expected = self.root / "expected"
         self.home = self.root / "prefect-home"
         self.stack: Stack | None = None
@@ -1049,8 +1050,10 @@ class Soak:
             self.gzipped.write_bytes(gzip.compress(self.data.read_bytes(), mtime=0))
         if "sigint-mixture" in self.kinds:
             lines = self.data.read_text().splitlines(keepends=True)
-            self.mixture.half.write_text("".join(lines[: len(lines) // 2]))
-            assert self.mixture.half.stat().st_size < BATCH_BYTES  # (read whole)
+            self.mixture.half.mkdir()
+            quarter = len(lines) // 4
+            (self.mixture.half / "part-0.jsonl").write_text("".join(lines[:quarter]))
+            (self.mixture.half / "part-1.jsonl").write_text("".join(lines[quarter : 2 * quarter]))
         self.home.mkdir()
         # the temporary API's database, created once (a first run's slow API start is not the timeline)
         subprocess.run(

@@ -249,3 +249,45 @@ def test_a_hub_dataset_an_online_run_read_is_converted_offline_from_the_hub_cach
     missing = _plan(REPO, offline, work)
     assert "plan" not in missing, missing
     assert REPO in missing["error"] and FILES[1] in missing["error"] and "HF_HUB_OFFLINE" in missing["error"]
+
+
+def test_a_hub_dataset_of_json_lines_files_is_read_by_batch_online_and_offline(tmp_path):
+    """A hub dataset of JSON Lines files is read by batch from its downloaded files (not converted whole
+    by ``datasets`` on one core): the bytes ``datasets``' own load gives, online and, from the files the
+    online plan kept, offline."""
+    from sftmix.digest import compare
+    from tests.cli_runs import cli_env, convert_command
+
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    rows = _rows(240)
+    for k in range(3):
+        part = rows[k * 80 : (k + 1) * 80]  # the second file: keys in another order, half without "id"
+        lines = [
+            json.dumps({"messages": r["messages"], **({"id": r["id"]} if k != 1 or i % 2 else {})})
+            for i, r in enumerate(part)
+        ]
+        (repo / "data" / f"train-0000{k}-of-00003.jsonl").write_text("\n".join(lines) + "\n")
+    (repo / "README.md").write_text("---\nlicense: odc-by\n---\n# a mixture\n")
+    home, work = tmp_path / "home", tmp_path / "work"
+
+    def convert(out: str, env: dict[str, str]) -> None:
+        done = subprocess.run(
+            convert_command(Path(REPO), work, tmp_path / out, 40),
+            env={**cli_env(), **env},
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "Traceback" not in done.stderr
+
+    with HubEmulator(repo, REPO) as hub:
+        env = hub_environment(hub, home)
+        convert("out", env)
+        convert("out-datasets", {**env, "TOKENIZE_MIXER_JSON_READER": "datasets"})
+    kept = [json.loads(p.read_text()) for p in (work / "datasets-cache" / "hub-files").iterdir()]
+    assert [(r["builder"], len(r["files"])) for r in kept] == [("json", 3)]  # the plan read the files
+    convert("out-offline", {**env, "HF_HUB_OFFLINE": "1"})
+    for other in ("out-datasets", "out-offline"):
+        result = compare(tmp_path / other, tmp_path / "out")
+        assert result.matches, result.render()

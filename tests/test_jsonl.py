@@ -132,7 +132,10 @@ def test_a_key_the_first_batch_never_saw_is_refused_as_the_reference_refuses_it(
     got = jsonl.read_rows(layout.source([last]), [first_with_it])[0]
     assert isinstance(got, jsonl.BadLine), got  # the slice refuses it (or skips it), naming its line
     assert got.line == first_with_it + 1
-    assert "key 'messages[].function_calls' is in none of the rows of the file's first 10 MiB" in got.reason
+    assert (
+        "key 'messages[].function_calls' is in none of the rows of the first 10 MiB the loader reads"
+        in got.reason
+    )
 
 
 def test_a_file_that_changes_after_the_plan_is_one_clear_error(tmp_path):
@@ -366,3 +369,104 @@ def test_ranges_fetched_ahead_give_the_batches_the_builder_reads(tmp_path, monke
         assert [(a, b) for a, b, _ in fetched] == bounds, trial
         assert [d for _, _, d in fetched] == [data[a:b] for a, b in bounds]
         assert jsonl._first_batch_end(str(path), len(data)) == bounds[0][1]
+
+
+def _directory(root: Path, rng: random.Random) -> Path:
+    """A directory laid out as a hub dataset of JSON Lines files: three train files (the first of
+    several batches, the second without the key ``id`` and with a BOM), one test file."""
+
+    def tools(rng: random.Random, i: int, row: dict, size: int) -> None:
+        if i % 7 == 0:
+            row["tools"] = [{"name": "f", "arguments": {"a": i}}]
+
+    repo = root / "org--chats"
+    (repo / "data").mkdir(parents=True)
+    first = _many(rng, jsonl.BATCH_BYTES + (3 << 20), tools)
+    second = [{k: v for k, v in r.items() if k != "id"} for r in _many(rng, 1 << 20)]  # type: ignore[union-attr]
+    _write(repo / "data" / "train-00000-of-00003.jsonl", first)
+    _write(repo / "data" / "train-00001-of-00003.jsonl", second, bom=True)  # type: ignore[arg-type]
+    _write(repo / "data" / "train-00002-of-00003.jsonl", _many(rng, 2 << 20, tools))
+    _write(repo / "data" / "test-00000-of-00001.jsonl", first[:5])
+    return repo
+
+
+def _directory_rows(layout: jsonl.JsonlLayout) -> list:
+    rows: list = []
+    for batch in layout.batches:  # as slices read them: each its own batch
+        rows += jsonl.read_rows(
+            layout.source([batch]), list(range(batch.first_row, batch.first_row + batch.rows))
+        )
+    return rows
+
+
+@pytest.mark.slow
+def test_a_directory_of_json_lines_files_gives_datasets_rows_by_batch(tmp_path):
+    """The files ``datasets`` reads for a hub dataset (or a directory) of JSON Lines files are read by
+    batch on all cores, rows numbered across them, each cast to the first file's features (a key a
+    file lacks is null), as ``datasets.load_dataset(name)`` builds them; what only ``datasets`` reads
+    is left to it."""
+    from sftmix.sources import json_data_files
+
+    repo = _directory(tmp_path, random.Random(11))
+    cache = tmp_path / "cache"
+    files = json_data_files(str(repo), "train", None, str(cache))
+    assert files is not None and [Path(f).name for f in files] == [
+        f"train-0000{k}-of-00003.jsonl" for k in range(3)
+    ]
+    layout = jsonl.scan_files(files, str(repo))
+    assert layout is not None and len(layout.batches) == 4 and layout.columns == ("id", "messages", "tools")
+    datasets.disable_progress_bars()
+    reference = datasets.load_dataset(
+        str(repo), split="train", cache_dir=str(tmp_path / "reference"), **_reference_json_options()
+    )
+    assert _directory_rows(layout) == reference.with_format("arrow")[:].to_pylist()
+    assert json_data_files(str(repo), "test", None, str(cache)) is None  # its features come from train's
+    assert json_data_files(str(repo), "train[:10]", None, str(cache)) is None  # a sliced split
+
+
+def test_a_file_of_a_directory_with_a_key_the_first_never_saw_names_that_file_and_line(tmp_path):
+    rng = random.Random(12)
+    repo = tmp_path / "chats"
+    repo.mkdir()
+    later = [_chat(rng, i) for i in range(20)]
+    later[13]["messages"][1]["function_calls"] = "f()"
+    _write(repo / "a.jsonl", [_chat(rng, i) for i in range(30)])
+    _write(repo / "b.jsonl", later)  # type: ignore[arg-type]
+    from sftmix.sources import json_data_files
+
+    files = json_data_files(str(repo), "train", None, str(tmp_path / "cache"))
+    assert files is not None
+    layout = jsonl.scan_files(files, str(repo))
+    assert layout is not None and layout.n_rows == 50
+    got = _directory_rows(layout)
+    assert all(isinstance(r, dict) for r in got[:43] + got[44:])
+    bad = got[43]
+    assert isinstance(bad, jsonl.BadLine) and bad.file == str(repo / "b.jsonl") and bad.line == 14
+    assert str(bad.error(str(repo))).startswith(f"{repo / 'b.jsonl'}:14: ")
+    (repo / "c.jsonl.gz").write_bytes(b"")  # a file only datasets reads: it reads them all
+    files = json_data_files(str(repo), "train", None, str(tmp_path / "cache"))
+    assert files is None or jsonl.scan_files(files, str(repo)) is None
+
+
+@pytest.mark.slow
+def test_shards_of_a_directory_of_json_lines_files_are_those_of_datasets(prefect_api, tmp_path, monkeypatch):
+    from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
+
+    examples = Path(__file__).parent.parent / "examples"
+    repo = _directory(tmp_path, random.Random(13))
+
+    def convert(name: str) -> dict:
+        mixer = MixerConfig(
+            datasets=[DatasetEntry(path=str(repo), amount=0.25)],
+            tokenizer=TokenizerSpec(name_or_path=str(examples / "tokenizer"), chat_template="olmo"),
+            max_seq_length=1024,
+            output=OutputSpec(path=str(tmp_path / name)),
+        )
+        run = RunOptions(work_dir=str(tmp_path / f"work-{name}"), slice_bytes=4 << 20, runner="thread")
+        return tokenize_mixer(mixer=mixer, run=run)
+
+    ours = convert("ours")
+    assert ours["slices_total"] > 1
+    monkeypatch.setenv("TOKENIZE_MIXER_JSON_READER", "datasets")
+    assert convert("datasets")["digests"] == ours["digests"]
