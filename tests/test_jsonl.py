@@ -321,22 +321,30 @@ def test_the_plan_of_a_compressed_file_is_the_plan_of_its_content(tmp_path):
 
 @pytest.mark.slow
 def test_shards_of_a_compressed_file_are_those_of_datasets(prefect_api, tmp_path, monkeypatch):
-    from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
-    from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
     examples = Path(__file__).parent.parent / "examples"
     plain = tmp_path / "arithmetic.jsonl"
     plain.write_bytes((examples / "data" / "arithmetic.jsonl").read_bytes())
-    packed = _compressed(plain, ".gz")
+    _shards_match_datasets(_compressed(plain, ".gz"), 2.0, 256, 4096, tmp_path, monkeypatch)
+
+
+def _shards_match_datasets(
+    data: Path, amount: float, max_seq_length: int, slice_bytes: int, tmp_path: Path, monkeypatch
+) -> None:
+    """The flow's shards of ``data`` read by batch, in several slices, are those of ``datasets``' load."""
+    from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
+
+    examples = Path(__file__).parent.parent / "examples"
 
     def convert(name: str) -> dict:
         mixer = MixerConfig(
-            datasets=[DatasetEntry(path=str(packed), amount=2.0)],
+            datasets=[DatasetEntry(path=str(data), amount=amount)],
             tokenizer=TokenizerSpec(name_or_path=str(examples / "tokenizer"), chat_template="olmo"),
-            max_seq_length=256,
+            max_seq_length=max_seq_length,
             output=OutputSpec(path=str(tmp_path / name)),
         )
-        run = RunOptions(work_dir=str(tmp_path / f"work-{name}"), slice_bytes=4096, runner="thread")
+        run = RunOptions(work_dir=str(tmp_path / f"work-{name}"), slice_bytes=slice_bytes, runner="thread")
         return tokenize_mixer(mixer=mixer, run=run)
 
     ours = convert("ours")
@@ -399,7 +407,6 @@ def _directory_rows(layout: jsonl.JsonlLayout) -> list:
     return rows
 
 
-@pytest.mark.slow
 def test_a_directory_of_json_lines_files_gives_datasets_rows_by_batch(tmp_path):
     """The files ``datasets`` reads for a hub dataset (or a directory) of JSON Lines files are read by
     batch on all cores, rows numbered across them, each cast to the first file's features (a key a
@@ -450,23 +457,6 @@ def test_a_file_of_a_directory_with_a_key_the_first_never_saw_names_that_file_an
 
 @pytest.mark.slow
 def test_shards_of_a_directory_of_json_lines_files_are_those_of_datasets(prefect_api, tmp_path, monkeypatch):
-    from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
-    from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
-
-    examples = Path(__file__).parent.parent / "examples"
-    repo = _directory(tmp_path, random.Random(13))
-
-    def convert(name: str) -> dict:
-        mixer = MixerConfig(
-            datasets=[DatasetEntry(path=str(repo), amount=0.25)],
-            tokenizer=TokenizerSpec(name_or_path=str(examples / "tokenizer"), chat_template="olmo"),
-            max_seq_length=1024,
-            output=OutputSpec(path=str(tmp_path / name)),
-        )
-        run = RunOptions(work_dir=str(tmp_path / f"work-{name}"), slice_bytes=4 << 20, runner="thread")
-        return tokenize_mixer(mixer=mixer, run=run)
-
-    ours = convert("ours")
-    assert ours["slices_total"] > 1
-    monkeypatch.setenv("TOKENIZE_MIXER_JSON_READER", "datasets")
-    assert convert("datasets")["digests"] == ours["digests"]
+    _shards_match_datasets(
+        _directory(tmp_path, random.Random(13)), 0.25, 1024, 4 << 20, tmp_path, monkeypatch
+    )
