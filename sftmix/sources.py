@@ -668,9 +668,10 @@ def parquet_data_files(name: str, split: str, revision: str | None, cache_dir: s
 def json_data_files(name: str, split: str, revision: str | None, cache_dir: str) -> list[str] | None:
     """Where ``datasets.load_dataset(name, split="train")`` would read JSON files with its JSON builder,
     taking the features from the first batch of the first file (a hub dataset of JSON Lines files, or a
-    local directory of them): the files, downloaded as ``datasets`` downloads them, for the plan to read
-    by batch on all cores (:func:`sftmix.jsonl.scan_files`) instead of ``datasets`` converting them whole
-    on one core. ``None`` for anything else (a split other than 'train' or not the builder's first: its
+    local directory of them): the files, downloaded as ``datasets`` downloads them (a compressed one
+    decompressed to a copy, as :func:`decompressed_copy` makes one of a local file, the files side by
+    side), for the plan to read by batch on all cores (:func:`sftmix.jsonl.scan_files`) instead of
+    ``datasets`` converting them whole on one core. ``None`` for anything else (a split other than 'train' or not the builder's first: its
     features come from the first; features the card declares; a JSON field to read rows from; another
     encoding or batch size): ``datasets`` then loads it as before."""
     if split.strip() != "train" or not _read_by_files(name, split, cache_dir):
@@ -698,6 +699,16 @@ def json_data_files(name: str, split: str, revision: str | None, cache_dir: str)
         return None
     if not offline():
         hub_files.remember(cache_dir, name, revision, split, files, None, "json")
+    if any(compression_of(p) is not None for p in paths):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .parallel import available_cpus
+
+        def plain(path: str) -> str:
+            return path if compression_of(path) is None else decompressed_copy(path, cache_dir)
+
+        with ThreadPoolExecutor(max_workers=max(1, min(len(paths), available_cpus()))) as pool:
+            paths = list(pool.map(plain, paths))
     return paths
 
 

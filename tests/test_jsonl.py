@@ -410,8 +410,8 @@ def _directory_rows(layout: jsonl.JsonlLayout) -> list:
 def test_a_directory_of_json_lines_files_gives_datasets_rows_by_batch(tmp_path):
     """The files ``datasets`` reads for a hub dataset (or a directory) of JSON Lines files are read by
     batch on all cores, rows numbered across them, each cast to the first file's features (a key a
-    file lacks is null), as ``datasets.load_dataset(name)`` builds them; what only ``datasets`` reads
-    is left to it."""
+    file lacks is null), as ``datasets.load_dataset(name)`` builds them, compressed files from their
+    decompressed copies; what only ``datasets`` reads is left to it."""
     from sftmix.sources import json_data_files
 
     repo = _directory(tmp_path, random.Random(11))
@@ -429,6 +429,17 @@ def test_a_directory_of_json_lines_files_gives_datasets_rows_by_batch(tmp_path):
     assert _directory_rows(layout) == reference.with_format("arrow")[:].to_pylist()
     assert json_data_files(str(repo), "test", None, str(cache)) is None  # its features come from train's
     assert json_data_files(str(repo), "train[:10]", None, str(cache)) is None  # a sliced split
+    for path in (repo / "data").iterdir():  # compressed: each decompressed to a copy, then the same
+        _compressed(path, ".gz")
+        path.unlink()
+    files = json_data_files(str(repo), "train", None, str(cache))
+    assert files is not None and all(Path(f).is_relative_to(cache) and f.endswith(".jsonl") for f in files)
+    layout = jsonl.scan_files(files, str(repo))
+    assert layout is not None
+    reference = datasets.load_dataset(
+        str(repo), split="train", cache_dir=str(tmp_path / "reference-gz"), **_reference_json_options()
+    )
+    assert _directory_rows(layout) == reference.with_format("arrow")[:].to_pylist()
 
 
 def test_a_file_of_a_directory_with_a_key_the_first_never_saw_names_that_file_and_line(tmp_path):
