@@ -185,9 +185,9 @@ def start_resource_tracker() -> None:
     terminal, sent to the whole group); killed by one, it is started again by the next semaphore the
     stopping run lets go of, and the new one, which never saw them registered, prints a traceback for
     each. Born with the signals blocked, it never sees one (nor warns of what a killed command held:
-    :data:`_LEAK_WARNING_OFF`). Its start unblocks SIGINT and SIGTERM in the
-    calling thread: it gets a block of its own. (Once running, this returns at once.) From here on the
-    semaphores this process makes are on its own record too (:func:`unlink_held_semaphores`)."""
+    :data:`_LEAK_WARNING_OFF`). Its start unblocks SIGINT and SIGTERM in the calling thread: it gets a
+    block of its own. (Once running, this returns at once.) From here on the semaphores this process
+    makes are on its own record too (:func:`unlink_held_semaphores`)."""
     from multiprocessing import resource_tracker
 
     _keep_semaphore_record()

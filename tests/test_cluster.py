@@ -23,6 +23,7 @@ from sftmix.config import MixerConfig, RunOptions
 from sftmix.digest import output_digests
 from tests.cli_runs import left_in_shm, machine_env, semaphores
 from tests.ports import free_port
+from tests.soak import processes
 from tests.test_gcs import gcs, parts  # noqa: F401 (the emulator fixture)
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
@@ -97,12 +98,11 @@ _KILLED_SEMAPHORES: set[int] = set()
 def _kill_machine(pgid: int) -> None:
     """SIGKILL a machine's process group, as a crash would. Its semaphores (its multiprocessing resource
     tracker dies with it, which would unlink them) are noted first, and unlinked once the test's
-    machines are gone: on a real machine /dev/shm goes with it."""
-    for pid in [int(d) for d in os.listdir("/proc") if d.isdigit()]:
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            if int(stat[stat.rfind(")") + 2 :].split()[2]) == pgid:
-                _KILLED_SEMAPHORES.update(semaphores(pid))
+    machines are gone: on a real machine /dev/shm goes with it. (Each machine runs in a session of its
+    own, so its session is its process group.)"""
+    for proc in processes().values():
+        if proc.sid == pgid:
+            _KILLED_SEMAPHORES.update(semaphores(proc.pid))
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
 
