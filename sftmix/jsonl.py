@@ -37,6 +37,7 @@ import io
 import itertools
 import json
 import os
+import queue
 import re
 import threading
 from collections import OrderedDict, deque
@@ -307,6 +308,10 @@ BatchListener = Callable[[JsonlBatch, str], None]
 _SCANS: OrderedDict[tuple[str, int, int, int], JsonlLayout | None] = OrderedDict()
 _SCANS_LOCK = threading.Lock()
 _KEPT_SCANS = 16
+#: Beyond the last ``_KEPT_SCANS`` files, scans are kept while they hold this many batches (~1.3 TB of
+#: files, some 100 bytes each): a hub dataset's hundreds of files are not read again by the plan that
+#: follows the one made ahead of it (:func:`sftmix.plan.prepare_plan`).
+_KEPT_BATCHES = 1 << 17
 
 
 def scan(path: str, on_batch: BatchListener | None = None, threads: int | None = None) -> JsonlLayout | None:
@@ -330,39 +335,89 @@ def scan(path: str, on_batch: BatchListener | None = None, threads: int | None =
     layout = _scan(path, version, on_batch, threads or available_cpus())
     with _SCANS_LOCK:
         _SCANS[stamp] = layout
-        while len(_SCANS) > _KEPT_SCANS:
+        while (
+            len(_SCANS) > _KEPT_SCANS
+            and sum(len(kept.batches) for kept in _SCANS.values() if kept) > _KEPT_BATCHES
+        ):
             _SCANS.popitem(last=False)
     return layout
 
 
-def scan_files(paths: list[str], name: str, threads: int | None = None) -> JsonlLayout | None:
+def scan_files(
+    paths: list[str], name: str, on_batch: BatchListener | None = None, threads: int | None = None
+) -> JsonlLayout | None:
     """The batches of a dataset of several JSON Lines files (a hub dataset's, a directory's), as
     ``datasets``' JSON builder reads them one after another: rows numbered across the files in order,
-    every batch cast to the features of the *first* file's first batch (a key a row lacks is null). The
-    files are scanned side by side, each on a share of the cores. ``None`` where a file is not one
-    :func:`applies` to, or the first is not JSON Lines pyarrow reads (``datasets`` then loads it)."""
+    every batch cast to the features of the *first* file's first batch (a key a row lacks is null).
+    ``None`` where a file is not one :func:`applies` to, or is not JSON Lines pyarrow reads (``datasets``
+    then loads the dataset).
+
+    The files are scanned side by side, each on a share of the ``threads``; ``on_batch`` is told each
+    batch in the dataset's order (on this thread) as soon as it and every batch before it are counted,
+    as :func:`scan` tells a file's."""
     if not paths or not all(applies(p, "train") for p in paths):
         return None
     cpus = threads or available_cpus()
-    with ThreadPoolExecutor(max_workers=max(1, min(len(paths), cpus))) as pool:
-        layouts = list(pool.map(lambda p: scan(p, threads=max(1, cpus // len(paths))), paths))
-    if any(layout is None for layout in layouts) or not layouts[0].schema_b64:  # type: ignore[union-attr]
-        return None
-    batches: list[JsonlBatch] = []
-    bad_lines: list[BadLine] = []
-    first_row = 0
-    for path, layout in zip(paths, layouts, strict=True):
-        assert layout is not None
-        for batch in layout.batches:
-            batches.append(batch.model_copy(update={"first_row": first_row + batch.first_row, "path": path}))
-        bad_lines += [replace(bad, file=path) for bad in layout.bad_lines]
-        first_row += layout.n_rows
+    share = max(1, cpus // len(paths))
+    events: queue.SimpleQueue[tuple[int, Any, str | None]] = queue.SimpleQueue()
+
+    def scan_one(k: int, path: str) -> None:
+        try:
+            layout = scan(path, lambda batch, schema: events.put((k, batch, schema)), share)
+        except BaseException as exc:
+            events.put((k, exc, None))
+            raise
+        events.put((k, layout, None))
+
+    counted: list[list[JsonlBatch]] = [[] for _ in paths]  # told by a file's scan, not yet handed on
+    layouts: list[JsonlLayout] = []  # of the files before ``len(layouts)``, scanned and handed on
+    schema, first_row = "", 0
+    pool = ThreadPoolExecutor(max_workers=max(1, min(len(paths), cpus)))
+    try:
+        for k, path in enumerate(paths):
+            pool.submit(scan_one, k, path)
+        done: dict[int, JsonlLayout | None] = {}
+        while len(layouts) < len(paths):
+            k, item, file_schema = events.get()
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item, JsonlBatch):
+                counted[k].append(item)
+                schema = schema or (file_schema if k == 0 else "")
+            else:
+                done[k] = item
+            while len(layouts) < len(paths):  # hand on what is due, in order
+                now = len(layouts)
+                for batch in counted[now]:
+                    batch = batch.model_copy(
+                        update={"first_row": first_row + batch.first_row, "path": paths[now]}
+                    )
+                    if on_batch is not None:
+                        on_batch(batch, schema)
+                counted[now].clear()
+                if now not in done:
+                    break
+                if (layout := done.pop(now)) is None or (now == 0 and not layout.schema_b64):
+                    return None  # (the other files' scans are left to end)
+                layouts.append(layout)
+                first_row += layout.n_rows
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    starts = itertools.accumulate((layout.n_rows for layout in layouts[:-1]), initial=0)
     return JsonlLayout(
         path=name,
-        size=sum(layout.size for layout in layouts if layout is not None),
-        batches=tuple(batches),
-        schema_b64=layouts[0].schema_b64,  # type: ignore[union-attr]
-        bad_lines=tuple(bad_lines),
+        size=sum(layout.size for layout in layouts),
+        batches=tuple(
+            batch.model_copy(update={"first_row": start + batch.first_row, "path": path})
+            for path, layout, start in zip(paths, layouts, starts, strict=True)
+            for batch in layout.batches
+        ),
+        schema_b64=layouts[0].schema_b64,
+        bad_lines=tuple(
+            replace(bad, file=path)
+            for path, layout in zip(paths, layouts, strict=True)
+            for bad in layout.bad_lines
+        ),
     )
 
 

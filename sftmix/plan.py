@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -355,8 +356,8 @@ class _Opened:
     # Parquet: its row groups counted from the footers, and its slices' rows, cut as they are hashed
     row_groups: parquet.ParquetLayout | None = None
     cuts: list[tuple[int, int, list[int] | None]] = field(default_factory=list)
-    streamed: str | None = (
-        None  # the JSON Lines file (or pinned object) its slices are cut from as it is read
+    streamed: list[str] | None = (
+        None  # the JSON Lines file(s) (or pinned object) its slices are cut from as read
     )
     whole: _Whole | None = None  # read whole (counted, hashed) before its slices are cut
     selected: np.ndarray | None = None  # its rows selected by its amount (``None``: every row, once)
@@ -432,28 +433,40 @@ def _format_of(entry: DatasetEntry, columns: Any) -> tuple[str, str]:
         raise DatasetError(entry.path, str(exc)) from None
 
 
-def _streamed_path(entry: DatasetEntry) -> str | None:
-    """The file (or pinned ``gs://`` object) whose slices can be cut while it is read: JSON Lines of
-    several batches whose every row is selected whatever their count (a fraction of 1.0 or more). Its
-    slices are its batches (or, with ``slice_rows``, that many rows of a batch), so each is cut once its
-    batch is counted. ``None`` for any other dataset."""
+def _streamed_files(entry: DatasetEntry, datasets_cache: str) -> list[str] | None:
+    """The file (or pinned ``gs://`` object), or a hub dataset's (or a directory's) files, whose slices
+    can be cut while they are read: JSON Lines of several batches whose every row is selected whatever
+    their count (a fraction of 1.0 or more). Its slices are its batches (or, with ``slice_rows``, that
+    many rows of a batch), so each is cut once its batch is counted. ``None`` for any other dataset."""
     if not isinstance(entry.amount, float) or entry.amount < 1.0:
+        return None
+    if local_builder(entry.path) is None and not is_remote(entry.path):
+        files = json_data_files(entry.path, entry.split, entry.revision, datasets_cache)
+        if files and all(jsonl.applies(f, entry.split) for f in files):
+            return files if sum(os.path.getsize(f) for f in files) > jsonl.BATCH_BYTES else None
         return None
     path = pinned.pin(entry.path) if jsonl.reads_remote(entry.path, entry.split) else entry.path
     if jsonl.applies(path, entry.split) and pinned.size_of(path) > jsonl.BATCH_BYTES:
-        return path
+        return [path]
     return None
+
+
+def _source_path(dataset: _Opened) -> str:
+    """What a streamed dataset's slices name as their file: the file, or the dataset of several files."""
+    assert dataset.streamed is not None
+    return dataset.streamed[0] if len(dataset.streamed) == 1 else dataset.entry.path
 
 
 def _open_streamed(
     index: int, entry: DatasetEntry, run: RunOptions, cutter: _SliceCutter, memory: int | None
 ) -> _Opened | None:
-    """A file whose slices are cut while it is read, opened from its first batch; ``None`` for any other
-    (or one whose selection, estimated from its first batch, might be refused: it is counted first)."""
+    """A file (or files) whose slices are cut while it is read, opened from its first batch; ``None`` for
+    any other (or one whose selection, estimated from its first batch, might be refused: it is counted
+    first)."""
     try:
-        if (path := _streamed_path(entry)) is None:
+        if (files := _streamed_files(entry, str(cutter.work_dir / "datasets-cache"))) is None:
             return None
-        head = jsonl.first_batch(path)
+        head = jsonl.first_batch(files[0])
     except DatasetError as exc:
         raise DatasetError(entry.path, exc.reason) from None
     if head is None:
@@ -462,7 +475,8 @@ def _open_streamed(
     columns = jsonl.schema_names(schema_b64)
     if not batch.rows or not columns:
         return None
-    estimate = round(pinned.size_of(path) * batch.rows / max(1, batch.end - batch.offset))
+    nbytes = sum(pinned.size_of(f) for f in files)
+    estimate = round(nbytes * batch.rows / max(1, batch.end - batch.offset))
     target = target_rows(entry.amount, estimate)
     if selection_problem(entry.amount, estimate, target, 2 * target, memory) is not None:
         return None  # (near a limit: counted first, so that a refusal comes before any work)
@@ -472,10 +486,12 @@ def _open_streamed(
         entry,
         row_format=row_format,
         messages_key=messages_key,
-        streamed=path,
-        nbytes=pinned.size_of(path),
+        streamed=files,
+        nbytes=nbytes,
     )
-    source = jsonl.JsonlSource(path=path, schema_b64=schema_b64, batches=[batch])
+    if len(files) > 1:  # (each batch names its file)
+        batch = batch.model_copy(update={"path": files[0]})
+    source = jsonl.JsonlSource(path=_source_path(dataset), schema_b64=schema_b64, batches=[batch])
     first = (0, min(batch.rows, run.slice_rows or batch.rows), None)  # the first slice's rows
     dataset.sampled = cutter.spec(dataset, first, _batch_data(schema_b64, [batch]), 0, jsonl=source)
     return dataset
@@ -758,8 +774,8 @@ def _cut_streamed(
     """A streamed file's slices (whole batches, or ``slice_rows`` rows of one), each numbered and handed
     to ``early`` as soon as its batches are counted; the file is then a dataset like any other (or, found
     not to be JSON Lines pyarrow reads after all, is read whole as :func:`_open_whole` reads it)."""
-    entry, path = dataset.entry, dataset.streamed
-    assert path is not None
+    entry, files = dataset.entry, dataset.streamed
+    assert files is not None
     hand_on = _HandOn(dataset, slices, ctx, early)
     made = hand_on.made
 
@@ -767,10 +783,10 @@ def _cut_streamed(
     waiting: list[jsonl.JsonlBatch] = []  # counted batches of the next slice
 
     def cut(batches: list[jsonl.JsonlBatch], schema_b64: str) -> None:
-        source = jsonl.JsonlSource(path=path, schema_b64=schema_b64, batches=batches)
+        source = jsonl.JsonlSource(path=_source_path(dataset), schema_b64=schema_b64, batches=batches)
         data = _batch_data(schema_b64, batches)
         lo, hi = batches[0].first_row, batches[-1].first_row + batches[-1].rows
-        nbytes, per = batches[-1].end - batches[0].offset, run.slice_rows or hi - lo
+        nbytes, per = sum(b.end - b.offset for b in batches), run.slice_rows or hi - lo
         for start in range(lo, hi, per):
             end = min(start + per, hi)
             size = round(nbytes * (end - start) / (hi - lo))
@@ -780,12 +796,19 @@ def _cut_streamed(
         if not batch.rows:
             return
         waiting.append(batch)
-        if run.slice_rows or len(waiting) == per_slice:  # (slice_rows: rows of one batch per slice)
+        if len(files) > 1:  # the files' last batches are short: about slice_bytes (as _runs_of_bytes)
+            full = sum(b.end - b.offset for b in waiting) >= slice_bytes
+        else:
+            full = len(waiting) == per_slice
+        if run.slice_rows or full:  # (slice_rows: rows of one batch per slice)
             cut(waiting[:], schema_b64)
             waiting.clear()
 
     try:
-        layout = jsonl.scan(path, counted, hand_on.reading_threads())
+        if len(files) == 1:
+            layout = jsonl.scan(files[0], counted, hand_on.reading_threads())
+        else:
+            layout = jsonl.scan_files(files, entry.path, counted, hand_on.reading_threads())
     except DatasetError as exc:
         raise DatasetError(entry.path, exc.reason) from None
     if layout is not None and waiting:  # the file's last batches
@@ -835,7 +858,7 @@ def prepare_plan(mixer: MixerConfig, run: RunOptions) -> None:
     def open_datasets() -> None:
         try:
             for entry in mixer.datasets:
-                if _streamed_path(entry) is not None:
+                if _streamed_files(entry, datasets_cache) is not None:
                     continue  # read by the plan itself, its slices starting as it goes
                 if _jsonl_layout(entry, datasets_cache) is not None:
                     continue

@@ -157,9 +157,10 @@ MIXTURE_SLICINGS: tuple[tuple[str, ...], ...] = (
 
 @dataclass(frozen=True)
 class Mixture:
-    """sigint-mixture's input: the soak's file whole (read by batch) and a directory of two files that
-    hold its first half of rows, at 0.5 (read by batch as a hub dataset's JSON Lines files are, counted
-    first, then a sample of it selected)."""
+    """sigint-mixture's input, two directories of JSON Lines files (read by batch as a hub dataset's
+    files are): the soak's rows in two files (more than a batch: cut as its batches are counted, the
+    head start beginning them), and its first half of rows in two files at 0.5 (counted first, then a
+    sample of it selected)."""
 
     whole: Path
     half: Path
@@ -1021,7 +1022,7 @@ class Soak:
         self.data = self.root / "chats.jsonl"
         self.parquet = self.root / "chats.parquet"  # the same rows, for change-parquet
         self.gzipped = self.root / "chats.jsonl.gz"  # the same lines, for change-gzip
-        self.mixture = Mixture(self.data, self.root / "chats-half")  # for sigint-mixture
+        self.mixture = Mixture(self.root / "chats-all", self.root / "chats-half")  # for sigint-mixture
         self.expected = self.root / "expected"
         self.home = self.root / "prefect-home"
         self.stack: Stack | None = None
@@ -1050,10 +1051,12 @@ class Soak:
             self.gzipped.write_bytes(gzip.compress(self.data.read_bytes(), mtime=0))
         if "sigint-mixture" in self.kinds:
             lines = self.data.read_text().splitlines(keepends=True)
-            self.mixture.half.mkdir()
             quarter = len(lines) // 4
-            (self.mixture.half / "part-0.jsonl").write_text("".join(lines[:quarter]))
-            (self.mixture.half / "part-1.jsonl").write_text("".join(lines[quarter : 2 * quarter]))
+            for directory, cuts in ((self.mixture.whole, (0, 2, 4)), (self.mixture.half, (0, 1, 2))):
+                directory.mkdir()
+                for k in range(2):
+                    part = lines[cuts[k] * quarter : cuts[k + 1] * quarter]
+                    (directory / f"part-{k}.jsonl").write_text("".join(part))
         self.home.mkdir()
         # the temporary API's database, created once (a first run's slow API start is not the timeline)
         subprocess.run(

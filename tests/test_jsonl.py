@@ -420,8 +420,12 @@ def test_a_directory_of_json_lines_files_gives_datasets_rows_by_batch(tmp_path):
     assert files is not None and [Path(f).name for f in files] == [
         f"train-0000{k}-of-00003.jsonl" for k in range(3)
     ]
-    layout = jsonl.scan_files(files, str(repo))
+    told: list = []  # each batch as soon as it and those before it are counted, in the dataset's order
+    layout = jsonl.scan_files(files, str(repo), lambda batch, schema: told.append((batch, schema)), threads=4)
     assert layout is not None and len(layout.batches) == 4 and layout.columns == ("id", "messages", "tools")
+    assert [batch for batch, _ in told] == list(layout.batches) and {s for _, s in told} == {
+        layout.schema_b64
+    }
     datasets.disable_progress_bars()
     reference = datasets.load_dataset(
         str(repo), split="train", cache_dir=str(tmp_path / "reference"), **_reference_json_options()
@@ -467,7 +471,10 @@ def test_a_file_of_a_directory_with_a_key_the_first_never_saw_names_that_file_an
 
 
 @pytest.mark.slow
-def test_shards_of_a_directory_of_json_lines_files_are_those_of_datasets(prefect_api, tmp_path, monkeypatch):
+@pytest.mark.parametrize("amount", [0.25, 1.0])  # counted first; cut as its batches are counted
+def test_shards_of_a_directory_of_json_lines_files_are_those_of_datasets(
+    prefect_api, tmp_path, monkeypatch, amount
+):
     _shards_match_datasets(
-        _directory(tmp_path, random.Random(13)), 0.25, 1024, 4 << 20, tmp_path, monkeypatch
+        _directory(tmp_path, random.Random(13)), amount, 1024, 4 << 20, tmp_path, monkeypatch
     )
