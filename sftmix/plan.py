@@ -35,6 +35,7 @@ from .sources import (
     arrow_cache_files,
     decompressed_copy,
     describe,
+    forget_builders,
     hash_ahead,
     json_data_files,
     local_builder,
@@ -848,6 +849,7 @@ def prepare_plan(mixer: MixerConfig, run: RunOptions) -> None:
     the tokenizer and write the workers' copy, open every dataset (its Arrow conversion) and hash its
     file. Everything lands in this process's caches or in files the plan writes anyway, so the plan
     that follows produces the same result, only sooner. Errors are left for the plan to report."""
+    forget_builders()
     try:
         work_dir, _ = _work_dir(run)
     except Exception as exc:  # the plan meets the same error and reports it properly
@@ -982,6 +984,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     """The plan. ``early`` is handed each slice of a large JSON Lines file as soon as it is cut, while the
     plan still reads the rest of the file (the same slices the plan returns)."""
     inputs = input_record(mixer)  # first: a file that changes while the plan reads it will not match
+    forget_builders()
     work_dir, remote = _work_dir(run)
     datasets_cache = work_dir / "datasets-cache"
     tk, facts, template = resolve_tokenizer(mixer.tokenizer)

@@ -592,11 +592,27 @@ class ParquetFiles:
 
 
 def _builder(name: str, revision: str | None, cache_dir: str) -> Any:
-    """``datasets``' builder for hub name (or local directory) ``name``: what it reads, and how."""
+    """``datasets``' builder for hub name (or local directory) ``name``: what it reads, and how. A hub
+    name's is resolved once a plan (each reader asks for it; each resolution asks the hub several
+    things), a local directory's each time (its files may change; it asks no one)."""
+    if os.path.isdir(name):
+        return _resolved_builder(name, revision, cache_dir)
+    return _hub_builder(name, revision, cache_dir)
+
+
+def _resolved_builder(name: str, revision: str | None, cache_dir: str) -> Any:
     _quiet_datasets()
     import datasets
 
     return datasets.load_dataset_builder(name, revision=revision, cache_dir=cache_dir)
+
+
+_hub_builder = lru_cache(maxsize=16)(_resolved_builder)
+
+
+def forget_builders() -> None:
+    """Resolve hub names afresh: a plan reads a dataset's commit of now, not an earlier plan's."""
+    _hub_builder.cache_clear()
 
 
 def _download_manager(builder: Any, cache_dir: str) -> Any:
