@@ -47,26 +47,30 @@ class BadLineError(DatasetError):
         return (type(self), (self.dataset, self.line, self.reason, self.excerpt, self.more))
 
 
-def row_label(row: int, line: int | None = None) -> str:
+def row_label(row: int, line: int | None = None, file: str | None = None) -> str:
     """A row as users should read it: rows count from 0 (as ``inspect --row`` and the run report count
-    them), file lines from 1, so a JSON Lines row says both."""
+    them), file lines from 1, so a JSON Lines row says both (and, in a dataset of several files, which
+    file)."""
     if line is None:
         return f"row {row} (0-based)"
-    return f"row {row} (0-based; line {line} of the file)"
+    return f"row {row} (0-based; line {line} of {file or 'the file'})"
 
 
 class BadRowError(MixerError):
     """One row of a dataset is malformed."""
 
-    def __init__(self, dataset: str, row: int, reason: str, line: int | None = None) -> None:
+    def __init__(
+        self, dataset: str, row: int, reason: str, line: int | None = None, file: str | None = None
+    ) -> None:
         self.dataset = dataset
         self.row = row
         self.reason = reason
         self.line = line
-        super().__init__(f"dataset {dataset!r}, {row_label(row, line)}: {reason}")
+        self.file = file
+        super().__init__(f"dataset {dataset!r}, {row_label(row, line, file)}: {reason}")
 
     def __reduce__(self) -> tuple:
-        return (type(self), (self.dataset, self.row, self.reason, self.line))
+        return (type(self), (self.dataset, self.row, self.reason, self.line, self.file))
 
 
 class TokenDtypeError(MixerError):

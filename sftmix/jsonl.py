@@ -787,6 +787,17 @@ def read_rows(source: JsonlSource, rows: list[int]) -> list[dict[str, Any] | Bad
     return out
 
 
+def row_place(source: JsonlSource, row: int) -> tuple[str, int] | None:
+    """The file and 1-based line of ``row`` where its batch names its file (a dataset of several), blank
+    lines skipped as the reader skips them; ``None`` otherwise. Reads the batch: for an error only."""
+    for batch in source.batches:
+        if batch.path and batch.first_row <= row < batch.first_row + batch.rows:
+            lines = _read(batch.path, batch.offset, batch.end).split(b"\n")
+            rows = [k for k, line in enumerate(lines) if line.strip(b" \t\r")]
+            return batch.path, batch.lines_before + rows[row - batch.first_row] + 1
+    return None
+
+
 def release() -> None:
     """Forget the parsed batches (a worker between slices)."""
     _batch_table.cache_clear()

@@ -461,8 +461,10 @@ def _skipped(reason: str) -> TokenizedRow:
 
 
 def _bad_row(spec: SliceSpec, row: int, reason: str) -> BadRowError:
-    """The error for a malformed row, with its line when the dataset is a local JSON Lines file (found
-    by scanning the file: only on this error path)."""
+    """The error for a malformed row, with its line when the dataset is a local JSON Lines file, or its
+    file and line in a dataset of several (found by reading the file: only on this error path)."""
+    if spec.jsonl is not None and (place := jsonl.row_place(spec.jsonl, row)) is not None:
+        return BadRowError(spec.dataset, row, reason, place[1], place[0])
     return BadRowError(spec.dataset, row, reason, row_line(spec.dataset, spec.split, row))
 
 

@@ -15,7 +15,7 @@ import pytest
 from datasets.packaged_modules.json.json import JsonConfig
 
 from sftmix import jsonl
-from sftmix.errors import DatasetError
+from sftmix.errors import BadRowError, DatasetError
 from sftmix.sources import _reference_json_options
 
 
@@ -453,7 +453,7 @@ def test_a_file_of_a_directory_with_a_key_the_first_never_saw_names_that_file_an
     later = [_chat(rng, i) for i in range(20)]
     later[13]["messages"][1]["function_calls"] = "f()"
     _write(repo / "a.jsonl", [_chat(rng, i) for i in range(30)])
-    _write(repo / "b.jsonl", later)  # type: ignore[arg-type]
+    _write(repo / "b.jsonl", later[:5] + ["\n"] + later[5:])  # type: ignore[operator] (a blank line: no row)
     from sftmix.sources import json_data_files
 
     files = json_data_files(str(repo), "train", None, str(tmp_path / "cache"))
@@ -463,8 +463,12 @@ def test_a_file_of_a_directory_with_a_key_the_first_never_saw_names_that_file_an
     got = _directory_rows(layout)
     assert all(isinstance(r, dict) for r in got[:43] + got[44:])
     bad = got[43]
-    assert isinstance(bad, jsonl.BadLine) and bad.file == str(repo / "b.jsonl") and bad.line == 14
-    assert str(bad.error(str(repo))).startswith(f"{repo / 'b.jsonl'}:14: ")
+    assert isinstance(bad, jsonl.BadLine) and bad.file == str(repo / "b.jsonl") and bad.line == 15
+    assert str(bad.error(str(repo))).startswith(f"{repo / 'b.jsonl'}:15: ")
+    assert jsonl.row_place(layout.source(list(layout.batches)), 43) == (str(repo / "b.jsonl"), 15)
+    assert jsonl.row_place(layout.source(list(layout.batches)), 2) == (str(repo / "a.jsonl"), 3)
+    named = BadRowError(str(repo), 43, "no messages", 15, str(repo / "b.jsonl"))
+    assert f"row 43 (0-based; line 15 of {repo / 'b.jsonl'})" in str(named)
     (repo / "c.jsonl.gz").write_bytes(b"")  # a file only datasets reads: it reads them all
     files = json_data_files(str(repo), "train", None, str(tmp_path / "cache"))
     assert files is None or jsonl.scan_files(files, str(repo)) is None
