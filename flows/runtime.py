@@ -280,7 +280,10 @@ class TemporaryServer:
         try:
             if process is not None:
                 logger.info("stopping the temporary Prefect API server")
-                process.terminate()
+                if first_stop() is not None:  # the run was stopped: nothing of the server is kept, and
+                    process.kill()  # one still starting answers a SIGTERM only after seconds (1.7-2.1 s)
+                else:
+                    process.terminate()
                 try:
                     process.wait(timeout=5)
                 except subprocess.TimeoutExpired:
