@@ -687,13 +687,13 @@ def json_data_files(name: str, split: str, revision: str | None, cache_dir: str)
     local directory of them): the files, downloaded as ``datasets`` downloads them (a compressed one
     decompressed to a copy, as :func:`decompressed_copy` makes one of a local file, the files side by
     side), for the plan to read by batch on all cores (:func:`sftmix.jsonl.scan_files`) instead of
-    ``datasets`` converting them whole on one core. ``None`` for anything else (a split other than 'train' or not the builder's first: its
-    features come from the first; features the card declares; a JSON field to read rows from; another
-    encoding or batch size): ``datasets`` then loads it as before."""
+    ``datasets`` converting them whole on one core. ``None`` for anything else (a split other than
+    'train' or not the builder's first: its features come from the first; features the card declares; a
+    JSON field to read rows from; another encoding or batch size): ``datasets`` then loads it as before."""
     if split.strip() != "train" or not _read_by_files(name, split, cache_dir):
         return None
     if offline() and (kept := hub_files.recalled(cache_dir, name, revision, split, "json")) is not None:
-        return kept[0]
+        return _decompressed(kept[0], cache_dir)
     try:
         from .jsonl import BATCH_BYTES
 
@@ -715,17 +715,22 @@ def json_data_files(name: str, split: str, revision: str | None, cache_dir: str)
         return None
     if not offline():
         hub_files.remember(cache_dir, name, revision, split, files, None, "json")
-    if any(compression_of(p) is not None for p in paths):
-        from concurrent.futures import ThreadPoolExecutor
+    return _decompressed(paths, cache_dir)
 
-        from .parallel import available_cpus
 
-        def plain(path: str) -> str:
-            return path if compression_of(path) is None else decompressed_copy(path, cache_dir)
+def _decompressed(paths: list[str], cache_dir: str) -> list[str]:
+    """``paths`` with each compressed file replaced by its decompressed copy, made side by side."""
+    if all(compression_of(p) is None for p in paths):
+        return paths
+    from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(max_workers=max(1, min(len(paths), available_cpus()))) as pool:
-            paths = list(pool.map(plain, paths))
-    return paths
+    from .parallel import available_cpus
+
+    def plain(path: str) -> str:
+        return path if compression_of(path) is None else decompressed_copy(path, cache_dir)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(paths), available_cpus()))) as pool:
+        return list(pool.map(plain, paths))
 
 
 def _builder_options(name: str, revision: str | None, cache_dir: str) -> dict[str, Any]:

@@ -6,6 +6,7 @@ is one clear error naming the dataset and the file; a dataset the cache holds is
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from tests.hub_emulator import HubEmulator, hub_environment, without_hub_settings
 
@@ -251,7 +253,8 @@ def test_a_hub_dataset_an_online_run_read_is_converted_offline_from_the_hub_cach
     assert REPO in missing["error"] and FILES[1] in missing["error"] and "HF_HUB_OFFLINE" in missing["error"]
 
 
-def test_a_hub_dataset_of_json_lines_files_is_read_by_batch_online_and_offline(tmp_path):
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_a_hub_dataset_of_json_lines_files_is_read_by_batch_online_and_offline(tmp_path, suffix):
     """A hub dataset of JSON Lines files is read by batch from its downloaded files (not converted whole
     by ``datasets`` on one core): the bytes ``datasets``' own load gives, online and, from the files the
     online plan kept, offline."""
@@ -267,7 +270,10 @@ def test_a_hub_dataset_of_json_lines_files_is_read_by_batch_online_and_offline(t
             json.dumps({"messages": r["messages"], **({"id": r["id"]} if k != 1 or i % 2 else {})})
             for i, r in enumerate(part)
         ]
-        (repo / "data" / f"train-0000{k}-of-00003.jsonl").write_text("\n".join(lines) + "\n")
+        data = ("\n".join(lines) + "\n").encode()
+        (repo / "data" / f"train-0000{k}-of-00003{suffix}").write_bytes(
+            gzip.compress(data, mtime=0) if suffix.endswith(".gz") else data
+        )
     (repo / "README.md").write_text("---\nlicense: odc-by\n---\n# a mixture\n")
     home, work = tmp_path / "home", tmp_path / "work"
 
