@@ -370,6 +370,7 @@ def scan_files(
         events.put((k, layout, None))
 
     counted: list[list[JsonlBatch]] = [[] for _ in paths]  # told by a file's scan, not yet handed on
+    batches: list[JsonlBatch] = []  # handed on, numbered across the files
     layouts: list[JsonlLayout] = []  # of the files before ``len(layouts)``, scanned and handed on
     schema, first_row = "", 0
     pool = ThreadPoolExecutor(max_workers=max(1, min(len(paths), cpus)))
@@ -389,11 +390,13 @@ def scan_files(
             while len(layouts) < len(paths):  # hand on what is due, in order
                 now = len(layouts)
                 for batch in counted[now]:
-                    batch = batch.model_copy(
-                        update={"first_row": first_row + batch.first_row, "path": paths[now]}
+                    batches.append(
+                        batch.model_copy(
+                            update={"first_row": first_row + batch.first_row, "path": paths[now]}
+                        )
                     )
                     if on_batch is not None:
-                        on_batch(batch, schema)
+                        on_batch(batches[-1], schema)
                 counted[now].clear()
                 if now not in done:
                     break
@@ -403,15 +406,10 @@ def scan_files(
                 first_row += layout.n_rows
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
-    starts = itertools.accumulate((layout.n_rows for layout in layouts[:-1]), initial=0)
     return JsonlLayout(
         path=name,
         size=sum(layout.size for layout in layouts),
-        batches=tuple(
-            batch.model_copy(update={"first_row": start + batch.first_row, "path": path})
-            for path, layout, start in zip(paths, layouts, starts, strict=True)
-            for batch in layout.batches
-        ),
+        batches=tuple(batches),
         schema_b64=layouts[0].schema_b64,
         bad_lines=tuple(
             replace(bad, file=path)
@@ -586,7 +584,7 @@ def read_batch(
     else:
         refused = DatasetError("", "not valid UTF-8")
     lines = data.split(b"\n")
-    rows = [k for k, line in enumerate(lines) if line.strip(b" \t\r")]  # rows' lines (blank: no row)
+    rows = _row_lines(lines)
     starts = [0]
     for line in lines[:-1]:
         starts.append(starts[-1] + len(line) + 1)
@@ -610,6 +608,11 @@ def read_batch(
         row: BadLine(lines_before + rows[row] + 1, reason, excerpt)
         for row, (reason, excerpt) in sorted(bad.items())
     }
+
+
+def _row_lines(lines: list[bytes]) -> list[int]:
+    """The lines (0-based) that hold rows: every line but a blank one, as the reader skips it."""
+    return [k for k, line in enumerate(lines) if line.strip(b" \t\r")]
 
 
 def _table(data: bytes, target: Any) -> Any:
@@ -793,8 +796,7 @@ def row_place(source: JsonlSource, row: int) -> tuple[str, int] | None:
     for batch in source.batches:
         if batch.path and batch.first_row <= row < batch.first_row + batch.rows:
             lines = _read(batch.path, batch.offset, batch.end).split(b"\n")
-            rows = [k for k, line in enumerate(lines) if line.strip(b" \t\r")]
-            return batch.path, batch.lines_before + rows[row - batch.first_row] + 1
+            return batch.path, batch.lines_before + _row_lines(lines)[row - batch.first_row] + 1
     return None
 
 

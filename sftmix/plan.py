@@ -297,16 +297,22 @@ def batches_per_slice(slice_bytes: int) -> int:
     return max(1, round(slice_bytes / jsonl.BATCH_BYTES))
 
 
-def _runs_of_bytes(batches: list[jsonl.JsonlBatch], slice_bytes: int) -> list[list[jsonl.JsonlBatch]]:
-    """Consecutive batches, each run of them holding ``slice_bytes`` or a little more (the last, less)."""
+def _slice_is_full(taken: list[jsonl.JsonlBatch], slice_bytes: int) -> bool:
+    """Whether ``taken``, consecutive batches, make a slice: :func:`batches_per_slice` of one file's, or
+    of several files' (their last batches short) ``slice_bytes`` or a little more. The rule both the plan
+    that counts first and the one that cuts as it counts follow."""
+    if any(b.path for b in taken):
+        return sum(b.end - b.offset for b in taken) >= slice_bytes
+    return len(taken) >= batches_per_slice(slice_bytes)
+
+
+def _slice_runs(batches: list[jsonl.JsonlBatch], slice_bytes: int) -> list[list[jsonl.JsonlBatch]]:
+    """Consecutive batches cut into slices by :func:`_slice_is_full` (the last, whatever is left)."""
     runs: list[list[jsonl.JsonlBatch]] = [[]]
-    held = 0
     for batch in batches:
-        if held >= slice_bytes:
+        if _slice_is_full(runs[-1], slice_bytes):
             runs.append([])
-            held = 0
         runs[-1].append(batch)
-        held += batch.end - batch.offset
     return [run for run in runs if run]
 
 
@@ -320,11 +326,8 @@ def _batch_groups(
     batches = [b for b in layout.batches if b.rows]
     if len(layout.batches) == 1:
         pieces, runs = max(1, -(-layout.size // slice_bytes)), [batches]
-    elif any(b.path for b in batches):
-        pieces, runs = 1, _runs_of_bytes(batches, slice_bytes)
     else:
-        per = batches_per_slice(slice_bytes)
-        pieces, runs = 1, [batches[k : k + per] for k in range(0, len(batches), per)]
+        pieces, runs = 1, _slice_runs(batches, slice_bytes)
     groups: list[tuple[int, int, list[int] | None]] = []
     for taken in runs:
         lo, hi = taken[0].first_row, taken[-1].first_row + taken[-1].rows
@@ -780,7 +783,6 @@ def _cut_streamed(
     hand_on = _HandOn(dataset, slices, ctx, early)
     made = hand_on.made
 
-    per_slice = batches_per_slice(slice_bytes)
     waiting: list[jsonl.JsonlBatch] = []  # counted batches of the next slice
 
     def cut(batches: list[jsonl.JsonlBatch], schema_b64: str) -> None:
@@ -797,11 +799,9 @@ def _cut_streamed(
         if not batch.rows:
             return
         waiting.append(batch)
-        if len(files) > 1:  # the files' last batches are short: about slice_bytes (as _runs_of_bytes)
-            full = sum(b.end - b.offset for b in waiting) >= slice_bytes
-        else:
-            full = len(waiting) == per_slice
-        if run.slice_rows or full:  # (slice_rows: rows of one batch per slice)
+        if run.slice_rows or _slice_is_full(
+            waiting, slice_bytes
+        ):  # (slice_rows: rows of one batch per slice)
             cut(waiting[:], schema_b64)
             waiting.clear()
 
