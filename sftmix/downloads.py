@@ -54,16 +54,16 @@ class Downloads:
             except BaseException as exc:  # (told to whoever waits for the file)
                 landed.set_exception(exc)
 
-    def wait(self, url: str) -> None:
-        """Until ``url`` has landed in the hub cache (a file not downloaded here: at once); a wait
-        ends when the downloads are closed (the plan stopped), not when a download running then does."""
+    def wait(self, url: str) -> str:
+        """``url``'s copy in the hub cache, once it has landed (``url`` itself, at once, for a file not
+        downloaded here); a wait ends when the downloads are closed (the plan stopped), not when a
+        download running then does."""
         landed = self._landed.get(url)
         if landed is None:
-            return
+            return url
         while True:
             try:
-                landed.result(timeout=_POLL)
-                return
+                return landed.result(timeout=_POLL)
             except TimeoutError:
                 if self._closed.is_set():
                     raise DatasetError(self.name, f"{url}: its download was stopped") from None

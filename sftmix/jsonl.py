@@ -344,7 +344,11 @@ def scan(path: str, on_batch: BatchListener | None = None, threads: int | None =
 
 
 def scan_files(
-    paths: list[str], name: str, on_batch: BatchListener | None = None, threads: int | None = None
+    paths: list[str],
+    name: str,
+    on_batch: BatchListener | None = None,
+    threads: int | None = None,
+    local: Callable[[int], str] | None = None,
 ) -> JsonlLayout | None:
     """The batches of a dataset of several JSON Lines files (a hub dataset's, a directory's), as
     ``datasets``' JSON builder reads them one after another: rows numbered across the files in order,
@@ -352,22 +356,27 @@ def scan_files(
     ``None`` where a file is not one :func:`applies` to, or is not JSON Lines pyarrow reads (``datasets``
     then loads the dataset).
 
-    The files are scanned side by side, each on a share of the ``threads``; ``on_batch`` is told each
-    batch in the dataset's order (on this thread) as soon as it and every batch before it are counted,
-    as :func:`scan` tells a file's."""
-    if not paths or not all(applies(p, "train") for p in paths):
+    The files are scanned side by side, each on a share of the ``threads``, each once ``local(k)`` gives
+    its copy here (a hub file as it lands; default: the path as it is); ``on_batch`` is told each batch
+    in the dataset's order (on this thread) as soon as it and every batch before it are counted, as
+    :func:`scan` tells a file's. The batches name the files' copies."""
+    if not paths:
         return None
     cpus = threads or available_cpus()
     share = max(1, cpus // len(paths))
+    copies: list[str] = list(paths)  # each file's copy here, once its scan has it
     events: queue.SimpleQueue[tuple[int, Any, str | None]] = queue.SimpleQueue()
 
-    def scan_one(k: int, path: str) -> None:
+    def scan_one(k: int) -> None:
         try:
-            layout = scan(path, lambda batch, schema: events.put((k, batch, schema)), share)
+            path = copies[k] = paths[k] if local is None else local(k)
+            found = None
+            if applies(path, "train"):
+                found = scan(path, lambda batch, schema: events.put((k, batch, schema)), share)
         except BaseException as exc:
             events.put((k, exc, None))
             raise
-        events.put((k, layout, None))
+        events.put((k, found, None))
 
     counted: list[list[JsonlBatch]] = [[] for _ in paths]  # told by a file's scan, not yet handed on
     batches: list[JsonlBatch] = []  # handed on, numbered across the files
@@ -375,9 +384,9 @@ def scan_files(
     schema, first_row = "", 0
     pool = ThreadPoolExecutor(max_workers=max(1, min(len(paths), cpus)))
     try:
-        for k, path in enumerate(paths):
-            pool.submit(scan_one, k, path)
-        done: dict[int, JsonlLayout | None] = {}
+        for k in range(len(paths)):
+            pool.submit(scan_one, k)
+        done: dict[int, JsonlLayout] = {}
         while len(layouts) < len(paths):
             k, item, file_schema = events.get()
             if isinstance(item, BaseException):
@@ -385,6 +394,8 @@ def scan_files(
             if isinstance(item, JsonlBatch):
                 counted[k].append(item)
                 schema = schema or (file_schema if k == 0 else "")
+            elif item is None or (k == 0 and not item.schema_b64):
+                return None  # (the other files' scans are left to end)
             else:
                 done[k] = item
             while len(layouts) < len(paths):  # hand on what is due, in order
@@ -392,7 +403,7 @@ def scan_files(
                 for batch in counted[now]:
                     batches.append(
                         batch.model_copy(
-                            update={"first_row": first_row + batch.first_row, "path": paths[now]}
+                            update={"first_row": first_row + batch.first_row, "path": copies[now]}
                         )
                     )
                     if on_batch is not None:
@@ -400,10 +411,8 @@ def scan_files(
                 counted[now].clear()
                 if now not in done:
                     break
-                if (layout := done.pop(now)) is None or (now == 0 and not layout.schema_b64):
-                    return None  # (the other files' scans are left to end)
-                layouts.append(layout)
-                first_row += layout.n_rows
+                layouts.append(done.pop(now))
+                first_row += layouts[-1].n_rows
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     return JsonlLayout(
@@ -413,7 +422,7 @@ def scan_files(
         schema_b64=layouts[0].schema_b64,
         bad_lines=tuple(
             replace(bad, file=path)
-            for path, layout in zip(paths, layouts, strict=True)
+            for path, layout in zip(copies, layouts, strict=True)
             for bad in layout.bad_lines
         ),
     )

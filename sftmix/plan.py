@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -30,6 +29,7 @@ from .parallel import available_cpus, memory_limit
 from .selection import selected_source_rows, selection_problem, small_count_warning, target_rows
 from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext, encoding_for, rows_of
 from .sources import (
+    JsonFiles,
     RowsFingerprinter,
     SourceInfo,
     arrow_cache_files,
@@ -239,7 +239,7 @@ def _jsonl_layout(entry: DatasetEntry, datasets_cache: str) -> jsonl.JsonlLayout
     try:
         if local_builder(entry.path) is None and not is_remote(entry.path):
             files = json_data_files(entry.path, entry.split, entry.revision, datasets_cache)
-            layout = None if files is None else jsonl.scan_files(files, entry.path)
+            layout = None if files is None else _scanned_files(files, entry.path)
         else:
             path = _local_copy(entry, datasets_cache)
             if not jsonl.applies(path, entry.split):
@@ -360,7 +360,7 @@ class _Opened:
     # Parquet: its row groups counted from the footers, and its slices' rows, cut as they are hashed
     row_groups: parquet.ParquetLayout | None = None
     cuts: list[tuple[int, int, list[int] | None]] = field(default_factory=list)
-    streamed: list[str] | None = (
+    streamed: JsonFiles | None = (
         None  # the JSON Lines file(s) (or pinned object) its slices are cut from as read
     )
     whole: _Whole | None = None  # read whole (counted, hashed) before its slices are cut
@@ -437,7 +437,19 @@ def _format_of(entry: DatasetEntry, columns: Any) -> tuple[str, str]:
         raise DatasetError(entry.path, str(exc)) from None
 
 
-def _streamed_files(entry: DatasetEntry, datasets_cache: str) -> list[str] | None:
+def _scanned_files(
+    files: JsonFiles, name: str, on_batch: jsonl.BatchListener | None = None, threads: int | None = None
+) -> jsonl.JsonlLayout | None:
+    """:func:`sftmix.jsonl.scan_files` of ``files``, each read as it lands; a refusal or a stop stops
+    their downloads, as does a dataset ``datasets`` reads instead (it downloads the files itself)."""
+    with closed_on_error(files.downloads):
+        layout = jsonl.scan_files(files.paths, name, on_batch, threads, files.local)
+    if layout is None and files.downloads is not None:
+        files.downloads.close()
+    return layout
+
+
+def _streamed_files(entry: DatasetEntry, datasets_cache: str) -> JsonFiles | None:
     """The file (or pinned ``gs://`` object), or a hub dataset's (or a directory's) files, whose slices
     can be cut while they are read: JSON Lines of several batches whose every row is selected whatever
     their count (a fraction of 1.0 or more). Its slices are its batches (or, with ``slice_rows``, that
@@ -446,19 +458,25 @@ def _streamed_files(entry: DatasetEntry, datasets_cache: str) -> list[str] | Non
         return None
     if local_builder(entry.path) is None and not is_remote(entry.path):
         files = json_data_files(entry.path, entry.split, entry.revision, datasets_cache)
-        if files and all(jsonl.applies(f, entry.split) for f in files):
-            return files if sum(os.path.getsize(f) for f in files) > jsonl.BATCH_BYTES else None
-        return None
+        if files is None or not files.paths:
+            return None
+        if files.downloads is None and not all(jsonl.applies(f, entry.split) for f in files.paths):
+            return None  # (a file still downloading is asked once it has landed: the scan reads none)
+        if sum(files.sizes) <= jsonl.BATCH_BYTES:
+            if files.downloads is not None:
+                files.downloads.close()
+            return None
+        return files
     path = pinned.pin(entry.path) if jsonl.reads_remote(entry.path, entry.split) else entry.path
     if jsonl.applies(path, entry.split) and pinned.size_of(path) > jsonl.BATCH_BYTES:
-        return [path]
+        return JsonFiles([path])
     return None
 
 
 def _source_path(dataset: _Opened) -> str:
     """What a streamed dataset's slices name as their file: the file, or the dataset of several files."""
     assert dataset.streamed is not None
-    return dataset.streamed[0] if len(dataset.streamed) == 1 else dataset.entry.path
+    return dataset.streamed.local(0) if len(dataset.streamed.paths) == 1 else dataset.entry.path
 
 
 def _open_streamed(
@@ -470,16 +488,31 @@ def _open_streamed(
     try:
         if (files := _streamed_files(entry, str(cutter.work_dir / "datasets-cache"))) is None:
             return None
-        head = jsonl.first_batch(files[0])
+        with closed_on_error(files.downloads):
+            dataset = _opened_streamed(index, entry, run, cutter, memory, files)
     except DatasetError as exc:
         raise DatasetError(entry.path, exc.reason) from None
+    if dataset is None and files.downloads is not None:
+        files.downloads.close()  # (counted first: read again, as they land)
+    return dataset
+
+
+def _opened_streamed(
+    index: int,
+    entry: DatasetEntry,
+    run: RunOptions,
+    cutter: _SliceCutter,
+    memory: int | None,
+    files: JsonFiles,
+) -> _Opened | None:
+    head = jsonl.first_batch(files.local(0))
     if head is None:
         return None
     batch, schema_b64 = head
     columns = jsonl.schema_names(schema_b64)
     if not batch.rows or not columns:
         return None
-    nbytes = sum(pinned.size_of(f) for f in files)
+    nbytes = sum(files.sizes)
     estimate = round(nbytes * batch.rows / max(1, batch.end - batch.offset))
     target = target_rows(entry.amount, estimate)
     if selection_problem(entry.amount, estimate, target, 2 * target, memory) is not None:
@@ -493,8 +526,8 @@ def _open_streamed(
         streamed=files,
         nbytes=nbytes,
     )
-    if len(files) > 1:  # (each batch names its file)
-        batch = batch.model_copy(update={"path": files[0]})
+    if len(files.paths) > 1:  # (each batch names its file)
+        batch = batch.model_copy(update={"path": files.local(0)})
     source = jsonl.JsonlSource(path=_source_path(dataset), schema_b64=schema_b64, batches=[batch])
     first = (0, min(batch.rows, run.slice_rows or batch.rows), None)  # the first slice's rows
     dataset.sampled = cutter.spec(dataset, first, _batch_data(schema_b64, [batch]), 0, jsonl=source)
@@ -806,10 +839,10 @@ def _cut_streamed(
             waiting.clear()
 
     try:
-        if len(files) == 1:
-            layout = jsonl.scan(files[0], counted, hand_on.reading_threads())
+        if len(files.paths) == 1:
+            layout = jsonl.scan(files.local(0), counted, hand_on.reading_threads())
         else:
-            layout = jsonl.scan_files(files, entry.path, counted, hand_on.reading_threads())
+            layout = _scanned_files(files, entry.path, counted, hand_on.reading_threads())
     except DatasetError as exc:
         raise DatasetError(entry.path, exc.reason) from None
     if layout is not None and waiting:  # the file's last batches

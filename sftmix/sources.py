@@ -29,11 +29,11 @@ import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from . import hub_files
+from . import hub_files, settings
 from .downloads import Downloads
 from .errors import DatasetError
 from .hub import offline, offline_cache_problem, unreachable_hub_problem
@@ -681,19 +681,51 @@ def parquet_data_files(name: str, split: str, revision: str | None, cache_dir: s
     return ParquetFiles(paths, declared, downloads)
 
 
-def json_data_files(name: str, split: str, revision: str | None, cache_dir: str) -> list[str] | None:
+@dataclass(frozen=True)
+class JsonFiles:
+    """A hub dataset's (or a local directory's) JSON Lines files for the 'train' split, in the order
+    ``datasets`` reads them: local files, or hub files named at their commit that ``downloads`` is
+    fetching into the hub cache while the plan reads them (:meth:`local` waits for one)."""
+
+    paths: list[str]
+    downloads: Downloads | None = None
+
+    def local(self, k: int) -> str:
+        """File ``k``'s copy on this machine, once it has landed."""
+        path = self.paths[k]
+        return path if self.downloads is None else self.downloads.wait(path)
+
+    @cached_property
+    def sizes(self) -> list[int]:
+        """Each file's size in bytes: its copy's, or (not landed yet) the hub's, asked side by side."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def size(path: str) -> int:
+            here = local_copy(path) or path
+            return os.path.getsize(here) if not is_remote(here) else int(object_info(here).get("size") or 0)
+
+        if not any(is_remote(p) for p in self.paths):
+            return [os.path.getsize(p) for p in self.paths]
+        with ThreadPoolExecutor(max_workers=min(16, len(self.paths))) as pool:
+            return list(pool.map(size, self.paths))
+
+
+def json_data_files(name: str, split: str, revision: str | None, cache_dir: str) -> JsonFiles | None:
     """Where ``datasets.load_dataset(name, split="train")`` would read JSON files with its JSON builder,
     taking the features from the first batch of the first file (a hub dataset of JSON Lines files, or a
-    local directory of them): the files, downloaded as ``datasets`` downloads them (a compressed one
-    decompressed to a copy, as :func:`decompressed_copy` makes one of a local file, the files side by
-    side), for the plan to read by batch on all cores (:func:`sftmix.jsonl.scan_files`) instead of
-    ``datasets`` converting them whole on one core. ``None`` for anything else (a split other than
-    'train' or not the builder's first: its features come from the first; features the card declares; a
-    JSON field to read rows from; another encoding or batch size): ``datasets`` then loads it as before."""
-    if split.strip() != "train" or not _read_by_files(name, split, cache_dir):
+    local directory of them): the files, downloaded as ``datasets`` downloads them, for the plan to read
+    by batch on all cores (:func:`sftmix.jsonl.scan_files`) instead of ``datasets`` converting them whole
+    on one core. Plain files download in the background, in order, each read as soon as it has landed;
+    compressed ones are all downloaded first and decompressed to copies (as :func:`decompressed_copy`
+    makes one of a local file), side by side. ``None`` for anything else (a split other than 'train' or
+    not the builder's first: its features come from the first; features the card declares; a JSON field
+    to read rows from; another encoding or batch size): ``datasets`` then loads it as before."""
+    if split.strip() != "train" or settings.JSON_READER.get() == "datasets":
+        return None
+    if not _read_by_files(name, split, cache_dir):
         return None
     if offline() and (kept := hub_files.recalled(cache_dir, name, revision, split, "json")) is not None:
-        return _decompressed(kept[0], cache_dir)
+        return JsonFiles(_decompressed(kept[0], cache_dir))
     try:
         from .jsonl import BATCH_BYTES
 
@@ -706,16 +738,26 @@ def json_data_files(name: str, split: str, revision: str | None, cache_dir: str)
             return None
         if config.encoding_errors is not None or config.chunksize != BATCH_BYTES:
             return None
+        manager = _download_manager(builder, cache_dir)
         files = [str(f) for f in config.data_files["train"]]
-        paths = [str(p) for p in _download_manager(builder, cache_dir).download(files)]
+        hub = [f for f in files if at_commit(f)]
+        downloads = None
+        plain = all(compression_of(f) is None for f in files)
+        if plain and not offline() and any(local_copy(f) is None for f in hub):  # read as they land
+            paths = [f if f in hub else str(manager.download(f)) for f in files]
+            downloads = Downloads(name, hub, lambda url: str(manager.download(url)))
+        else:
+            paths = [str(p) for p in manager.download(files)]
     except Exception as exc:  # datasets' own load meets it again, and says what it is
         logger.debug("%s: not read by batch (%s: %s)", name, type(exc).__name__, exc)
         return None
-    if not paths or not all(os.path.isfile(p) for p in paths):
+    if not paths or not all((downloads is not None and at_commit(p)) or os.path.isfile(p) for p in paths):
+        if downloads is not None:
+            downloads.close()
         return None
     if not offline():
         hub_files.remember(cache_dir, name, revision, split, files, None, "json")
-    return _decompressed(paths, cache_dir)
+    return JsonFiles(_decompressed(paths, cache_dir), downloads)
 
 
 def _decompressed(paths: list[str], cache_dir: str) -> list[str]:

@@ -139,9 +139,11 @@ CHANGE_KINDS = ("change-input", "change-parquet", "change-gzip", "change-gcs")
 GCS_DATA = "gs://soak/chats.jsonl"
 GCS_PARQUET = "gs://soak/chats.parquet"
 GCS_GZIP = "gs://soak/chats.jsonl.gz"
-#: sigint-hub's dataset: the Parquet copy's row groups in files of a hub dataset on a hub emulator (its
-#: own hub cache each trial, so they download during the run), each answer sent at a link's speed.
+#: sigint-hub's datasets, one drawn a trial: the Parquet copy's row groups in files of a hub dataset on a
+#: hub emulator, or the soak's JSON Lines rows in files of another (its own hub cache each trial, so they
+#: download during the run), each answer sent at a link's speed.
 HUB_DATASET = "soak/chats"
+HUB_JSON_DATASET = "soak/chats-jsonl"
 HUB_FILES = 4
 HUB_RATE = 2e6
 #: Seconds from the command's start within which sigint-hub draws most of its moments: its downloads.
@@ -658,6 +660,18 @@ def write_hub_copy(parquet: Path, repo: Path) -> Path:
     return repo
 
 
+def write_hub_json_copy(data: Path, repo: Path) -> Path:
+    """The soak's JSON Lines rows dealt in order into :data:`HUB_FILES` files of a hub dataset (more
+    than a batch in all: its slices are cut as its files land and are read)."""
+    lines = data.read_bytes().splitlines(keepends=True)
+    (repo / "data").mkdir(parents=True)
+    for k in range(HUB_FILES):
+        part = lines[k * len(lines) // HUB_FILES : (k + 1) * len(lines) // HUB_FILES]
+        (repo / "data" / f"train-{k:05d}-of-{HUB_FILES:05d}.jsonl").write_bytes(b"".join(part))
+    (repo / "README.md").write_text("---\nlicense: odc-by\n---\n")
+    return repo
+
+
 def _parquet_rows(path: Path) -> list[dict]:
     import pyarrow.parquet as pq
 
@@ -1027,7 +1041,7 @@ class Soak:
         self.home = self.root / "prefect-home"
         self.stack: Stack | None = None
         self.gcs: Emulator | None = None  # for change-gcs
-        self.hub: HubEmulator | None = None  # for sigint-hub (a thread of this process)
+        self.hubs: dict[str, HubEmulator] = {}  # for sigint-hub, by dataset (threads of this process)
         self.baseline: Baseline | None = None
         self.durations: dict[str, list[float]] = {}
         self._cancelled = ""  # the flow run a cancel trial cancelled
@@ -1068,10 +1082,13 @@ class Soak:
         )
         self.baseline = self._baseline()
         if "sigint-hub" in self.kinds:
-            self.hub = HubEmulator(
-                write_hub_copy(self.parquet, self.root / "hub-repo"), HUB_DATASET, HUB_RATE
-            )
-            self.hub.__enter__()
+            repos = {
+                HUB_DATASET: write_hub_copy(self.parquet, self.root / "hub-repo"),
+                HUB_JSON_DATASET: write_hub_json_copy(self.data, self.root / "hub-json-repo"),
+            }
+            for dataset, repo in repos.items():
+                self.hubs[dataset] = HubEmulator(repo, dataset, HUB_RATE)
+                self.hubs[dataset].__enter__()
         if "change-gcs" in self.kinds:  # (after the baseline, which counts every process left as its)
             self.gcs = Emulator(self.reaper)
             self.gcs.fs.put_file(str(self.data), GCS_DATA)
@@ -1155,8 +1172,8 @@ class Soak:
 
     def close(self) -> None:
         try:
-            if self.hub is not None:
-                self.hub.__exit__(None, None, None)
+            for hub in self.hubs.values():
+                hub.__exit__(None, None, None)
             if self.gcs is not None:
                 self.gcs.stop()
             if self.stack is not None:
@@ -1237,7 +1254,7 @@ class Soak:
         owned = set(self.stack.sessions) if self.stack is not None else set()
         return owned | ({self.gcs.session} if self.gcs is not None else set())
 
-    def _env(self, rec: TrialRecord, tmp: Path) -> dict[str, str]:
+    def _env(self, rec: TrialRecord, tmp: Path, hub: str = HUB_DATASET) -> dict[str, str]:
         if rec.kind == "cancel":
             assert self.stack is not None
             tmp.mkdir(exist_ok=True)
@@ -1248,8 +1265,7 @@ class Soak:
             assert self.gcs is not None
             env.update(self.gcs.env)
         if rec.kind == "sigint-hub":  # an empty hub cache of its own: the files download during the run
-            assert self.hub is not None
-            env.update(HF_ENDPOINT=self.hub.endpoint, HF_HOME=str(tmp.parent / "hf-home"))
+            env.update(HF_ENDPOINT=self.hubs[hub].endpoint, HF_HOME=str(tmp.parent / "hf-home"))
             env.pop("HF_HUB_OFFLINE", None)
         if rec.start.startswith("spawned"):
             env["TOKENIZE_MIXER_WORKER_START"] = "spawn"
@@ -1265,15 +1281,16 @@ class Soak:
             return
         base = self.baseline
         work, out = tdir / "work", tdir / "out"
-        data: Path | str | Mixture = {"sigint-hub": HUB_DATASET, "sigint-mixture": self.mixture}.get(
-            rec.kind, self.data
-        )
+        data: Path | str | Mixture = {"sigint-mixture": self.mixture}.get(rec.kind, self.data)
+        if rec.kind == "sigint-hub":
+            data = rng.choice((HUB_DATASET, HUB_JSON_DATASET))
         slicing = rng.choice(MIXTURE_SLICINGS) if rec.kind == "sigint-mixture" else ()
         argv = convert_argv(data, work, out, slicing)
-        env = self._env(rec, tdir / "tmp")
+        env = self._env(rec, tdir / "tmp", str(data))
         expected = None
         if rec.kind == "sigint-hub":  # (its statistics name the dataset; made with a cache of its own)
             expected = self._version_expected(data, "", {**env, "HF_HOME": str(self.root / "hf-home")}, tdir)
+            rec.fault = f"{'JSON Lines' if data == HUB_JSON_DATASET else 'Parquet'} files, "
         elif rec.kind == "sigint-mixture":  # (made sliced by the mixture's size, whatever the trial's)
             expected = self._version_expected(data, "", env, tdir)
             rec.fault = f"{' '.join(slicing) or 'sliced by the mixture'}, "
@@ -1697,9 +1714,13 @@ class Soak:
         if isinstance(data, Mixture):
             name = "-mixture"
         else:
-            name = {GCS_DATA: "gcs", GCS_PARQUET: "gcs", GCS_GZIP: "gcs", HUB_DATASET: "hub"}.get(
-                str(data), ""
-            )
+            name = {
+                GCS_DATA: "gcs",
+                GCS_PARQUET: "gcs",
+                GCS_GZIP: "gcs",
+                HUB_DATASET: "hub",
+                HUB_JSON_DATASET: "hub-jsonl",
+            }.get(str(data), "")
             name += Path(data).suffix.replace(".", "-")
         expected = self.root / f"expected{name}-{change or 'unchanged'}"
         if not expected.exists():

@@ -171,15 +171,27 @@ def _offline_environment(home: Path) -> dict[str, str]:
     return {**without_hub_settings(), "HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
 
 
-def test_a_stop_while_a_hub_file_downloads_ends_the_run_and_a_rerun_gives_the_local_bytes(tmp_path):
-    """Ctrl-C while the plan waits for a file that is still downloading ends the command within
-    seconds (a download thread does not hold it), with one line; the rerun downloads the rest and
-    writes the bytes of the same files read as a local directory."""
+def _json_repo(root: Path, n: int = 240) -> tuple[Path, list[str]]:
+    """The rows of :func:`_repo` as three JSON Lines files laid out as the hub serves them, and their names."""
+    names = [f.replace(".parquet", ".jsonl") for f in FILES]
+    (root / "data").mkdir(parents=True)
+    rows, third = _rows(n), n // 3
+    for k, name in enumerate(names):
+        (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows[k * third : (k + 1) * third]))
+    (root / "README.md").write_text("---\nlicense: odc-by\n---\n# a mixture\n")
+    return root, names
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_a_stop_while_a_hub_file_downloads_ends_the_run_and_a_rerun_gives_the_local_bytes(tmp_path, kind):
+    """Ctrl-C while the plan waits for a file that is still downloading (to read its row groups, or to
+    scan its batches) ends the command within seconds (a download thread does not hold it), with one
+    line; the rerun downloads the rest and writes the bytes of the same files read as a local directory."""
     from sftmix.digest import compare
     from tests.cli_runs import cli_env, convert_command
     from tests.test_stopping import STOP_WITHIN, Run, _one_line_reason
 
-    repo = _repo(tmp_path / "repo")
+    repo, files = (_repo(tmp_path / "repo"), FILES) if kind == "parquet" else _json_repo(tmp_path / "repo")
     local = subprocess.run(
         convert_command(repo, tmp_path / "work-local", tmp_path / "out-local", 40),
         env={**cli_env(), **_offline_environment(tmp_path / "home-local")},
@@ -189,11 +201,11 @@ def test_a_stop_while_a_hub_file_downloads_ends_the_run_and_a_rerun_gives_the_lo
     assert local.returncode == 0, local.stderr[-3000:]
     hub_run = convert_command(Path(REPO), tmp_path / "work", tmp_path / "out", 40)
     with HubEmulator(repo, REPO) as hub:
-        hub.held[FILES[-1]] = held = threading.Event()  # not let go while the first run lasts
+        hub.held[files[-1]] = held = threading.Event()  # not let go while the first run lasts
         env = hub_environment(hub, tmp_path / "home")
         run = Run(hub_run, env=env)
         deadline = time.monotonic() + 120
-        while not any(m == "GET" and p.endswith(FILES[-1]) and r is None for m, p, r in list(hub.requests)):
+        while not any(m == "GET" and p.endswith(files[-1]) and r is None for m, p, r in list(hub.requests)):
             assert time.monotonic() < deadline and run.proc.poll() is None, run.stderr[-3000:]
             time.sleep(0.05)
         time.sleep(0.5)
@@ -297,3 +309,94 @@ def test_a_hub_dataset_of_json_lines_files_is_read_by_batch_online_and_offline(t
     for other in ("out-datasets", "out-offline"):
         result = compare(tmp_path / other, tmp_path / "out")
         assert result.matches, result.render()
+
+
+# Plans a dataset of JSON Lines files in a process of its own: a line per slice handed on early, then
+# each slice's rows and batches, the files its batches name, and the rows its slices read.
+_PLAN_JSON = """
+import json, os, sys
+from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.plan import build_plan
+from sftmix import jsonl
+path, examples, work = sys.argv[1:4]
+mixer = MixerConfig(
+    datasets=[DatasetEntry(path=path, amount=1.0)],
+    tokenizer=TokenizerSpec(name_or_path=os.path.join(examples, "tokenizer"), chat_template="olmo"),
+    max_seq_length=256,
+    output=OutputSpec(path=os.path.join(work, "out")),
+)
+def early(spec, ctx):
+    print("slice", spec.index, flush=True)
+plan = build_plan(mixer, RunOptions(work_dir=work, slice_rows=500), early)
+found = {
+    "slices": [[s.row_start, s.row_end, [b.sha256 for b in s.jsonl.batches]] for s in plan.slices],
+    "paths": sorted({b.path for s in plan.slices for b in s.jsonl.batches}),
+    "rows": [r for s in plan.slices for r in jsonl.read_rows(s.jsonl, list(range(s.row_start, s.row_end)))],
+}
+print("plan", json.dumps(found), flush=True)
+"""
+
+
+def test_a_hub_dataset_of_json_lines_files_is_cut_into_slices_while_its_files_download(tmp_path):
+    """Plain JSON Lines files download in the background, each read as it lands: the first slice is
+    handed on before the last file has landed, and the slices and rows are those of the same files read
+    as a local directory (the batches naming the hub cache's copies)."""
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    names = [f"data/train-0000{k}-of-00003.jsonl" for k in range(3)]
+    rows = [  # ~4.3 MB a file: more than one batch in all, so its slices are cut as it is read
+        {
+            "messages": [
+                {"role": "user", "content": f"{i} " + "x" * 1000},
+                {"role": "assistant", "content": f"{i}"},
+            ]
+        }
+        for i in range(12_000)
+    ]
+    for k, name in enumerate(names):
+        lines = [json.dumps(r) for r in rows[k * 4000 : (k + 1) * 4000]]
+        (repo / name).write_text("\n".join(lines) + "\n")
+    (repo / "README.md").write_text("---\nlicense: odc-by\n---\n# a mixture\n")
+
+    def plan(path: str, env: dict[str, str], work: Path, on_slice=None) -> dict:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _PLAN_JSON, path, str(EXAMPLES), str(work)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
+        found: dict = {"early": 0}
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            kind, _, rest = line.rstrip("\n").partition(" ")
+            if kind == "slice":
+                if found["early"] == 0 and on_slice is not None:
+                    on_slice()
+                found["early"] += 1
+            elif kind == "plan":
+                found[kind] = json.loads(rest)
+        stderr = proc.stderr.read() if proc.stderr else ""
+        assert proc.wait(120) == 0, stderr
+        assert "plan" in found, stderr[-3000:]
+        return found
+
+    local = plan(str(repo), _offline_environment(tmp_path / "home-local"), tmp_path / "work-local")
+    home = tmp_path / "home"
+    with HubEmulator(repo, REPO) as hub:
+        hub.held[names[-1]] = held = threading.Event()
+        seen: list[int] = []
+
+        def first_slice() -> None:
+            seen.append(hub.whole_downloads(names[-1]))
+            held.set()
+
+        found = plan(REPO, hub_environment(hub, home), tmp_path / "work", first_slice)
+        assert seen == [0], "the first slice waited for the last file's download"
+        assert all(hub.whole_downloads(n) == 1 for n in names)
+    got, want = found["plan"], local["plan"]
+    assert got["slices"] == want["slices"] and found["early"] == len(got["slices"]) == 24
+    assert got["rows"] == want["rows"] == rows
+    snapshot = next((home / "hub" / f"datasets--{REPO.replace('/', '--')}" / "snapshots").iterdir())
+    assert got["paths"] == sorted(str(snapshot / n) for n in names)

@@ -417,11 +417,13 @@ def test_a_directory_of_json_lines_files_gives_datasets_rows_by_batch(tmp_path):
     repo = _directory(tmp_path, random.Random(11))
     cache = tmp_path / "cache"
     files = json_data_files(str(repo), "train", None, str(cache))
-    assert files is not None and [Path(f).name for f in files] == [
+    assert files is not None and [Path(f).name for f in files.paths] == [
         f"train-0000{k}-of-00003.jsonl" for k in range(3)
     ]
     told: list = []  # each batch as soon as it and those before it are counted, in the dataset's order
-    layout = jsonl.scan_files(files, str(repo), lambda batch, schema: told.append((batch, schema)), threads=4)
+    layout = jsonl.scan_files(
+        files.paths, str(repo), lambda batch, schema: told.append((batch, schema)), threads=4
+    )
     assert layout is not None and len(layout.batches) == 4 and layout.columns == ("id", "messages", "tools")
     assert [batch for batch, _ in told] == list(layout.batches) and {s for _, s in told} == {
         layout.schema_b64
@@ -437,8 +439,10 @@ def test_a_directory_of_json_lines_files_gives_datasets_rows_by_batch(tmp_path):
         _compressed(path, ".gz")
         path.unlink()
     files = json_data_files(str(repo), "train", None, str(cache))
-    assert files is not None and all(Path(f).is_relative_to(cache) and f.endswith(".jsonl") for f in files)
-    layout = jsonl.scan_files(files, str(repo))
+    assert files is not None and all(
+        Path(f).is_relative_to(cache) and f.endswith(".jsonl") for f in files.paths
+    )
+    layout = jsonl.scan_files(files.paths, str(repo))
     assert layout is not None
     reference = datasets.load_dataset(
         str(repo), split="train", cache_dir=str(tmp_path / "reference-gz"), **_reference_json_options()
@@ -458,7 +462,7 @@ def test_a_file_of_a_directory_with_a_key_the_first_never_saw_names_that_file_an
 
     files = json_data_files(str(repo), "train", None, str(tmp_path / "cache"))
     assert files is not None
-    layout = jsonl.scan_files(files, str(repo))
+    layout = jsonl.scan_files(files.paths, str(repo))
     assert layout is not None and layout.n_rows == 50
     got = _directory_rows(layout)
     assert all(isinstance(r, dict) for r in got[:43] + got[44:])
@@ -471,7 +475,7 @@ def test_a_file_of_a_directory_with_a_key_the_first_never_saw_names_that_file_an
     assert f"row 43 (0-based; line 15 of {repo / 'b.jsonl'})" in str(named)
     (repo / "c.jsonl.gz").write_bytes(b"")  # a file only datasets reads: it reads them all
     files = json_data_files(str(repo), "train", None, str(tmp_path / "cache"))
-    assert files is None or jsonl.scan_files(files, str(repo)) is None
+    assert files is None or jsonl.scan_files(files.paths, str(repo)) is None
 
 
 @pytest.mark.slow
