@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sftmix import settings
+from sftmix.report import duration_text
 
 if TYPE_CHECKING:
     from sftmix.slices import SliceSpec
@@ -46,19 +47,7 @@ def is_progress_record(record: logging.LogRecord) -> bool:
 
 def line_seconds() -> float:
     """Seconds between two summary lines (``TOKENIZE_MIXER_PROGRESS_SECONDS``, default 10)."""
-    try:
-        return max(0.5, float(settings.PROGRESS_SECONDS.get()))
-    except ValueError:
-        return 10.0
-
-
-def duration_text(seconds: float) -> str:
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60} min {seconds % 60:02d} s"
-    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+    return settings.progress_seconds()
 
 
 def _count(n: float) -> str:

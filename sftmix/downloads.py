@@ -3,19 +3,28 @@
 ``datasets`` downloads every file of a split before anything reads one (files over 20 MB one at a
 time): at ~100 GB that is minutes before the first slice, while the cores wait. Here the plan reads the
 files' footers by range from the hub (every count at once), the files download in order into the hub
-cache ``datasets`` uses, a few at a time, and each file's row groups are hashed, and its slices start,
-as soon as it has landed (:attr:`sftmix.parquet.ParquetLayout.downloads`).
+cache ``datasets`` uses, a few at a time, and each file's row groups are hashed (or its JSON Lines
+batches scanned), and its slices start, as soon as it has landed
+(:attr:`sftmix.parquet.ParquetLayout.downloads`, :class:`sftmix.sources.JsonFiles`). While files are
+still to come, a line every few seconds says how far the downloads are.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import CancelledError, Future
 
 from .errors import DatasetError
+from .report import duration_text
+from .settings import progress_seconds
+
+logger = logging.getLogger(__name__)
 
 #: Files downloaded at once: each download is already parallel within the file (the hub's transfer
 #: client); a few at once keep the link busy between files.
@@ -37,8 +46,16 @@ class Downloads:
         self._queue = deque(urls)
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._started = time.monotonic()
+        self._settled = self._bytes = 0  # files landed (or failed), and the bytes of those landed
         for _ in range(min(at_once, len(urls))):
             threading.Thread(target=self._work, name="hub-download", daemon=True).start()
+        if urls:
+            threading.Thread(target=self._report, name="hub-download-progress", daemon=True).start()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
 
     def _work(self) -> None:
         while True:
@@ -50,9 +67,49 @@ class Downloads:
                 if not landed.set_running_or_notify_cancel():
                     continue
             try:
-                landed.set_result(self._download(url))
+                path = self._download(url)
+                nbytes = os.path.getsize(path)
+                landed.set_result(path)
             except BaseException as exc:  # (told to whoever waits for the file)
+                _forget(self)  # (a later plan tries it again)
                 landed.set_exception(exc)
+                continue
+            with self._lock:
+                self._settled += 1
+                self._bytes += nbytes
+                done = self._settled == len(self._landed)
+            if done:
+                _forget(self)
+
+    def _report(self) -> None:
+        """A line every few seconds while files are still to come: a large dataset's downloads take
+        minutes, and the plan shows nothing else meanwhile where it waits for them."""
+        while not self._closed.wait(progress_seconds()):
+            with self._lock:
+                landed, nbytes, total = self._settled, self._bytes, len(self._landed)
+            if landed >= total:
+                return
+            elapsed = time.monotonic() - self._started
+            if not landed:
+                logger.info(
+                    "%s: downloading its %d files from the hub, none landed yet, %s in",
+                    self.name,
+                    total,
+                    duration_text(elapsed),
+                )
+                continue
+            rate = nbytes / elapsed
+            left = (total - landed) * nbytes / landed / rate if rate else None
+            logger.info(
+                "%s: %d of %d files downloaded from the hub (%.2f GB, %.0f MB/s), %s in%s",
+                self.name,
+                landed,
+                total,
+                nbytes / 1e9,
+                rate / 1e6,
+                duration_text(elapsed),
+                "" if left is None else f", about {duration_text(left)} left",
+            )
 
     def wait(self, url: str) -> str:
         """``url``'s copy in the hub cache, once it has landed (``url`` itself, at once, for a file not
@@ -79,6 +136,31 @@ class Downloads:
             self._queue.clear()
             for landed in self._landed.values():
                 landed.cancel()
+        _forget(self)
+
+
+_RUNNING: dict[tuple[str, tuple[str, ...]], Downloads] = {}
+_RUNNING_LOCK = threading.Lock()
+
+
+def downloads_of(name: str, urls: list[str], download: Callable[[str], str]) -> Downloads:
+    """The downloads of dataset ``name``'s files ``urls`` in this process: those already running (the
+    plan made ahead of the plan started them, :func:`sftmix.plan.prepare_plan`), else new ones. So a file
+    downloads once, and one line says how far."""
+    key = (name, tuple(urls))
+    with _RUNNING_LOCK:
+        found = _RUNNING.get(key)
+        if found is None or found.closed:
+            found = _RUNNING[key] = Downloads(name, urls, download)
+        return found
+
+
+def _forget(downloads: Downloads) -> None:
+    """Downloads that are done (every file landed), closed or failed are not handed to a later plan."""
+    with _RUNNING_LOCK:
+        for key, running in list(_RUNNING.items()):
+            if running is downloads:
+                del _RUNNING[key]
 
 
 @contextlib.contextmanager

@@ -40,6 +40,15 @@ DROP_WORDS = {
 }
 
 
+def duration_text(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
 def drop_lines(selected: int, dropped: dict[str, int], indent: str = "    ") -> list[str]:
     """One line per drop reason: the count, its share of the rows and the reason in words."""
     return [

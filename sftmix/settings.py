@@ -29,6 +29,14 @@ class Setting:
         os.environ[self.name] = value
 
 
+def progress_seconds() -> float:
+    """Seconds between two progress lines (:data:`PROGRESS_SECONDS`; 10 where it is not a number)."""
+    try:
+        return max(0.5, float(PROGRESS_SECONDS.get()))
+    except ValueError:
+        return 10.0
+
+
 WORK_DIR = Setting(
     "TOKENIZE_MIXER_WORK_DIR",
     "the checkpoint directory when the run names none (else the user cache directory's tokenize-mixer/)",

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from . import hub_files, settings
-from .downloads import Downloads
+from .downloads import Downloads, downloads_of
 from .errors import DatasetError
 from .hub import offline, offline_cache_problem, unreachable_hub_problem
 from .ownership import remove_abandoned_temps
@@ -665,7 +665,7 @@ def parquet_data_files(name: str, split: str, revision: str | None, cache_dir: s
         downloads = None
         if not offline() and any(local_copy(f) is None for f in hub):  # downloaded as the plan reads them
             paths = [f if f in hub else str(manager.download(f)) for f in files]
-            downloads = Downloads(name, hub, lambda url: str(manager.download(url)))
+            downloads = downloads_of(name, hub, lambda url: str(manager.download(url)))
         else:
             paths = [str(p) for p in manager.download(files)]
     except Exception as exc:  # datasets' own load meets it again, and says what it is
@@ -745,7 +745,7 @@ def json_data_files(name: str, split: str, revision: str | None, cache_dir: str)
         plain = all(compression_of(f) is None for f in files)
         if plain and not offline() and any(local_copy(f) is None for f in hub):  # read as they land
             paths = [f if f in hub else str(manager.download(f)) for f in files]
-            downloads = Downloads(name, hub, lambda url: str(manager.download(url)))
+            downloads = downloads_of(name, hub, lambda url: str(manager.download(url)))
         else:
             paths = [str(p) for p in manager.download(files)]
     except Exception as exc:  # datasets' own load meets it again, and says what it is

@@ -302,6 +302,8 @@ def test_a_hub_dataset_of_json_lines_files_is_read_by_batch_online_and_offline(t
     with HubEmulator(repo, REPO) as hub:
         env = hub_environment(hub, home)
         convert("out", env)
+        names = [f"data/train-0000{k}-of-00003{suffix}" for k in range(3)]
+        assert [hub.whole_downloads(n) for n in names] == [1, 1, 1]  # (the plan made ahead shares them)
         convert("out-datasets", {**env, "TOKENIZE_MIXER_JSON_READER": "datasets"})
     kept = [json.loads(p.read_text()) for p in (work / "datasets-cache" / "hub-files").iterdir()]
     assert [(r["builder"], len(r["files"])) for r in kept] == [("json", 3)]  # the plan read the files
