@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--hub", action="store_true", help="serve the directory as a hub dataset (an emulator)")
     ap.add_argument("--rate", type=float, default=None, help="with --hub: MB/s of each answer")
     ap.add_argument("--to-end", action="store_true", help="let the run finish; print its whole time too")
+    ap.add_argument("--amount", default="1.0", help="the dataset's amount (below 1.0: counted first)")
     args = ap.parse_args()
     from tests.tokenizer_fixtures import ensure_dolma2
 
@@ -71,7 +72,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="first-slice-") as scratch:
         argv = [
             str(ROOT / ".venv" / "bin" / "tokenize-mixer"), "convert", "--dataset_mixer_list", data,
-            "1.0", "--tokenizer_name_or_path", tokenizer, "--chat_template_name", "olmo",
+            args.amount, "--tokenizer_name_or_path", tokenizer, "--chat_template_name", "olmo",
             "--max_seq_length", "4096", "--work_dir", f"{scratch}/work", "--output_dir", f"{scratch}/out",
         ]  # fmt: skip
         started = time.monotonic()
@@ -95,7 +96,13 @@ def main() -> None:
     if hub is not None:
         hub.__exit__(None, None, None)
     scratch_hub.cleanup()
-    found = {"data": data, "reader": reader or "ours", "cold": cold, "first_slice_done_s": first}
+    found = {
+        "data": data,
+        "amount": args.amount,
+        "reader": reader or "ours",
+        "cold": cold,
+        "first_slice_done_s": first,
+    }
     print(json.dumps({**found, "whole_run_s": whole} if args.to_end else found))
 
 
