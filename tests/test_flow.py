@@ -159,3 +159,24 @@ def _slice_task_runs_of_the_last_flow_run() -> int:
         last = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)[0]
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[last.id])))
     return sum(run.name.startswith("tokenize ") for run in runs)
+
+
+def test_the_plans_own_lines_reach_the_runs_logs_where_no_console_shows_them(
+    prefect_api, tmp_path, monkeypatch
+):
+    """A flow run a Prefect worker runs (a deployment, the UI) has no console of the command: the plan's
+    own lines (the encoder it chose; how far a hub dataset's downloads are) are in the run's logs."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import FlowRunSort
+    from prefect.logging.handlers import APILogWorker
+
+    monkeypatch.delenv("TOKENIZE_MIXER_CONSOLE", raising=False)
+    run = RunOptions(work_dir=str(tmp_path / "work"), slice_rows=40, runner="thread")
+    tokenize_mixer(mixer=demo_mixer(EXAMPLES / "data", tmp_path / "out"), run=run)
+    APILogWorker.drain_all(timeout=30)  # (the run's lines are sent to the API in batches)
+    with get_client(sync_client=True) as client:
+        last = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)[0]
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[last.id])))
+    lines = [log.message for log in logs]
+    assert sum(line.startswith("sftmix.plan: encoder: ") for line in lines) == 1, lines
