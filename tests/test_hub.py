@@ -88,10 +88,13 @@ def _repo(root: Path, n: int = 240) -> Path:
     return root
 
 
-def _plan(path: str, env: dict[str, str], work: Path, mode: str = "", on_slice=None) -> dict:
-    """The plan's findings (``error`` where it refused), calling ``on_slice`` at the first early slice."""
+def _plan(
+    path: str, env: dict[str, str], work: Path, mode: str = "", on_slice=None, script: str = ""
+) -> dict:
+    """The plan's findings (``error`` where it refused), calling ``on_slice`` at the first early slice;
+    ``script``: what plans it (default: :data:`_PLAN`)."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", _PLAN, path, str(EXAMPLES), str(work), mode],
+        [sys.executable, "-c", script or _PLAN, path, str(EXAMPLES), str(work), mode],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -320,7 +323,7 @@ import json, os, sys
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.plan import build_plan
 from sftmix import jsonl
-path, examples, work = sys.argv[1:4]
+path, examples, work = sys.argv[1:4]  # (then a mode, unused)
 mixer = MixerConfig(
     datasets=[DatasetEntry(path=path, amount=1.0)],
     tokenizer=TokenizerSpec(name_or_path=os.path.join(examples, "tokenizer"), chat_template="olmo"),
@@ -360,31 +363,9 @@ def test_a_hub_dataset_of_json_lines_files_is_cut_into_slices_while_its_files_do
         (repo / name).write_text("\n".join(lines) + "\n")
     (repo / "README.md").write_text("---\nlicense: odc-by\n---\n# a mixture\n")
 
-    def plan(path: str, env: dict[str, str], work: Path, on_slice=None) -> dict:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _PLAN_JSON, path, str(EXAMPLES), str(work)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=ROOT,
-        )
-        found: dict = {"early": 0}
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            kind, _, rest = line.rstrip("\n").partition(" ")
-            if kind == "slice":
-                if found["early"] == 0 and on_slice is not None:
-                    on_slice()
-                found["early"] += 1
-            elif kind == "plan":
-                found[kind] = json.loads(rest)
-        stderr = proc.stderr.read() if proc.stderr else ""
-        assert proc.wait(120) == 0, stderr
-        assert "plan" in found, stderr[-3000:]
-        return found
-
-    local = plan(str(repo), _offline_environment(tmp_path / "home-local"), tmp_path / "work-local")
+    local = _plan(
+        str(repo), _offline_environment(tmp_path / "home-local"), tmp_path / "work-local", script=_PLAN_JSON
+    )
     home = tmp_path / "home"
     with HubEmulator(repo, REPO) as hub:
         hub.held[names[-1]] = held = threading.Event()
@@ -394,7 +375,7 @@ def test_a_hub_dataset_of_json_lines_files_is_cut_into_slices_while_its_files_do
             seen.append(hub.whole_downloads(names[-1]))
             held.set()
 
-        found = plan(REPO, hub_environment(hub, home), tmp_path / "work", first_slice)
+        found = _plan(REPO, hub_environment(hub, home), tmp_path / "work", "", first_slice, _PLAN_JSON)
         assert seen == [0], "the first slice waited for the last file's download"
         assert all(hub.whole_downloads(n) == 1 for n in names)
     got, want = found["plan"], local["plan"]
