@@ -38,7 +38,7 @@ from .downloads import Downloads, downloads_of
 from .errors import DatasetError
 from .hub import offline, offline_cache_problem, unreachable_hub_problem
 from .ownership import remove_abandoned_temps
-from .pinned import Stream, at_commit, local_copy, object_info, object_version, unpinned, version
+from .pinned import Stream, at_commit, local_copy, object_info, object_version, size_of, unpinned, version
 from .storage import atomic_open, download_file, is_remote, sha256_stream
 
 logger = logging.getLogger(__name__)
@@ -701,11 +701,12 @@ class JsonFiles:
         from concurrent.futures import ThreadPoolExecutor
 
         def size(path: str) -> int:
-            here = local_copy(path) or path
-            return os.path.getsize(here) if not is_remote(here) else int(object_info(here).get("size") or 0)
+            if (copy := local_copy(path)) is not None:
+                return os.path.getsize(copy)
+            return int(object_info(path).get("size") or 0) if at_commit(path) else size_of(path)
 
-        if not any(is_remote(p) for p in self.paths):
-            return [os.path.getsize(p) for p in self.paths]
+        if not any(at_commit(p) for p in self.paths):  # (local files, or one pinned object)
+            return [size_of(p) for p in self.paths]
         with ThreadPoolExecutor(max_workers=min(16, len(self.paths))) as pool:
             return list(pool.map(size, self.paths))
 
