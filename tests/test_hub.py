@@ -144,14 +144,16 @@ def test_a_hub_dataset_is_planned_while_its_files_download(tmp_path):
     assert plan["uncached_rows"] == plan["rows"]  # read by range from the hub
 
 
-def test_a_download_that_fails_is_one_clear_error(tmp_path):
-    repo = _repo(tmp_path / "repo")
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_a_download_that_fails_is_one_clear_error(tmp_path, kind):
+    repo, files = (_repo(tmp_path / "repo"), FILES) if kind == "parquet" else _json_repo(tmp_path / "repo")
     with HubEmulator(repo, REPO) as hub:
-        hub.failing.add(FILES[1])
-        found = _plan(REPO, hub_environment(hub, tmp_path / "home"), tmp_path / "work")
+        hub.failing.add(files[1])
+        script = _PLAN if kind == "parquet" else _PLAN_JSON
+        found = _plan(REPO, hub_environment(hub, tmp_path / "home"), tmp_path / "work", script=script)
     assert "plan" not in found, found
     error = found["error"]
-    assert REPO in error and FILES[1] in error and "cannot download" in error, error
+    assert REPO in error and files[1] in error and "cannot download" in error, error
     assert "Traceback" not in found["stderr"]
 
 
@@ -321,6 +323,7 @@ def test_a_hub_dataset_of_json_lines_files_is_read_by_batch_online_and_offline(t
 _PLAN_JSON = """
 import json, os, sys
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.errors import DatasetError
 from sftmix.plan import build_plan
 from sftmix import jsonl
 path, examples, work = sys.argv[1:4]  # (then a mode, unused)
@@ -332,7 +335,11 @@ mixer = MixerConfig(
 )
 def early(spec, ctx):
     print("slice", spec.index, flush=True)
-plan = build_plan(mixer, RunOptions(work_dir=work, slice_rows=500), early)
+try:
+    plan = build_plan(mixer, RunOptions(work_dir=work, slice_rows=500), early)
+except DatasetError as exc:
+    print("error", json.dumps(str(exc)), flush=True)
+    sys.exit(0)
 found = {
     "slices": [[s.row_start, s.row_end, [b.sha256 for b in s.jsonl.batches]] for s in plan.slices],
     "paths": sorted({b.path for s in plan.slices for b in s.jsonl.batches}),
