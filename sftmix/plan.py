@@ -26,6 +26,7 @@ from .encoders import same_encodings
 from .errors import ConfigError, DatasetError, TemplateError
 from .formats import MESSAGES_KEY, Conversation, RowFormatError, conversation_from_row, detect_format
 from .parallel import available_cpus, memory_limit
+from .read_progress import ReadProgress
 from .selection import selected_source_rows, selection_problem, small_count_warning, target_rows
 from .slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext, encoding_for, rows_of
 from .sources import (
@@ -239,12 +240,17 @@ def _jsonl_layout(entry: DatasetEntry, datasets_cache: str) -> jsonl.JsonlLayout
     try:
         if local_builder(entry.path) is None and not is_remote(entry.path):
             files = json_data_files(entry.path, entry.split, entry.revision, datasets_cache)
-            layout = None if files is None else _scanned_files(files, entry.path)
+            if files is None:
+                return None
+            # (files still downloading: their downloads say how far)
+            with ReadProgress(entry.path, 0 if files.downloads else sum(files.sizes)) as progress:
+                layout = _scanned_files(files, entry.path, progress.batch_read)
         else:
             path = _local_copy(entry, datasets_cache)
             if not jsonl.applies(path, entry.split):
                 return None
-            layout = jsonl.scan(path)
+            with ReadProgress(entry.path, pinned.size_of(path)) as progress:
+                layout = jsonl.scan(path, progress.batch_read)
     except DatasetError as exc:
         raise DatasetError(entry.path, exc.reason) from None
     if layout is None or not layout.n_rows or not layout.columns:
