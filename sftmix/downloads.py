@@ -19,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import CancelledError, Future
+from pathlib import Path
 
 from .errors import DatasetError
 from .report import duration_text
@@ -84,28 +85,25 @@ class Downloads:
     def _report(self) -> None:
         """A line every few seconds while files are still to come: a large dataset's downloads take
         minutes, and the plan shows nothing else meanwhile where it waits for them."""
+        folders = {folder for url in self._landed if (folder := _blobs_folder(url)) is not None}
         while not self._closed.wait(progress_seconds()):
             with self._lock:
                 landed, nbytes, total = self._settled, self._bytes, len(self._landed)
             if landed >= total:
                 return
             elapsed = time.monotonic() - self._started
-            if not landed:
-                logger.info(
-                    "%s: downloading its %d files from the hub, none landed yet, %s in",
-                    self.name,
-                    total,
-                    duration_text(elapsed),
-                )
-                continue
-            rate = nbytes / elapsed
-            left = (total - landed) * nbytes / landed / rate if rate else None
+            arriving = _arriving(folders)
+            rate = (nbytes + arriving) / elapsed
+            left = None
+            if landed and rate:
+                left = max(0.0, ((total - landed) * nbytes / landed - arriving) / rate)
             logger.info(
-                "%s: %d of %d files downloaded from the hub (%.2f GB, %.0f MB/s), %s in%s",
+                "%s: %d of %d files downloaded from the hub (%.2f GB, %.2f GB more arriving, %.0f MB/s), %s in%s",
                 self.name,
                 landed,
                 total,
                 nbytes / 1e9,
+                arriving / 1e9,
                 rate / 1e6,
                 duration_text(elapsed),
                 "" if left is None else f", about {duration_text(left)} left",
@@ -137,6 +135,32 @@ class Downloads:
             for landed in self._landed.values():
                 landed.cancel()
         _forget(self)
+
+
+def _blobs_folder(url: str) -> Path | None:
+    """Where the hub cache keeps hub file ``url``'s bytes (``None``: not a hub file at a commit): the
+    hub's client writes a download there as ``<blob>.incomplete`` until it lands."""
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    from .pinned import hub_repo
+
+    found = hub_repo(url)
+    if found is None:
+        return None
+    kind, repo = found
+    return Path(HF_HUB_CACHE) / f"{kind}--{repo.replace('/', '--')}" / "blobs"
+
+
+def _arriving(folders: set[Path]) -> int:
+    """Bytes of downloads not landed yet in ``folders`` (a file that lands meanwhile counts 0)."""
+    total = 0
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(folder):
+                if entry.name.endswith(".incomplete"):
+                    with contextlib.suppress(OSError):
+                        total += entry.stat().st_size
+    return total
 
 
 _RUNNING: dict[tuple[str, tuple[str, ...]], Downloads] = {}

@@ -59,6 +59,13 @@ def at_commit(path: str) -> bool:
     return _AT_COMMIT.fullmatch(path) is not None
 
 
+def hub_repo(path: str) -> tuple[str, str] | None:
+    """A hub file named at a commit's kind of repository (``datasets``, ``models``, ``spaces``) and
+    repository (``owner/name``); ``None`` for any other path."""
+    found = _AT_COMMIT.fullmatch(path)
+    return None if found is None else (found.group(1), found.group(2))
+
+
 def local_copy(path: str) -> str | None:
     """This machine's copy of a hub file named at a commit: the hub cache's, where ``datasets`` (and
     :mod:`sftmix.downloads`) put it, read in place of the hub. ``None`` for any other path, or a file

@@ -390,3 +390,39 @@ def test_a_hub_dataset_of_json_lines_files_is_cut_into_slices_while_its_files_do
     assert got["rows"] == want["rows"] == rows
     snapshot = next((home / "hub" / f"datasets--{REPO.replace('/', '--')}" / "snapshots").iterdir())
     assert got["paths"] == sorted(str(snapshot / n) for n in names)
+
+
+# Fetches a hub dataset's JSON Lines files in the background as the plan does, its progress lines on stderr.
+_FETCH = """
+import logging, sys
+from sftmix.sources import json_data_files
+logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+files = json_data_files(sys.argv[1], "train", None, sys.argv[2])
+assert files is not None and files.downloads is not None
+for k in range(len(files.paths)):
+    files.local(k)
+"""
+
+
+def test_the_download_line_counts_the_bytes_still_arriving(tmp_path):
+    """A file that takes long to land is not "nothing yet": the line counts the bytes the hub cache is
+    still writing."""
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    line = json.dumps(_rows(1)[0]) + "\\n"
+    (repo / "data" / "train.jsonl").write_text(line * (30_000_000 // len(line)))
+    (repo / "README.md").write_text("---\\nlicense: odc-by\\n---\\n")
+    with HubEmulator(repo, REPO, rate=10e6) as hub:
+        env = {**hub_environment(hub, tmp_path / "home"), "TOKENIZE_MIXER_PROGRESS_SECONDS": "0.5"}
+        done = subprocess.run(
+            [sys.executable, "-c", _FETCH, REPO, str(tmp_path / "cache")],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [x for x in done.stderr.splitlines() if x.startswith(f"sftmix.downloads: {REPO}: 0 of 1 files")]
+    arriving = [float(x.split(" GB more arriving")[0].rsplit(" ", 1)[1]) for x in lines]
+    assert arriving and max(arriving) >= 0.01, lines
