@@ -28,15 +28,16 @@ REPO = "org/mixture"
 FILES = [f"data/train-0000{k}-of-00003.parquet" for k in range(3)]
 
 # Plans the hub dataset in a process of its own (the hub's settings are read at import): prints a line
-# per slice handed on early, then what the plan found and the rows its slices read; with "uncached",
-# reads them again with this machine's hub cache moved away (a worker elsewhere reads by range).
+# per slice handed on early, then what the plan found (each slice's row groups, or JSON Lines batches)
+# and the rows its slices read; with "uncached", reads them again with this machine's hub cache moved
+# away (a worker elsewhere reads by range).
 _PLAN = """
 import json, os, shutil, sys
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.errors import DatasetError
 from sftmix.plan import build_plan
-from sftmix import parquet
-path, examples, work, mode = sys.argv[1:5]
+from sftmix import jsonl, parquet
+path, examples, work, mode, slice_rows = sys.argv[1:6]
 mixer = MixerConfig(
     datasets=[DatasetEntry(path=path)],
     tokenizer=TokenizerSpec(name_or_path=os.path.join(examples, "tokenizer"), chat_template="olmo"),
@@ -46,15 +47,22 @@ mixer = MixerConfig(
 def early(spec, ctx):
     print("slice", spec.index, flush=True)
 try:
-    plan = build_plan(mixer, RunOptions(work_dir=work, slice_rows=40), early)
+    plan = build_plan(mixer, RunOptions(work_dir=work, slice_rows=int(slice_rows)), early)
 except DatasetError as exc:
     print("error", json.dumps(str(exc)), flush=True)
     sys.exit(0)
+def parts(s):
+    return s.parquet.row_groups if s.parquet is not None else s.jsonl.batches
 def rows():
-    return [r for s in plan.slices for r in parquet.read_rows(s.parquet, list(range(s.row_start, s.row_end)))]
+    return [
+        r
+        for s in plan.slices
+        for r in (parquet.read_rows(s.parquet, list(range(s.row_start, s.row_end))) if s.parquet is not None
+                  else jsonl.read_rows(s.jsonl, list(range(s.row_start, s.row_end))))
+    ]
 found = {
-    "slices": [[s.row_start, s.row_end, [g.sha256 for g in s.parquet.row_groups]] for s in plan.slices],
-    "paths": sorted({g.path for s in plan.slices for g in s.parquet.row_groups}),
+    "slices": [[s.row_start, s.row_end, [p.sha256 for p in parts(s)]] for s in plan.slices],
+    "paths": sorted({p.path for s in plan.slices for p in parts(s)}),
     "rows": rows(),
 }
 if mode == "uncached":
@@ -89,12 +97,11 @@ def _repo(root: Path, n: int = 240) -> Path:
 
 
 def _plan(
-    path: str, env: dict[str, str], work: Path, mode: str = "", on_slice=None, script: str = ""
+    path: str, env: dict[str, str], work: Path, mode: str = "", on_slice=None, slice_rows: int = 40
 ) -> dict:
-    """The plan's findings (``error`` where it refused), calling ``on_slice`` at the first early slice;
-    ``script``: what plans it (default: :data:`_PLAN`)."""
+    """The plan's findings (``error`` where it refused), calling ``on_slice`` at the first early slice."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", script or _PLAN, path, str(EXAMPLES), str(work), mode],
+        [sys.executable, "-c", _PLAN, path, str(EXAMPLES), str(work), mode, str(slice_rows)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -149,8 +156,7 @@ def test_a_download_that_fails_is_one_clear_error(tmp_path, kind):
     repo, files = (_repo(tmp_path / "repo"), FILES) if kind == "parquet" else _json_repo(tmp_path / "repo")
     with HubEmulator(repo, REPO) as hub:
         hub.failing.add(files[1])
-        script = _PLAN if kind == "parquet" else _PLAN_JSON
-        found = _plan(REPO, hub_environment(hub, tmp_path / "home"), tmp_path / "work", script=script)
+        found = _plan(REPO, hub_environment(hub, tmp_path / "home"), tmp_path / "work")
     assert "plan" not in found, found
     error = found["error"]
     assert REPO in error and files[1] in error and "cannot download" in error, error
@@ -318,37 +324,6 @@ def test_a_hub_dataset_of_json_lines_files_is_read_by_batch_online_and_offline(t
         assert result.matches, result.render()
 
 
-# Plans a dataset of JSON Lines files in a process of its own: a line per slice handed on early, then
-# each slice's rows and batches, the files its batches name, and the rows its slices read.
-_PLAN_JSON = """
-import json, os, sys
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
-from sftmix.errors import DatasetError
-from sftmix.plan import build_plan
-from sftmix import jsonl
-path, examples, work = sys.argv[1:4]  # (then a mode, unused)
-mixer = MixerConfig(
-    datasets=[DatasetEntry(path=path, amount=1.0)],
-    tokenizer=TokenizerSpec(name_or_path=os.path.join(examples, "tokenizer"), chat_template="olmo"),
-    max_seq_length=256,
-    output=OutputSpec(path=os.path.join(work, "out")),
-)
-def early(spec, ctx):
-    print("slice", spec.index, flush=True)
-try:
-    plan = build_plan(mixer, RunOptions(work_dir=work, slice_rows=500), early)
-except DatasetError as exc:
-    print("error", json.dumps(str(exc)), flush=True)
-    sys.exit(0)
-found = {
-    "slices": [[s.row_start, s.row_end, [b.sha256 for b in s.jsonl.batches]] for s in plan.slices],
-    "paths": sorted({b.path for s in plan.slices for b in s.jsonl.batches}),
-    "rows": [r for s in plan.slices for r in jsonl.read_rows(s.jsonl, list(range(s.row_start, s.row_end)))],
-}
-print("plan", json.dumps(found), flush=True)
-"""
-
-
 def test_a_hub_dataset_of_json_lines_files_is_cut_into_slices_while_its_files_download(tmp_path):
     """Plain JSON Lines files download in the background, each read as it lands: the first slice is
     handed on before the last file has landed, and the slices and rows are those of the same files read
@@ -371,7 +346,7 @@ def test_a_hub_dataset_of_json_lines_files_is_cut_into_slices_while_its_files_do
     (repo / "README.md").write_text("---\nlicense: odc-by\n---\n# a mixture\n")
 
     local = _plan(
-        str(repo), _offline_environment(tmp_path / "home-local"), tmp_path / "work-local", script=_PLAN_JSON
+        str(repo), _offline_environment(tmp_path / "home-local"), tmp_path / "work-local", slice_rows=500
     )
     home = tmp_path / "home"
     with HubEmulator(repo, REPO) as hub:
@@ -382,7 +357,7 @@ def test_a_hub_dataset_of_json_lines_files_is_cut_into_slices_while_its_files_do
             seen.append(hub.whole_downloads(names[-1]))
             held.set()
 
-        found = _plan(REPO, hub_environment(hub, home), tmp_path / "work", "", first_slice, _PLAN_JSON)
+        found = _plan(REPO, hub_environment(hub, home), tmp_path / "work", "", first_slice, 500)
         assert seen == [0], "the first slice waited for the last file's download"
         assert all(hub.whole_downloads(n) == 1 for n in names)
     got, want = found["plan"], local["plan"]
