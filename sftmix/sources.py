@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from . import hub_files, settings
-from .downloads import Downloads, downloads_of
+from .downloads import Downloads, closed_on_error, downloads_of
 from .errors import DatasetError
 from .hub import offline, offline_cache_problem, unreachable_hub_problem
 from .ownership import remove_abandoned_temps
@@ -717,8 +717,8 @@ def json_data_files(name: str, split: str, revision: str | None, cache_dir: str)
     local directory of them): the files, downloaded as ``datasets`` downloads them, for the plan to read
     by batch on all cores (:func:`sftmix.jsonl.scan_files`) instead of ``datasets`` converting them whole
     on one core. Plain files download in the background, in order, each read as soon as it has landed;
-    compressed ones are all downloaded first and decompressed to copies (as :func:`decompressed_copy`
-    makes one of a local file), side by side. ``None`` for anything else (a split other than 'train' or
+    compressed ones download the same way and are decompressed to copies (as :func:`decompressed_copy`
+    makes one of a local file) as each lands, side by side. ``None`` for anything else (a split other than 'train' or
     not the builder's first: its features come from the first; features the card declares; a JSON field
     to read rows from; another encoding or batch size): ``datasets`` then loads it as before."""
     if split.strip() != "train" or settings.JSON_READER.get() == "datasets":
@@ -743,8 +743,7 @@ def json_data_files(name: str, split: str, revision: str | None, cache_dir: str)
         files = [str(f) for f in config.data_files["train"]]
         hub = [f for f in files if at_commit(f)]
         downloads = None
-        plain = all(compression_of(f) is None for f in files)
-        if plain and not offline() and any(local_copy(f) is None for f in hub):  # read as they land
+        if not offline() and any(local_copy(f) is None for f in hub):  # read as they land
             paths = [f if f in hub else str(manager.download(f)) for f in files]
             downloads = downloads_of(name, hub, lambda url: str(manager.download(url)))
         else:
@@ -758,11 +757,15 @@ def json_data_files(name: str, split: str, revision: str | None, cache_dir: str)
         return None
     if not offline():
         hub_files.remember(cache_dir, name, revision, split, files, None, "json")
-    return JsonFiles(_decompressed(paths, cache_dir), downloads)
+    if all(compression_of(p) is None for p in paths):
+        return JsonFiles(paths, downloads)
+    return JsonFiles(_decompressed(paths, cache_dir, downloads))
 
 
-def _decompressed(paths: list[str], cache_dir: str) -> list[str]:
-    """``paths`` with each compressed file replaced by its decompressed copy, made side by side."""
+def _decompressed(paths: list[str], cache_dir: str, downloads: Downloads | None = None) -> list[str]:
+    """``paths`` with each compressed file replaced by its decompressed copy, made side by side, each
+    as soon as it has landed where ``downloads`` is fetching them: at ~100 GB the decompression of the
+    first files overlaps the download of the last, rather than waiting for all of them."""
     if all(compression_of(p) is None for p in paths):
         return paths
     from concurrent.futures import ThreadPoolExecutor
@@ -770,10 +773,15 @@ def _decompressed(paths: list[str], cache_dir: str) -> list[str]:
     from .parallel import available_cpus
 
     def plain(path: str) -> str:
-        return path if compression_of(path) is None else decompressed_copy(path, cache_dir)
+        local = path if downloads is None else downloads.wait(path)
+        return local if compression_of(local) is None else decompressed_copy(local, cache_dir)
 
-    with ThreadPoolExecutor(max_workers=max(1, min(len(paths), available_cpus()))) as pool:
-        return list(pool.map(plain, paths))
+    pool = ThreadPoolExecutor(max_workers=max(1, min(len(paths), available_cpus())))
+    try:
+        with closed_on_error(downloads):
+            return list(pool.map(plain, paths))
+    finally:  # (a refusal or a stop does not wait for the copies still being made: each lands whole or not)
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _builder_options(name: str, revision: str | None, cache_dir: str) -> dict[str, Any]:

@@ -401,3 +401,52 @@ def test_the_download_line_counts_the_bytes_still_arriving(tmp_path):
     lines = [x for x in done.stderr.splitlines() if x.startswith(f"sftmix.downloads: {REPO}: 0 of 1 files")]
     arriving = [float(x.split(" GB more arriving")[0].rsplit(" ", 1)[1]) for x in lines]
     assert arriving and max(arriving) >= 0.01, lines
+
+
+# Reads a hub dataset's JSON Lines files as the plan does; prints the copies it reads.
+_FILES = """
+import json, sys
+from sftmix.sources import json_data_files
+files = json_data_files(sys.argv[1], "train", None, sys.argv[2])
+assert files is not None
+print(json.dumps([files.local(k) for k in range(len(files.paths))]))
+"""
+
+
+def test_a_hub_datasets_compressed_files_are_decompressed_as_each_lands(tmp_path):
+    """While the last file still downloads, the files that landed are already decompressed: at ~100 GB
+    the decompression overlaps the download rather than following all of it. The copies hold the files'
+    bytes."""
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    names = [f"data/train-0000{k}-of-00003.jsonl.gz" for k in range(3)]
+    rows = _rows(300)
+    for k, name in enumerate(names):
+        data = "".join(json.dumps(r) + "\n" for r in rows[k * 100 : (k + 1) * 100]).encode()
+        (repo / name).write_bytes(gzip.compress(data, mtime=0))
+    (repo / "README.md").write_text("---\nlicense: odc-by\n---\n# a mixture\n")
+    cache = tmp_path / "cache"
+    with HubEmulator(repo, REPO) as hub:
+        hub.held[names[-1]] = held = threading.Event()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _FILES, REPO, str(cache)],
+            env=hub_environment(hub, tmp_path / "home"),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while len(list(cache.glob("decompressed/*/*.jsonl"))) < 2:
+                assert time.monotonic() < deadline and proc.poll() is None, "not decompressed as they landed"
+                time.sleep(0.05)
+            assert hub.whole_downloads(names[-1]) == 0
+            held.set()
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    copies = json.loads(out)
+    assert [Path(c).name for c in copies] == [Path(n).name.removesuffix(".gz") for n in names]
+    assert [json.loads(x) for c in copies for x in Path(c).read_text().splitlines()] == rows
