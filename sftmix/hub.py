@@ -82,8 +82,9 @@ def offline_cache_problem(
         if any(_holds(cache, prepared) for cache in caches):
             return None
         looked += [str(c) for c in caches]
+    what = "tokenizer" if kind == "model" else kind
     return (
-        "is not a local path, and HF_HUB_OFFLINE is set while no local cache holds it (a typo? looked in "
-        + ", ".join(looked)
-        + ")"
+        f"is not a local path, and HF_HUB_OFFLINE is set while no local cache holds it: a typo, or a {what} "
+        "not downloaded to this machine yet (download it where the hub can be reached, or unset HF_HUB_OFFLINE; "
+        "looked in " + ", ".join(looked) + ")"
     )

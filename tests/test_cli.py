@@ -136,6 +136,7 @@ def test_offline_a_hub_name_no_cache_holds_is_refused_at_once(tmp_path, what):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert (
         "HF_HUB_OFFLINE is set while no local cache holds it" in proc.stderr
+        and f"a typo, or a {what} not downloaded" in proc.stderr
         and str(home / "hub") in proc.stderr
     )
     assert "Prefect API" not in proc.stderr and "Traceback" not in proc.stderr
