@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 #: client); a few at once keep the link busy between files.
 AT_ONCE = 4
 _POLL = 0.2  # seconds between a waiter's looks at whether the downloads were closed
+#: Seconds waited before each new try of a download that failed in a way that goes by (the hub too busy,
+#: the link dropped): a run of hours does not end on one busy minute of the hub's.
+RETRY_SECONDS = (2.0, 8.0, 30.0)
 
 
 class Downloads:
@@ -68,7 +71,7 @@ class Downloads:
                 if not landed.set_running_or_notify_cancel():
                     continue
             try:
-                path = self._download(url)
+                path = self._tried(url)
                 nbytes = os.path.getsize(path)
                 landed.set_result(path)
             except BaseException as exc:  # (told to whoever waits for the file)
@@ -81,6 +84,27 @@ class Downloads:
                 done = self._settled == len(self._landed)
             if done:
                 _forget(self)
+
+    def _tried(self, url: str) -> str:
+        """``url`` downloaded, tried again after each of :data:`RETRY_SECONDS` where it failed in a way
+        that :func:`passes` (the hub cache's client resumes the partial file); not once the downloads
+        are closed."""
+        for wait in (*RETRY_SECONDS, None):
+            try:
+                return self._download(url)
+            except Exception as exc:
+                if wait is None or not passes(exc) or self._closed.is_set():
+                    raise
+                logger.warning(
+                    "%s: downloading %s failed (%s), trying again in %s",
+                    self.name,
+                    url,
+                    _said(exc),
+                    duration_text(wait),
+                )
+                if self._closed.wait(wait):
+                    raise
+        raise AssertionError("unreachable")
 
     def _report(self) -> None:
         """A line every few seconds while files are still to come: a large dataset's downloads take
@@ -125,7 +149,7 @@ class Downloads:
             except CancelledError:
                 raise DatasetError(self.name, f"{url}: its download was stopped") from None
             except Exception as exc:
-                raise DatasetError(self.name, f"cannot download {url}: {type(exc).__name__}: {exc}") from None
+                raise DatasetError(self.name, f"cannot download {url}: {_said(exc)}") from None
 
     def close(self) -> None:
         """No more downloads start, and no one waits for those running (they finish on their threads)."""
@@ -135,6 +159,32 @@ class Downloads:
             for landed in self._landed.values():
                 landed.cancel()
         _forget(self)
+
+
+def passes(exc: BaseException) -> bool:
+    """Whether download failure ``exc`` (or what caused it) goes by, so that trying again may succeed:
+    the hub too busy or failing for a while (HTTP 408, 429, 5xx), or the link dropped or timed out; not a
+    file that is not there or not ours to read (another 4xx)."""
+    import httpx
+    import requests
+
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        status = getattr(getattr(cause, "response", None), "status_code", None)
+        if isinstance(status, int):
+            return status in (408, 429) or status >= 500
+        transient = (ConnectionError, TimeoutError, httpx.TransportError)
+        if isinstance(cause, transient + (requests.ConnectionError, requests.Timeout)):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def _said(exc: BaseException) -> str:
+    """``exc`` in one line: a hub error's first line (the rest is a link and the answer's body)."""
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
 
 
 def _blobs_folder(url: str) -> Path | None:

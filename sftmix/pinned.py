@@ -66,6 +66,13 @@ def hub_repo(path: str) -> tuple[str, str] | None:
     return None if found is None else (found.group(1), found.group(2))
 
 
+def hub_file_name(path: str) -> str | None:
+    """A hub file named at a commit's path in its repository (``data/train-00001.parquet``); ``None``
+    for any other path."""
+    found = _AT_COMMIT.fullmatch(path)
+    return None if found is None else found.group(4)
+
+
 def local_copy(path: str) -> str | None:
     """This machine's copy of a hub file named at a commit: the hub cache's, where ``datasets`` (and
     :mod:`sftmix.downloads`) put it, read in place of the hub. ``None`` for any other path, or a file

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -252,10 +254,38 @@ def _jsonl_layout(entry: DatasetEntry, datasets_cache: str) -> jsonl.JsonlLayout
             with ReadProgress(entry.path, pinned.size_of(path)) as progress:
                 layout = jsonl.scan(path, progress.batch_read)
     except DatasetError as exc:
-        raise DatasetError(entry.path, exc.reason) from None
+        raise _dataset_error(entry, exc) from None
     if layout is None or not layout.n_rows or not layout.columns:
         return None  # no rows, or only empty objects: datasets' path says why
     return layout
+
+
+def _dataset_error(entry: DatasetEntry, exc: DatasetError) -> DatasetError:
+    """``exc`` said of the mixer's dataset ``entry``; where one of the dataset's several files (a hub
+    dataset's, or a directory's) is what is wrong, the reason names it, so the user knows which to fix."""
+    file = _file_of(entry, exc.dataset)
+    if file is None or file in exc.reason:
+        return DatasetError(entry.path, exc.reason)
+    return DatasetError(entry.path, f"{file}: {exc.reason}")
+
+
+_HUB_CACHE_COPY = re.compile(r".*/snapshots/[0-9a-f]{40}/(.+)")
+
+
+def _file_of(entry: DatasetEntry, path: str) -> str | None:
+    """``path`` as one of the files of hub dataset (or directory) ``entry``: its path there (a hub file at
+    a commit, the hub cache's copy of one, a file in the directory); ``None`` for the dataset itself or a
+    single file's copy (its name says it)."""
+    if path == entry.path or local_builder(entry.path) is not None or is_remote(entry.path):
+        return None
+    if (name := pinned.hub_file_name(path)) is not None:
+        return name
+    if (copy := _HUB_CACHE_COPY.fullmatch(path.replace(os.sep, "/"))) is not None:
+        return copy.group(1)
+    folder = os.path.abspath(entry.path)
+    if os.path.isdir(folder) and os.path.abspath(path).startswith(folder + os.sep):
+        return os.path.relpath(path, folder)
+    return None
 
 
 def _parquet_counted(entry: DatasetEntry, datasets_cache: str) -> parquet.ParquetLayout | None:
@@ -279,7 +309,7 @@ def _parquet_counted(entry: DatasetEntry, datasets_cache: str) -> parquet.Parque
                 return None
             return replace(layout, downloads=found.downloads)
     except DatasetError as exc:
-        raise DatasetError(entry.path, exc.reason) from None
+        raise _dataset_error(entry, exc) from None
     return None
 
 
@@ -497,7 +527,7 @@ def _open_streamed(
         with closed_on_error(files.downloads):
             dataset = _opened_streamed(index, entry, run, cutter, memory, files)
     except DatasetError as exc:
-        raise DatasetError(entry.path, exc.reason) from None
+        raise _dataset_error(entry, exc) from None
     if dataset is None and files.downloads is not None:
         files.downloads.close()  # (counted first: read again, as they land)
     return dataset
@@ -793,7 +823,7 @@ def _cut_parquet(
     try:
         done = parquet.hashed(layout, on_group, hand_on.reading_threads())
     except DatasetError as exc:
-        raise DatasetError(entry.path, exc.reason) from None
+        raise _dataset_error(entry, exc) from None
     if done is None:  # (found before any slice was cut)
         _read_whole_instead(dataset, run, cutter, ctx, selected_total, memory, slice_bytes)
         return
@@ -850,7 +880,7 @@ def _cut_streamed(
         else:
             layout = _scanned_files(files, entry.path, counted, hand_on.reading_threads())
     except DatasetError as exc:
-        raise DatasetError(entry.path, exc.reason) from None
+        raise _dataset_error(entry, exc) from None
     if layout is not None and waiting:  # the file's last batches
         cut(waiting, layout.schema_b64)
     if layout is None or not layout.n_rows or not layout.columns:

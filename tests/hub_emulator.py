@@ -39,6 +39,7 @@ class HubEmulator:
         self.commit = hashlib.sha1("\n".join(self._files()).encode()).hexdigest()
         self.held: dict[str, threading.Event] = {}  # path -> set to let its whole download go
         self.failing: set[str] = set()  # paths whose whole download fails
+        self.flaky: dict[str, int] = {}  # path -> whole downloads still answered 503 (too busy)
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, range)
         self.served: list[str] = []  # files served whole, as each was sent
         self._lock = threading.Lock()
@@ -141,6 +142,12 @@ class HubEmulator:
                 if self.command == "GET" and asked is None:
                     if name in hub.failing:
                         return self._send(403, b"forbidden by the test")
+                    with hub._lock:
+                        busy = hub.flaky.get(name, 0)
+                        if busy:
+                            hub.flaky[name] = busy - 1
+                    if busy:
+                        return self._send(503, b"the hub is too busy (the test's word)")
                     if (held := hub.held.get(name)) is not None:
                         held.wait(60)
                 size = full.stat().st_size

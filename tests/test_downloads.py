@@ -50,10 +50,10 @@ def test_a_line_every_few_seconds_while_files_are_still_to_come(tmp_path, monkey
 
 def test_closed_or_failed_downloads_are_not_handed_on(tmp_path):
     def failing(url: str) -> str:
-        raise ConnectionError("the hub went away")
+        raise PermissionError("the hub said no")
 
     failed = downloads_of("org/failing", ["a"], failing)
-    with pytest.raises(DatasetError, match="cannot download a: ConnectionError: the hub went away"):
+    with pytest.raises(DatasetError, match="cannot download a: PermissionError: the hub said no"):
         failed.wait("a")
     assert downloads_of("org/failing", ["a"], failing) is not failed
     held = threading.Event()
@@ -68,3 +68,80 @@ def test_closed_or_failed_downloads_are_not_handed_on(tmp_path):
         running.wait("a")
     assert downloads_of("org/closed", ["a"], slow) is not running
     held.set()
+
+
+class _Answer:
+    def __init__(self, status_code: int) -> None:
+        self.status_code = status_code
+
+
+class _HttpError(Exception):
+    """An error as the hub's clients raise one: the answer it had, with its status."""
+
+    def __init__(self, status_code: int) -> None:
+        super().__init__(f"HTTP {status_code}\nFor more information check: a page")
+        self.response = _Answer(status_code)
+
+
+def test_what_goes_by_is_tried_again_and_what_does_not_is_not():
+    import httpx
+
+    from sftmix.downloads import passes
+
+    assert all(passes(_HttpError(code)) for code in (408, 429, 500, 502, 503, 504))
+    assert not any(passes(_HttpError(code)) for code in (401, 403, 404, 416))
+    assert passes(ConnectionResetError()) and passes(TimeoutError()) and passes(httpx.ReadTimeout("slow"))
+    assert not passes(FileNotFoundError()) and not passes(ValueError("not JSON"))
+    try:
+        try:
+            raise _HttpError(503)
+        except _HttpError as inner:
+            raise OSError("the download failed") from inner
+    except OSError as wrapped:
+        assert passes(wrapped)  # (what caused it)
+
+
+def test_a_download_that_fails_for_a_while_is_tried_again(tmp_path, monkeypatch, caplog):
+    """The hub too busy twice, then the file: it lands, with a line for each new try; a file that is not
+    there fails at once."""
+    import sftmix.downloads
+
+    monkeypatch.setattr(sftmix.downloads, "RETRY_SECONDS", (0.01, 0.01, 0.01))
+    caplog.set_level(logging.INFO, logger="sftmix.downloads")
+    tries: dict[str, int] = {}
+
+    def download(url: str) -> str:
+        tries[url] = tries.get(url, 0) + 1
+        if url == "busy" and tries[url] <= 2:
+            raise _HttpError(503)
+        if url == "gone":
+            raise _HttpError(404)
+        (tmp_path / url).write_bytes(b"x")
+        return str(tmp_path / url)
+
+    downloads = downloads_of("org/retried", ["busy", "gone"], download)
+    assert downloads.wait("busy") == str(tmp_path / "busy") and tries["busy"] == 3
+    with pytest.raises(DatasetError, match="cannot download gone: _HttpError: HTTP 404$"):
+        downloads.wait("gone")
+    assert tries["gone"] == 1
+    again = [
+        x
+        for x in _lines(caplog)
+        if x.startswith("org/retried: downloading busy failed (_HttpError: HTTP 503)")
+    ]
+    assert len(again) == 2 and again[0].endswith("trying again in 0 s"), _lines(caplog)
+
+
+def test_a_download_that_never_lands_fails_after_its_last_try(tmp_path, monkeypatch):
+    import sftmix.downloads
+
+    monkeypatch.setattr(sftmix.downloads, "RETRY_SECONDS", (0.01, 0.01))
+    tries: list[str] = []
+
+    def download(url: str) -> str:
+        tries.append(url)
+        raise ConnectionResetError("the link dropped")
+
+    with pytest.raises(DatasetError, match="cannot download a: ConnectionResetError: the link dropped"):
+        downloads_of("org/dropped", ["a"], download).wait("a")
+    assert len(tries) == 3

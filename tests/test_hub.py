@@ -450,3 +450,56 @@ def test_a_hub_datasets_compressed_files_are_decompressed_as_each_lands(tmp_path
     copies = json.loads(out)
     assert [Path(c).name for c in copies] == [Path(n).name.removesuffix(".gz") for n in names]
     assert [json.loads(x) for c in copies for x in Path(c).read_text().splitlines()] == rows
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl.gz"])
+def test_a_hub_file_cut_short_is_named(tmp_path, kind):
+    """One file of a hub dataset of several cut short (an upload that stopped): the error names the
+    dataset and that file, so the user knows which to fix."""
+    if kind == "parquet":
+        repo, files = _repo(tmp_path / "repo"), FILES
+    else:
+        repo, plain = _json_repo(tmp_path / "repo")
+        files = [f"{f}.gz" for f in plain]
+        for f, g in zip(plain, files, strict=True):
+            (repo / g).write_bytes(gzip.compress((repo / f).read_bytes(), mtime=0))
+            (repo / f).unlink()
+    cut = repo / files[1]
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    with HubEmulator(repo, REPO) as hub:
+        found = _plan(REPO, hub_environment(hub, tmp_path / "home"), tmp_path / "work")
+    assert "plan" not in found, found
+    assert found["error"].startswith(f"dataset '{REPO}': {files[1]}: "), found["error"]
+    assert "Traceback" not in found["stderr"]
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_a_download_the_hub_was_too_busy_for_is_tried_again(tmp_path, kind):
+    """The hub answers one file's download with 503 (too busy) once: it is tried again after a line
+    saying so, and the plan reads the same rows as ever (JSON Lines: the files as the plan fetches them,
+    whose plan of a dataset this small reads them after their downloads)."""
+    repo, files = (_repo(tmp_path / "repo"), FILES) if kind == "parquet" else _json_repo(tmp_path / "repo")
+    with HubEmulator(repo, REPO) as hub:
+        hub.flaky[files[1]] = 1
+        env = hub_environment(hub, tmp_path / "home")
+        if kind == "parquet":
+            found = _plan(REPO, env, tmp_path / "work")
+            assert "error" not in found, found["error"]
+            assert found["plan"]["rows"] == _rows(240)
+            stderr = found["stderr"]
+        else:
+            done = subprocess.run(
+                [sys.executable, "-c", _FILES, REPO, str(tmp_path / "cache")],
+                env=env,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert done.returncode == 0, done.stderr[-3000:]
+            copies = [Path(c).read_bytes() for c in json.loads(done.stdout)]
+            assert copies == [(repo / f).read_bytes() for f in files]
+            stderr = done.stderr
+        assert hub.flaky[files[1]] == 0 and hub.whole_downloads(files[1]) == 1
+    assert f"{files[1]} failed (HfHubHTTPError: Server error '503 Service Unavailable'" in stderr, stderr
+    assert "trying again in 2 s" in stderr and "Traceback" not in stderr
