@@ -554,6 +554,7 @@ def _open_dataset(
             if (problem := hub_name_problem(path, [cache_dir] if cache_dir else [])) is not None:
                 raise DatasetError(name, problem)
             options = _builder_options(path, revision, cache_dir)
+            _fetch_first(path, split, revision, cache_dir)
             ds = datasets.load_dataset(path, split=split, revision=revision, cache_dir=cache_dir, **options)
     except DatasetError:
         raise
@@ -577,6 +578,29 @@ def _open_dataset(
     if not isinstance(ds, datasets.Dataset):
         raise DatasetError(name, f"split {split!r} did not load as a single dataset")
     return ds
+
+
+def _fetch_first(name: str, split: str, revision: str | None, cache_dir: str) -> None:
+    """Download the files of hub dataset ``name``'s ``split`` that ``datasets`` is about to load (one it
+    does not read by file: features its card declares, another builder), a few at a time with a line
+    every few seconds (:mod:`sftmix.downloads`): ``datasets`` downloads fewer than 16 files, or files over
+    20 MB, one after another and in silence, then finds these in the hub cache."""
+    if offline() or os.path.isdir(name):
+        return
+    try:
+        builder = _builder(name, revision, cache_dir)
+        files = (builder.config.data_files or {}).get(split.split("[", 1)[0].strip()) or []
+        missing = [str(f) for f in files if at_commit(str(f)) and local_copy(str(f)) is None]
+        if not missing:
+            return
+        manager = _download_manager(builder, cache_dir)
+    except Exception as exc:  # datasets' own load meets it again, and says what it is
+        logger.debug("%s: not downloaded first (%s: %s)", name, type(exc).__name__, exc)
+        return
+    downloads = downloads_of(name, missing, lambda url: str(manager.download(url)))
+    with closed_on_error(downloads):
+        for url in missing:
+            downloads.wait(url)
 
 
 @dataclass(frozen=True)

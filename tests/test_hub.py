@@ -503,3 +503,58 @@ def test_a_download_the_hub_was_too_busy_for_is_tried_again(tmp_path, kind):
         assert hub.flaky[files[1]] == 0 and hub.whole_downloads(files[1]) == 1
     assert f"{files[1]} failed (HfHubHTTPError: Server error '503 Service Unavailable'" in stderr, stderr
     assert "trying again in 2 s" in stderr and "Traceback" not in stderr
+
+
+# A card that declares the rows' features: ``datasets`` loads the dataset (the plan does not read its files).
+_DECLARED = """---
+license: odc-by
+dataset_info:
+  features:
+  - name: id
+    dtype: string
+  - name: messages
+    list:
+    - name: role
+      dtype: string
+    - name: content
+      dtype: string
+---
+# a mixture
+"""
+
+# Opens a hub dataset as the plan opens one ``datasets`` loads; prints its rows.
+_OPEN = """
+import json, sys
+from sftmix.sources import open_dataset
+print(json.dumps(open_dataset(sys.argv[1], "train", None, sys.argv[2]).to_list()))
+"""
+
+
+def test_a_hub_dataset_datasets_loads_is_downloaded_first_as_the_plans_are(tmp_path):
+    """A dataset ``datasets`` loads itself (its card declares features) downloads its files a few at a
+    time, not one after another as ``datasets`` does below 16 files: the last lands while the first is
+    still held. Each file downloads once; the rows are the files' own."""
+    repo, files = _json_repo(tmp_path / "repo")
+    (repo / "README.md").write_text(_DECLARED)
+    with HubEmulator(repo, REPO) as hub:
+        hub.held[files[0]] = held = threading.Event()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _OPEN, REPO, str(tmp_path / "cache")],
+            env=hub_environment(hub, tmp_path / "home"),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while hub.whole_downloads(files[-1]) == 0:
+                assert time.monotonic() < deadline and proc.poll() is None, "downloaded one after another"
+                time.sleep(0.05)
+            held.set()
+            out, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+        assert [hub.whole_downloads(f) for f in files] == [1, 1, 1]
+    assert proc.returncode == 0, err[-3000:]
+    assert json.loads(out) == _rows(240)
