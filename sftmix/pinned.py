@@ -176,6 +176,7 @@ class Stream(io.RawIOBase):
         self.path, self._changed = path, changed
         self._chunks = fetched(lambda offset, end: self._read(offset, end), size, RANGE_BYTES, READERS)
         self._held = memoryview(b"")
+        self._at = 0  # bytes read so far
 
     def _read(self, offset: int, end: int) -> bytes:
         data = read_remote(self.path, offset, end, self._changed)
@@ -192,7 +193,11 @@ class Stream(io.RawIOBase):
         n = min(len(b), len(self._held))
         b[:n] = self._held[:n]
         self._held = self._held[n:]
+        self._at += n
         return n
+
+    def tell(self) -> int:
+        return self._at
 
     def close(self) -> None:
         self._chunks.close()

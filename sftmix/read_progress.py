@@ -3,7 +3,8 @@
 A dataset whose rows are counted first (an amount below 1.0, or a row count) is read whole by the plan
 before its slices are cut: at our users' ~100 GB a minute or more on any machine, minutes from
 ``gs://``, with nothing else on the console meanwhile. Each line says how far:
-``/data/chats.jsonl: 45.2 of 100.0 GB read (2.1 GB/s), 20 s in, about 26 s left``.
+``/data/chats.jsonl: 45.2 of 100.0 GB read (2.1 GB/s), 20 s in, about 26 s left``. So does a compressed
+file's decompression to a copy, and a dataset the ``datasets`` library loads says it still does.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ logger = logging.getLogger(__name__)
 
 class ReadProgress:
     """Within it, a line every :func:`sftmix.settings.progress_seconds` saying how many of dataset
-    ``name``'s ``total`` bytes were read (:meth:`read`); none where ``total`` is unknown (0) or the read
-    ends first."""
+    ``name``'s ``total`` bytes were read (:meth:`read`), or ``doing`` otherwise (``decompressed``); none
+    where ``total`` is unknown (0) or the read ends first."""
 
-    def __init__(self, name: str, total: int) -> None:
-        self.name, self.total = name, total
+    def __init__(self, name: str, total: int, doing: str = "read") -> None:
+        self.name, self.total, self.doing = name, total, doing
         self._done = 0
         self._lock = threading.Lock()
         self._ended = threading.Event()
@@ -35,6 +36,12 @@ class ReadProgress:
     def read(self, nbytes: int) -> None:
         with self._lock:
             self._done += nbytes
+
+    @property
+    def done(self) -> int:
+        """Bytes read so far."""
+        with self._lock:
+            return self._done
 
     def batch_read(self, batch: Any, schema_b64: str) -> None:
         """:meth:`read` as a JSON Lines scan's listener (``sftmix.jsonl.BatchListener``)."""
@@ -56,13 +63,47 @@ class ReadProgress:
                 done = self._done
             elapsed = time.monotonic() - self._started
             rate = done / elapsed
-            left = f", about {duration_text((self.total - done) / rate)} left" if rate > 0 else ""
+            left = f", about {duration_text(max(0, self.total - done) / rate)} left" if rate > 0 else ""
             logger.info(
-                "%s: %.1f of %.1f GB read (%.1f GB/s), %s in%s",
+                "%s: %.1f of %.1f GB %s (%s), %s in%s",
                 self.name,
                 done / 1e9,
                 self.total / 1e9,
-                rate / 1e9,
+                self.doing,
+                rate_text(rate),
                 duration_text(elapsed),
                 left,
+            )
+
+
+def rate_text(rate: float) -> str:
+    """Bytes a second as a person reads them: GB/s from 1 GB/s, MB/s below (a link's speed)."""
+    return f"{rate / 1e9:.1f} GB/s" if rate >= 1e9 else f"{rate / 1e6:.0f} MB/s"
+
+
+class StillLoading:
+    """Within it, a line every :func:`sftmix.settings.progress_seconds` saying that dataset ``name`` is
+    still being loaded by ``datasets``, which converts it on one core and says nothing meanwhile (at
+    ~100 GB, many minutes); none where the load ends first (a cached one)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._ended = threading.Event()
+        self._started = time.monotonic()
+
+    def __enter__(self) -> StillLoading:
+        threading.Thread(target=self._report, name="still-loading", daemon=True).start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._ended.set()
+
+    def _report(self) -> None:
+        while not self._ended.wait(progress_seconds()):
+            logger.info(
+                "%s: still being loaded by the datasets library (on one core), %s in",
+                self.name,
+                duration_text(time.monotonic() - self._started),
             )
