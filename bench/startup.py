@@ -7,6 +7,7 @@ datasets' whole-file Arrow conversion, side by side.
     python bench/startup.py --copies 40 --format jsonl.gz  # the same .jsonl, gzipped (decompressed to a copy)
     python bench/startup.py --copies 40 --format hub       # that Parquet as a hub dataset's files (a directory)
     python bench/startup.py --copies 40 --format hub-jsonl # that .jsonl as a hub dataset's 8 JSON Lines files
+    python bench/startup.py --copies 40 --format hub-jsonl.gz  # those 8 files gzipped
     python bench/startup.py --copies 4 --data tests/golden/data/sharegpt_mt150.jsonl
 
 Each plan runs in a fresh process with a fresh work directory (nothing cached), on the same file, with
@@ -100,8 +101,9 @@ def write_hub_layout(parquet: Path, repo: Path, files: int = 8) -> Path:
     return repo
 
 
-def write_hub_jsonl(jsonl: Path, repo: Path, files: int = 8) -> Path:
-    """A .jsonl's lines as a hub dataset's split of ``files`` JSON Lines files (``data/train-*.jsonl``)."""
+def write_hub_jsonl(jsonl: Path, repo: Path, files: int = 8, gzipped: bool = False) -> Path:
+    """A .jsonl's lines as a hub dataset's split of ``files`` JSON Lines files (``data/train-*.jsonl``),
+    each gzipped (``.jsonl.gz``) where asked."""
     size = jsonl.stat().st_size
     (repo / "data").mkdir(parents=True)
     with open(jsonl, "rb") as src:
@@ -112,6 +114,10 @@ def write_hub_jsonl(jsonl: Path, repo: Path, files: int = 8) -> Path:
                 ):
                     dst.write(block)
                 dst.write(src.readline())  # the rest of the line
+            if gzipped:
+                plain = repo / "data" / f"train-{k:05d}-of-{files:05d}.jsonl"
+                write_gzip(plain, plain.with_suffix(".jsonl.gz"))
+                plain.unlink()
     (repo / "README.md").write_text("---\nlicense: other\n---\n# ShareGPT copies\n")
     return repo
 
@@ -146,7 +152,11 @@ def main() -> None:
         "--data", type=Path, default=None, help="chats (.jsonl with messages); default: all ShareGPT"
     )
     ap.add_argument("--tokenizer", type=Path, default=None, help="default: the dolma2 tokenizer of the tests")
-    ap.add_argument("--format", choices=("jsonl", "jsonl.gz", "parquet", "hub", "hub-jsonl"), default="jsonl")
+    ap.add_argument(
+        "--format",
+        choices=("jsonl", "jsonl.gz", "parquet", "hub", "hub-jsonl", "hub-jsonl.gz"),
+        default="jsonl",
+    )
     ap.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()) / "tokenize-mixer-startup")
     args = ap.parse_args()
     if args.tokenizer is None:
@@ -169,10 +179,10 @@ def main() -> None:
         parquet, data = data, args.scratch / f"hub-{args.copies}"
         if not data.exists():
             write_hub_layout(parquet, data)
-    if args.format == "hub-jsonl":
-        lines, data = data, args.scratch / f"hub-jsonl-{args.copies}"
+    if args.format in ("hub-jsonl", "hub-jsonl.gz"):
+        lines, data = data, args.scratch / f"{args.format.replace('.', '-')}-{args.copies}"
         if not data.exists():
-            write_hub_jsonl(lines, data)
+            write_hub_jsonl(lines, data, gzipped=args.format.endswith(".gz"))
     size = sum(p.stat().st_size for p in data.rglob("train-*")) if data.is_dir() else data.stat().st_size
     print(f"input: {data} ({size / 2**30:.2f} GiB), {os.cpu_count()} CPUs")
     results = {}

@@ -36,7 +36,7 @@ class HubEmulator:
     def __init__(self, root: Path, repo: str, rate: float | None = None) -> None:
         """``rate``: bytes a second each answer is sent at (a link's speed; loopback's own otherwise)."""
         self.root, self.repo, self.rate = root, repo, rate
-        self.commit = hashlib.sha1("\n".join(self._files()).encode()).hexdigest()
+        self.commit = hashlib.sha1("\n".join(self.files()).encode()).hexdigest()
         self.held: dict[str, threading.Event] = {}  # path -> set to let its whole download go
         self.failing: set[str] = set()  # paths whose whole download fails
         self.flaky: dict[str, int] = {}  # path -> whole downloads still answered 503 (too busy)
@@ -65,7 +65,8 @@ class HubEmulator:
         with self._lock:
             return self.served.count(path)
 
-    def _files(self) -> list[str]:
+    def files(self) -> list[str]:
+        """The repository's files (paths in it), sorted."""
         return sorted(p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file())
 
     def _entry(self, path: str) -> dict:
@@ -113,7 +114,7 @@ class HubEmulator:
                             "disabled": False,
                             "gated": False,
                             "lastModified": "2026-01-01T00:00:00.000Z",
-                            "siblings": [{"rfilename": f} for f in hub._files()],
+                            "siblings": [{"rfilename": f} for f in hub.files()],
                             "tags": [],
                         }
                     )

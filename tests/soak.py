@@ -140,12 +140,17 @@ GCS_DATA = "gs://soak/chats.jsonl"
 GCS_PARQUET = "gs://soak/chats.parquet"
 GCS_GZIP = "gs://soak/chats.jsonl.gz"
 #: sigint-hub's datasets, one drawn a trial: the Parquet copy's row groups in files of a hub dataset on a
-#: hub emulator, or the soak's JSON Lines rows in files of another (its own hub cache each trial, so they
-#: download during the run), each answer sent at a link's speed.
+#: hub emulator, or the soak's JSON Lines rows in files of another, plain or gzipped (its own hub cache
+#: each trial, so they download during the run), each answer sent at a link's speed.
 HUB_DATASET = "soak/chats"
 HUB_JSON_DATASET = "soak/chats-jsonl"
+HUB_GZIP_DATASET = "soak/chats-jsonl-gz"
+HUB_KINDS = {HUB_DATASET: "Parquet", HUB_JSON_DATASET: "JSON Lines", HUB_GZIP_DATASET: "gzipped JSON Lines"}
 HUB_FILES = 4
 HUB_RATE = 2e6
+#: The share of sigint-hub trials in which the hub is too busy (503) for one file's download once: the
+#: run tries it again (``sftmix.downloads.RETRY_SECONDS``), and a stop may land while it waits to.
+HUB_BUSY = 0.4
 #: Seconds from the command's start within which sigint-hub draws most of its moments: its downloads.
 HUB_WINDOW = 4.0
 #: sigint-mixture's slicings, one drawn a trial: the mixture's own size (the plan cuts its datasets after
@@ -660,14 +665,18 @@ def write_hub_copy(parquet: Path, repo: Path) -> Path:
     return repo
 
 
-def write_hub_json_copy(data: Path, repo: Path) -> Path:
+def write_hub_json_copy(data: Path, repo: Path, gzipped: bool = False) -> Path:
     """The soak's JSON Lines rows dealt in order into :data:`HUB_FILES` files of a hub dataset (more
-    than a batch in all: its slices are cut as its files land and are read)."""
+    than a batch in all: its slices are cut as its files land and are read), gzipped or not."""
     lines = data.read_bytes().splitlines(keepends=True)
     (repo / "data").mkdir(parents=True)
     for k in range(HUB_FILES):
-        part = lines[k * len(lines) // HUB_FILES : (k + 1) * len(lines) // HUB_FILES]
-        (repo / "data" / f"train-{k:05d}-of-{HUB_FILES:05d}.jsonl").write_bytes(b"".join(part))
+        part = b"".join(lines[k * len(lines) // HUB_FILES : (k + 1) * len(lines) // HUB_FILES])
+        name = repo / "data" / f"train-{k:05d}-of-{HUB_FILES:05d}.jsonl"
+        if gzipped:
+            name.with_name(name.name + ".gz").write_bytes(gzip.compress(part, mtime=0))
+        else:
+            name.write_bytes(part)
     (repo / "README.md").write_text("---\nlicense: odc-by\n---\n")
     return repo
 
@@ -1085,6 +1094,7 @@ class Soak:
             repos = {
                 HUB_DATASET: write_hub_copy(self.parquet, self.root / "hub-repo"),
                 HUB_JSON_DATASET: write_hub_json_copy(self.data, self.root / "hub-json-repo"),
+                HUB_GZIP_DATASET: write_hub_json_copy(self.data, self.root / "hub-gzip-repo", gzipped=True),
             }
             for dataset, repo in repos.items():
                 self.hubs[dataset] = HubEmulator(repo, dataset, HUB_RATE)
@@ -1283,14 +1293,20 @@ class Soak:
         work, out = tdir / "work", tdir / "out"
         data: Path | str | Mixture = {"sigint-mixture": self.mixture}.get(rec.kind, self.data)
         if rec.kind == "sigint-hub":
-            data = rng.choice((HUB_DATASET, HUB_JSON_DATASET))
+            data = rng.choice(list(HUB_KINDS))
+            for hub in self.hubs.values():
+                hub.flaky.clear()  # (what an earlier trial's stop left)
         slicing = rng.choice(MIXTURE_SLICINGS) if rec.kind == "sigint-mixture" else ()
         argv = convert_argv(data, work, out, slicing)
         env = self._env(rec, tdir / "tmp", str(data))
         expected = None
         if rec.kind == "sigint-hub":  # (its statistics name the dataset; made with a cache of its own)
             expected = self._version_expected(data, "", {**env, "HF_HOME": str(self.root / "hf-home")}, tdir)
-            rec.fault = f"{'JSON Lines' if data == HUB_JSON_DATASET else 'Parquet'} files, "
+            rec.fault = f"{HUB_KINDS[str(data)]} files, "
+            if rng.random() < HUB_BUSY:
+                busy = rng.choice([f for f in self.hubs[str(data)].files() if f.startswith("data/")])
+                self.hubs[str(data)].flaky[busy] = 1
+                rec.fault += f"the hub too busy once for {Path(busy).name}, "
         elif rec.kind == "sigint-mixture":  # (made sliced by the mixture's size, whatever the trial's)
             expected = self._version_expected(data, "", env, tdir)
             rec.fault = f"{' '.join(slicing) or 'sliced by the mixture'}, "
@@ -1720,6 +1736,7 @@ class Soak:
                 GCS_GZIP: "gcs",
                 HUB_DATASET: "hub",
                 HUB_JSON_DATASET: "hub-jsonl",
+                HUB_GZIP_DATASET: "hub-jsonl-gz",
             }.get(str(data), "")
             name += Path(data).suffix.replace(".", "-")
         expected = self.root / f"expected{name}-{change or 'unchanged'}"
