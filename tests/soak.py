@@ -1051,6 +1051,7 @@ class Soak:
         self.stack: Stack | None = None
         self.gcs: Emulator | None = None  # for change-gcs
         self.hubs: dict[str, HubEmulator] = {}  # for sigint-hub, by dataset (threads of this process)
+        self.walls: dict[Path, float] = {}  # each expected output's plain run: its trials draw moments in it
         self.baseline: Baseline | None = None
         self.durations: dict[str, list[float]] = {}
         self._cancelled = ""  # the flow run a cancel trial cancelled
@@ -1218,10 +1219,12 @@ class Soak:
             start += TAIL_IN_PROCESSES
         return rng, start
 
-    def early_or_any(self, rng: random.Random) -> float:
-        """A moment in the baseline's run, one draw in five in its first half second."""
+    def early_or_any(self, rng: random.Random, wall: float | None = None) -> float:
+        """A moment in a run of ``wall`` seconds (the baseline's where none is given), one draw in five in
+        its first half second."""
         assert self.baseline is not None
-        return rng.uniform(0, 0.5) if rng.random() < 0.2 else rng.uniform(0, self.baseline.wall)
+        wall = self.baseline.wall if wall is None else wall
+        return rng.uniform(0, 0.5) if rng.random() < 0.2 else rng.uniform(0, wall)
 
     # -- trials
 
@@ -1348,7 +1351,8 @@ class Soak:
                 fault_at = cmd.out.arrived(cmd.out.data.index(b"\n") + 1 if kind == "pipe-grep" else nbytes)
         else:
             cmd = Command(self.reaper, argv, env, tdir)
-            fault_at = self._inject(rec, rng, cmd, out)
+            wall = base.wall if expected is None else self.walls.get(expected, base.wall)
+            fault_at = self._inject(rec, rng, cmd, out, wall)
         self._judge_stop(rec, cmd, fault_at, out, tdir)
         if kind in RERUN_KINDS:
             self._judge_published_kept(rec, out, published_id, forced="--force" in argv)
@@ -1416,8 +1420,11 @@ class Soak:
         present = [m for m in MARKERS if self.baseline.first(m) is not None]
         return rng.choice(present)
 
-    def _inject(self, rec: TrialRecord, rng: random.Random, cmd: Command, out: Path) -> float | None:
-        """The fault of a signal / kill / cancel kind, at its drawn moment: when it landed, or None."""
+    def _inject(
+        self, rec: TrialRecord, rng: random.Random, cmd: Command, out: Path, wall: float
+    ) -> float | None:
+        """The fault of a signal / kill / cancel kind, at its drawn moment (in a run of ``wall`` seconds,
+        as long as its input's plain run took): when it landed, or None."""
         assert self.baseline is not None
         base = self.baseline
         kind = rec.kind
@@ -1445,7 +1452,7 @@ class Soak:
                 elif kind == "sigint-hub" and rng.random() < 0.6:  # while its files download
                     moment = rng.uniform(0, HUB_WINDOW)
                 else:
-                    moment = self.early_or_any(rng)
+                    moment = self.early_or_any(rng, wall)
                 rec.fault += f"{kind} at {moment:.2f} s"
                 if not cmd.sleep_until(cmd.started + moment):
                     return None
@@ -1746,6 +1753,7 @@ class Soak:
                     assert not isinstance(data, Mixture)
                     original = tdir / f"original{Path(data).suffix}"
                     self._change(change, data, tdir)
+                started = time.monotonic()
                 run = subprocess.run(
                     convert_argv(data, tdir / "version-work", expected),
                     env=env,
@@ -1758,6 +1766,7 @@ class Soak:
                     self._restore(original, data)
             if run.returncode != 0:
                 raise RuntimeError(f"the {change} version's run failed:\n{run.stderr.decode()[-TAIL:]}")
+            self.walls[expected] = time.monotonic() - started
         return expected
 
     def _rerun_command(
