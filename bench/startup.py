@@ -8,6 +8,8 @@ datasets' whole-file Arrow conversion, side by side.
     python bench/startup.py --copies 40 --format hub       # that Parquet as a hub dataset's files (a directory)
     python bench/startup.py --copies 40 --format hub-jsonl # that .jsonl as a hub dataset's 8 JSON Lines files
     python bench/startup.py --copies 40 --format hub-jsonl.gz  # those 8 files gzipped
+    python bench/startup.py --copies 40 --format hub-declared  # plain, a card declaring the features:
+                                                               # the datasets library loads it
     python bench/startup.py --copies 4 --data tests/golden/data/sharegpt_mt150.jsonl
 
 Each plan runs in a fresh process with a fresh work directory (nothing cached), on the same file, with
@@ -101,6 +103,23 @@ def write_hub_layout(parquet: Path, repo: Path, files: int = 8) -> Path:
     return repo
 
 
+#: A card declaring the rows' features (``messages``: role and content): the datasets library then loads
+#: the dataset itself (the plan does not read its files by batch).
+DECLARED_CARD = """---
+license: other
+dataset_info:
+  features:
+  - name: messages
+    list:
+    - name: role
+      dtype: string
+    - name: content
+      dtype: string
+---
+# ShareGPT copies, features declared
+"""
+
+
 def write_hub_jsonl(jsonl: Path, repo: Path, files: int = 8, gzipped: bool = False) -> Path:
     """A .jsonl's lines as a hub dataset's split of ``files`` JSON Lines files (``data/train-*.jsonl``),
     each gzipped (``.jsonl.gz``) where asked."""
@@ -154,7 +173,7 @@ def main() -> None:
     ap.add_argument("--tokenizer", type=Path, default=None, help="default: the dolma2 tokenizer of the tests")
     ap.add_argument(
         "--format",
-        choices=("jsonl", "jsonl.gz", "parquet", "hub", "hub-jsonl", "hub-jsonl.gz"),
+        choices=("jsonl", "jsonl.gz", "parquet", "hub", "hub-jsonl", "hub-jsonl.gz", "hub-declared"),
         default="jsonl",
     )
     ap.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()) / "tokenize-mixer-startup")
@@ -179,10 +198,12 @@ def main() -> None:
         parquet, data = data, args.scratch / f"hub-{args.copies}"
         if not data.exists():
             write_hub_layout(parquet, data)
-    if args.format in ("hub-jsonl", "hub-jsonl.gz"):
+    if args.format in ("hub-jsonl", "hub-jsonl.gz", "hub-declared"):
         lines, data = data, args.scratch / f"{args.format.replace('.', '-')}-{args.copies}"
         if not data.exists():
             write_hub_jsonl(lines, data, gzipped=args.format.endswith(".gz"))
+            if args.format == "hub-declared":
+                (data / "README.md").write_text(DECLARED_CARD)
     size = sum(p.stat().st_size for p in data.rglob("train-*")) if data.is_dir() else data.stat().st_size
     print(f"input: {data} ({size / 2**30:.2f} GiB), {os.cpu_count()} CPUs")
     results = {}

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from .report import duration_text
 from .settings import progress_seconds
@@ -21,17 +21,45 @@ from .settings import progress_seconds
 logger = logging.getLogger(__name__)
 
 
-class ReadProgress:
+class _EveryFewSeconds:
+    """Within it, :meth:`_say` every :func:`sftmix.settings.progress_seconds` on a thread of its own, until
+    it ends (where :meth:`_wanted`)."""
+
+    def __init__(self) -> None:
+        self._ended = threading.Event()
+        self._started = time.monotonic()
+
+    def _wanted(self) -> bool:
+        return True
+
+    def _say(self, elapsed: float) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        if self._wanted():
+            threading.Thread(target=self._report, name=type(self).__name__, daemon=True).start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._ended.set()
+
+    def _report(self) -> None:
+        while not self._ended.wait(progress_seconds()):
+            self._say(time.monotonic() - self._started)
+
+
+class ReadProgress(_EveryFewSeconds):
     """Within it, a line every :func:`sftmix.settings.progress_seconds` saying how many of dataset
     ``name``'s ``total`` bytes were read (:meth:`read`), or ``doing`` otherwise (``decompressed``); none
     where ``total`` is unknown (0) or the read ends first."""
 
     def __init__(self, name: str, total: int, doing: str = "read") -> None:
+        super().__init__()
         self.name, self.total, self.doing = name, total, doing
         self._done = 0
         self._lock = threading.Lock()
-        self._ended = threading.Event()
-        self._started = time.monotonic()
 
     def read(self, nbytes: int) -> None:
         with self._lock:
@@ -47,33 +75,23 @@ class ReadProgress:
         """:meth:`read` as a JSON Lines scan's listener (``sftmix.jsonl.BatchListener``)."""
         self.read(batch.end - batch.offset)
 
-    def __enter__(self) -> ReadProgress:
-        if self.total > 0:
-            threading.Thread(target=self._report, name="read-progress", daemon=True).start()
-        return self
+    def _wanted(self) -> bool:
+        return self.total > 0
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._ended.set()
-
-    def _report(self) -> None:
-        while not self._ended.wait(progress_seconds()):
-            with self._lock:
-                done = self._done
-            elapsed = time.monotonic() - self._started
-            rate = done / elapsed
-            left = f", about {duration_text(max(0, self.total - done) / rate)} left" if rate > 0 else ""
-            logger.info(
-                "%s: %.1f of %.1f GB %s (%s), %s in%s",
-                self.name,
-                done / 1e9,
-                self.total / 1e9,
-                self.doing,
-                rate_text(rate),
-                duration_text(elapsed),
-                left,
-            )
+    def _say(self, elapsed: float) -> None:
+        done = self.done
+        rate = done / elapsed
+        left = f", about {duration_text(max(0, self.total - done) / rate)} left" if rate > 0 else ""
+        logger.info(
+            "%s: %.1f of %.1f GB %s (%s), %s in%s",
+            self.name,
+            done / 1e9,
+            self.total / 1e9,
+            self.doing,
+            rate_text(rate),
+            duration_text(elapsed),
+            left,
+        )
 
 
 def rate_text(rate: float) -> str:
@@ -81,29 +99,18 @@ def rate_text(rate: float) -> str:
     return f"{rate / 1e9:.1f} GB/s" if rate >= 1e9 else f"{rate / 1e6:.0f} MB/s"
 
 
-class StillLoading:
+class StillLoading(_EveryFewSeconds):
     """Within it, a line every :func:`sftmix.settings.progress_seconds` saying that dataset ``name`` is
     still being loaded by ``datasets``, which converts it on one core and says nothing meanwhile (at
     ~100 GB, many minutes); none where the load ends first (a cached one)."""
 
     def __init__(self, name: str) -> None:
+        super().__init__()
         self.name = name
-        self._ended = threading.Event()
-        self._started = time.monotonic()
 
-    def __enter__(self) -> StillLoading:
-        threading.Thread(target=self._report, name="still-loading", daemon=True).start()
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._ended.set()
-
-    def _report(self) -> None:
-        while not self._ended.wait(progress_seconds()):
-            logger.info(
-                "%s: still being loaded by the datasets library (on one core), %s in",
-                self.name,
-                duration_text(time.monotonic() - self._started),
-            )
+    def _say(self, elapsed: float) -> None:
+        logger.info(
+            "%s: still being loaded by the datasets library (on one core), %s in",
+            self.name,
+            duration_text(elapsed),
+        )

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -175,6 +176,39 @@ def test_a_hub_dataset_the_cache_holds_is_read_from_its_copies(tmp_path):
     assert again["plan"]["slices"] == first["plan"]["slices"] and again["plan"]["rows"] == _rows(240)
     assert all(p.startswith("hf://") for p in first["plan"]["paths"])
     assert not any(p.startswith("hf://") for p in again["plan"]["paths"])
+
+
+def _script(script: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``script`` run to its end in a process of its own (the hub's settings are read at import)."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+def _run_while_held(
+    script: tuple[str, ...], env: dict[str, str], held: threading.Event, until: Callable[[], bool], what: str
+) -> tuple[int, str, str]:
+    """``script`` (with its arguments) run in a process of its own while a file's download is ``held``,
+    until ``until()`` (else the test fails, saying ``what``); then the download is let go and the script
+    runs to its end: its exit code, stdout and stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", *script],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not until():
+            assert time.monotonic() < deadline and proc.poll() is None, what
+            time.sleep(0.05)
+        held.set()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return proc.returncode, out, err
 
 
 def _offline_environment(home: Path) -> dict[str, str]:
@@ -389,14 +423,7 @@ def test_the_download_line_counts_the_bytes_still_arriving(tmp_path):
     (repo / "README.md").write_text("---\\nlicense: odc-by\\n---\\n")
     with HubEmulator(repo, REPO, rate=10e6) as hub:
         env = {**hub_environment(hub, tmp_path / "home"), "TOKENIZE_MIXER_PROGRESS_SECONDS": "0.5"}
-        done = subprocess.run(
-            [sys.executable, "-c", _FETCH, REPO, str(tmp_path / "cache")],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = _script(_FETCH, env, REPO, str(tmp_path / "cache"))
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [x for x in done.stderr.splitlines() if x.startswith(f"sftmix.downloads: {REPO}: 0 of 1 files")]
     arriving = [float(x.split(" GB more arriving")[0].rsplit(" ", 1)[1]) for x in lines]
@@ -428,25 +455,14 @@ def test_a_hub_datasets_compressed_files_are_decompressed_as_each_lands(tmp_path
     cache = tmp_path / "cache"
     with HubEmulator(repo, REPO) as hub:
         hub.held[names[-1]] = held = threading.Event()
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _FILES, REPO, str(cache)],
-            env=hub_environment(hub, tmp_path / "home"),
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        code, out, err = _run_while_held(
+            (_FILES, REPO, str(cache)),
+            hub_environment(hub, tmp_path / "home"),
+            held,
+            lambda: len(list(cache.glob("decompressed/*/*.jsonl"))) == 2,
+            "not decompressed as they landed",
         )
-        try:
-            deadline = time.monotonic() + 60
-            while len(list(cache.glob("decompressed/*/*.jsonl"))) < 2:
-                assert time.monotonic() < deadline and proc.poll() is None, "not decompressed as they landed"
-                time.sleep(0.05)
-            assert hub.whole_downloads(names[-1]) == 0
-            held.set()
-            out, err = proc.communicate(timeout=60)
-        finally:
-            proc.kill()
-    assert proc.returncode == 0, err[-3000:]
+    assert code == 0, err[-3000:]
     copies = json.loads(out)
     assert [Path(c).name for c in copies] == [Path(n).name.removesuffix(".gz") for n in names]
     assert [json.loads(x) for c in copies for x in Path(c).read_text().splitlines()] == rows
@@ -488,14 +504,7 @@ def test_a_download_the_hub_was_too_busy_for_is_tried_again(tmp_path, kind):
             assert found["plan"]["rows"] == _rows(240)
             stderr = found["stderr"]
         else:
-            done = subprocess.run(
-                [sys.executable, "-c", _FILES, REPO, str(tmp_path / "cache")],
-                env=env,
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
+            done = _script(_FILES, env, REPO, str(tmp_path / "cache"))
             assert done.returncode == 0, done.stderr[-3000:]
             copies = [Path(c).read_bytes() for c in json.loads(done.stdout)]
             assert copies == [(repo / f).read_bytes() for f in files]
@@ -538,23 +547,13 @@ def test_a_hub_dataset_datasets_loads_is_downloaded_first_as_the_plans_are(tmp_p
     (repo / "README.md").write_text(_DECLARED)
     with HubEmulator(repo, REPO) as hub:
         hub.held[files[0]] = held = threading.Event()
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _OPEN, REPO, str(tmp_path / "cache")],
-            env=hub_environment(hub, tmp_path / "home"),
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        code, out, err = _run_while_held(
+            (_OPEN, REPO, str(tmp_path / "cache")),
+            hub_environment(hub, tmp_path / "home"),
+            held,
+            lambda: hub.whole_downloads(files[-1]) == 1,
+            "downloaded one after another",
         )
-        try:
-            deadline = time.monotonic() + 60
-            while hub.whole_downloads(files[-1]) == 0:
-                assert time.monotonic() < deadline and proc.poll() is None, "downloaded one after another"
-                time.sleep(0.05)
-            held.set()
-            out, err = proc.communicate(timeout=120)
-        finally:
-            proc.kill()
         assert [hub.whole_downloads(f) for f in files] == [1, 1, 1]
-    assert proc.returncode == 0, err[-3000:]
+    assert code == 0, err[-3000:]
     assert json.loads(out) == _rows(240)
