@@ -587,6 +587,8 @@ def _open_dataset(
                 "also requires: write it one way everywhere (e.g. tools or tool-call arguments as JSON strings)",
             ) from None
         reason = f"cannot load split {split!r}: {type(cause).__name__}: {cause}"
+        if builder is None and offline() and isinstance(cause, ConnectionError):  # (a cache holds some of it)
+            raise DatasetError(name, _PART_CACHED + f" ({type(cause).__name__}: {cause})") from None
         if builder is None and isinstance(cause, ConnectionError | FileNotFoundError):
             reason += f"; nor is there a local file or directory of that name{_relative_note(path)}"
         raise DatasetError(name, reason) from None
@@ -616,6 +618,12 @@ def _fetch_first(name: str, split: str, revision: str | None, cache_dir: str) ->
     with closed_on_error(downloads):
         for url in missing:
             downloads.wait(url)
+
+
+_PART_CACHED = (
+    "HF_HUB_OFFLINE is set, and this machine's caches hold only part of it (a download, or a run, stopped "
+    "before it ended?): run it once where the hub can be reached, or unset HF_HUB_OFFLINE"
+)
 
 
 @dataclass(frozen=True)

@@ -557,3 +557,19 @@ def test_a_hub_dataset_datasets_loads_is_downloaded_first_as_the_plans_are(tmp_p
         assert [hub.whole_downloads(f) for f in files] == [1, 1, 1]
     assert code == 0, err[-3000:]
     assert json.loads(out) == _rows(240)
+
+
+def test_offline_a_hub_dataset_the_cache_holds_only_part_of_is_one_clear_error(tmp_path):
+    """An online run stopped after its first download leaves the hub cache holding part of the dataset;
+    an offline rerun says so, and what to do, not the datasets library's "Couldn't reach" alone."""
+    repo, _ = _json_repo(tmp_path / "repo")
+    fetch = "import sys\nfrom huggingface_hub import hf_hub_download\nhf_hub_download(sys.argv[1], 'README.md', repo_type='dataset')"
+    with HubEmulator(repo, REPO) as hub:
+        env = hub_environment(hub, tmp_path / "home")
+        assert _script(fetch, env, REPO).returncode == 0
+    done = _script(_OPEN, {**env, "HF_HUB_OFFLINE": "1"}, REPO, str(tmp_path / "cache"))
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert (
+        f"dataset '{REPO}': HF_HUB_OFFLINE is set, and this machine's caches hold only part of it" in last
+    ), last
