@@ -461,8 +461,9 @@ def decompressed_copy(path: str, cache_dir: str, progress: ReadProgress | None =
             counted = 0
             while block := src.read(_DECOMPRESS_BLOCK):
                 dst.write(block)
-                said.read(consumed() - counted)
-                counted = consumed()
+                now = consumed()
+                said.read(now - counted)
+                counted = now
             if version(path) != found:
                 raise DatasetError(path, _CHANGED_WHILE_DECOMPRESSED)
     except DatasetError:
@@ -586,9 +587,9 @@ def _open_dataset(
                 f"({cause}); a field must have one type in every row, as the reference's loader (datasets 4) "
                 "also requires: write it one way everywhere (e.g. tools or tool-call arguments as JSON strings)",
             ) from None
-        reason = f"cannot load split {split!r}: {type(cause).__name__}: {cause}"
         if builder is None and offline() and isinstance(cause, ConnectionError):  # (a cache holds some of it)
             raise DatasetError(name, _PART_CACHED + f" ({type(cause).__name__}: {cause})") from None
+        reason = f"cannot load split {split!r}: {type(cause).__name__}: {cause}"
         if builder is None and isinstance(cause, ConnectionError | FileNotFoundError):
             reason += f"; nor is there a local file or directory of that name{_relative_note(path)}"
         raise DatasetError(name, reason) from None
