@@ -15,15 +15,14 @@ import contextlib
 import logging
 import os
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import CancelledError, Future
 from pathlib import Path
 
 from .errors import DatasetError
+from .read_progress import EveryFewSeconds, rate_text
 from .report import duration_text
-from .settings import progress_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -36,26 +35,28 @@ _POLL = 0.2  # seconds between a waiter's looks at whether the downloads were cl
 RETRY_SECONDS = (2.0, 8.0, 30.0)
 
 
-class Downloads:
+class Downloads(EveryFewSeconds):
     """Files ``urls`` of dataset ``name`` downloaded in order by ``download`` (url -> local path),
     ``at_once`` at a time, on daemon threads: a stopped run does not wait for a download (the hub
-    cache's own partial file is resumed by the next download)."""
+    cache's own partial file is resumed by the next download). While files are still to come, a line
+    every few seconds says how far: a large dataset's downloads take minutes, and the plan shows
+    nothing else meanwhile where it waits for them."""
 
     def __init__(
         self, name: str, urls: list[str], download: Callable[[str], str], at_once: int = AT_ONCE
     ) -> None:
+        super().__init__()
         self.name = name
         self._download = download
         self._landed: dict[str, Future[str]] = {url: Future() for url in urls}
         self._queue = deque(urls)
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._started = time.monotonic()
+        self._folders = {folder for url in urls if (folder := _blobs_folder(url)) is not None}
         self._settled = self._bytes = 0  # files landed (or failed), and the bytes of those landed
         for _ in range(min(at_once, len(urls))):
             threading.Thread(target=self._work, name="hub-download", daemon=True).start()
-        if urls:
-            threading.Thread(target=self._report, name="hub-download-progress", daemon=True).start()
+        self.start()
 
     @property
     def closed(self) -> bool:
@@ -106,32 +107,31 @@ class Downloads:
                     raise
         raise AssertionError("unreachable")
 
-    def _report(self) -> None:
-        """A line every few seconds while files are still to come: a large dataset's downloads take
-        minutes, and the plan shows nothing else meanwhile where it waits for them."""
-        folders = {folder for url in self._landed if (folder := _blobs_folder(url)) is not None}
-        while not self._closed.wait(progress_seconds()):
-            with self._lock:
-                landed, nbytes, total = self._settled, self._bytes, len(self._landed)
-            if landed >= total:
-                return
-            elapsed = time.monotonic() - self._started
-            arriving = _arriving(folders)
-            rate = (nbytes + arriving) / elapsed
-            left = None
-            if landed and rate:
-                left = max(0.0, ((total - landed) * nbytes / landed - arriving) / rate)
-            logger.info(
-                "%s: %d of %d files downloaded from the hub (%.2f GB, %.2f GB more arriving, %.0f MB/s), %s in%s",
-                self.name,
-                landed,
-                total,
-                nbytes / 1e9,
-                arriving / 1e9,
-                rate / 1e6,
-                duration_text(elapsed),
-                "" if left is None else f", about {duration_text(left)} left",
-            )
+    def _wanted(self) -> bool:
+        return bool(self._landed)
+
+    def _say(self, elapsed: float) -> None:
+        with self._lock:
+            landed, nbytes, total = self._settled, self._bytes, len(self._landed)
+        if landed >= total or self._closed.is_set():
+            self.end()
+            return
+        arriving = _arriving(self._folders)
+        rate = (nbytes + arriving) / elapsed
+        left = None
+        if landed and rate:
+            left = max(0.0, ((total - landed) * nbytes / landed - arriving) / rate)
+        logger.info(
+            "%s: %d of %d files downloaded from the hub (%.2f GB, %.2f GB more arriving, %s), %s in%s",
+            self.name,
+            landed,
+            total,
+            nbytes / 1e9,
+            arriving / 1e9,
+            rate_text(rate),
+            duration_text(elapsed),
+            "" if left is None else f", about {duration_text(left)} left",
+        )
 
     def wait(self, url: str) -> str:
         """``url``'s copy in the hub cache, once it has landed (``url`` itself, at once, for a file not
@@ -155,6 +155,7 @@ class Downloads:
         """No more downloads start, and no one waits for those running (they finish on their threads)."""
         with self._lock:
             self._closed.set()
+            self.end()
             self._queue.clear()
             for landed in self._landed.values():
                 landed.cancel()

@@ -21,9 +21,9 @@ from .settings import progress_seconds
 logger = logging.getLogger(__name__)
 
 
-class _EveryFewSeconds:
-    """Within it, :meth:`_say` every :func:`sftmix.settings.progress_seconds` on a thread of its own, until
-    it ends (where :meth:`_wanted`)."""
+class EveryFewSeconds:
+    """Within it (or from :meth:`start` to :meth:`end`), :meth:`_say` every
+    :func:`sftmix.settings.progress_seconds` on a thread of its own (where :meth:`_wanted`)."""
 
     def __init__(self) -> None:
         self._ended = threading.Event()
@@ -35,22 +35,28 @@ class _EveryFewSeconds:
     def _say(self, elapsed: float) -> None:
         raise NotImplementedError
 
-    def __enter__(self) -> Self:
+    def start(self) -> None:
         if self._wanted():
             threading.Thread(target=self._report, name=type(self).__name__, daemon=True).start()
+
+    def end(self) -> None:
+        self._ended.set()
+
+    def __enter__(self) -> Self:
+        self.start()
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._ended.set()
+        self.end()
 
     def _report(self) -> None:
         while not self._ended.wait(progress_seconds()):
             self._say(time.monotonic() - self._started)
 
 
-class ReadProgress(_EveryFewSeconds):
+class ReadProgress(EveryFewSeconds):
     """Within it, a line every :func:`sftmix.settings.progress_seconds` saying how many of dataset
     ``name``'s ``total`` bytes were read (:meth:`read`), or ``doing`` otherwise (``decompressed``); none
     where ``total`` is unknown (0) or the read ends first."""
@@ -99,7 +105,7 @@ def rate_text(rate: float) -> str:
     return f"{rate / 1e9:.1f} GB/s" if rate >= 1e9 else f"{rate / 1e6:.0f} MB/s"
 
 
-class StillLoading(_EveryFewSeconds):
+class StillLoading(EveryFewSeconds):
     """Within it, a line every :func:`sftmix.settings.progress_seconds` saying that dataset ``name`` is
     still being loaded by ``datasets``, which converts it on one core and says nothing meanwhile (at
     ~100 GB, many minutes); none where the load ends first (a cached one)."""
