@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.scale import copy_of, load_chats  # noqa: E402
+from tests.hub_emulator import declared_card  # noqa: E402
 
 PLAN = """
 import json, sys, time
@@ -101,23 +102,6 @@ def write_hub_layout(parquet: Path, repo: Path, files: int = 8) -> Path:
                 writer.write_table(source.read_row_group(g))
     (repo / "README.md").write_text("---\nlicense: other\n---\n# ShareGPT copies\n")
     return repo
-
-
-#: A card declaring the rows' features (``messages``: role and content): the datasets library then loads
-#: the dataset itself (the plan does not read its files by batch).
-DECLARED_CARD = """---
-license: other
-dataset_info:
-  features:
-  - name: messages
-    list:
-    - name: role
-      dtype: string
-    - name: content
-      dtype: string
----
-# ShareGPT copies, features declared
-"""
 
 
 def write_hub_jsonl(jsonl: Path, repo: Path, files: int = 8, gzipped: bool = False) -> Path:
@@ -203,7 +187,7 @@ def main() -> None:
         if not data.exists():
             write_hub_jsonl(lines, data, gzipped=args.format.endswith(".gz"))
             if args.format == "hub-declared":
-                (data / "README.md").write_text(DECLARED_CARD)
+                (data / "README.md").write_text(declared_card())  # (the rows: messages alone)
     size = sum(p.stat().st_size for p in data.rglob("train-*")) if data.is_dir() else data.stat().st_size
     print(f"input: {data} ({size / 2**30:.2f} GiB), {os.cpu_count()} CPUs")
     results = {}

@@ -587,7 +587,7 @@ def _open_dataset(
                 f"({cause}); a field must have one type in every row, as the reference's loader (datasets 4) "
                 "also requires: write it one way everywhere (e.g. tools or tool-call arguments as JSON strings)",
             ) from None
-        if builder is None and offline() and isinstance(cause, ConnectionError):  # (a cache holds some of it)
+        if builder is None and offline() and _part_cached(cause):
             raise DatasetError(name, _PART_CACHED + f" ({type(cause).__name__}: {cause})") from None
         reason = f"cannot load split {split!r}: {type(cause).__name__}: {cause}"
         if builder is None and isinstance(cause, ConnectionError | FileNotFoundError):
@@ -625,6 +625,16 @@ _PART_CACHED = (
     "HF_HUB_OFFLINE is set, and this machine's caches hold only part of it (a download, or a run, stopped "
     "before it ended?): run it once where the hub can be reached, or unset HF_HUB_OFFLINE"
 )
+
+
+def _part_cached(cause: BaseException) -> bool:
+    """Whether ``datasets``' offline load of a hub dataset (one some local cache holds) failed because
+    the caches hold only part of it: a file not downloaded (it asks the hub: "Couldn't reach"), or the
+    library's conversion stopped before it ended (a folder it left: "Couldn't find cache", or its
+    ``dataset_info.json`` missing)."""
+    return isinstance(cause, ConnectionError | FileNotFoundError) or (
+        isinstance(cause, ValueError) and str(cause).startswith("Couldn't find cache for ")
+    )
 
 
 @dataclass(frozen=True)

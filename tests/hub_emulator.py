@@ -23,6 +23,21 @@ from pathlib import Path
 from tests.ports import free_port
 
 
+def declared_card(*strings: str) -> str:
+    """A dataset card that declares chat rows' features (string fields ``strings``, then ``messages``):
+    ``datasets`` then loads the dataset itself (the plan does not read its files)."""
+    lines = ["---", "license: odc-by", "dataset_info:", "  features:"]
+    for name in strings:
+        lines += [f"  - name: {name}", "    dtype: string"]
+    lines += ["  - name: messages", "    list:", "    - name: role", "      dtype: string"]
+    lines += ["    - name: content", "      dtype: string", "---", "# chats, their features declared", ""]
+    return "\n".join(lines)
+
+
+#: The card of rows with an ``id`` and ``messages`` (the tests' and the soak's).
+DECLARED_CARD = declared_card("id")
+
+
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
 

@@ -41,7 +41,7 @@ from sftmix.digest import compare
 from sftmix.jsonl import BATCH_BYTES
 from sftmix.output_dir import output_id
 from tests.cli_runs import left_in_shm, semaphores
-from tests.hub_emulator import HubEmulator
+from tests.hub_emulator import DECLARED_CARD, HubEmulator
 from tokenize_mixer.flows.runtime import PRIVATE_DIR_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,13 +140,22 @@ GCS_DATA = "gs://soak/chats.jsonl"
 GCS_PARQUET = "gs://soak/chats.parquet"
 GCS_GZIP = "gs://soak/chats.jsonl.gz"
 #: sigint-hub's datasets, one drawn a trial: the Parquet copy's row groups in files of a hub dataset on a
-#: hub emulator, or the soak's JSON Lines rows in files of another, plain or gzipped (its own hub cache
-#: each trial, so they download during the run), each answer sent at a link's speed.
+#: hub emulator, or the soak's JSON Lines rows in files of another, plain, gzipped, or with a card that
+#: declares their features (the ``datasets`` library loads those: ``sftmix.sources._fetch_first``) (its
+#: own hub cache each trial, so they download during the run), each answer sent at a link's speed.
 HUB_DATASET = "soak/chats"
 HUB_JSON_DATASET = "soak/chats-jsonl"
 HUB_GZIP_DATASET = "soak/chats-jsonl-gz"
-HUB_KINDS = {HUB_DATASET: "Parquet", HUB_JSON_DATASET: "JSON Lines", HUB_GZIP_DATASET: "gzipped JSON Lines"}
+HUB_DECLARED_DATASET = "soak/chats-declared"
+HUB_KINDS = {
+    HUB_DATASET: "Parquet files",
+    HUB_JSON_DATASET: "JSON Lines files",
+    HUB_GZIP_DATASET: "gzipped JSON Lines files",
+    HUB_DECLARED_DATASET: "JSON Lines files the datasets library loads (its card declares their features)",
+}
 HUB_FILES = 4
+#: A hub dataset's card that says nothing of its rows: the plan reads its files.
+PLAIN_CARD = "---\nlicense: odc-by\n---\n"
 HUB_RATE = 2e6
 #: The share of sigint-hub trials in which the hub is too busy (503) for one file's download once: the
 #: run tries it again (``sftmix.downloads.RETRY_SECONDS``), and a stop may land while it waits to.
@@ -661,11 +670,11 @@ def write_hub_copy(parquet: Path, repo: Path) -> Path:
         ) as w:
             for g in range(k * groups // HUB_FILES, (k + 1) * groups // HUB_FILES):
                 w.write_table(source.read_row_group(g))
-    (repo / "README.md").write_text("---\nlicense: odc-by\n---\n")
+    (repo / "README.md").write_text(PLAIN_CARD)
     return repo
 
 
-def write_hub_json_copy(data: Path, repo: Path, gzipped: bool = False) -> Path:
+def write_hub_json_copy(data: Path, repo: Path, gzipped: bool = False, card: str = PLAIN_CARD) -> Path:
     """The soak's JSON Lines rows dealt in order into :data:`HUB_FILES` files of a hub dataset (more
     than a batch in all: its slices are cut as its files land and are read), gzipped or not."""
     lines = data.read_bytes().splitlines(keepends=True)
@@ -677,7 +686,7 @@ def write_hub_json_copy(data: Path, repo: Path, gzipped: bool = False) -> Path:
             name.with_name(name.name + ".gz").write_bytes(gzip.compress(part, mtime=0))
         else:
             name.write_bytes(part)
-    (repo / "README.md").write_text("---\nlicense: odc-by\n---\n")
+    (repo / "README.md").write_text(card)
     return repo
 
 
@@ -1096,6 +1105,9 @@ class Soak:
                 HUB_DATASET: write_hub_copy(self.parquet, self.root / "hub-repo"),
                 HUB_JSON_DATASET: write_hub_json_copy(self.data, self.root / "hub-json-repo"),
                 HUB_GZIP_DATASET: write_hub_json_copy(self.data, self.root / "hub-gzip-repo", gzipped=True),
+                HUB_DECLARED_DATASET: write_hub_json_copy(
+                    self.data, self.root / "hub-declared-repo", card=DECLARED_CARD
+                ),
             }
             for dataset, repo in repos.items():
                 self.hubs[dataset] = HubEmulator(repo, dataset, HUB_RATE)
@@ -1305,7 +1317,7 @@ class Soak:
         expected = None
         if rec.kind == "sigint-hub":  # (its statistics name the dataset; made with a cache of its own)
             expected = self._version_expected(data, "", {**env, "HF_HOME": str(self.root / "hf-home")}, tdir)
-            rec.fault = f"{HUB_KINDS[str(data)]} files, "
+            rec.fault = f"{HUB_KINDS[str(data)]}, "
             if rng.random() < HUB_BUSY:
                 busy = rng.choice([f for f in self.hubs[str(data)].files() if f.startswith("data/")])
                 self.hubs[str(data)].flaky[busy] = 1
@@ -1744,6 +1756,7 @@ class Soak:
                 HUB_DATASET: "hub",
                 HUB_JSON_DATASET: "hub-jsonl",
                 HUB_GZIP_DATASET: "hub-jsonl-gz",
+                HUB_DECLARED_DATASET: "hub-declared",
             }.get(str(data), "")
             name += Path(data).suffix.replace(".", "-")
         expected = self.root / f"expected{name}-{change or 'unchanged'}"

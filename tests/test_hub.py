@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.hub_emulator import HubEmulator, hub_environment, without_hub_settings
+from tests.hub_emulator import DECLARED_CARD, HubEmulator, hub_environment, without_hub_settings
 
 ROOT = Path(__file__).parent.parent
 EXAMPLES = ROOT / "examples"
@@ -514,23 +514,6 @@ def test_a_download_the_hub_was_too_busy_for_is_tried_again(tmp_path, kind):
     assert "trying again in 2 s" in stderr and "Traceback" not in stderr
 
 
-# A card that declares the rows' features: ``datasets`` loads the dataset (the plan does not read its files).
-_DECLARED = """---
-license: odc-by
-dataset_info:
-  features:
-  - name: id
-    dtype: string
-  - name: messages
-    list:
-    - name: role
-      dtype: string
-    - name: content
-      dtype: string
----
-# a mixture
-"""
-
 # Opens a hub dataset as the plan opens one ``datasets`` loads; prints its rows.
 _OPEN = """
 import json, sys
@@ -544,7 +527,7 @@ def test_a_hub_dataset_datasets_loads_is_downloaded_first_as_the_plans_are(tmp_p
     time, not one after another as ``datasets`` does below 16 files: the last lands while the first is
     still held. Each file downloads once; the rows are the files' own."""
     repo, files = _json_repo(tmp_path / "repo")
-    (repo / "README.md").write_text(_DECLARED)
+    (repo / "README.md").write_text(DECLARED_CARD)
     with HubEmulator(repo, REPO) as hub:
         hub.held[files[0]] = held = threading.Event()
         code, out, err = _run_while_held(
@@ -559,14 +542,26 @@ def test_a_hub_dataset_datasets_loads_is_downloaded_first_as_the_plans_are(tmp_p
     assert json.loads(out) == _rows(240)
 
 
-def test_offline_a_hub_dataset_the_cache_holds_only_part_of_is_one_clear_error(tmp_path):
-    """An online run stopped after its first download leaves the hub cache holding part of the dataset;
-    an offline rerun says so, and what to do, not the datasets library's "Couldn't reach" alone."""
-    repo, _ = _json_repo(tmp_path / "repo")
+@pytest.mark.parametrize("stopped", ["after its card", "before datasets converted it"])
+def test_offline_a_hub_dataset_the_cache_holds_only_part_of_is_one_clear_error(tmp_path, stopped):
+    """An online run stopped after its first download leaves the hub cache holding part of the dataset
+    (or, for one the datasets library loads, every file but not the library's converted copy); an
+    offline rerun says so, and what to do, not the library's "Couldn't reach" or "Couldn't find cache"."""
+    repo, files = _json_repo(tmp_path / "repo")
     fetch = "import sys\nfrom huggingface_hub import hf_hub_download\nhf_hub_download(sys.argv[1], 'README.md', repo_type='dataset')"
+    if stopped == "before datasets converted it":  # the plan's own downloads, as a run makes them
+        (repo / "README.md").write_text(DECLARED_CARD)
+        fetch = "import sys\nfrom sftmix.sources import _fetch_first\n_fetch_first(sys.argv[1], 'train', None, sys.argv[2])"
     with HubEmulator(repo, REPO) as hub:
         env = hub_environment(hub, tmp_path / "home")
-        assert _script(fetch, env, REPO).returncode == 0
+        fetched = _script(fetch, env, REPO, str(tmp_path / "cache"))
+        assert fetched.returncode == 0, fetched.stderr[-2000:]
+        if stopped == "before datasets converted it":
+            assert all(hub.whole_downloads(f) == 1 for f in files)
+    if stopped == "before datasets converted it":  # what the library's stopped conversion leaves
+        (tmp_path / "cache" / REPO.replace("/", "___") / "default" / "0.0.0" / "0123abcd.incomplete").mkdir(
+            parents=True
+        )
     done = _script(_OPEN, {**env, "HF_HUB_OFFLINE": "1"}, REPO, str(tmp_path / "cache"))
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
