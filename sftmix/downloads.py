@@ -53,7 +53,7 @@ class Downloads(EveryFewSeconds):
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._folders = {folder for url in urls if (folder := _blobs_folder(url)) is not None}
-        self._settled = self._bytes = 0  # files landed (or failed), and the bytes of those landed
+        self._settled = self._failed = self._bytes = 0  # files landed, failed, and the bytes landed
         for _ in range(min(at_once, len(urls))):
             threading.Thread(target=self._work, name="hub-download", daemon=True).start()
         self.start()
@@ -77,6 +77,8 @@ class Downloads(EveryFewSeconds):
                 landed.set_result(path)
             except BaseException as exc:  # (told to whoever waits for the file)
                 _forget(self)  # (a later plan tries it again)
+                with self._lock:
+                    self._failed += 1
                 landed.set_exception(exc)
                 continue
             with self._lock:
@@ -112,8 +114,8 @@ class Downloads(EveryFewSeconds):
 
     def _say(self, elapsed: float) -> None:
         with self._lock:
-            landed, nbytes, total = self._settled, self._bytes, len(self._landed)
-        if landed >= total or self._closed.is_set():
+            landed, failed, nbytes, total = self._settled, self._failed, self._bytes, len(self._landed)
+        if landed + failed >= total or self._closed.is_set():  # (nothing more is coming)
             self.end()
             return
         arriving = _arriving(self._folders)

@@ -48,6 +48,31 @@ def test_a_line_every_few_seconds_while_files_are_still_to_come(tmp_path, monkey
     assert downloads_of("org/set", ["a", "b"], download) is not downloads  # done: a later plan asks afresh
 
 
+def test_the_line_ends_once_every_file_has_landed_or_failed(tmp_path, monkeypatch, caplog):
+    """A file that failed for good is not still to come: with every other landed, the line (and its
+    thread) ends, whether or not anyone closes the downloads."""
+    monkeypatch.setenv("TOKENIZE_MIXER_PROGRESS_SECONDS", "0.2")
+    caplog.set_level(logging.INFO, logger="sftmix.downloads")
+
+    def download(url: str) -> str:
+        if url == "gone":
+            raise PermissionError("the hub said no")
+        (tmp_path / url).write_bytes(b"x")
+        return str(tmp_path / url)
+
+    before = set(threading.enumerate())
+    downloads = downloads_of("org/half", ["here", "gone"], download)
+    line = [t for t in threading.enumerate() if t not in before and t.name == "Downloads"]
+    assert downloads.wait("here") == str(tmp_path / "here")
+    with pytest.raises(DatasetError, match="cannot download gone"):
+        downloads.wait("gone")
+    line[0].join(10)
+    assert not line[0].is_alive()
+    seen = len(_lines(caplog))
+    time.sleep(0.5)
+    assert len(_lines(caplog)) == seen
+
+
 def test_closed_or_failed_downloads_are_not_handed_on(tmp_path):
     def failing(url: str) -> str:
         raise PermissionError("the hub said no")
