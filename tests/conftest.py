@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,20 @@ if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _prefect_workers_drained() -> Iterator[None]:
+    """After each module, the event and log workers a flow run started in this process are drained:
+    the events worker's websocket pings draw from the global ``random`` (``websockets``' keepalive)
+    while a later module's Hypothesis test draws, which Hypothesis reports as a strategy using it."""
+    yield
+    if "prefect.events.worker" in sys.modules:
+        from prefect.events.worker import EventsWorker
+        from prefect.logging.handlers import APILogWorker
+
+        for worker in (EventsWorker, APILogWorker):
+            worker.drain_all(timeout=30, at_exit=False)
 
 
 @pytest.fixture(scope="session")
