@@ -191,7 +191,7 @@ def main() -> None:
     size = sum(p.stat().st_size for p in data.rglob("train-*")) if data.is_dir() else data.stat().st_size
     print(f"input: {data} ({size / 2**30:.2f} GiB), {os.cpu_count()} CPUs")
     results = {}
-    ours = "batches" if "jsonl" in args.format else "row groups"
+    ours = "row groups" if args.format in ("parquet", "hub") else "batches"
     for reader in ("datasets", ours):
         results[reader] = r = plan_once(data, args.tokenizer, reader)
         print(
