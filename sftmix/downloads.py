@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import CancelledError, Future
 from pathlib import Path
+from typing import Protocol
 
 from .errors import DatasetError
 from .read_progress import EveryFewSeconds, rate_text
@@ -240,10 +241,14 @@ def _forget(downloads: Downloads) -> None:
                 del _RUNNING[key]
 
 
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
 @contextlib.contextmanager
-def closed_on_error(downloads: Downloads | None) -> Iterator[None]:
-    """Within it, an error (a refusal, a stop) closes ``downloads``: no file downloads for a plan that
-    will not read it."""
+def closed_on_error(downloads: Closable | None) -> Iterator[None]:
+    """Within it, an error (a refusal, a stop) closes ``downloads`` (or files being fetched some other
+    way): no file downloads for a plan that will not read it."""
     try:
         yield
     except BaseException:

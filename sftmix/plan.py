@@ -245,7 +245,9 @@ def _jsonl_layout(entry: DatasetEntry, datasets_cache: str) -> jsonl.JsonlLayout
             if files is None:
                 return None
             # (files still downloading: their downloads say how far)
-            with ReadProgress(entry.path, 0 if files.downloads else sum(files.sizes)) as progress:
+            # (files still downloading, or decompressed as they are read: those lines say how far)
+            total = 0 if files.downloads or files.copies else sum(files.sizes)
+            with ReadProgress(entry.path, total) as progress:
                 layout = _scanned_files(files, entry.path, progress.batch_read)
         else:
             path = _local_copy(entry, datasets_cache)
@@ -478,10 +480,10 @@ def _scanned_files(
 ) -> jsonl.JsonlLayout | None:
     """:func:`sftmix.jsonl.scan_files` of ``files``, each read as it lands; a refusal or a stop stops
     their downloads, as does a dataset ``datasets`` reads instead (it downloads the files itself)."""
-    with closed_on_error(files.downloads):
+    with closed_on_error(files):
         layout = jsonl.scan_files(files.paths, name, on_batch, threads, files.local)
-    if layout is None and files.downloads is not None:
-        files.downloads.close()
+    if layout is None:
+        files.close()
     return layout
 
 
@@ -496,11 +498,13 @@ def _streamed_files(entry: DatasetEntry, datasets_cache: str) -> JsonFiles | Non
         files = json_data_files(entry.path, entry.split, entry.revision, datasets_cache)
         if files is None or not files.paths:
             return None
-        if files.downloads is None and not all(jsonl.applies(f, entry.split) for f in files.paths):
-            return None  # (a file still downloading is asked once it has landed: the scan reads none)
-        if sum(files.sizes) <= jsonl.BATCH_BYTES:
-            if files.downloads is not None:
-                files.downloads.close()
+        here = files.downloads is None and files.copies is None
+        if here and not all(jsonl.applies(f, entry.split) for f in files.paths):
+            return None  # (a file still to land or be decompressed is asked then: the scan reads none)
+        with closed_on_error(files):
+            small = sum(files.sizes) <= jsonl.BATCH_BYTES
+        if small:
+            files.close()
             return None
         return files
     path = pinned.pin(entry.path) if jsonl.reads_remote(entry.path, entry.split) else entry.path
@@ -524,12 +528,12 @@ def _open_streamed(
     try:
         if (files := _streamed_files(entry, str(cutter.work_dir / "datasets-cache"))) is None:
             return None
-        with closed_on_error(files.downloads):
+        with closed_on_error(files):
             dataset = _opened_streamed(index, entry, run, cutter, memory, files)
     except DatasetError as exc:
         raise _dataset_error(entry, exc) from None
-    if dataset is None and files.downloads is not None:
-        files.downloads.close()  # (counted first: read again, as they land)
+    if dataset is None:
+        files.close()  # (counted first: read again, as they land)
     return dataset
 
 

@@ -26,7 +26,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -449,8 +449,25 @@ def decompressed_copy(path: str, cache_dir: str, progress: ReadProgress | None =
     where = url if is_remote(path) else os.path.abspath(path)
     tag = hashlib.sha256(f"{where}|{found}".encode()).hexdigest()[:24]
     local = Path(cache_dir, "decompressed", tag, _split_compression(url.rsplit("/", 1)[-1])[0])
-    if local.is_file():
-        return str(local)
+    with _making(local):  # (one copy made at a time: a plan made ahead of the plan may be making it)
+        if not local.is_file():
+            _decompress(path, url, found, local, progress)
+    return str(local)
+
+
+_MAKING: dict[Path, threading.Lock] = {}
+_MAKING_LOCK = threading.Lock()
+
+
+def _making(local: Path) -> threading.Lock:
+    """The lock held while this process makes copy ``local``."""
+    with _MAKING_LOCK:
+        return _MAKING.setdefault(local, threading.Lock())
+
+
+def _decompress(
+    path: str, url: str, found: tuple[Any, ...], local: Path, progress: ReadProgress | None
+) -> None:
     logger.info("decompressing %s (%s bytes)", url, found[0])
     remove_abandoned_temps(local.parent)  # a run killed while it decompressed this version
     own = (
@@ -470,7 +487,6 @@ def decompressed_copy(path: str, cache_dir: str, progress: ReadProgress | None =
         raise
     except Exception as exc:
         raise DatasetError(path, f"cannot decompress the file: {type(exc).__name__}: {exc}") from None
-    return str(local)
 
 
 _DECOMPRESS_BLOCK = 16 << 20
@@ -743,19 +759,33 @@ def parquet_data_files(name: str, split: str, revision: str | None, cache_dir: s
 class JsonFiles:
     """A hub dataset's (or a local directory's) JSON Lines files for the 'train' split, in the order
     ``datasets`` reads them: local files, or hub files named at their commit that ``downloads`` is
-    fetching into the hub cache while the plan reads them (:meth:`local` waits for one)."""
+    fetching into the hub cache while the plan reads them; compressed ones read from the decompressed
+    copies ``copies`` makes as each file is here (:meth:`local` waits for one)."""
 
     paths: list[str]
     downloads: Downloads | None = None
+    copies: DecompressedCopies | None = None
 
     def local(self, k: int) -> str:
-        """File ``k``'s copy on this machine, once it has landed."""
+        """File ``k``'s copy on this machine, once it has landed (and, compressed, been decompressed)."""
+        if self.copies is not None:
+            return self.copies.wait(k)
         path = self.paths[k]
         return path if self.downloads is None else self.downloads.wait(path)
 
+    def close(self) -> None:
+        """No more downloads or decompressions start (for a plan that will not read the files)."""
+        if self.downloads is not None:
+            self.downloads.close()
+        if self.copies is not None:
+            self.copies.close()
+
     @cached_property
     def sizes(self) -> list[int]:
-        """Each file's size in bytes: its copy's, or (not landed yet) the hub's, asked side by side."""
+        """Each file's size in bytes as the plan sizes slices by: a plain file's own (its copy's, or, not
+        landed yet, the hub's, asked side by side); a compressed file's own times the first compressed
+        file's ratio of copy to file. So the first slices need not wait for every copy (~100 GB take
+        minutes to download), and the same files give the same sizes, online or offline."""
         from concurrent.futures import ThreadPoolExecutor
 
         def size(path: str) -> int:
@@ -764,9 +794,72 @@ class JsonFiles:
             return int(object_info(path).get("size") or 0) if at_commit(path) else size_of(path)
 
         if not any(at_commit(p) for p in self.paths):  # (local files, or one pinned object)
-            return [size_of(p) for p in self.paths]
-        with ThreadPoolExecutor(max_workers=min(16, len(self.paths))) as pool:
-            return list(pool.map(size, self.paths))
+            own = [size_of(p) for p in self.paths]
+        else:
+            with ThreadPoolExecutor(max_workers=min(16, len(self.paths))) as pool:
+                own = list(pool.map(size, self.paths))
+        compressed = [compression_of(p) is not None for p in self.paths]
+        if not any(compressed):
+            return own
+        first = compressed.index(True)
+        ratio = os.path.getsize(self.local(first)) / max(1, own[first])
+        return [round(n * ratio) if c else n for n, c in zip(own, compressed, strict=True)]
+
+
+class DecompressedCopies:
+    """The decompressed copies of a dataset's compressed files (a plain file is its own), each made as
+    soon as its file is here (a hub file once it has landed: ``downloads``), side by side on every core;
+    :meth:`wait` gives one once it is made. At ~100 GB the first files' slices start while the last
+    files still download or decompress. One line every few seconds says how far (none while they
+    download: the downloads say how far)."""
+
+    def __init__(self, name: str, paths: list[str], cache_dir: str, downloads: Downloads | None) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .parallel import available_cpus
+
+        self.name, self.paths = name, paths
+        total = (
+            0 if downloads is not None else sum(size_of(p) for p in paths if compression_of(p) is not None)
+        )
+        self._progress = ReadProgress(name, total, "decompressed")
+        self._progress.start()
+
+        def plain(path: str) -> str:
+            local = path if downloads is None else downloads.wait(path)
+            if compression_of(local) is None:
+                return local
+            return decompressed_copy(local, cache_dir, self._progress)
+
+        self._lock = threading.Lock()
+        self._left = len(paths)
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(1, min(len(paths), available_cpus())), thread_name_prefix="decompress"
+        )
+        self._copies = [self._pool.submit(plain, path) for path in paths]
+        self._pool.shutdown(wait=False)  # (its threads end once these are made)
+        for copy in self._copies:
+            copy.add_done_callback(self._settled)
+
+    def _settled(self, _: Future[str]) -> None:
+        """(Called on the thread that settles a copy, or that cancels it holding the pool's lock.)"""
+        with self._lock:
+            self._left -= 1
+            if self._left:
+                return
+        self._progress.end()
+
+    def wait(self, k: int) -> str:
+        """File ``k``'s copy, once it is made."""
+        try:
+            return self._copies[k].result()
+        except CancelledError:
+            raise DatasetError(self.name, f"{self.paths[k]}: its decompression was stopped") from None
+
+    def close(self) -> None:
+        """No more copies start, and no one waits for those being made (each lands whole or not)."""
+        self._progress.end()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def json_data_files(name: str, split: str, revision: str | None, cache_dir: str) -> JsonFiles | None:
@@ -784,7 +877,7 @@ def json_data_files(name: str, split: str, revision: str | None, cache_dir: str)
     if not _read_by_files(name, split, cache_dir):
         return None
     if offline() and (kept := hub_files.recalled(cache_dir, name, revision, split, "json")) is not None:
-        return JsonFiles(_decompressed(name, kept[0], cache_dir))
+        return _json_files(name, kept[0], cache_dir)
     try:
         from .jsonl import BATCH_BYTES
 
@@ -815,35 +908,14 @@ def json_data_files(name: str, split: str, revision: str | None, cache_dir: str)
         return None
     if not offline():
         hub_files.remember(cache_dir, name, revision, split, files, None, "json")
+    return _json_files(name, paths, cache_dir, downloads)
+
+
+def _json_files(name: str, paths: list[str], cache_dir: str, downloads: Downloads | None = None) -> JsonFiles:
+    """``paths`` to read, compressed ones from their copies, made as each file is here."""
     if all(compression_of(p) is None for p in paths):
         return JsonFiles(paths, downloads)
-    return JsonFiles(_decompressed(name, paths, cache_dir, downloads))
-
-
-def _decompressed(
-    name: str, paths: list[str], cache_dir: str, downloads: Downloads | None = None
-) -> list[str]:
-    """``paths`` with each compressed file replaced by its decompressed copy, made side by side, each
-    as soon as it has landed where ``downloads`` is fetching them: at ~100 GB the decompression of the
-    first files overlaps the download of the last, rather than waiting for all of them."""
-    if all(compression_of(p) is None for p in paths):
-        return paths
-    from concurrent.futures import ThreadPoolExecutor
-
-    from .parallel import available_cpus
-
-    def plain(path: str) -> str:
-        local = path if downloads is None else downloads.wait(path)
-        return local if compression_of(local) is None else decompressed_copy(local, cache_dir, progress)
-
-    # (one line for them all; none while they download: the downloads say how far)
-    total = 0 if downloads is not None else sum(size_of(p) for p in paths if compression_of(p) is not None)
-    pool = ThreadPoolExecutor(max_workers=max(1, min(len(paths), available_cpus())))
-    try:
-        with closed_on_error(downloads), ReadProgress(name, total, "decompressed") as progress:
-            return list(pool.map(plain, paths))
-    finally:  # (a refusal or a stop does not wait for the copies still being made: each lands whole or not)
-        pool.shutdown(wait=False, cancel_futures=True)
+    return JsonFiles(paths, downloads, DecompressedCopies(name, paths, cache_dir, downloads))
 
 
 def _builder_options(name: str, revision: str | None, cache_dir: str) -> dict[str, Any]:

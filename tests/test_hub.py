@@ -358,13 +358,15 @@ def test_a_hub_dataset_of_json_lines_files_is_read_by_batch_online_and_offline(t
         assert result.matches, result.render()
 
 
-def test_a_hub_dataset_of_json_lines_files_is_cut_into_slices_while_its_files_download(tmp_path):
-    """Plain JSON Lines files download in the background, each read as it lands: the first slice is
-    handed on before the last file has landed, and the slices and rows are those of the same files read
-    as a local directory (the batches naming the hub cache's copies)."""
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_a_hub_dataset_of_json_lines_files_is_cut_into_slices_while_its_files_download(tmp_path, suffix):
+    """JSON Lines files download in the background, each read as it lands (a compressed one, as soon as
+    its copy is decompressed): the first slice is handed on before the last file has landed, and the
+    slices and rows are those of the same files read as a local directory (the batches naming the hub
+    cache's copies, or the decompressed copies)."""
     repo = tmp_path / "repo"
     (repo / "data").mkdir(parents=True)
-    names = [f"data/train-0000{k}-of-00003.jsonl" for k in range(3)]
+    names = [f"data/train-0000{k}-of-00003{suffix}" for k in range(3)]
     rows = [  # ~4.3 MB a file: more than one batch in all, so its slices are cut as it is read
         {
             "messages": [
@@ -375,8 +377,8 @@ def test_a_hub_dataset_of_json_lines_files_is_cut_into_slices_while_its_files_do
         for i in range(12_000)
     ]
     for k, name in enumerate(names):
-        lines = [json.dumps(r) for r in rows[k * 4000 : (k + 1) * 4000]]
-        (repo / name).write_text("\n".join(lines) + "\n")
+        data = "".join(json.dumps(r) + "\n" for r in rows[k * 4000 : (k + 1) * 4000]).encode()
+        (repo / name).write_bytes(gzip.compress(data, mtime=0) if suffix.endswith(".gz") else data)
     (repo / "README.md").write_text("---\nlicense: odc-by\n---\n# a mixture\n")
 
     local = _plan(
@@ -398,7 +400,12 @@ def test_a_hub_dataset_of_json_lines_files_is_cut_into_slices_while_its_files_do
     assert got["slices"] == want["slices"] and found["early"] == len(got["slices"]) == 24
     assert got["rows"] == want["rows"] == rows
     snapshot = next((home / "hub" / f"datasets--{REPO.replace('/', '--')}" / "snapshots").iterdir())
-    assert got["paths"] == sorted(str(snapshot / n) for n in names)
+    if suffix == ".jsonl":
+        assert got["paths"] == sorted(str(snapshot / n) for n in names)
+    else:
+        copies = tmp_path / "work" / "datasets-cache" / "decompressed"
+        assert sorted(Path(p).name for p in got["paths"]) == [Path(n).name.removesuffix(".gz") for n in names]
+        assert all(Path(p).is_relative_to(copies) for p in got["paths"])
 
 
 # Fetches a hub dataset's JSON Lines files in the background as the plan does, its progress lines on stderr.

@@ -439,15 +439,73 @@ def test_a_directory_of_json_lines_files_gives_datasets_rows_by_batch(tmp_path):
         _compressed(path, ".gz")
         path.unlink()
     files = json_data_files(str(repo), "train", None, str(cache))
-    assert files is not None and all(
-        Path(f).is_relative_to(cache) and f.endswith(".jsonl") for f in files.paths
-    )
-    layout = jsonl.scan_files(files.paths, str(repo))
-    assert layout is not None
+    assert files is not None and all(f.endswith(".jsonl.gz") for f in files.paths)
+    copies = [files.local(k) for k in range(len(files.paths))]
+    assert all(Path(f).is_relative_to(cache) and f.endswith(".jsonl") for f in copies)
+    layout = jsonl.scan_files(files.paths, str(repo), local=files.local)
+    assert layout is not None and {b.path for b in layout.batches} <= set(copies)
     reference = datasets.load_dataset(
         str(repo), split="train", cache_dir=str(tmp_path / "reference-gz"), **_reference_json_options()
     )
     assert _directory_rows(layout) == reference.with_format("arrow")[:].to_pylist()
+
+
+def test_a_directorys_compressed_files_are_sized_by_the_first_and_copied_once(tmp_path, caplog):
+    """A dataset's compressed files are sized by the first one's copy (its slices need not wait for
+    every copy); two readers of them at once (a plan made ahead of the plan, and the plan) make each copy
+    once."""
+    import logging
+    import os
+
+    from sftmix.sources import DecompressedCopies, JsonFiles
+
+    repo = _directory(tmp_path, random.Random(12))
+    for path in sorted((repo / "data").glob("train-*")):
+        _compressed(path, ".gz")
+        path.unlink()
+    packed = [str(p) for p in sorted((repo / "data").glob("train-*.gz"))]
+    cache = str(tmp_path / "cache")
+    caplog.set_level(logging.INFO, logger="sftmix.sources")
+    both = [DecompressedCopies("chats", packed, cache, None) for _ in range(2)]
+    copies = [[c.wait(k) for k in range(len(packed))] for c in both]
+    assert copies[0] == copies[1]
+    assert sorted(r.getMessage().split(" (")[0] for r in caplog.records if "decompressing" in r.message) == [
+        f"decompressing {p}" for p in packed
+    ]
+    files = JsonFiles(packed, None, both[0])
+    ratio = os.path.getsize(copies[0][0]) / os.path.getsize(packed[0])
+    assert files.sizes == [round(os.path.getsize(p) * ratio) for p in packed]
+    assert files.sizes[0] == os.path.getsize(copies[0][0])
+
+
+def test_closed_copies_stop_at_once(tmp_path):
+    """Copies closed while their files still download (a refusal, a stop): every wait for one ends with
+    the reason, none is left waiting, and nothing is decompressed."""
+    import threading
+
+    from sftmix.downloads import Downloads
+    from sftmix.sources import DecompressedCopies
+
+    plain = tmp_path / "chats.jsonl"
+    _write(plain, _many(random.Random(13), 20_000))
+    packed = [str(_compressed(plain, ".gz").rename(tmp_path / f"part-{k}.jsonl.gz")) for k in range(5)]
+    release = threading.Event()
+
+    def download(url: str) -> str:
+        release.wait(30)
+        return url
+
+    downloads = Downloads("chats", packed, download)
+    copies = DecompressedCopies("chats", packed, str(tmp_path / "cache"), downloads)
+    closing = threading.Thread(target=lambda: (copies.close(), downloads.close()))
+    closing.start()
+    closing.join(10)
+    assert not closing.is_alive(), "closing the copies hangs"
+    for k in range(len(packed)):
+        with pytest.raises(DatasetError, match="stopped"):
+            copies.wait(k)
+    release.set()
+    assert not (tmp_path / "cache").exists()
 
 
 def test_a_file_of_a_directory_with_a_key_the_first_never_saw_names_that_file_and_line(tmp_path):
