@@ -449,25 +449,53 @@ def decompressed_copy(path: str, cache_dir: str, progress: ReadProgress | None =
     where = url if is_remote(path) else os.path.abspath(path)
     tag = hashlib.sha256(f"{where}|{found}".encode()).hexdigest()[:24]
     local = Path(cache_dir, "decompressed", tag, _split_compression(url.rsplit("/", 1)[-1])[0])
-    with _making(local):  # (one copy made at a time: a plan made ahead of the plan may be making it)
+    with _making(local, progress) as making:  # (a plan made ahead of the plan may be making it)
         if not local.is_file():
-            _decompress(path, url, found, local, progress)
+            _decompress(path, url, found, local, making if progress is not None else None)
     return str(local)
 
 
-_MAKING: dict[Path, threading.Lock] = {}
+class _Making:
+    """Copy ``local`` being made in this process (one thread at a time), and the lines of everyone who
+    waits for it (a plan made ahead of the plan and the plan may both want it): each counts its bytes."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lines: list[ReadProgress] = []
+        self.done = 0  # compressed bytes read by the copy being made
+
+    def read(self, nbytes: int) -> None:
+        with _MAKING_LOCK:
+            self.done += nbytes
+            lines = list(self.lines)
+        for line in lines:
+            line.read(nbytes)
+
+
+_MAKING: dict[Path, _Making] = {}
 _MAKING_LOCK = threading.Lock()
 
 
-def _making(local: Path) -> threading.Lock:
-    """The lock held while this process makes copy ``local``."""
+@contextlib.contextmanager
+def _making(local: Path, progress: ReadProgress | None) -> Iterator[_Making]:
+    """Within it, this thread alone makes copy ``local`` in this process; ``progress`` counts its bytes
+    read, by whichever thread makes it, from the start."""
     with _MAKING_LOCK:
-        return _MAKING.setdefault(local, threading.Lock())
+        making = _MAKING.setdefault(local, _Making())
+        if progress is not None:
+            making.lines.append(progress)
+            progress.read(making.done)
+    try:
+        with making.lock:
+            making.done = 0
+            yield making
+    finally:
+        with _MAKING_LOCK:
+            if progress is not None:
+                making.lines.remove(progress)
 
 
-def _decompress(
-    path: str, url: str, found: tuple[Any, ...], local: Path, progress: ReadProgress | None
-) -> None:
+def _decompress(path: str, url: str, found: tuple[Any, ...], local: Path, progress: _Making | None) -> None:
     logger.info("decompressing %s (%s bytes)", url, found[0])
     remove_abandoned_temps(local.parent)  # a run killed while it decompressed this version
     own = (

@@ -453,7 +453,7 @@ def test_a_directory_of_json_lines_files_gives_datasets_rows_by_batch(tmp_path):
 def test_a_directorys_compressed_files_are_sized_by_the_first_and_copied_once(tmp_path, caplog):
     """A dataset's compressed files are sized by the first one's copy (its slices need not wait for
     every copy); two readers of them at once (a plan made ahead of the plan, and the plan) make each copy
-    once."""
+    once, and each one's line counts every file's bytes, whichever made its copy."""
     import logging
     import os
 
@@ -469,6 +469,7 @@ def test_a_directorys_compressed_files_are_sized_by_the_first_and_copied_once(tm
     both = [DecompressedCopies("chats", packed, cache, None) for _ in range(2)]
     copies = [[c.wait(k) for k in range(len(packed))] for c in both]
     assert copies[0] == copies[1]
+    assert [c._progress.done for c in both] == [sum(os.path.getsize(p) for p in packed)] * 2
     assert sorted(r.getMessage().split(" (")[0] for r in caplog.records if "decompressing" in r.message) == [
         f"decompressing {p}" for p in packed
     ]
