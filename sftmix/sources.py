@@ -487,7 +487,8 @@ def _making(local: Path, progress: ReadProgress | None) -> Iterator[_Making]:
             progress.read(making.done)
     try:
         with making.lock:
-            making.done = 0
+            with _MAKING_LOCK:
+                making.done = 0
             yield making
     finally:
         with _MAKING_LOCK:
