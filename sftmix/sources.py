@@ -861,7 +861,7 @@ class DecompressedCopies:
             return decompressed_copy(local, cache_dir, self._progress)
 
         self._lock = threading.Lock()
-        self._left = len(paths)
+        self._left, self._failed = len(paths), False
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, min(len(paths), available_cpus())), thread_name_prefix="decompress"
         )
@@ -870,13 +870,21 @@ class DecompressedCopies:
         for copy in self._copies:
             copy.add_done_callback(self._settled)
 
-    def _settled(self, _: Future[str]) -> None:
+    def _settled(self, copy: Future[str]) -> None:
         """(Called on the thread that settles a copy, or that cancels it holding the pool's lock.)"""
         with self._lock:
             self._left -= 1
-            if self._left:
+            self._failed |= copy.cancelled() or copy.exception() is not None
+            if self._left and not self._failed:
                 return
-        self._progress.end()
+        if not self._left:
+            self._progress.end()
+        _forget_copies(self)  # (all made: nothing to share; one failed: a later plan tries again)
+
+    @property
+    def _finished(self) -> bool:
+        with self._lock:
+            return not self._left or self._failed
 
     def wait(self, k: int) -> str:
         """File ``k``'s copy, once it is made."""
@@ -888,7 +896,33 @@ class DecompressedCopies:
     def close(self) -> None:
         """No more copies start, and no one waits for those being made (each lands whole or not)."""
         self._progress.end()
+        _forget_copies(self)
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+_COPYING: dict[tuple[str, tuple[str, ...], str], DecompressedCopies] = {}
+_COPYING_LOCK = threading.RLock()  # (a copy settled at once forgets its copies on the thread that made them)
+
+
+def copies_of(name: str, paths: list[str], cache_dir: str, downloads: Downloads | None) -> DecompressedCopies:
+    """The copies of dataset ``name``'s files ``paths`` being made in this process (the plan made ahead
+    of the plan started them), else new ones: one line says how far."""
+    key = (name, tuple(paths), cache_dir)
+    with _COPYING_LOCK:
+        found = _COPYING.get(key)
+        if found is None:
+            found = DecompressedCopies(name, paths, cache_dir, downloads)
+            if not found._finished:  # (settled later: forgotten then, once this lock is let go)
+                _COPYING[key] = found
+        return found
+
+
+def _forget_copies(copies: DecompressedCopies) -> None:
+    """Copies all made, closed or failed are not handed to a later plan."""
+    with _COPYING_LOCK:
+        for key, running in list(_COPYING.items()):
+            if running is copies:
+                del _COPYING[key]
 
 
 def json_data_files(name: str, split: str, revision: str | None, cache_dir: str) -> JsonFiles | None:
@@ -944,7 +978,7 @@ def _json_files(name: str, paths: list[str], cache_dir: str, downloads: Download
     """``paths`` to read, compressed ones from their copies, made as each file is here."""
     if all(compression_of(p) is None for p in paths):
         return JsonFiles(paths, downloads)
-    return JsonFiles(paths, downloads, DecompressedCopies(name, paths, cache_dir, downloads))
+    return JsonFiles(paths, downloads, copies_of(name, paths, cache_dir, downloads))
 
 
 def _builder_options(name: str, revision: str | None, cache_dir: str) -> dict[str, Any]:

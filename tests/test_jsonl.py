@@ -481,11 +481,13 @@ def test_a_directorys_compressed_files_are_sized_by_the_first_and_copied_once(tm
 
 def test_closed_copies_stop_at_once(tmp_path):
     """Copies closed while their files still download (a refusal, a stop): every wait for one ends with
-    the reason, none is left waiting, and nothing is decompressed."""
+    the reason, none is left waiting, and nothing is decompressed. Until then, a second reader of the
+    files (the plan, after the plan made ahead of it) is handed the same copies: one line says how far."""
     import threading
+    import time
 
     from sftmix.downloads import Downloads
-    from sftmix.sources import DecompressedCopies
+    from sftmix.sources import copies_of
 
     plain = tmp_path / "chats.jsonl"
     _write(plain, _many(random.Random(13), 20_000))
@@ -497,7 +499,8 @@ def test_closed_copies_stop_at_once(tmp_path):
         return url
 
     downloads = Downloads("chats", packed, download)
-    copies = DecompressedCopies("chats", packed, str(tmp_path / "cache"), downloads)
+    copies = copies_of("chats", packed, str(tmp_path / "cache"), downloads)
+    assert copies_of("chats", packed, str(tmp_path / "cache"), downloads) is copies
     closing = threading.Thread(target=lambda: (copies.close(), downloads.close()))
     closing.start()
     closing.join(10)
@@ -507,6 +510,15 @@ def test_closed_copies_stop_at_once(tmp_path):
             copies.wait(k)
     release.set()
     assert not (tmp_path / "cache").exists()
+    again = copies_of("chats", packed, str(tmp_path / "cache"), None)  # (a later plan: made anew)
+    assert again is not copies and [Path(again.wait(k)).name for k in range(len(packed))] == [
+        Path(p).name.removesuffix(".gz") for p in packed
+    ]
+    waited = 0.0  # (all made: not kept; forgotten just after the last copy's wait returns)
+    while copies_of("chats", packed, str(tmp_path / "cache"), None) is again and waited < 10:
+        time.sleep(0.05)
+        waited += 0.05
+    assert waited < 10, "copies all made are still handed on"
 
 
 def test_a_file_of_a_directory_with_a_key_the_first_never_saw_names_that_file_and_line(tmp_path):
