@@ -246,12 +246,12 @@ class Closable(Protocol):
 
 
 @contextlib.contextmanager
-def closed_on_error(downloads: Closable | None) -> Iterator[None]:
-    """Within it, an error (a refusal, a stop) closes ``downloads`` (or files being fetched some other
-    way): no file downloads for a plan that will not read it."""
+def closed_on_error(fetching: Closable | None) -> Iterator[None]:
+    """Within it, an error (a refusal, a stop) closes ``fetching`` (downloads, or files being
+    downloaded and decompressed): no file is fetched for a plan that will not read it."""
     try:
         yield
     except BaseException:
-        if downloads is not None:
-            downloads.close()
+        if fetching is not None:
+            fetching.close()
         raise

@@ -244,7 +244,6 @@ def _jsonl_layout(entry: DatasetEntry, datasets_cache: str) -> jsonl.JsonlLayout
             files = json_data_files(entry.path, entry.split, entry.revision, datasets_cache)
             if files is None:
                 return None
-            # (files still downloading: their downloads say how far)
             # (files still downloading, or decompressed as they are read: those lines say how far)
             total = 0 if files.downloads or files.copies else sum(files.sizes)
             with ReadProgress(entry.path, total) as progress:

@@ -449,9 +449,11 @@ def decompressed_copy(path: str, cache_dir: str, progress: ReadProgress | None =
     where = url if is_remote(path) else os.path.abspath(path)
     tag = hashlib.sha256(f"{where}|{found}".encode()).hexdigest()[:24]
     local = Path(cache_dir, "decompressed", tag, _split_compression(url.rsplit("/", 1)[-1])[0])
-    with _making(local, progress) as making:  # (a plan made ahead of the plan may be making it)
+    own = None if progress is not None or local.is_file() else ReadProgress(url, found[0], "decompressed")
+    line = progress if progress is not None else own
+    with own or contextlib.nullcontext(), _making(local, line) as making:  # (another may be making it)
         if not local.is_file():
-            _decompress(path, url, found, local, making if progress is not None else None)
+            _decompress(path, url, found, local, making)
     return str(local)
 
 
@@ -484,7 +486,8 @@ def _making(local: Path, progress: ReadProgress | None) -> Iterator[_Making]:
         making = _MAKING.setdefault(local, _Making())
         if progress is not None:
             making.lines.append(progress)
-            progress.read(making.done)
+            if making.done:  # (what another thread read of it before)
+                progress.read(making.done)
     try:
         with making.lock:
             with _MAKING_LOCK:
@@ -496,19 +499,16 @@ def _making(local: Path, progress: ReadProgress | None) -> Iterator[_Making]:
                 making.lines.remove(progress)
 
 
-def _decompress(path: str, url: str, found: tuple[Any, ...], local: Path, progress: _Making | None) -> None:
+def _decompress(path: str, url: str, found: tuple[Any, ...], local: Path, making: _Making) -> None:
     logger.info("decompressing %s (%s bytes)", url, found[0])
     remove_abandoned_temps(local.parent)  # a run killed while it decompressed this version
-    own = (
-        ReadProgress(url, found[0], "decompressed") if progress is None else contextlib.nullcontext(progress)
-    )
     try:
-        with own as said, _decompressing(path, found[0]) as (src, consumed), atomic_open(local) as dst:
+        with _decompressing(path, found[0]) as (src, consumed), atomic_open(local) as dst:
             counted = 0
             while block := src.read(_DECOMPRESS_BLOCK):
                 dst.write(block)
                 now = consumed()
-                said.read(now - counted)
+                making.read(now - counted)
                 counted = now
             if version(path) != found:
                 raise DatasetError(path, _CHANGED_WHILE_DECOMPRESSED)
