@@ -34,14 +34,13 @@ import codecs
 import contextlib
 import hashlib
 import io
-import itertools
 import json
 import os
 import queue
 import re
 import threading
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
@@ -52,6 +51,7 @@ from pydantic import BaseModel, ConfigDict
 from . import pinned, settings
 from .errors import BadLineError, DatasetError
 from .features import features_schema
+from .growing import GrowingFile, open_landing
 from .parallel import available_cpus
 from .sources import _valid_utf8, compression_of, local_builder, runs_in_parts, table_rows
 from .storage import is_remote
@@ -103,6 +103,7 @@ class JsonlBatch(BaseModel):
     lines_before: int = 0  # newlines in the file before it, to name a line in errors
     utf8: bool = True  # the plan found its bytes valid UTF-8 (the slice checks its sha256 is the plan's)
     path: str = ""  # its file, in a dataset of several files ("": the source's)
+    growing: str = ""  # where its file is still being written, when the plan found it (sftmix.growing)
 
 
 class JsonlSource(BaseModel):
@@ -216,11 +217,12 @@ def _batch_end(fh: Any, start: int, size: int) -> int:
     return min(size, fh.tell())
 
 
-def _read(path: str, offset: int, end: int) -> bytes:
+def _read(path: str, offset: int, end: int, growing: str = "") -> bytes:
+    """Bytes ``[offset, end)`` of the file (``growing``: its name while it is still being written)."""
     if is_remote(path):
         data = pinned.read_remote(path, offset, end, _changed(offset, end))
     else:
-        with open(path, "rb") as fh:
+        with open(open_landing(path, growing), "rb") as fh:
             fh.seek(offset)
             data = fh.read(end - offset)
     if len(data) != end - offset:
@@ -348,7 +350,7 @@ def scan_files(
     name: str,
     on_batch: BatchListener | None = None,
     threads: int | None = None,
-    local: Callable[[int], str] | None = None,
+    local: Callable[[int], str | GrowingFile] | None = None,
 ) -> JsonlLayout | None:
     """The batches of a dataset of several JSON Lines files (a hub dataset's, a directory's), as
     ``datasets``' JSON builder reads them one after another: rows numbered across the files in order,
@@ -357,7 +359,8 @@ def scan_files(
     then loads the dataset).
 
     The files are scanned side by side, each on a share of the ``threads``, each once ``local(k)`` gives
-    its copy here (a hub file as it lands; default: the path as it is); ``on_batch`` is told each batch
+    its copy here (a hub file as it lands, a decompressed copy as it is written; default: the path as it
+    is); ``on_batch`` is told each batch
     in the dataset's order (on this thread) as soon as it and every batch before it are counted, as
     :func:`scan` tells a file's. The batches name the files' copies."""
     if not paths:
@@ -369,10 +372,19 @@ def scan_files(
 
     def scan_one(k: int) -> None:
         try:
-            path = copies[k] = paths[k] if local is None else local(k)
+            here = paths[k] if local is None else local(k)
+
+            def told(batch: JsonlBatch, schema: str) -> None:
+                events.put((k, batch, schema))
+
             found = None
-            if applies(path, "train"):
-                found = scan(path, lambda batch, schema: events.put((k, batch, schema)), share)
+            if isinstance(here, GrowingFile):
+                copies[k] = here.final
+                found = scan_growing(here, told, share)
+            else:
+                copies[k] = here
+                if applies(here, "train"):
+                    found = scan(here, told, share)
         except BaseException as exc:
             events.put((k, exc, None))
             raise
@@ -492,11 +504,22 @@ def _scan(
 ) -> JsonlLayout | None:
     """``stamp``: the file's :func:`sftmix.pinned.version` before the read; a file with another version
     after it (rewritten, grown, truncated, replaced by a rename) was read as no one version of it."""
+    layout = _layout(path, _scanned_batches(path, stamp[0], threads), on_batch)
+    if pinned.version(path) != stamp:
+        raise DatasetError(path, "the file changed while it was planned: plan it when it no longer changes")
+    return layout
+
+
+def _layout(
+    path: str, scanned_batches: Iterator[Scanned], on_batch: BatchListener | None, growing: str = ""
+) -> JsonlLayout | None:
+    """The layout of file ``path`` from its batches' scans, in order (``on_batch`` told each, naming
+    ``growing``, where the file is still being written)."""
     batches: list[JsonlBatch] = []
     bad_lines: list[BadLine] = []
-    first_row = lines = 0
+    first_row = lines = size = 0
     schema = ""
-    with contextlib.closing(_scanned_batches(path, stamp[0], threads)) as scanned_batches:
+    with contextlib.closing(scanned_batches):
         for k, (offset, end, scanned, data) in enumerate(scanned_batches):
             found = _counted(path, k, offset, end, first_row, lines, scanned, data)
             if found is None:
@@ -507,13 +530,61 @@ def _scan(
             bad_lines += bad
             first_row += batch.rows
             lines += scanned[2]
+            size = end
             if on_batch is not None:
-                on_batch(batch, schema)
-    if pinned.version(path) != stamp:
-        raise DatasetError(path, "the file changed while it was planned: plan it when it no longer changes")
+                on_batch(batch.model_copy(update={"growing": growing}) if growing else batch, schema)
     return JsonlLayout(
-        path=path, size=stamp[0], batches=tuple(batches), schema_b64=schema, bad_lines=tuple(bad_lines)
+        path=path, size=size, batches=tuple(batches), schema_b64=schema, bad_lines=tuple(bad_lines)
     )
+
+
+def scan_growing(
+    file: GrowingFile, on_batch: BatchListener | None = None, threads: int | None = None
+) -> JsonlLayout | None:
+    """:func:`scan` of a file still being written (a decompressed copy: :mod:`sftmix.growing`), each batch
+    told as soon as its bytes are written and counted; its layout names the file it becomes. ``None``
+    as :func:`scan`, and for a file that is empty or opens a JSON array."""
+    chunks = file.chunks(REMOTE_CHUNK)
+    batches = _batched(chunks)
+    try:
+        first = next(batches, None)
+        if first is None or first[2].removeprefix(codecs.BOM_UTF8).startswith(b"["):
+            return None
+
+        def all_batches() -> Generator[tuple[int, int, bytes]]:
+            yield first
+            yield from batches
+
+        scanned = _scanned_stream(all_batches(), threads or available_cpus())
+        layout = _layout(file.final, scanned, on_batch, file.temp)
+    finally:
+        chunks.close()
+    if layout is None:
+        return None
+    stamp = pinned.version(file.final)
+    if stamp[0] != layout.size:
+        raise DatasetError(
+            file.final, "the file changed while it was planned: plan it when it no longer changes"
+        )
+    with _SCANS_LOCK:
+        _SCANS[(file.final, *stamp)] = layout  # (a later plan of the copy made reads it no more)
+    return layout
+
+
+def first_batch_growing(file: GrowingFile) -> tuple[JsonlBatch, str] | None:
+    """:func:`first_batch` of a file still being written, once its first batch is."""
+    chunks = file.chunks(REMOTE_CHUNK)
+    try:
+        first = next(_batched(chunks), None)
+    finally:
+        chunks.close()
+    if first is None or first[2].removeprefix(codecs.BOM_UTF8).startswith(b"["):
+        return None
+    offset, end, data = first
+    found = _counted(file.final, 0, offset, end, 0, 0, _scanned(data, offset), data)
+    if found is None or found[2] is None:
+        return None
+    return found[0].model_copy(update={"growing": file.temp}), found[2]
 
 
 Scanned = tuple[int, int, tuple[str, int, int, bool, bool], bytes | None]
@@ -533,48 +604,91 @@ def _scanned_batches(path: str, size: int, threads: int) -> Iterator[Scanned]:
         finally:
             pool.shutdown(cancel_futures=True)
         return
+    yield from _scanned_stream(_fetched_batches(path, size), threads)
+
+
+def _scanned_stream(fetched: Generator[tuple[int, int, bytes]], threads: int) -> Iterator[Scanned]:
+    """Each of ``fetched`` batches (bounds and bytes, in order) and its scan, on ``threads`` threads.
+    ``fetched`` is read on a thread of its own, so each batch is told once it and those before it are
+    scanned, whether or not the next one has come (a copy still being written, a slow object)."""
     pool = ThreadPoolExecutor(max_workers=max(1, threads))
-    waiting: deque[tuple[int, int, Future[tuple[str, int, int, bool, bool]], bytes]] = deque()
-    fetched = _fetched_batches(path, size)
+    scans: queue.Queue[
+        tuple[int, int, Future[tuple[str, int, int, bool, bool]], bytes] | BaseException | None
+    ]
+    scans = queue.Queue(maxsize=max(1, threads))  # (at most this many batches held ahead)
+    stopped = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stopped.is_set():
+            with contextlib.suppress(queue.Full):
+                scans.put(item, timeout=0.1)
+                return True
+        return False
+
+    def fetch() -> None:
+        last: BaseException | None = None
+        try:
+            for offset, end, data in fetched:
+                if not put((offset, end, pool.submit(_scanned, data, offset), data)):
+                    return
+        except BaseException as exc:
+            last = exc
+        finally:
+            fetched.close()
+        put(last)
+
+    threading.Thread(target=fetch, name="batch-scan", daemon=True).start()
     try:
-        for batch in itertools.chain(fetched, [None]):  # None: the end, every scan still waiting is due
-            if batch is not None:
-                offset, end, data = batch
-                waiting.append((offset, end, pool.submit(_scanned, data, offset), data))
-            while waiting and (batch is None or len(waiting) > threads or waiting[0][2].done()):
-                offset, end, scan, data = waiting.popleft()
-                yield offset, end, scan.result(), data
+        while (item := scans.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            offset, end, scan, data = item
+            yield offset, end, scan.result(), data
     finally:
-        fetched.close()
-        pool.shutdown(cancel_futures=True)
+        stopped.set()
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _fetched_batches(path: str, size: int) -> Iterator[tuple[int, int, bytes]]:
     """A remote object's batches, in order: bounds as :func:`batch_bounds` finds them, and bytes."""
     chunks = pinned.fetched(lambda offset, end: _read(path, offset, end), size, REMOTE_CHUNK, REMOTE_READERS)
     try:
-        start, buffer = 0, bytearray()  # the bytes fetched from ``start`` on
-        while start < size:
-            end = size
-            if start + BATCH_BYTES < size:
-                look = BATCH_BYTES  # then the rest of the line, as readline reads it
-                while True:
-                    if len(buffer) > look:
-                        if (newline := buffer.find(b"\n", look)) >= 0:
-                            end = start + newline + 1
-                            break
-                        look = len(buffer)
-                    if start + len(buffer) >= size:
-                        break  # the last line has no newline
-                    buffer += next(chunks)
-            while start + len(buffer) < end:
-                buffer += next(chunks)
-            data = bytes(buffer[: end - start])
-            del buffer[: end - start]
-            yield start, end, data
-            start = end
+        yield from _batched(chunks)
     finally:
         chunks.close()
+
+
+def _batched(chunks: Iterator[bytes]) -> Iterator[tuple[int, int, bytes]]:
+    """The batches of a file given as its bytes in order (``chunks``, to its end): bounds as
+    :func:`batch_bounds` finds them, and bytes; each as soon as the bytes that end it are given."""
+    start, buffer, ended = 0, bytearray(), False  # the bytes given from ``start`` on
+
+    def more() -> bool:
+        nonlocal ended
+        if not ended:
+            chunk = next(chunks, None)
+            ended = chunk is None
+            if chunk is not None:
+                buffer.extend(chunk)
+        return not ended
+
+    while True:
+        look = BATCH_BYTES  # then the rest of the line, as readline reads it
+        while True:
+            if len(buffer) > look:
+                if (newline := buffer.find(b"\n", look)) >= 0:
+                    cut = newline + 1
+                    break
+                look = len(buffer)
+            if not more():
+                cut = len(buffer)  # the file ends within the batch, or its last line has no newline
+                break
+        if not cut:
+            return
+        data = bytes(buffer[:cut])
+        del buffer[:cut]
+        yield start, start + cut, data
+        start += cut
 
 
 def read_batch(
@@ -731,7 +845,7 @@ class _Builder:
 
 @lru_cache(maxsize=2)
 def _batch_table(path: str, batch: JsonlBatch, schema_b64: str) -> tuple[Any, dict[int, BadLine]]:
-    data = _read(path, batch.offset, batch.end)
+    data = _read(path, batch.offset, batch.end, batch.growing)
     if hashlib.sha256(data).hexdigest() != batch.sha256:
         raise DatasetError(path, _changed(batch.offset, batch.end))
     text = data.removeprefix(codecs.BOM_UTF8) if batch.offset == 0 else data
@@ -804,7 +918,7 @@ def row_place(source: JsonlSource, row: int) -> tuple[str, int] | None:
     lines skipped as the reader skips them; ``None`` otherwise. Reads the batch: for an error only."""
     for batch in source.batches:
         if batch.path and batch.first_row <= row < batch.first_row + batch.rows:
-            lines = _read(batch.path, batch.offset, batch.end).split(b"\n")
+            lines = _read(batch.path, batch.offset, batch.end, batch.growing).split(b"\n")
             return batch.path, batch.lines_before + _row_lines(lines)[row - batch.first_row] + 1
     return None
 

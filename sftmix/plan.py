@@ -27,6 +27,7 @@ from .downloads import closed_on_error
 from .encoders import same_encodings
 from .errors import ConfigError, DatasetError, TemplateError
 from .formats import MESSAGES_KEY, Conversation, RowFormatError, conversation_from_row, detect_format
+from .growing import GrowingFile
 from .parallel import available_cpus, memory_limit
 from .read_progress import ReadProgress
 from .selection import selected_source_rows, selection_problem, small_count_warning, target_rows
@@ -36,6 +37,7 @@ from .sources import (
     RowsFingerprinter,
     SourceInfo,
     arrow_cache_files,
+    copies_of,
     decompressed_copy,
     describe,
     forget_builders,
@@ -480,10 +482,24 @@ def _scanned_files(
     """:func:`sftmix.jsonl.scan_files` of ``files``, each read as it lands; a refusal or a stop stops
     their downloads, as does a dataset ``datasets`` reads instead (it downloads the files itself)."""
     with closed_on_error(files):
-        layout = jsonl.scan_files(files.paths, name, on_batch, threads, files.local)
+        layout = jsonl.scan_files(files.paths, name, on_batch, threads, files.follow)
     if layout is None:
         files.close()
     return layout
+
+
+def _scanned_file(
+    file: str | GrowingFile, on_batch: jsonl.BatchListener | None, threads: int | None
+) -> jsonl.JsonlLayout | None:
+    """:func:`sftmix.jsonl.scan` of a single file, or of its decompressed copy as it is written."""
+    if isinstance(file, GrowingFile):
+        return jsonl.scan_growing(file, on_batch, threads)
+    return jsonl.scan(file, on_batch, threads) if jsonl.applies(file, "train") else None
+
+
+def _file_name(file: str | GrowingFile) -> str:
+    """The file's path (a copy being written: the name it will have)."""
+    return file.final if isinstance(file, GrowingFile) else file
 
 
 def _streamed_files(entry: DatasetEntry, datasets_cache: str) -> JsonFiles | None:
@@ -493,6 +509,15 @@ def _streamed_files(entry: DatasetEntry, datasets_cache: str) -> JsonFiles | Non
     many rows of a batch), so each is cut once its batch is counted. ``None`` for any other dataset."""
     if not isinstance(entry.amount, float) or entry.amount < 1.0:
         return None
+    if jsonl.reads_decompressed(entry.path, entry.split):  # its copy read as it is written
+        path = pinned.pin(entry.path)
+        files = JsonFiles([path], None, copies_of(entry.path, [path], datasets_cache, None))
+        with closed_on_error(files):
+            small = files.sizes[0] <= jsonl.BATCH_BYTES
+        if small:
+            files.close()  # (read whole, as before)
+            return None
+        return files
     if local_builder(entry.path) is None and not is_remote(entry.path):
         files = json_data_files(entry.path, entry.split, entry.revision, datasets_cache)
         if files is None or not files.paths:
@@ -515,7 +540,9 @@ def _streamed_files(entry: DatasetEntry, datasets_cache: str) -> JsonFiles | Non
 def _source_path(dataset: _Opened) -> str:
     """What a streamed dataset's slices name as their file: the file, or the dataset of several files."""
     assert dataset.streamed is not None
-    return dataset.streamed.local(0) if len(dataset.streamed.paths) == 1 else dataset.entry.path
+    if len(dataset.streamed.paths) == 1:
+        return _file_name(dataset.streamed.follow(0))
+    return dataset.entry.path
 
 
 def _open_streamed(
@@ -544,7 +571,8 @@ def _opened_streamed(
     memory: int | None,
     files: JsonFiles,
 ) -> _Opened | None:
-    head = jsonl.first_batch(files.local(0))
+    first = files.follow(0)
+    head = jsonl.first_batch_growing(first) if isinstance(first, GrowingFile) else jsonl.first_batch(first)
     if head is None:
         return None
     batch, schema_b64 = head
@@ -566,7 +594,7 @@ def _opened_streamed(
         nbytes=nbytes,
     )
     if len(files.paths) > 1:  # (each batch names its file)
-        batch = batch.model_copy(update={"path": files.local(0)})
+        batch = batch.model_copy(update={"path": _file_name(first)})
     source = jsonl.JsonlSource(path=_source_path(dataset), schema_b64=schema_b64, batches=[batch])
     first = (0, min(batch.rows, run.slice_rows or batch.rows), None)  # the first slice's rows
     dataset.sampled = cutter.spec(dataset, first, _batch_data(schema_b64, [batch]), 0, jsonl=source)
@@ -878,8 +906,9 @@ def _cut_streamed(
             waiting.clear()
 
     try:
-        if len(files.paths) == 1:
-            layout = jsonl.scan(files.local(0), counted, hand_on.reading_threads())
+        if len(files.paths) == 1:  # (its batches name no file)
+            with closed_on_error(files):
+                layout = _scanned_file(files.follow(0), counted, hand_on.reading_threads())
         else:
             layout = _scanned_files(files, entry.path, counted, hand_on.reading_threads())
     except DatasetError as exc:

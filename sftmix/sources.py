@@ -35,9 +35,20 @@ from typing import Any, Protocol, TypeVar
 from . import hub_files, settings
 from .downloads import Downloads, closed_on_error, downloads_of
 from .errors import DatasetError
+from .growing import GrowingFile
 from .hub import offline, offline_cache_problem, unreachable_hub_problem
 from .ownership import remove_abandoned_temps
-from .pinned import Stream, at_commit, local_copy, object_info, object_version, size_of, unpinned, version
+from .pinned import (
+    Stream,
+    at_commit,
+    local_copy,
+    object_info,
+    object_version,
+    read_remote,
+    size_of,
+    unpinned,
+    version,
+)
 from .read_progress import ReadProgress, StillLoading
 from .storage import atomic_open, download_file, is_remote, sha256_stream
 
@@ -437,14 +448,20 @@ def fetch_version(path: str, info: dict[str, Any], local: str) -> None:
 _CHANGED_WHILE_FETCHED = "the object changed while it was fetched: rerun when it no longer changes"
 
 
-def decompressed_copy(path: str, cache_dir: str, progress: ReadProgress | None = None) -> str:
+def decompressed_copy(
+    path: str,
+    cache_dir: str,
+    progress: ReadProgress | None = None,
+    begun: Callable[[GrowingFile], None] | None = None,
+) -> str:
     """A compressed data file's decompressed copy, made once per version of the file (a local file's
     path, size, modification time and inode; a pinned ``gs://`` object's URL, size and generation, read
     by range as it is decompressed, never fetched whole first) in ``cache_dir``, so that it is read like a
     plain file: by batch on every core, where ``datasets`` decompresses and converts it on one. The copy
     lands whole or not at all (temp name, fsync, rename); a file that changes while it is decompressed is
     refused. ``progress`` counts the compressed bytes read (a line of its own every few seconds where
-    none is given: ~100 GB take minutes)."""
+    none is given: ~100 GB take minutes); ``begun`` is handed the copy as it is written, when this call
+    makes it (:mod:`sftmix.growing`: its reader need not wait for the rest)."""
     url, found = unpinned(path)[0], version(path)
     where = url if is_remote(path) else os.path.abspath(path)
     tag = hashlib.sha256(f"{where}|{found}".encode()).hexdigest()[:24]
@@ -453,7 +470,7 @@ def decompressed_copy(path: str, cache_dir: str, progress: ReadProgress | None =
     line = progress if progress is not None else own
     with own or contextlib.nullcontext(), _making(local, line) as making:  # (another may be making it)
         if not local.is_file():
-            _decompress(path, url, found, local, making)
+            _decompress(path, url, found, local, making, begun)
     return str(local)
 
 
@@ -499,23 +516,45 @@ def _making(local: Path, progress: ReadProgress | None) -> Iterator[_Making]:
                 making.lines.remove(progress)
 
 
-def _decompress(path: str, url: str, found: tuple[Any, ...], local: Path, making: _Making) -> None:
+def _decompress(
+    path: str,
+    url: str,
+    found: tuple[Any, ...],
+    local: Path,
+    making: _Making,
+    begun: Callable[[GrowingFile], None] | None,
+) -> None:
     logger.info("decompressing %s (%s bytes)", url, found[0])
     remove_abandoned_temps(local.parent)  # a run killed while it decompressed this version
+    growing: GrowingFile | None = None
     try:
         with _decompressing(path, found[0]) as (src, consumed), atomic_open(local) as dst:
+            growing = GrowingFile(dst.name, str(local))
+            if begun is not None:
+                begun(growing)
             counted = 0
             while block := src.read(_DECOMPRESS_BLOCK):
                 dst.write(block)
+                dst.flush()  # (its readers read the file)
+                growing.grew(len(block))
                 now = consumed()
                 making.read(now - counted)
                 counted = now
             if version(path) != found:
                 raise DatasetError(path, _CHANGED_WHILE_DECOMPRESSED)
-    except DatasetError:
+    except DatasetError as exc:
+        if growing is not None:
+            growing.ended(exc)
         raise
-    except Exception as exc:
-        raise DatasetError(path, f"cannot decompress the file: {type(exc).__name__}: {exc}") from None
+    except BaseException as exc:
+        error = DatasetError(path, f"cannot decompress the file: {type(exc).__name__}: {exc}")
+        if growing is not None:
+            growing.ended(error)
+        if not isinstance(exc, Exception):
+            raise
+        raise error from None
+    if growing is not None:
+        growing.ended()
 
 
 _DECOMPRESS_BLOCK = 16 << 20
@@ -802,6 +841,10 @@ class JsonFiles:
         path = self.paths[k]
         return path if self.downloads is None else self.downloads.wait(path)
 
+    def follow(self, k: int) -> str | GrowingFile:
+        """:meth:`local`, or, for a compressed file, its copy as soon as it is being made (as it grows)."""
+        return self.local(k) if self.copies is None else self.copies.follow(k)
+
     def close(self) -> None:
         """No more downloads or decompressions start (for a plan that will not read the files)."""
         if self.downloads is not None:
@@ -813,8 +856,9 @@ class JsonFiles:
     def sizes(self) -> list[int]:
         """Each file's size in bytes as the plan sizes slices by: a plain file's own (its copy's, or, not
         landed yet, the hub's, asked side by side); a compressed file's own times the first compressed
-        file's ratio of copy to file. So the first slices need not wait for every copy (~100 GB take
-        minutes to download), and the same files give the same sizes, online or offline."""
+        file's ratio of copy to file (that copy's size as the file says it, :func:`copy_size`). So the
+        first slices need not wait for any copy (~100 GB take minutes to download or decompress), and the
+        same files give the same sizes, online or offline."""
         from concurrent.futures import ThreadPoolExecutor
 
         def size(path: str) -> int:
@@ -831,8 +875,35 @@ class JsonFiles:
         if not any(compressed):
             return own
         first = compressed.index(True)
-        ratio = os.path.getsize(self.local(first)) / max(1, own[first])
+        here = self.paths[first] if self.downloads is None else self.downloads.wait(self.paths[first])
+        ratio = copy_size(here, lambda: os.path.getsize(self.local(first))) / max(1, own[first])
         return [round(n * ratio) if c else n for n, c in zip(own, compressed, strict=True)]
+
+
+#: A guess of how much larger JSON Lines of chats are than their gzip (only to tell a gzip file's size
+#: mod 4 GiB, which it records, from another multiple of 4 GiB).
+_GZIP_RATIO = 4
+
+
+def copy_size(path: str, made: Callable[[], int]) -> int:
+    """The size of compressed file ``path``'s decompressed copy, without making it where the file says it:
+    a gzip file (one member) records its size mod 4 GiB in its last 4 bytes (exact below 4 GiB, and for
+    a larger one the multiple of 4 GiB nearest a guess from the file's size). Any other: ``made()``."""
+    if _split_compression(unpinned(path)[0])[1] != ".gz":
+        return made()
+    size = size_of(path)
+    if size < 18:  # (shorter than gzip's own header and trailer)
+        return made()
+    if is_remote(path):
+        tail = read_remote(path, size - 4, size, "the object changed while it was planned")
+    else:
+        with open(path, "rb") as fh:
+            fh.seek(size - 4)
+            tail = fh.read(4)
+    recorded = int.from_bytes(tail, "little")
+    wraps = max(0, round((size * _GZIP_RATIO - recorded) / (1 << 32)))
+    told = recorded + wraps * (1 << 32)
+    return told if told >= size else size * _GZIP_RATIO  # (smaller than its gzip: several members)
 
 
 class DecompressedCopies:
@@ -854,27 +925,34 @@ class DecompressedCopies:
         self._progress = ReadProgress(name, total, "decompressed")
         self._progress.start()
 
-        def plain(path: str) -> str:
+        def plain(k: int, path: str) -> str:
             local = path if downloads is None else downloads.wait(path)
             if compression_of(local) is None:
                 return local
-            return decompressed_copy(local, cache_dir, self._progress)
+            return decompressed_copy(local, cache_dir, self._progress, lambda copy: self._begun(k, copy))
 
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._left, self._failed = len(paths), False
+        self._growing: list[GrowingFile | None] = [None] * len(paths)
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, min(len(paths), available_cpus())), thread_name_prefix="decompress"
         )
-        self._copies = [self._pool.submit(plain, path) for path in paths]
+        self._copies = [self._pool.submit(plain, k, path) for k, path in enumerate(paths)]
         self._pool.shutdown(wait=False)  # (its threads end once these are made)
         for copy in self._copies:
             copy.add_done_callback(self._settled)
+
+    def _begun(self, k: int, copy: GrowingFile) -> None:
+        with self._lock:
+            self._growing[k] = copy
+            self._lock.notify_all()
 
     def _settled(self, copy: Future[str]) -> None:
         """(Called on the thread that settles a copy, or that cancels it holding the pool's lock.)"""
         with self._lock:
             self._left -= 1
             self._failed |= copy.cancelled() or copy.exception() is not None
+            self._lock.notify_all()
             if self._left and not self._failed:
                 return
         if not self._left:
@@ -892,6 +970,14 @@ class DecompressedCopies:
             return self._copies[k].result()
         except CancelledError:
             raise DatasetError(self.name, f"{self.paths[k]}: its decompression was stopped") from None
+
+    def follow(self, k: int) -> str | GrowingFile:
+        """File ``k``'s copy once it is made, or, as soon as it is being made here, the copy as it grows."""
+        with self._lock:
+            while self._growing[k] is None and not self._copies[k].done():
+                self._lock.wait()
+            growing = self._growing[k]
+        return self.wait(k) if growing is None else growing
 
     def close(self) -> None:
         """No more copies start, and no one waits for those being made (each lands whole or not)."""

@@ -9,6 +9,7 @@ import os
 import random
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -167,6 +168,84 @@ def test_a_large_files_slices_are_cut_while_the_plan_reads_it(large, tmp_path, s
     assert replayed.model_dump(exclude={"inputs"}) == plan.model_dump(exclude={"inputs"})
     assert again == [s.key for s in plan.slices]
     assert build_plan(mixer, run).model_dump(exclude={"inputs"}) == plan.model_dump(exclude={"inputs"})
+
+
+def _gzipped(plain: Path, packed: Path) -> Path:
+    import gzip
+
+    with gzip.open(packed, "wb", compresslevel=1) as fh:
+        fh.write(plain.read_bytes())
+    return packed
+
+
+def _held_copy(monkeypatch) -> threading.Event:
+    """Decompressions made 1 MiB at a time, each held once its copy holds more than a batch and a
+    bit, until the event is set."""
+    from sftmix import sources
+    from sftmix.growing import GrowingFile
+
+    held, grew = threading.Event(), GrowingFile.grew
+
+    def holding(self, nbytes: int) -> None:
+        grew(self, nbytes)
+        if self._written > jsonl.BATCH_BYTES + (2 << 20):
+            assert held.wait(120), "the copy was held and no slice was handed on"
+
+    monkeypatch.setattr(sources, "_DECOMPRESS_BLOCK", 1 << 20)
+    monkeypatch.setattr(GrowingFile, "grew", holding)
+    return held
+
+
+def test_a_large_compressed_files_slices_start_while_its_copy_is_written(large, tmp_path, monkeypatch):
+    """A single large .jsonl.gz: its decompressed copy is scanned, and its first slice's rows read, while
+    the copy is still being written (held here), not once it is whole; the plan is the plain file's."""
+    from sftmix.slices import rows_of
+    from sftmix.storage import TMP_MARK
+
+    jsonl._SCANS.clear()
+    packed = _gzipped(large, tmp_path / "large.jsonl.gz")
+    held = _held_copy(monkeypatch)
+    work = tmp_path / "w"
+    seen: list[tuple[bool, object]] = []
+
+    def handed(spec, ctx) -> None:
+        if not held.is_set():
+            assert spec.jsonl is not None
+            made = Path(spec.jsonl.path).exists()
+            seen.append((made, rows_of(spec, str(work / "datasets-cache"), [spec.row_start])[0]))
+            held.set()
+
+    plan = build_plan(_mixer(packed, tmp_path / "out"), RunOptions(work_dir=str(work)), handed)
+    first_row = json.loads(large.read_text().split("\n", 1)[0])
+    assert seen and seen[0][0] is False  # handed on, and read, before the copy was whole
+    assert seen[0][1]["messages"] == first_row["messages"]
+    plain = build_plan(_mixer(large, tmp_path / "out"), RunOptions(work_dir=str(tmp_path / "w2")))
+    assert [s.key for s in plan.slices] == [s.key for s in plain.slices] and len(plan.slices) >= 3
+    assert plan.datasets[0].fingerprint == plain.datasets[0].fingerprint
+    assert plan.datasets[0].n_rows == 7_600 and plan.slices[0].dataset == str(packed)
+    copies = [p for p in (work / "datasets-cache").rglob("*") if p.is_file()]
+    assert [p.read_bytes() == large.read_bytes() for p in copies] == [True]  # no temp file left
+    assert not any(TMP_MARK in p.name for p in copies)
+
+
+def test_a_compressed_file_that_ends_short_while_its_slices_begin_is_one_clear_error(
+    large, tmp_path, monkeypatch
+):
+    """Cut short: the slices begun from its copy's first batches do not hide the error; it names the
+    file, and no copy or temp file is left."""
+    packed = _gzipped(large, tmp_path / "large.jsonl.gz")
+    packed.write_bytes(packed.read_bytes()[: packed.stat().st_size * 2 // 3])
+    held = _held_copy(monkeypatch)
+    early: list[str] = []
+
+    def handed(spec, ctx) -> None:
+        early.append(spec.key)
+        held.set()
+
+    with pytest.raises(DatasetError, match="cannot decompress the file") as refused:
+        build_plan(_mixer(packed, tmp_path / "out"), RunOptions(work_dir=str(tmp_path / "w")), handed)
+    assert early and str(packed) in str(refused.value)
+    assert not [p for p in (tmp_path / "w" / "datasets-cache").rglob("*") if p.is_file()]
 
 
 def test_a_fraction_below_one_is_counted_before_any_slice_is_cut(large, tmp_path):

@@ -1,0 +1,90 @@
+"""A file read while it is written: a compressed file's decompressed copy is scanned, and its slices read,
+as its bytes land, not once it is whole. One core decompresses ~1 GB/s, so a single 100 GB file held
+every other core idle for minutes before its first slice.
+
+The copy is written under a temp name and renamed once whole (:func:`sftmix.storage.atomic_open`), so
+a reader that started before the rename follows the temp file (its open descriptor outlives the
+rename), and one that opens it by name tries the final name, then the temp, then the final again
+(:func:`open_landing`): whichever it opens holds the same bytes, which each slice checks by digest.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+
+from .errors import DatasetError
+
+
+class GrowingFile:
+    """File ``temp``, being written, to be renamed ``final`` once whole: how many bytes it holds, and how
+    its writing ended. The writer calls :meth:`grew` after each block it has flushed, then :meth:`ended`
+    (after the rename, or with its error); readers follow it with :meth:`chunks`."""
+
+    def __init__(self, temp: str, final: str) -> None:
+        self.temp, self.final = temp, final
+        self._changed = threading.Condition()
+        self._written = 0
+        self._ended = False
+        self._error: BaseException | None = None
+
+    def grew(self, nbytes: int) -> None:
+        with self._changed:
+            self._written += nbytes
+            self._changed.notify_all()
+
+    def ended(self, error: BaseException | None = None) -> None:
+        with self._changed:
+            self._ended, self._error = True, error
+            self._changed.notify_all()
+
+    def _state(self, at: int | None) -> tuple[int, bool]:
+        """Once it holds more than ``at`` bytes (``None``: all it will) or has ended: (bytes written,
+        ended); its writer's error, raised."""
+        with self._changed:
+            while (at is None or self._written <= at) and not self._ended:
+                self._changed.wait()
+            written, ended, error = self._written, self._ended, self._error
+        if error is not None:
+            if isinstance(error, DatasetError):
+                raise DatasetError(error.dataset, error.reason) from None
+            raise DatasetError(self.final, f"its copy was not made: {type(error).__name__}: {error}")
+        return written, ended
+
+    def chunks(self, size: int) -> Iterator[bytes]:
+        """The file's bytes in order, at most ``size`` at a time, each as soon as it is written, to its end
+        (the writer's error, if it failed)."""
+        try:
+            fd = os.open(self.temp, os.O_RDONLY)
+        except FileNotFoundError:  # renamed already (or removed: its error says why)
+            self._state(None)
+            fd = os.open(self.final, os.O_RDONLY)
+        try:
+            at = 0
+            while True:
+                written, ended = self._state(at)
+                if at < written:
+                    data = os.pread(fd, min(size, written - at), at)
+                    if not data:
+                        raise DatasetError(self.final, "its copy ended before the bytes written to it")
+                    at += len(data)
+                    yield data
+                elif ended:
+                    return
+        finally:
+            os.close(fd)
+
+
+def open_landing(final: str, temp: str) -> int:
+    """A read descriptor of file ``final``, or, while it is still being written, of ``temp`` (which becomes
+    ``final`` by a rename: tried in that order, then ``final`` again)."""
+    try:
+        return os.open(final, os.O_RDONLY)
+    except FileNotFoundError:
+        if not temp:
+            raise
+    try:
+        return os.open(temp, os.O_RDONLY)
+    except FileNotFoundError:
+        return os.open(final, os.O_RDONLY)
