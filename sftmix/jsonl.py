@@ -222,12 +222,19 @@ def _read(path: str, offset: int, end: int, growing: str = "") -> bytes:
     if is_remote(path):
         data = pinned.read_remote(path, offset, end, _changed(offset, end))
     else:
-        with open(open_landing(path, growing), "rb") as fh:
+        try:
+            fd = open_landing(path, growing)
+        except FileNotFoundError:
+            raise DatasetError(path, _GONE) from None
+        with open(fd, "rb") as fh:
             fh.seek(offset)
             data = fh.read(end - offset)
     if len(data) != end - offset:
         raise DatasetError(path, _changed(offset, end))
     return data
+
+
+_GONE = "the file is gone since the run was planned (moved, deleted, or its copy not made): rerun it"
 
 
 def _changed(offset: int, end: int) -> str:

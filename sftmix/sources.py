@@ -871,7 +871,7 @@ class JsonFiles:
         else:
             with ThreadPoolExecutor(max_workers=min(16, len(self.paths))) as pool:
                 own = list(pool.map(size, self.paths))
-        compressed = [compression_of(p) is not None for p in self.paths]
+        compressed = [compression_of(unpinned(p)[0]) is not None for p in self.paths]
         if not any(compressed):
             return own
         first = compressed.index(True)
@@ -920,14 +920,16 @@ class DecompressedCopies:
 
         self.name, self.paths = name, paths
         total = (
-            0 if downloads is not None else sum(size_of(p) for p in paths if compression_of(p) is not None)
+            0
+            if downloads is not None
+            else sum(size_of(p) for p in paths if compression_of(unpinned(p)[0]) is not None)
         )
         self._progress = ReadProgress(name, total, "decompressed")
         self._progress.start()
 
         def plain(k: int, path: str) -> str:
             local = path if downloads is None else downloads.wait(path)
-            if compression_of(local) is None:
+            if compression_of(unpinned(local)[0]) is None:  # (a pinned object's URL names it)
                 return local
             return decompressed_copy(local, cache_dir, self._progress, lambda copy: self._begun(k, copy))
 

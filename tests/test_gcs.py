@@ -217,6 +217,40 @@ def test_a_large_jsonl_object_is_read_in_place_by_byte_range_while_it_is_planned
         jsonl.scan(pinned)
 
 
+def test_a_large_compressed_jsonl_object_is_sliced_as_its_copy_is_written(gcs, tmp_path):
+    """A gs:// .jsonl.gz of several batches: its copy is decompressed as its ranges arrive and scanned as
+    it is written, each slice cut (and handed on) from the copy still being written; the slices are the
+    plain file's."""
+    import gzip
+
+    from sftmix import jsonl
+    from tests.test_head_start import _mixer, arithmetic
+
+    local = tmp_path / "large.jsonl"
+    with open(local, "w", encoding="utf-8") as fh:
+        for k, row in enumerate(arithmetic(random.Random(9), 7_600)):
+            fh.write(json.dumps({**row, "id": f"{k:05d}-" + "x" * 3000}) + "\n")
+    url = f"gs://src/{uuid.uuid4().hex[:8]}/large.jsonl.gz"
+    gcs.pipe_file(url, gzip.compress(local.read_bytes(), compresslevel=1, mtime=0))
+    jsonl._SCANS.clear()
+    early: list = []
+    plan = build_plan(
+        _mixer(url, tmp_path / "out"),  # type: ignore[arg-type]
+        RunOptions(work_dir=str(tmp_path / "w")),
+        lambda spec, ctx: early.append(spec),
+    )
+    assert [s.key for s in early] == [s.key for s in plan.slices] and len(early) >= 3
+    assert all(b.growing for s in early for b in s.jsonl.batches)  # cut from the copy being written
+    copy = Path(early[0].jsonl.path)
+    assert copy.read_bytes() == local.read_bytes()  # (made since)
+    here = build_plan(_mixer(local, tmp_path / "here"), RunOptions(work_dir=str(tmp_path / "w2")))
+    assert [s.key for s in plan.slices] == [s.key for s in here.slices]
+    assert jsonl.read_rows(early[-1].jsonl, [early[-1].row_start]) == jsonl.read_rows(
+        here.slices[-1].jsonl,  # type: ignore[arg-type]
+        [here.slices[-1].row_start],
+    )
+
+
 def test_a_parquet_object_is_read_by_row_group_in_place_and_a_replaced_one_is_refused(
     gcs, prefect_api, tmp_path, monkeypatch
 ):
