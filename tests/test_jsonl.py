@@ -379,6 +379,59 @@ def test_ranges_fetched_ahead_give_the_batches_the_builder_reads(tmp_path, monke
         assert jsonl._first_batch_end(str(path), len(data)) == bounds[0][1]
 
 
+def test_a_file_read_as_it_is_written_gives_its_batches_then_its_writers_error(tmp_path, monkeypatch):
+    """A copy followed while a thread writes it piece by piece and renames it (sftmix.growing) gives the
+    batches of the whole file; a reader that begins after the rename reads the renamed file; one whose
+    writer fails gets the writer's error, after the bytes it wrote."""
+    import os
+    import threading
+
+    from sftmix.growing import GrowingFile, open_landing
+
+    rng = random.Random(43)
+    for trial in range(40):
+        data = b"".join(b"x" * rng.randrange(0, 90) + b"\n" for _ in range(rng.randrange(1, 40)))
+        monkeypatch.setattr(jsonl, "BATCH_BYTES", rng.randrange(1, 120))
+        final, temp = tmp_path / f"t{trial}.jsonl", tmp_path / f"t{trial}.jsonl.tmp"
+        temp.write_bytes(b"")
+        file, fails = GrowingFile(str(temp), str(final)), trial % 4 == 3
+
+        def write(file=file, temp=temp, final=final, fails=fails, data=data, trial=trial) -> None:
+            pieces = random.Random(trial)  # (its own: the reader draws from rng meanwhile)
+            with open(temp, "ab") as fh:
+                at = 0
+                while at < len(data):
+                    piece = data[at : at + pieces.randrange(1, 50)]
+                    fh.write(piece)
+                    fh.flush()
+                    file.grew(len(piece))
+                    at += len(piece)
+            if fails:
+                temp.unlink()
+                file.ended(DatasetError("chats.jsonl.gz", "cannot decompress the file: cut short"))
+                return
+            os.replace(temp, final)
+            file.ended()
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        if fails:
+            with pytest.raises(DatasetError, match="cut short"):
+                list(jsonl._batched(file.chunks(rng.randrange(1, 30))))
+            writer.join()
+            with pytest.raises(FileNotFoundError):
+                open_landing(str(final), str(temp))
+            continue
+        batches = list(jsonl._batched(file.chunks(rng.randrange(1, 30))))
+        writer.join()
+        bounds = jsonl.batch_bounds(str(final))
+        assert [(a, b) for a, b, _ in batches] == bounds and [d for *_, d in batches] == [
+            data[a:b] for a, b in bounds
+        ], trial
+        assert b"".join(file.chunks(7)) == data  # begun after the rename
+        os.close(open_landing(str(final), str(temp)))
+
+
 def _directory(root: Path, rng: random.Random) -> Path:
     """A directory laid out as a hub dataset of JSON Lines files: three train files (the first of
     several batches, the second without the key ``id`` and with a BOM), one test file."""
