@@ -367,9 +367,8 @@ def scan_files(
 
     The files are scanned side by side, each on a share of the ``threads``, each once ``local(k)`` gives
     its copy here (a hub file as it lands, a decompressed copy as it is written; default: the path as it
-    is); ``on_batch`` is told each batch
-    in the dataset's order (on this thread) as soon as it and every batch before it are counted, as
-    :func:`scan` tells a file's. The batches name the files' copies."""
+    is); ``on_batch`` is told each batch in the dataset's order (on this thread) as soon as it and every
+    batch before it are counted, as :func:`scan` tells a file's. The batches name the files' copies."""
     if not paths:
         return None
     cpus = threads or available_cpus()

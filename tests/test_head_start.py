@@ -248,6 +248,30 @@ def test_a_compressed_file_that_ends_short_while_its_slices_begin_is_one_clear_e
     assert not [p for p in (tmp_path / "w" / "datasets-cache").rglob("*") if p.is_file()]
 
 
+def test_a_compressed_file_that_changes_while_its_copy_is_written_is_one_clear_error(
+    large, tmp_path, monkeypatch
+):
+    """Appended to (a second gzip member) after its first slice began from its copy: the plan refuses it,
+    naming the file, and keeps no copy of either version."""
+    import gzip
+
+    packed = _gzipped(large, tmp_path / "large.jsonl.gz")
+    held = _held_copy(monkeypatch)
+    early: list[str] = []
+
+    def handed(spec, ctx) -> None:
+        if not early:
+            with open(packed, "ab") as fh:
+                fh.write(gzip.compress(b'{"messages": []}\n'))
+            held.set()
+        early.append(spec.key)
+
+    with pytest.raises(DatasetError, match="changed while it was decompressed") as refused:
+        build_plan(_mixer(packed, tmp_path / "out"), RunOptions(work_dir=str(tmp_path / "w")), handed)
+    assert early and str(packed) in str(refused.value)
+    assert not [p for p in (tmp_path / "w" / "datasets-cache").rglob("*") if p.is_file()]
+
+
 def test_a_fraction_below_one_is_counted_before_any_slice_is_cut(large, tmp_path):
     jsonl._SCANS.clear()
     mixer = _mixer(large, tmp_path / "out")
