@@ -38,7 +38,6 @@ from .sources import (
     SourceInfo,
     arrow_cache_files,
     copies_of,
-    decompressed_copy,
     describe,
     forget_builders,
     hash_ahead,
@@ -226,13 +225,11 @@ def _work_dir(run: RunOptions) -> tuple[Path, str | None]:
 
 def _local_copy(entry: DatasetEntry, datasets_cache: str) -> str:
     """The file the plan reads: the entry's own path; a ``gs://`` JSON Lines or Parquet object's pinned
-    generation (:func:`sftmix.pinned.pin`); a compressed JSON Lines file or object, decompressed to a copy
-    in the cache ``datasets`` would read it from (once per version of it); for another ``gs://`` object,
-    this machine's copy of it there (fetched once per object generation)."""
+    generation (:func:`sftmix.pinned.pin`); for another ``gs://`` object, this machine's copy of it in the
+    cache ``datasets`` would read it from (fetched once per object generation). (A compressed JSON Lines
+    file's copy: :func:`_compressed_file`.)"""
     if jsonl.reads_remote(entry.path, entry.split) or parquet.reads_remote(entry.path, entry.split):
         return pinned.pin(entry.path)  # read in place, by byte range
-    if jsonl.reads_decompressed(entry.path, entry.split):
-        return decompressed_copy(pinned.pin(entry.path), datasets_cache)  # an object read as it streams
     whole = is_remote(entry.path) and local_builder(entry.path) is not None and entry.split.strip() == "train"
     return localize(entry.path, datasets_cache) if whole else entry.path
 
@@ -250,6 +247,10 @@ def _jsonl_layout(entry: DatasetEntry, datasets_cache: str) -> jsonl.JsonlLayout
             total = 0 if files.downloads or files.copies else sum(files.sizes)
             with ReadProgress(entry.path, total) as progress:
                 layout = _scanned_files(files, entry.path, progress.batch_read)
+        elif jsonl.reads_decompressed(entry.path, entry.split):  # counted as its copy is written
+            files = _compressed_file(entry, datasets_cache)
+            with closed_on_error(files), ReadProgress(entry.path, files.sizes[0]) as progress:
+                layout = _scanned_file(files.follow(0), progress.batch_read, None)
         else:
             path = _local_copy(entry, datasets_cache)
             if not jsonl.applies(path, entry.split):
@@ -510,8 +511,7 @@ def _streamed_files(entry: DatasetEntry, datasets_cache: str) -> JsonFiles | Non
     if not isinstance(entry.amount, float) or entry.amount < 1.0:
         return None
     if jsonl.reads_decompressed(entry.path, entry.split):  # its copy read as it is written
-        path = pinned.pin(entry.path)
-        files = JsonFiles([path], None, copies_of(entry.path, [path], datasets_cache, None))
+        files = _compressed_file(entry, datasets_cache)
         with closed_on_error(files):
             small = files.sizes[0] <= jsonl.BATCH_BYTES
         if small:
@@ -535,6 +535,14 @@ def _streamed_files(entry: DatasetEntry, datasets_cache: str) -> JsonFiles | Non
     if jsonl.applies(path, entry.split) and pinned.size_of(path) > jsonl.BATCH_BYTES:
         return JsonFiles([path])
     return None
+
+
+def _compressed_file(entry: DatasetEntry, datasets_cache: str) -> JsonFiles:
+    """A compressed JSON Lines file (or pinned ``gs://`` object), its copy made (or being made, shared
+    with the plan made ahead of the plan) in the datasets cache: :meth:`JsonFiles.follow` reads it as it
+    is written."""
+    path = pinned.pin(entry.path)
+    return JsonFiles([path], None, copies_of(entry.path, [path], datasets_cache, None))
 
 
 def _source_path(dataset: _Opened) -> str:

@@ -272,6 +272,24 @@ def test_a_compressed_file_that_changes_while_its_copy_is_written_is_one_clear_e
     assert not [p for p in (tmp_path / "w" / "datasets-cache").rglob("*") if p.is_file()]
 
 
+def test_a_compressed_file_counted_first_is_counted_as_its_copy_is_written(large, tmp_path):
+    """At a fraction below 1 a compressed file is counted before any slice is cut, its copy scanned as it
+    is written (one pass, not a copy then a read): the plain file's count, selection and slices."""
+    jsonl._SCANS.clear()
+    packed = _gzipped(large, tmp_path / "large.jsonl.gz")
+
+    def counted_first(data: Path, work: str):
+        mixer, early = _mixer(data, tmp_path / "out"), []
+        mixer.datasets[0].amount = 0.5
+        plan = build_plan(mixer, RunOptions(work_dir=str(tmp_path / work)), lambda s, c: early.append(s))
+        assert not early and plan.datasets[0].target == 3_800
+        return plan
+
+    plans = [counted_first(packed, "w"), counted_first(large, "w2")]
+    assert [s.key for s in plans[0].slices] == [s.key for s in plans[1].slices]
+    assert plans[0].datasets[0].fingerprint == plans[1].datasets[0].fingerprint
+
+
 def test_a_fraction_below_one_is_counted_before_any_slice_is_cut(large, tmp_path):
     jsonl._SCANS.clear()
     mixer = _mixer(large, tmp_path / "out")
