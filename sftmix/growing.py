@@ -39,7 +39,7 @@ class GrowingFile:
             self._ended, self._error = True, error
             self._changed.notify_all()
 
-    def _state(self, at: int | None) -> tuple[int, bool]:
+    def wait(self, at: int | None) -> tuple[int, bool]:
         """Once it holds more than ``at`` bytes (``None``: all it will) or has ended: (bytes written,
         ended); its writer's error, raised."""
         with self._changed:
@@ -52,18 +52,22 @@ class GrowingFile:
             raise DatasetError(self.final, f"its copy was not made: {type(error).__name__}: {error}")
         return written, ended
 
+    def opened(self) -> int:
+        """A read descriptor of the file, whether it is still being written or renamed since."""
+        try:
+            return os.open(self.temp, os.O_RDONLY)
+        except FileNotFoundError:  # renamed already (or removed: its error says why)
+            self.wait(None)
+            return os.open(self.final, os.O_RDONLY)
+
     def chunks(self, size: int) -> Iterator[bytes]:
         """The file's bytes in order, at most ``size`` at a time, each as soon as it is written, to its end
         (the writer's error, if it failed)."""
-        try:
-            fd = os.open(self.temp, os.O_RDONLY)
-        except FileNotFoundError:  # renamed already (or removed: its error says why)
-            self._state(None)
-            fd = os.open(self.final, os.O_RDONLY)
+        fd = self.opened()
         try:
             at = 0
             while True:
-                written, ended = self._state(at)
+                written, ended = self.wait(at)
                 if at < written:
                     data = os.pread(fd, min(size, written - at), at)
                     if not data:

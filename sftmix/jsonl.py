@@ -268,10 +268,10 @@ def _rows_in(data: bytes) -> tuple[int, int, bool]:
     return rows, len(newlines), odd
 
 
-def _scan_batch(path: str, offset: int, end: int) -> tuple[str, int, int, bool, bool]:
+def _scan_batch(path: str, offset: int, end: int, growing: str = "") -> tuple[str, int, int, bool, bool]:
     """sha256, rows (lines that are not blank) and newlines of one batch, whether some line does not
     look like one object, and whether its bytes are valid UTF-8."""
-    return _scanned(_read(path, offset, end), offset)
+    return _scanned(_read(path, offset, end, growing), offset)
 
 
 def _scanned(data: bytes, offset: int) -> tuple[str, int, int, bool, bool]:
@@ -479,6 +479,7 @@ def _counted(
     lines: int,
     scanned: tuple[str, int, int, bool, bool],
     data: bytes | None = None,
+    growing: str = "",
 ) -> tuple[JsonlBatch, list[BadLine], str | None] | None:
     """Batch ``k`` of the file from its scan (and its bytes, where they are at hand), with the bad lines
     found in it and (for the first batch) the features' schema: a batch that may hold a bad line (or is
@@ -488,7 +489,7 @@ def _counted(
     bad: list[BadLine] = []
     schema = None
     if k == 0 or odd or not utf8:  # the first gives the features; an odd one may be JSON over many lines
-        data = _read(path, offset, end) if data is None else data
+        data = _read(path, offset, end, growing) if data is None else data
         text = data.removeprefix(codecs.BOM_UTF8) if k == 0 else data
         try:
             table, found = read_batch(text, lines, None, offset + len(data) - len(text), utf8)
@@ -527,7 +528,7 @@ def _layout(
     schema = ""
     with contextlib.closing(scanned_batches):
         for k, (offset, end, scanned, data) in enumerate(scanned_batches):
-            found = _counted(path, k, offset, end, first_row, lines, scanned, data)
+            found = _counted(path, k, offset, end, first_row, lines, scanned, data, growing)
             if found is None:
                 return None  # (closing the batches reads no further)
             batch, bad, first_schema = found
@@ -548,23 +549,30 @@ def scan_growing(
     file: GrowingFile, on_batch: BatchListener | None = None, threads: int | None = None
 ) -> JsonlLayout | None:
     """:func:`scan` of a file still being written (a decompressed copy: :mod:`sftmix.growing`), each batch
-    told as soon as its bytes are written and counted; its layout names the file it becomes. ``None``
-    as :func:`scan`, and for a file that is empty or opens a JSON array."""
-    chunks = file.chunks(REMOTE_CHUNK)
-    batches = _batched(chunks)
+    told as soon as its bytes are written and counted (each read where it lies, on ``threads`` threads,
+    as a file's); its layout names the file it becomes. ``None`` as :func:`scan`, and for a file that is
+    empty or opens a JSON array."""
+    bounds = _growing_bounds(file)
     try:
-        first = next(batches, None)
-        if first is None or first[2].removeprefix(codecs.BOM_UTF8).startswith(b"["):
-            return None
+        first = next(bounds, None)
+        lines = first is not None and _lines_first(_read(file.final, 0, min(first[1], 4), file.temp))
+    except BaseException:
+        bounds.close()
+        raise
+    if first is None or not lines:
+        bounds.close()
+        return None
 
-        def all_batches() -> Generator[tuple[int, int, bytes]]:
-            yield first
-            yield from batches
+    def every() -> Generator[tuple[int, int, bytes | None]]:
+        yield first[0], first[1], None
+        yield from ((offset, end, None) for offset, end in bounds)
 
-        scanned = _scanned_stream(all_batches(), threads or available_cpus())
-        layout = _layout(file.final, scanned, on_batch, file.temp)
-    finally:
-        chunks.close()
+    def scan_one(offset: int, end: int, data: bytes | None) -> tuple[str, int, int, bool, bool]:
+        return _scan_batch(file.final, offset, end, file.temp)
+
+    # (the scan's own thread reads the bounds, and closes them)
+    scanned = _scanned_stream(every(), scan_one, threads or available_cpus())
+    layout = _layout(file.final, scanned, on_batch, file.temp)
     if layout is None:
         return None
     stamp = pinned.version(file.final)
@@ -579,18 +587,56 @@ def scan_growing(
 
 def first_batch_growing(file: GrowingFile) -> tuple[JsonlBatch, str] | None:
     """:func:`first_batch` of a file still being written, once its first batch is."""
-    chunks = file.chunks(REMOTE_CHUNK)
+    bounds = _growing_bounds(file)
     try:
-        first = next(_batched(chunks), None)
+        first = next(bounds, None)
     finally:
-        chunks.close()
-    if first is None or first[2].removeprefix(codecs.BOM_UTF8).startswith(b"["):
+        bounds.close()
+    if first is None:
         return None
-    offset, end, data = first
+    offset, end = first
+    data = _read(file.final, offset, end, file.temp)
+    if not _lines_first(data):
+        return None
     found = _counted(file.final, 0, offset, end, 0, 0, _scanned(data, offset), data)
     if found is None or found[2] is None:
         return None
     return found[0].model_copy(update={"growing": file.temp}), found[2]
+
+
+def _lines_first(head: bytes) -> bool:
+    """Whether a file that begins with ``head`` may be JSON Lines: not empty, not a JSON array (as
+    :func:`applies` asks)."""
+    return bool(head) and not head.removeprefix(codecs.BOM_UTF8).startswith(b"[")
+
+
+def _growing_bounds(file: GrowingFile) -> Generator[tuple[int, int]]:
+    """The bounds of a file's batches, as :func:`batch_bounds` finds them, each as soon as the file being
+    written holds it whole."""
+    fd = file.opened()
+    try:
+        start = 0
+        while True:
+            written, ended = file.wait(start)
+            if written <= start:  # (ended there)
+                return
+            look = start + BATCH_BYTES  # then the rest of the line, as readline reads it
+            while True:
+                written, ended = file.wait(look)
+                if written <= look:  # ended before: the rest, or a last line with no newline
+                    end = written
+                    break
+                window = os.pread(fd, min(written - look, 1 << 16), look)
+                if not window:
+                    raise DatasetError(file.final, "its copy ended before the bytes written to it")
+                if (newline := window.find(b"\n")) >= 0:
+                    end = look + newline + 1
+                    break
+                look += len(window)
+            yield start, end
+            start = end
+    finally:
+        os.close(fd)
 
 
 Scanned = tuple[int, int, tuple[str, int, int, bool, bool], bytes | None]
@@ -610,16 +656,23 @@ def _scanned_batches(path: str, size: int, threads: int) -> Iterator[Scanned]:
         finally:
             pool.shutdown(cancel_futures=True)
         return
-    yield from _scanned_stream(_fetched_batches(path, size), threads)
+    yield from _scanned_stream(
+        _fetched_batches(path, size), lambda offset, end, data: _scanned(data, offset), threads
+    )
 
 
-def _scanned_stream(fetched: Generator[tuple[int, int, bytes]], threads: int) -> Iterator[Scanned]:
-    """Each of ``fetched`` batches (bounds and bytes, in order) and its scan, on ``threads`` threads.
-    ``fetched`` is read on a thread of its own, so each batch is told once it and those before it are
-    scanned, whether or not the next one has come (a copy still being written, a slow object)."""
+def _scanned_stream(
+    fetched: Generator[tuple[int, int, bytes | None]],
+    scan: Callable[[int, int, bytes | None], tuple[str, int, int, bool, bool]],
+    threads: int,
+) -> Iterator[Scanned]:
+    """Each of ``fetched`` batches (bounds, and bytes where fetched; in order) and its ``scan``, on
+    ``threads`` threads. ``fetched`` is read on a thread of its own, so each batch is told once it and
+    those before it are scanned, whether or not the next one has come (a copy still being written, a
+    slow object)."""
     pool = ThreadPoolExecutor(max_workers=max(1, threads))
     scans: queue.Queue[
-        tuple[int, int, Future[tuple[str, int, int, bool, bool]], bytes] | BaseException | None
+        tuple[int, int, Future[tuple[str, int, int, bool, bool]], bytes | None] | BaseException | None
     ]
     scans = queue.Queue(maxsize=max(1, threads))  # (at most this many batches held ahead)
     stopped = threading.Event()
@@ -635,7 +688,7 @@ def _scanned_stream(fetched: Generator[tuple[int, int, bytes]], threads: int) ->
         last: BaseException | None = None
         try:
             for offset, end, data in fetched:
-                if not put((offset, end, pool.submit(_scanned, data, offset), data)):
+                if not put((offset, end, pool.submit(scan, offset, end, data), data)):
                     return
         except BaseException as exc:
             last = exc
@@ -648,8 +701,8 @@ def _scanned_stream(fetched: Generator[tuple[int, int, bytes]], threads: int) ->
         while (item := scans.get()) is not None:
             if isinstance(item, BaseException):
                 raise item
-            offset, end, scan, data = item
-            yield offset, end, scan.result(), data
+            offset, end, scanning, data = item
+            yield offset, end, scanning.result(), data
     finally:
         stopped.set()
         pool.shutdown(wait=False, cancel_futures=True)
@@ -691,7 +744,8 @@ def _batched(chunks: Iterator[bytes]) -> Iterator[tuple[int, int, bytes]]:
                 break
         if not cut:
             return
-        data = bytes(buffer[:cut])
+        with memoryview(buffer) as view:
+            data = bytes(view[:cut])  # (one copy, not two)
         del buffer[:cut]
         yield start, start + cut, data
         start += cut

@@ -381,7 +381,7 @@ def test_ranges_fetched_ahead_give_the_batches_the_builder_reads(tmp_path, monke
 
 def test_a_file_read_as_it_is_written_gives_its_batches_then_its_writers_error(tmp_path, monkeypatch):
     """A copy followed while a thread writes it piece by piece and renames it (sftmix.growing) gives the
-    batches of the whole file; a reader that begins after the rename reads the renamed file; one whose
+    batches of the whole file (its bytes in order, or its bounds alone); a reader that begins after the rename reads the renamed file; one whose
     writer fails gets the writer's error, after the bytes it wrote."""
     import os
     import threading
@@ -413,21 +413,34 @@ def test_a_file_read_as_it_is_written_gives_its_batches_then_its_writers_error(t
             os.replace(temp, final)
             file.ended()
 
-        writer = threading.Thread(target=write)
-        writer.start()
+        followed: list = []
+
+        def follow(file=file, followed=followed) -> None:
+            try:
+                followed.extend(jsonl._growing_bounds(file))
+            except DatasetError as exc:
+                followed.append(exc)
+
+        threads = [threading.Thread(target=follow), threading.Thread(target=write)]
+        for thread in threads:
+            thread.start()
         if fails:
             with pytest.raises(DatasetError, match="cut short"):
                 list(jsonl._batched(file.chunks(rng.randrange(1, 30))))
-            writer.join()
+            for thread in threads:
+                thread.join()
+            assert isinstance(followed[-1], DatasetError) and "cut short" in followed[-1].reason
             with pytest.raises(FileNotFoundError):
                 open_landing(str(final), str(temp))
             continue
         batches = list(jsonl._batched(file.chunks(rng.randrange(1, 30))))
-        writer.join()
+        for thread in threads:
+            thread.join()
         bounds = jsonl.batch_bounds(str(final))
         assert [(a, b) for a, b, _ in batches] == bounds and [d for *_, d in batches] == [
             data[a:b] for a, b in bounds
         ], trial
+        assert followed == bounds, trial  # found as it was written, without its bytes
         assert b"".join(file.chunks(7)) == data  # begun after the rename
         os.close(open_landing(str(final), str(temp)))
 
