@@ -551,7 +551,38 @@ def scan_growing(
     """:func:`scan` of a file still being written (a decompressed copy: :mod:`sftmix.growing`), each batch
     told as soon as its bytes are written and counted (each read where it lies, on ``threads`` threads,
     as a file's); its layout names the file it becomes. ``None`` as :func:`scan`, and for a file that is
-    empty or opens a JSON array."""
+    empty or opens a JSON array. Scanned once in this process: another caller meanwhile (the plan made
+    ahead of the plan, and the plan) waits for it, and is told its batches at once."""
+    with _SCANS_LOCK:
+        running = _GROWING_SCANS.get(file.temp)
+        if running is None:
+            mine = _GROWING_SCANS[file.temp] = Future()
+    if running is not None:
+        layout = running.result()
+        if layout is not None and on_batch is not None:
+            for batch in layout.batches:
+                on_batch(batch, layout.schema_b64)
+        return layout
+    try:
+        layout = _scan_growing(file, on_batch, threads)
+    except BaseException as exc:
+        mine.set_exception(exc)
+        raise
+    else:
+        mine.set_result(layout)
+    finally:
+        with _SCANS_LOCK:
+            del _GROWING_SCANS[file.temp]
+    return layout
+
+
+#: Scans of copies being written, by the temp file each is written to (see :func:`scan_growing`).
+_GROWING_SCANS: dict[str, Future[JsonlLayout | None]] = {}
+
+
+def _scan_growing(
+    file: GrowingFile, on_batch: BatchListener | None, threads: int | None
+) -> JsonlLayout | None:
     bounds = _growing_bounds(file)
     try:
         first = next(bounds, None)

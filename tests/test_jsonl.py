@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -383,7 +384,6 @@ def test_a_file_read_as_it_is_written_gives_its_batches_then_its_writers_error(t
     """A copy followed while a thread writes it piece by piece and renames it (sftmix.growing) gives the
     batches of the whole file (its bytes in order, or its bounds alone); a reader that begins after the rename reads the renamed file; one whose
     writer fails gets the writer's error, after the bytes it wrote."""
-    import os
     import threading
 
     from sftmix.growing import GrowingFile, open_landing
@@ -443,6 +443,52 @@ def test_a_file_read_as_it_is_written_gives_its_batches_then_its_writers_error(t
         assert followed == bounds, trial  # found as it was written, without its bytes
         assert b"".join(file.chunks(7)) == data  # begun after the rename
         os.close(open_landing(str(final), str(temp)))
+
+
+def test_a_copy_being_written_is_scanned_once_for_two_readers(tmp_path, monkeypatch):
+    """The plan made ahead of the plan and the plan both count a compressed file's copy as it is written:
+    it is read once, and both get its batches (the second at once, when the first has them all)."""
+    import threading
+
+    from sftmix.growing import GrowingFile
+
+    rows = _many(random.Random(44), 3 * (1 << 16))
+    plain = tmp_path / "chats.jsonl"
+    _write(plain, rows)
+    data = plain.read_bytes()
+    monkeypatch.setattr(jsonl, "BATCH_BYTES", 1 << 14)
+    temp, final = tmp_path / "copy.tmp", tmp_path / "copy.jsonl"
+    temp.write_bytes(b"")
+    file = GrowingFile(str(temp), str(final))
+    scanned: list[tuple[int, int]] = []
+    scan_batch = jsonl._scan_batch
+    monkeypatch.setattr(
+        jsonl,
+        "_scan_batch",
+        lambda path, a, b, growing="": scanned.append((a, b)) or scan_batch(path, a, b, growing),
+    )
+    told: list[list] = [[], []]
+    layouts: list = [None, None]
+
+    def read(k: int) -> None:
+        layouts[k] = jsonl.scan_growing(file, lambda batch, schema: told[k].append(batch.sha256))
+
+    readers = [threading.Thread(target=read, args=(k,)) for k in range(2)]
+    for reader in readers:
+        reader.start()
+    with open(temp, "ab") as fh:
+        for at in range(0, len(data), 5000):
+            fh.write(data[at : at + 5000])
+            fh.flush()
+            file.grew(len(data[at : at + 5000]))
+    os.replace(temp, final)
+    file.ended()
+    for reader in readers:
+        reader.join()
+    expected = jsonl.scan(str(final))
+    assert layouts[0] == layouts[1] and layouts[0].fingerprint == expected.fingerprint
+    assert told[0] == told[1] == [b.sha256 for b in expected.batches] and len(told[0]) > 3
+    assert sorted(scanned) == jsonl.batch_bounds(str(final))  # each batch read once
 
 
 def _directory(root: Path, rng: random.Random) -> Path:
