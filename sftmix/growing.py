@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
 
 from .errors import DatasetError
 
@@ -20,7 +19,7 @@ from .errors import DatasetError
 class GrowingFile:
     """File ``temp``, being written, to be renamed ``final`` once whole: how many bytes it holds, and how
     its writing ended. The writer calls :meth:`grew` after each block it has flushed, then :meth:`ended`
-    (after the rename, or with its error); readers follow it with :meth:`chunks`."""
+    (after the rename, or with its error); readers follow it with :meth:`opened` and :meth:`wait`."""
 
     def __init__(self, temp: str, final: str) -> None:
         self.temp, self.final = temp, final
@@ -59,25 +58,6 @@ class GrowingFile:
         except FileNotFoundError:  # renamed already (or removed: its error says why)
             self.wait(None)
             return os.open(self.final, os.O_RDONLY)
-
-    def chunks(self, size: int) -> Iterator[bytes]:
-        """The file's bytes in order, at most ``size`` at a time, each as soon as it is written, to its end
-        (the writer's error, if it failed)."""
-        fd = self.opened()
-        try:
-            at = 0
-            while True:
-                written, ended = self.wait(at)
-                if at < written:
-                    data = os.pread(fd, min(size, written - at), at)
-                    if not data:
-                        raise DatasetError(self.final, "its copy ended before the bytes written to it")
-                    at += len(data)
-                    yield data
-                elif ended:
-                    return
-        finally:
-            os.close(fd)
 
 
 def open_landing(final: str, temp: str) -> int:

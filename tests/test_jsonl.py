@@ -382,8 +382,8 @@ def test_ranges_fetched_ahead_give_the_batches_the_builder_reads(tmp_path, monke
 
 def test_a_file_read_as_it_is_written_gives_its_batches_then_its_writers_error(tmp_path, monkeypatch):
     """A copy followed while a thread writes it piece by piece and renames it (sftmix.growing) gives the
-    batches of the whole file (its bytes in order, or its bounds alone); a reader that begins after the rename reads the renamed file; one whose
-    writer fails gets the writer's error, after the bytes it wrote."""
+    bounds of the whole file's batches, each once written; a reader that begins after the rename reads the
+    renamed file; one whose writer fails gets the writer's error, after the batches written whole."""
     import threading
 
     from sftmix.growing import GrowingFile, open_landing
@@ -397,7 +397,7 @@ def test_a_file_read_as_it_is_written_gives_its_batches_then_its_writers_error(t
         file, fails = GrowingFile(str(temp), str(final)), trial % 4 == 3
 
         def write(file=file, temp=temp, final=final, fails=fails, data=data, trial=trial) -> None:
-            pieces = random.Random(trial)  # (its own: the reader draws from rng meanwhile)
+            pieces = random.Random(trial)
             with open(temp, "ab") as fh:
                 at = 0
                 while at < len(data):
@@ -424,24 +424,18 @@ def test_a_file_read_as_it_is_written_gives_its_batches_then_its_writers_error(t
         threads = [threading.Thread(target=follow), threading.Thread(target=write)]
         for thread in threads:
             thread.start()
+        for thread in threads:
+            thread.join()
         if fails:
+            assert isinstance(followed[-1], DatasetError) and "cut short" in followed[-1].reason, trial
             with pytest.raises(DatasetError, match="cut short"):
-                list(jsonl._batched(file.chunks(rng.randrange(1, 30))))
-            for thread in threads:
-                thread.join()
-            assert isinstance(followed[-1], DatasetError) and "cut short" in followed[-1].reason
+                list(jsonl._growing_bounds(file))
             with pytest.raises(FileNotFoundError):
                 open_landing(str(final), str(temp))
             continue
-        batches = list(jsonl._batched(file.chunks(rng.randrange(1, 30))))
-        for thread in threads:
-            thread.join()
         bounds = jsonl.batch_bounds(str(final))
-        assert [(a, b) for a, b, _ in batches] == bounds and [d for *_, d in batches] == [
-            data[a:b] for a, b in bounds
-        ], trial
-        assert followed == bounds, trial  # found as it was written, without its bytes
-        assert b"".join(file.chunks(7)) == data  # begun after the rename
+        assert followed == bounds, trial  # found as it was written
+        assert list(jsonl._growing_bounds(file)) == bounds  # begun after the rename
         os.close(open_landing(str(final), str(temp)))
 
 
