@@ -38,18 +38,18 @@ class GrowingFile:
             self._ended, self._error = True, error
             self._changed.notify_all()
 
-    def wait(self, at: int | None) -> tuple[int, bool]:
-        """Once it holds more than ``at`` bytes (``None``: all it will) or has ended: (bytes written,
-        ended); its writer's error, raised."""
+    def wait(self, at: int | None) -> int:
+        """The bytes written, once it holds more than ``at`` (``None``: all it will) or has ended (then
+        at most ``at``); its writer's error, raised."""
         with self._changed:
             while (at is None or self._written <= at) and not self._ended:
                 self._changed.wait()
-            written, ended, error = self._written, self._ended, self._error
+            written, error = self._written, self._error
         if error is not None:
             if isinstance(error, DatasetError):
                 raise DatasetError(error.dataset, error.reason) from None
             raise DatasetError(self.final, f"its copy was not made: {type(error).__name__}: {error}")
-        return written, ended
+        return written
 
     def opened(self) -> int:
         """A read descriptor of the file, whether it is still being written or renamed since."""
@@ -72,3 +72,8 @@ def open_landing(final: str, temp: str) -> int:
         return os.open(temp, os.O_RDONLY)
     except FileNotFoundError:
         return os.open(final, os.O_RDONLY)
+
+
+def final_name(file: str | GrowingFile) -> str:
+    """A file's path; a copy still being written: the name it will have."""
+    return file.final if isinstance(file, GrowingFile) else file

@@ -51,7 +51,7 @@ from pydantic import BaseModel, ConfigDict
 from . import pinned, settings
 from .errors import BadLineError, DatasetError
 from .features import features_schema
-from .growing import GrowingFile, open_landing
+from .growing import GrowingFile, final_name, open_landing
 from .parallel import available_cpus
 from .sources import _valid_utf8, compression_of, local_builder, runs_in_parts, table_rows
 from .storage import is_remote
@@ -167,8 +167,7 @@ def applies(path: str, split: str) -> bool:
     size = pinned.size_of(path)
     if size == 0:
         return False
-    head = _read(path, 0, min(size, len(codecs.BOM_UTF8) + 1))
-    return not head.removeprefix(codecs.BOM_UTF8).startswith(b"[")
+    return _lines_first(_read(path, 0, min(size, len(codecs.BOM_UTF8) + 1)))
 
 
 def reads_remote(path: str, split: str) -> bool:
@@ -234,6 +233,7 @@ def _read(path: str, offset: int, end: int, growing: str = "") -> bytes:
     return data
 
 
+_CHANGED_WHILE_PLANNED = "the file changed while it was planned: plan it when it no longer changes"
 _GONE = "the file is gone since the run was planned (moved, deleted, or its copy not made): rerun it"
 
 
@@ -337,11 +337,22 @@ def scan(path: str, on_batch: BatchListener | None = None, threads: int | None =
         found = stamp in _SCANS
         layout = _SCANS.get(stamp)
     if found:
-        if layout is not None and on_batch is not None:
-            for batch in layout.batches:
-                on_batch(batch, layout.schema_b64)
+        _tell(layout, on_batch)
         return layout
     layout = _scan(path, version, on_batch, threads or available_cpus())
+    _keep(stamp, layout)
+    return layout
+
+
+def _tell(layout: JsonlLayout | None, on_batch: BatchListener | None) -> None:
+    """``on_batch`` told each batch of a layout scanned before, at once."""
+    if layout is not None and on_batch is not None:
+        for batch in layout.batches:
+            on_batch(batch, layout.schema_b64)
+
+
+def _keep(stamp: tuple[str, int, int, int], layout: JsonlLayout | None) -> None:
+    """A file's layout kept for the next scan of the same version (the oldest forgotten past a bound)."""
     with _SCANS_LOCK:
         _SCANS[stamp] = layout
         while (
@@ -349,7 +360,16 @@ def scan(path: str, on_batch: BatchListener | None = None, threads: int | None =
             and sum(len(kept.batches) for kept in _SCANS.values() if kept) > _KEPT_BATCHES
         ):
             _SCANS.popitem(last=False)
-    return layout
+
+
+def scan_file(
+    file: str | GrowingFile, on_batch: BatchListener | None = None, threads: int | None = None
+) -> JsonlLayout | None:
+    """:func:`scan` of a file this module reads (:func:`applies`), or :func:`scan_growing` of a copy still
+    being written; else ``None``."""
+    if isinstance(file, GrowingFile):
+        return scan_growing(file, on_batch, threads)
+    return scan(file, on_batch, threads) if applies(file, "train") else None
 
 
 def scan_files(
@@ -379,18 +399,8 @@ def scan_files(
     def scan_one(k: int) -> None:
         try:
             here = paths[k] if local is None else local(k)
-
-            def told(batch: JsonlBatch, schema: str) -> None:
-                events.put((k, batch, schema))
-
-            found = None
-            if isinstance(here, GrowingFile):
-                copies[k] = here.final
-                found = scan_growing(here, told, share)
-            else:
-                copies[k] = here
-                if applies(here, "train"):
-                    found = scan(here, told, share)
+            copies[k] = final_name(here)
+            found = scan_file(here, lambda batch, schema: events.put((k, batch, schema)), share)
         except BaseException as exc:
             events.put((k, exc, None))
             raise
@@ -446,10 +456,12 @@ def scan_files(
     )
 
 
-def first_batch(path: str) -> tuple[JsonlBatch, str] | None:
+def first_batch(path: str | GrowingFile) -> tuple[JsonlBatch, str] | None:
     """The file's first batch and the features' schema (serialized), from that batch alone: what the
     plan needs of a file before its slices can be cut (its columns, the rows it samples). ``None`` as
-    for :func:`scan`."""
+    for :func:`scan`. (A copy still being written: once its first batch is.)"""
+    if isinstance(path, GrowingFile):
+        return _first_batch_growing(path)
     end = _first_batch_end(path, pinned.size_of(path))
     data = _read(path, 0, end)
     found = _counted(path, 0, 0, end, 0, 0, _scanned(data, 0), data)
@@ -513,7 +525,7 @@ def _scan(
     after it (rewritten, grown, truncated, replaced by a rename) was read as no one version of it."""
     layout = _layout(path, _scanned_batches(path, stamp[0], threads), on_batch)
     if pinned.version(path) != stamp:
-        raise DatasetError(path, "the file changed while it was planned: plan it when it no longer changes")
+        raise DatasetError(path, _CHANGED_WHILE_PLANNED)
     return layout
 
 
@@ -559,9 +571,7 @@ def scan_growing(
             mine = _GROWING_SCANS[file.temp] = Future()
     if running is not None:
         layout = running.result()
-        if layout is not None and on_batch is not None:
-            for batch in layout.batches:
-                on_batch(batch, layout.schema_b64)
+        _tell(layout, on_batch)
         return layout
     try:
         layout = _scan_growing(file, on_batch, threads)
@@ -608,16 +618,12 @@ def _scan_growing(
         return None
     stamp = pinned.version(file.final)
     if stamp[0] != layout.size:
-        raise DatasetError(
-            file.final, "the file changed while it was planned: plan it when it no longer changes"
-        )
-    with _SCANS_LOCK:
-        _SCANS[(file.final, *stamp)] = layout  # (a later plan of the copy made reads it no more)
+        raise DatasetError(file.final, _CHANGED_WHILE_PLANNED)
+    _keep((file.final, *stamp), layout)  # (a later plan of the copy made reads it no more)
     return layout
 
 
-def first_batch_growing(file: GrowingFile) -> tuple[JsonlBatch, str] | None:
-    """:func:`first_batch` of a file still being written, once its first batch is."""
+def _first_batch_growing(file: GrowingFile) -> tuple[JsonlBatch, str] | None:
     bounds = _growing_bounds(file)
     try:
         first = next(bounds, None)
@@ -648,12 +654,12 @@ def _growing_bounds(file: GrowingFile) -> Generator[tuple[int, int]]:
     try:
         start = 0
         while True:
-            written, ended = file.wait(start)
+            written = file.wait(start)
             if written <= start:  # (ended there)
                 return
             look = start + BATCH_BYTES  # then the rest of the line, as readline reads it
             while True:
-                written, ended = file.wait(look)
+                written = file.wait(look)
                 if written <= look:  # ended before: the rest, or a last line with no newline
                     end = written
                     break

@@ -27,7 +27,7 @@ from .downloads import closed_on_error
 from .encoders import same_encodings
 from .errors import ConfigError, DatasetError, TemplateError
 from .formats import MESSAGES_KEY, Conversation, RowFormatError, conversation_from_row, detect_format
-from .growing import GrowingFile
+from .growing import final_name
 from .parallel import available_cpus, memory_limit
 from .read_progress import ReadProgress
 from .selection import selected_source_rows, selection_problem, small_count_warning, target_rows
@@ -250,7 +250,7 @@ def _jsonl_layout(entry: DatasetEntry, datasets_cache: str) -> jsonl.JsonlLayout
         elif jsonl.reads_decompressed(entry.path, entry.split):  # counted as its copy is written
             files = _compressed_file(entry, datasets_cache)
             with closed_on_error(files), ReadProgress(entry.path, files.sizes[0]) as progress:
-                layout = _scanned_file(files.follow(0), progress.batch_read, None)
+                layout = jsonl.scan_file(files.follow(0), progress.batch_read)
         else:
             path = _local_copy(entry, datasets_cache)
             if not jsonl.applies(path, entry.split):
@@ -489,20 +489,6 @@ def _scanned_files(
     return layout
 
 
-def _scanned_file(
-    file: str | GrowingFile, on_batch: jsonl.BatchListener | None, threads: int | None
-) -> jsonl.JsonlLayout | None:
-    """:func:`sftmix.jsonl.scan` of a single file, or of its decompressed copy as it is written."""
-    if isinstance(file, GrowingFile):
-        return jsonl.scan_growing(file, on_batch, threads)
-    return jsonl.scan(file, on_batch, threads) if jsonl.applies(file, "train") else None
-
-
-def _file_name(file: str | GrowingFile) -> str:
-    """The file's path (a copy being written: the name it will have)."""
-    return file.final if isinstance(file, GrowingFile) else file
-
-
 def _streamed_files(entry: DatasetEntry, datasets_cache: str) -> JsonFiles | None:
     """The file (or pinned ``gs://`` object), or a hub dataset's (or a directory's) files, whose slices
     can be cut while they are read: JSON Lines of several batches whose every row is selected whatever
@@ -549,7 +535,7 @@ def _source_path(dataset: _Opened) -> str:
     """What a streamed dataset's slices name as their file: the file, or the dataset of several files."""
     assert dataset.streamed is not None
     if len(dataset.streamed.paths) == 1:
-        return _file_name(dataset.streamed.follow(0))
+        return final_name(dataset.streamed.follow(0))
     return dataset.entry.path
 
 
@@ -580,7 +566,7 @@ def _opened_streamed(
     files: JsonFiles,
 ) -> _Opened | None:
     first = files.follow(0)
-    head = jsonl.first_batch_growing(first) if isinstance(first, GrowingFile) else jsonl.first_batch(first)
+    head = jsonl.first_batch(first)
     if head is None:
         return None
     batch, schema_b64 = head
@@ -602,7 +588,7 @@ def _opened_streamed(
         nbytes=nbytes,
     )
     if len(files.paths) > 1:  # (each batch names its file)
-        batch = batch.model_copy(update={"path": _file_name(first)})
+        batch = batch.model_copy(update={"path": final_name(first)})
     source = jsonl.JsonlSource(path=_source_path(dataset), schema_b64=schema_b64, batches=[batch])
     first = (0, min(batch.rows, run.slice_rows or batch.rows), None)  # the first slice's rows
     dataset.sampled = cutter.spec(dataset, first, _batch_data(schema_b64, [batch]), 0, jsonl=source)
@@ -916,7 +902,7 @@ def _cut_streamed(
     try:
         if len(files.paths) == 1:  # (its batches name no file)
             with closed_on_error(files):
-                layout = _scanned_file(files.follow(0), counted, hand_on.reading_threads())
+                layout = jsonl.scan_file(files.follow(0), counted, hand_on.reading_threads())
         else:
             layout = _scanned_files(files, entry.path, counted, hand_on.reading_threads())
     except DatasetError as exc:

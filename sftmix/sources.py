@@ -103,8 +103,10 @@ def local_builder(path: str) -> str | None:
 
 
 def compression_of(path: str) -> str | None:
-    """The compression suffix of a data file we read (``.gz``, ...), ``None`` for a plain file."""
-    return _split_compression(path)[1] if local_builder(path) is not None else None
+    """The compression suffix of a data file we read (``.gz``, ...; a pinned object's, by its URL),
+    ``None`` for a plain file."""
+    url = unpinned(path)[0]
+    return _split_compression(url)[1] if local_builder(url) is not None else None
 
 
 def looks_local(path: str) -> bool:
@@ -871,7 +873,7 @@ class JsonFiles:
         else:
             with ThreadPoolExecutor(max_workers=min(16, len(self.paths))) as pool:
                 own = list(pool.map(size, self.paths))
-        compressed = [compression_of(unpinned(p)[0]) is not None for p in self.paths]
+        compressed = [compression_of(p) is not None for p in self.paths]
         if not any(compressed):
             return own
         first = compressed.index(True)
@@ -889,7 +891,7 @@ def copy_size(path: str, made: Callable[[], int]) -> int:
     """The size of compressed file ``path``'s decompressed copy, without making it where the file says it:
     a gzip file (one member) records its size mod 4 GiB in its last 4 bytes (exact below 4 GiB, and for
     a larger one the multiple of 4 GiB nearest a guess from the file's size). Any other: ``made()``."""
-    if _split_compression(unpinned(path)[0])[1] != ".gz":
+    if compression_of(path) != ".gz":
         return made()
     size = size_of(path)
     if size < 18:  # (shorter than gzip's own header and trailer)
@@ -920,16 +922,14 @@ class DecompressedCopies:
 
         self.name, self.paths = name, paths
         total = (
-            0
-            if downloads is not None
-            else sum(size_of(p) for p in paths if compression_of(unpinned(p)[0]) is not None)
+            0 if downloads is not None else sum(size_of(p) for p in paths if compression_of(p) is not None)
         )
         self._progress = ReadProgress(name, total, "decompressed")
         self._progress.start()
 
         def plain(k: int, path: str) -> str:
             local = path if downloads is None else downloads.wait(path)
-            if compression_of(unpinned(local)[0]) is None:  # (a pinned object's URL names it)
+            if compression_of(local) is None:
                 return local
             return decompressed_copy(local, cache_dir, self._progress, lambda copy: self._begun(k, copy))
 
