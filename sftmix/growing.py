@@ -34,7 +34,11 @@ class GrowingFile:
             self._changed.notify_all()
 
     def ended(self, error: BaseException | None = None) -> None:
+        """How the writing ended (the first report counts): a writer that fails says so before it removes
+        the file, so a reader that finds it gone finds the reason (:meth:`failed`)."""
         with self._changed:
+            if self._ended:
+                return
             self._ended, self._error = True, error
             self._changed.notify_all()
 
@@ -44,12 +48,20 @@ class GrowingFile:
         with self._changed:
             while (at is None or self._written <= at) and not self._ended:
                 self._changed.wait()
-            written, error = self._written, self._error
-        if error is not None:
-            if isinstance(error, DatasetError):
-                raise DatasetError(error.dataset, error.reason) from None
-            raise DatasetError(self.final, f"its copy was not made: {type(error).__name__}: {error}")
+            written = self._written
+        self.failed()
         return written
+
+    def failed(self) -> None:
+        """Its writer's error, raised, where its writing ended with one (a reader that finds the file gone
+        or cut short asks why)."""
+        with self._changed:
+            error = self._error
+        if error is None:
+            return
+        if isinstance(error, DatasetError):
+            raise DatasetError(error.dataset, error.reason) from None
+        raise DatasetError(self.final, f"its copy was not made: {type(error).__name__}: {error}")
 
     def opened(self) -> int:
         """A read descriptor of the file, whether it is still being written or renamed since."""

@@ -44,7 +44,7 @@ from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -461,7 +461,7 @@ def first_batch(path: str | GrowingFile) -> tuple[JsonlBatch, str] | None:
     plan needs of a file before its slices can be cut (its columns, the rows it samples). ``None`` as
     for :func:`scan`. (A copy still being written: once its first batch is.)"""
     if isinstance(path, GrowingFile):
-        return _first_batch_growing(path)
+        return _copy_read(path, lambda: _first_batch_growing(path))
     end = _first_batch_end(path, pinned.size_of(path))
     data = _read(path, 0, end)
     found = _counted(path, 0, 0, end, 0, 0, _scanned(data, 0), data)
@@ -574,7 +574,7 @@ def scan_growing(
         _tell(layout, on_batch)
         return layout
     try:
-        layout = _scan_growing(file, on_batch, threads)
+        layout = _copy_read(file, lambda: _scan_growing(file, on_batch, threads))
     except BaseException as exc:
         mine.set_exception(exc)
         raise
@@ -588,6 +588,19 @@ def scan_growing(
 
 #: Scans of copies being written, by the temp file each is written to (see :func:`scan_growing`).
 _GROWING_SCANS: dict[str, Future[JsonlLayout | None]] = {}
+
+
+T = TypeVar("T")
+
+
+def _copy_read(file: GrowingFile, read: Callable[[], T]) -> T:
+    """``read()`` of a copy being written; where it finds the copy gone or cut short because its writer
+    failed (and removed it), the writer's error, which says why."""
+    try:
+        return read()
+    except DatasetError:
+        file.failed()
+        raise
 
 
 def _scan_growing(

@@ -534,29 +534,41 @@ def _decompress(
             growing = GrowingFile(dst.name, str(local))
             if begun is not None:
                 begun(growing)
-            counted = 0
-            while block := src.read(_DECOMPRESS_BLOCK):
-                dst.write(block)
-                dst.flush()  # (its readers read the file)
-                growing.grew(len(block))
-                now = consumed()
-                making.read(now - counted)
-                counted = now
-            if version(path) != found:
-                raise DatasetError(path, _CHANGED_WHILE_DECOMPRESSED)
-    except DatasetError as exc:
-        if growing is not None:
-            growing.ended(exc)
-        raise
+            try:
+                _copy_out(src, consumed, dst, growing, making)
+                if version(path) != found:
+                    raise DatasetError(path, _CHANGED_WHILE_DECOMPRESSED)
+            except BaseException as exc:  # (told before the temp file is removed: see GrowingFile.ended)
+                growing.ended(_decompress_error(path, exc))
+                raise
     except BaseException as exc:
-        error = DatasetError(path, f"cannot decompress the file: {type(exc).__name__}: {exc}")
+        error = _decompress_error(path, exc)
         if growing is not None:
             growing.ended(error)
-        if not isinstance(exc, Exception):
+        if isinstance(exc, DatasetError) or not isinstance(exc, Exception):
             raise
         raise error from None
     if growing is not None:
         growing.ended()
+
+
+def _copy_out(src: Any, consumed: Callable[[], int], dst: Any, growing: GrowingFile, making: _Making) -> None:
+    """The decompressed bytes of ``src`` written to ``dst``, each block told to its readers as flushed."""
+    counted = 0
+    while block := src.read(_DECOMPRESS_BLOCK):
+        dst.write(block)
+        dst.flush()  # (its readers read the file)
+        growing.grew(len(block))
+        now = consumed()
+        making.read(now - counted)
+        counted = now
+
+
+def _decompress_error(path: str, exc: BaseException) -> DatasetError:
+    """What a failed decompression says: our own error as it is; another wrapped, naming the file."""
+    if isinstance(exc, DatasetError):
+        return exc
+    return DatasetError(path, f"cannot decompress the file: {type(exc).__name__}: {exc}")
 
 
 _DECOMPRESS_BLOCK = 16 << 20

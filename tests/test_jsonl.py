@@ -5,6 +5,7 @@ after the plan is one clear error (issue 31, items 1 and 5)."""
 from __future__ import annotations
 
 import codecs
+import gzip
 import json
 import os
 import random
@@ -265,6 +266,45 @@ def test_a_damaged_compressed_file_is_one_clear_error(tmp_path):
     with pytest.raises(DatasetError, match=r"chats.jsonl.gz.*cannot decompress the file"):
         decompressed_copy(str(packed), str(tmp_path / "cache"))
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]  # no copy, no temp file
+
+
+@pytest.mark.parametrize("fault", ["damaged", "changed"])
+def test_a_failed_copy_says_why_before_it_is_removed(tmp_path, monkeypatch, fault):
+    """A copy that fails (a damaged file, one that changes while it is decompressed) tells its readers why
+    before its temp file is removed: a reader that then finds the copy gone, or cut short, is given that
+    reason, not "gone"."""
+    from sftmix import sources
+    from sftmix.growing import GrowingFile
+
+    plain = tmp_path / "chats.jsonl"
+    _write(plain, _many(random.Random(9), 100_000))
+    packed = _compressed(plain, ".gz")
+    if fault == "damaged":
+        packed.write_bytes(packed.read_bytes()[: packed.stat().st_size // 2])
+    told: list[tuple[bool, str]] = []
+
+    class Watched(GrowingFile):
+        def grew(self, nbytes: int) -> None:
+            if fault == "changed" and not told:  # appended to (a gzip member) as its copy is written
+                told.append((True, "appended"))
+                with open(packed, "ab") as fh:
+                    fh.write(gzip.compress(b'{"messages": []}\n'))
+            super().grew(nbytes)
+
+        def ended(self, error=None) -> None:
+            told.append((os.path.exists(self.temp), str(error)))
+            super().ended(error)
+
+    monkeypatch.setattr(sources, "GrowingFile", Watched)
+    reason = "cannot decompress the file" if fault == "damaged" else "changed while it was decompressed"
+    with pytest.raises(DatasetError, match=reason):
+        sources.decompressed_copy(str(packed), str(tmp_path / "cache"))
+    ends = [t for t in told if t[1] != "appended"]
+    assert ends[0][0] and reason in ends[0][1], told  # (the temp file still there when first told)
+    file = GrowingFile(str(tmp_path / "gone.tmp"), str(tmp_path / "gone.jsonl"))
+    file.ended(DatasetError(str(packed), reason))
+    with pytest.raises(DatasetError, match=reason):  # (the reader's side: gone, and why)
+        jsonl.first_batch(file)
 
 
 def test_a_copy_left_half_made_by_a_killed_run_is_removed(tmp_path):
