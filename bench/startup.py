@@ -8,8 +8,7 @@ datasets' whole-file Arrow conversion, side by side.
     python bench/startup.py --copies 40 --format hub       # that Parquet as a hub dataset's files (a directory)
     python bench/startup.py --copies 40 --format hub-jsonl # that .jsonl as a hub dataset's 8 JSON Lines files
     python bench/startup.py --copies 40 --format hub-jsonl.gz  # those 8 files gzipped
-    python bench/startup.py --copies 40 --format hub-declared  # plain, a card declaring the features:
-                                                               # the datasets library loads it
+    python bench/startup.py --copies 40 --format hub-declared  # plain, a card declaring the features
     python bench/startup.py --copies 4 --data tests/golden/data/sharegpt_mt150.jsonl
 
 Each plan runs in a fresh process with a fresh work directory (nothing cached), on the same file, with

@@ -113,6 +113,7 @@ class JsonlSource(BaseModel):
     path: str
     schema_b64: str
     batches: list[JsonlBatch]
+    declared: bool = False  # the features are those the dataset's card declares, not its first rows'
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,7 @@ class JsonlLayout:
     batches: tuple[JsonlBatch, ...]
     schema_b64: str  # the features' Arrow schema (with datasets' metadata), serialized
     bad_lines: tuple[BadLine, ...] = ()  # found by the plan (in the batches it parses: see scan)
+    declared: bool = False  # the features are those the dataset's card declares, not its first rows'
 
     @cached_property
     def first_rows(self) -> list[int]:
@@ -145,7 +147,9 @@ class JsonlLayout:
         return FINGERPRINT_PREFIX + h.hexdigest()
 
     def source(self, batches: list[JsonlBatch]) -> JsonlSource:
-        return JsonlSource(path=self.path, schema_b64=self.schema_b64, batches=batches)
+        return JsonlSource(
+            path=self.path, schema_b64=self.schema_b64, batches=batches, declared=self.declared
+        )
 
 
 def files_of(source: JsonlSource) -> set[str]:
@@ -299,6 +303,11 @@ def parse_batch(data: bytes) -> Any:
             raise
 
 
+def schema_text(schema: Any) -> str:
+    """An Arrow schema, serialized as layouts and slices carry it."""
+    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+
+
 def schema_names(schema_b64: str) -> tuple[str, ...]:
     """The columns of a serialized features schema."""
     return tuple(_schema(schema_b64).names)
@@ -363,13 +372,36 @@ def _keep(stamp: tuple[str, int, int, int], layout: JsonlLayout | None) -> None:
 
 
 def scan_file(
-    file: str | GrowingFile, on_batch: BatchListener | None = None, threads: int | None = None
+    file: str | GrowingFile,
+    on_batch: BatchListener | None = None,
+    threads: int | None = None,
+    declared: Any = None,
 ) -> JsonlLayout | None:
     """:func:`scan` of a file this module reads (:func:`applies`), or :func:`scan_growing` of a copy still
-    being written; else ``None``."""
-    if isinstance(file, GrowingFile):
-        return scan_growing(file, on_batch, threads)
-    return scan(file, on_batch, threads) if applies(file, "train") else None
+    being written; else ``None``. ``declared``: the features a hub dataset's card declares (see
+    :func:`scan_files`)."""
+
+    def scanned(told: BatchListener | None) -> JsonlLayout | None:
+        if isinstance(file, GrowingFile):
+            return scan_growing(file, told, threads)
+        return scan(file, told, threads) if applies(file, "train") else None
+
+    return _cast_as_declared(declared, on_batch, scanned)
+
+
+def _cast_as_declared(
+    declared: Any,
+    on_batch: BatchListener | None,
+    scanned: Callable[[BatchListener | None], JsonlLayout | None],
+) -> JsonlLayout | None:
+    """What ``scanned`` finds (told to ``on_batch``), its features, where a dataset's card declares them
+    (``declared``, an Arrow schema), those: ``datasets``' builder then casts every batch to them, the
+    first file's first batch included, and infers none."""
+    if declared is None:
+        return scanned(on_batch)
+    fixed = schema_text(declared)
+    layout = scanned(None if on_batch is None else lambda batch, _: on_batch(batch, fixed))
+    return None if layout is None else replace(layout, schema_b64=fixed, declared=True)
 
 
 def scan_files(
@@ -378,12 +410,13 @@ def scan_files(
     on_batch: BatchListener | None = None,
     threads: int | None = None,
     local: Callable[[int], str | GrowingFile] | None = None,
+    declared: Any = None,
 ) -> JsonlLayout | None:
     """The batches of a dataset of several JSON Lines files (a hub dataset's, a directory's), as
     ``datasets``' JSON builder reads them one after another: rows numbered across the files in order,
-    every batch cast to the features of the *first* file's first batch (a key a row lacks is null).
-    ``None`` where a file is not one :func:`applies` to, or is not JSON Lines pyarrow reads (``datasets``
-    then loads the dataset).
+    every batch cast to the features its card declares (``declared``, an Arrow schema), or else to those
+    of the *first* file's first batch (a key a row lacks is null). ``None`` where a file is not one
+    :func:`applies` to, or is not JSON Lines pyarrow reads (``datasets`` then loads the dataset).
 
     The files are scanned side by side, each on a share of the ``threads``, each once ``local(k)`` gives
     its copy here (a hub file as it lands, a decompressed copy as it is written; default: the path as it
@@ -391,6 +424,16 @@ def scan_files(
     batch before it are counted, as :func:`scan` tells a file's. The batches name the files' copies."""
     if not paths:
         return None
+    return _cast_as_declared(declared, on_batch, lambda told: _scan_files(paths, name, told, threads, local))
+
+
+def _scan_files(
+    paths: list[str],
+    name: str,
+    on_batch: BatchListener | None,
+    threads: int | None,
+    local: Callable[[int], str | GrowingFile] | None,
+) -> JsonlLayout | None:
     cpus = threads or available_cpus()
     share = max(1, cpus // len(paths))
     copies: list[str] = list(paths)  # each file's copy here, once its scan has it
@@ -456,10 +499,16 @@ def scan_files(
     )
 
 
-def first_batch(path: str | GrowingFile) -> tuple[JsonlBatch, str] | None:
-    """The file's first batch and the features' schema (serialized), from that batch alone: what the
-    plan needs of a file before its slices can be cut (its columns, the rows it samples). ``None`` as
-    for :func:`scan`. (A copy still being written: once its first batch is.)"""
+def first_batch(path: str | GrowingFile, declared: Any = None) -> tuple[JsonlBatch, str] | None:
+    """The file's first batch and the features' schema (serialized), from that batch alone (or those
+    ``declared``: see :func:`scan_files`): what the plan needs of a file before its slices can be cut
+    (its columns, the rows it samples). ``None`` as for :func:`scan`. (A copy still being written: once
+    its first batch is.)"""
+    found = _first_batch(path)
+    return found if found is None or declared is None else (found[0], schema_text(declared))
+
+
+def _first_batch(path: str | GrowingFile) -> tuple[JsonlBatch, str] | None:
     if isinstance(path, GrowingFile):
         return _copy_read(path, lambda: _first_batch_growing(path))
     end = _first_batch_end(path, pinned.size_of(path))
@@ -511,7 +560,7 @@ def _counted(
             return None  # objects over several lines: datasets reads them
         bad += found.values()
         if k == 0:
-            schema = base64.b64encode(features_schema(table.schema).serialize().to_pybytes()).decode("ascii")
+            schema = schema_text(features_schema(table.schema))
     batch = JsonlBatch(
         offset=offset, end=end, first_row=first_row, rows=rows, sha256=sha, lines_before=lines, utf8=utf8
     )
@@ -802,13 +851,19 @@ def _batched(chunks: Iterator[bytes]) -> Iterator[tuple[int, int, bytes]]:
 
 
 def read_batch(
-    data: bytes, lines_before: int, target: Any = None, offset: int = 0, utf8: bool | None = None
+    data: bytes,
+    lines_before: int,
+    target: Any = None,
+    offset: int = 0,
+    utf8: bool | None = None,
+    declared: bool = False,
 ) -> tuple[Any, dict[int, BadLine]]:
     """A batch as the builder reads it (cast to ``target``, the file's features, when given), and its
     bad lines by their row in the batch, each read as ``{}``. Only a batch the reader refuses, or whose
     bytes are not UTF-8, is looked at line by line (Python's JSON reader first, then pyarrow's on ever
     longer heads of the batch for what only it refuses: a field whose type differs). ``utf8``: whether
-    the bytes are valid UTF-8, when known (the reader does not check it)."""
+    the bytes are valid UTF-8, when known (the reader does not check it). ``declared``: ``target`` is
+    the features a dataset's card declares (for the reason a row is refused)."""
     if utf8 if utf8 is not None else _valid_utf8(data):
         try:
             return _table(data, target), {}
@@ -836,7 +891,7 @@ def read_batch(
                 raise refused from None  # no one line is at fault: the caller says so for the batch
             row, why = found
             line = lines[rows[row]]
-            bad[row] = (_refusal_reason(why, line, target), _excerpt(line, 0))
+            bad[row] = (_refusal_reason(why, line, target, declared), _excerpt(line, 0))
     return table, {
         row: BadLine(lines_before + rows[row] + 1, reason, excerpt)
         for row, (reason, excerpt) in sorted(bad.items())
@@ -903,9 +958,9 @@ def _line_problem(line: bytes, at: int) -> tuple[str, str] | None:
     return None
 
 
-def _refusal_reason(exc: Exception, line: bytes, target: Any) -> str:
+def _refusal_reason(exc: Exception, line: bytes, target: Any, declared: bool = False) -> str:
     """Why the reader refuses a row that Python's JSON reader reads: a field's type (the message names
-    the field), or a key the first batch never has."""
+    the field), or a key the features (the first batch's, or those ``declared``) do not have."""
     from .sources import _MIXED_TYPES
 
     if (changed := _MIXED_TYPES.search(str(exc))) is not None:
@@ -914,6 +969,12 @@ def _refusal_reason(exc: Exception, line: bytes, target: Any) -> str:
             "before it (a field must have one type in every row)"
         )
     if target is not None and (found := _first_unknown_key(line, target)) is not None:
+        if declared:
+            return (
+                f"key {found!r} is not among the features the dataset's card declares (dataset_info in its "
+                "README.md), which fix the columns; the reference's loader (datasets) refuses it too: declare "
+                "it in the card, or remove it from the rows"
+            )
         return (
             f"key {found!r} is in none of the rows of the first {BATCH_BYTES >> 20} MiB the loader reads (of the "
             "first file, where a dataset has several), which fix the columns; the reference's loader (datasets) "
@@ -954,7 +1015,9 @@ class _Builder:
 
 
 @lru_cache(maxsize=2)
-def _batch_table(path: str, batch: JsonlBatch, schema_b64: str) -> tuple[Any, dict[int, BadLine]]:
+def _batch_table(
+    path: str, batch: JsonlBatch, schema_b64: str, declared: bool = False
+) -> tuple[Any, dict[int, BadLine]]:
     data = _read(path, batch.offset, batch.end, batch.growing)
     if hashlib.sha256(data).hexdigest() != batch.sha256:
         raise DatasetError(path, _changed(batch.offset, batch.end))
@@ -962,7 +1025,7 @@ def _batch_table(path: str, batch: JsonlBatch, schema_b64: str) -> tuple[Any, di
     rows = f"rows {batch.first_row}-{batch.first_row + batch.rows - 1} (from line {batch.lines_before + 1})"
     try:
         start = batch.offset + len(data) - len(text)
-        table, bad = read_batch(text, batch.lines_before, _schema(schema_b64), start, batch.utf8)
+        table, bad = read_batch(text, batch.lines_before, _schema(schema_b64), start, batch.utf8, declared)
     except Exception as exc:
         raise DatasetError(path, f"{rows} cannot be read as JSON Lines: {exc}") from None
     if table.num_rows != batch.rows:
@@ -1017,7 +1080,7 @@ def read_rows(source: JsonlSource, rows: list[int]) -> list[dict[str, Any] | Bad
     for batch, local in runs_in_parts(rows, source.batches):
         if batch is None:
             raise DatasetError(source.path, f"row {local[0]} is in none of the slice's batches")
-        table, bad = _batch_table(batch.path or source.path, batch, source.schema_b64)
+        table, bad = _batch_table(batch.path or source.path, batch, source.schema_b64, source.declared)
         got = table_rows(table, local)
         out += [bad.get(r, record) for r, record in zip(local, got, strict=True)] if bad else got
     return out

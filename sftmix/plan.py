@@ -483,7 +483,7 @@ def _scanned_files(
     """:func:`sftmix.jsonl.scan_files` of ``files``, each read as it lands; a refusal or a stop stops
     their downloads, as does a dataset ``datasets`` reads instead (it downloads the files itself)."""
     with closed_on_error(files):
-        layout = jsonl.scan_files(files.paths, name, on_batch, threads, files.follow)
+        layout = jsonl.scan_files(files.paths, name, on_batch, threads, files.follow, files.declared)
     if layout is None:
         files.close()
     return layout
@@ -566,7 +566,7 @@ def _opened_streamed(
     files: JsonFiles,
 ) -> _Opened | None:
     first = files.follow(0)
-    head = jsonl.first_batch(first)
+    head = jsonl.first_batch(first, files.declared)
     if head is None:
         return None
     batch, schema_b64 = head
@@ -589,7 +589,12 @@ def _opened_streamed(
     )
     if len(files.paths) > 1:  # (each batch names its file)
         batch = batch.model_copy(update={"path": final_name(first)})
-    source = jsonl.JsonlSource(path=_source_path(dataset), schema_b64=schema_b64, batches=[batch])
+    source = jsonl.JsonlSource(
+        path=_source_path(dataset),
+        schema_b64=schema_b64,
+        batches=[batch],
+        declared=files.declared is not None,
+    )
     first = (0, min(batch.rows, run.slice_rows or batch.rows), None)  # the first slice's rows
     dataset.sampled = cutter.spec(dataset, first, _batch_data(schema_b64, [batch]), 0, jsonl=source)
     return dataset
@@ -880,7 +885,12 @@ def _cut_streamed(
     waiting: list[jsonl.JsonlBatch] = []  # counted batches of the next slice
 
     def cut(batches: list[jsonl.JsonlBatch], schema_b64: str) -> None:
-        source = jsonl.JsonlSource(path=_source_path(dataset), schema_b64=schema_b64, batches=batches)
+        source = jsonl.JsonlSource(
+            path=_source_path(dataset),
+            schema_b64=schema_b64,
+            batches=batches,
+            declared=files.declared is not None,
+        )
         data = _batch_data(schema_b64, batches)
         lo, hi = batches[0].first_row, batches[-1].first_row + batches[-1].rows
         nbytes, per = sum(b.end - b.offset for b in batches), run.slice_rows or hi - lo
@@ -902,7 +912,7 @@ def _cut_streamed(
     try:
         if len(files.paths) == 1:  # (its batches name no file)
             with closed_on_error(files):
-                layout = jsonl.scan_file(files.follow(0), counted, hand_on.reading_threads())
+                layout = jsonl.scan_file(files.follow(0), counted, hand_on.reading_threads(), files.declared)
         else:
             layout = _scanned_files(files, entry.path, counted, hand_on.reading_threads())
     except DatasetError as exc:

@@ -698,7 +698,7 @@ def _open_dataset(
 
 def _fetch_first(name: str, split: str, revision: str | None, cache_dir: str) -> None:
     """Download the files of hub dataset ``name``'s ``split`` that ``datasets`` is about to load (one it
-    does not read by file: features its card declares, another builder), a few at a time with a line
+    does not read by file: features that decode, another builder, a sliced split), a few at a time with a line
     every few seconds (:mod:`sftmix.downloads`): ``datasets`` downloads fewer than 16 files, or files over
     20 MB, one after another and in silence, then finds these in the hub cache."""
     if offline() or os.path.isdir(name):
@@ -745,6 +745,14 @@ class ParquetFiles:
     paths: list[str]
     declared: Any = None
     downloads: Downloads | None = None
+
+
+def _decode(features: Any) -> bool:
+    """Whether some of the features a dataset's card declares decode their cells (an Image, a JSON-typed
+    field): such rows are ``datasets``' own to read."""
+    from datasets.features.features import require_decoding
+
+    return features is not None and any(require_decoding(f) for f in features.values())
 
 
 def _builder(name: str, revision: str | None, cache_dir: str) -> Any:
@@ -805,15 +813,13 @@ def parquet_data_files(name: str, split: str, revision: str | None, cache_dir: s
     if offline() and (kept := hub_files.recalled(cache_dir, name, revision, split, "parquet")) is not None:
         return ParquetFiles(*kept)  # (``datasets`` never prepared it: its loader has nothing offline)
     try:
-        from datasets.features.features import require_decoding
-
         builder = _builder(name, revision, cache_dir)
         config = builder.config
         files = (config.data_files or {}).get(split.strip())
         if builder.name != "parquet" or not files or config.columns is not None or config.filters is not None:
             return None
         features = builder.info.features
-        if features is not None and any(require_decoding(f) for f in features.values()):
+        if _decode(features):
             return None
         manager = _download_manager(builder, cache_dir)
         files = [str(f) for f in files]
@@ -847,6 +853,7 @@ class JsonFiles:
     paths: list[str]
     downloads: Downloads | None = None
     copies: DecompressedCopies | None = None
+    declared: Any = None  # the features its card declares (an Arrow schema), if any
 
     def local(self, k: int) -> str:
         """File ``k``'s copy on this machine, once it has landed (and, compressed, been decompressed)."""
@@ -1027,27 +1034,28 @@ def _forget_copies(copies: DecompressedCopies) -> None:
 
 def json_data_files(name: str, split: str, revision: str | None, cache_dir: str) -> JsonFiles | None:
     """Where ``datasets.load_dataset(name, split="train")`` would read JSON files with its JSON builder,
-    taking the features from the first batch of the first file (a hub dataset of JSON Lines files, or a
-    local directory of them): the files, downloaded as ``datasets`` downloads them, for the plan to read
+    taking the features its card declares, or else those of the first batch of the first file (a hub
+    dataset of JSON Lines files, or a local directory of them): the files, downloaded as ``datasets`` downloads them, for the plan to read
     by batch on all cores (:func:`sftmix.jsonl.scan_files`) instead of ``datasets`` converting them whole
     on one core. Plain files download in the background, in order, each read as soon as it has landed;
     compressed ones download the same way and are decompressed to copies (as :func:`decompressed_copy`
     makes one of a local file) as each lands, side by side. ``None`` for anything else (a split other than 'train' or
-    not the builder's first: its features come from the first; features the card declares; a JSON field
-    to read rows from; another encoding or batch size): ``datasets`` then loads it as before."""
+    not the builder's first: its features come from the first; declared features that decode; a JSON
+    field to read rows from; another encoding or batch size): ``datasets`` then loads it as before."""
     if split.strip() != "train" or settings.JSON_READER.get() == "datasets":
         return None
     if not _read_by_files(name, split, cache_dir):
         return None
     if offline() and (kept := hub_files.recalled(cache_dir, name, revision, split, "json")) is not None:
-        return _json_files(name, kept[0], cache_dir)
+        return _json_files(name, kept[0], cache_dir, declared=kept[1])
     try:
         from .jsonl import BATCH_BYTES
 
         builder = _builder(name, revision, cache_dir)
         config = builder.config
         splits = list(config.data_files or {})
-        if builder.name != "json" or splits[:1] != ["train"] or builder.info.features is not None:
+        features = builder.info.features
+        if builder.name != "json" or splits[:1] != ["train"] or _decode(features):
             return None
         if config.field is not None or config.encoding.lower().replace("-", "") != "utf8":
             return None
@@ -1069,16 +1077,19 @@ def json_data_files(name: str, split: str, revision: str | None, cache_dir: str)
         if downloads is not None:
             downloads.close()
         return None
+    declared = None if features is None else features.arrow_schema
     if not offline():
-        hub_files.remember(cache_dir, name, revision, split, files, None, "json")
-    return _json_files(name, paths, cache_dir, downloads)
+        hub_files.remember(cache_dir, name, revision, split, files, declared, "json")
+    return _json_files(name, paths, cache_dir, downloads, declared)
 
 
-def _json_files(name: str, paths: list[str], cache_dir: str, downloads: Downloads | None = None) -> JsonFiles:
+def _json_files(
+    name: str, paths: list[str], cache_dir: str, downloads: Downloads | None = None, declared: Any = None
+) -> JsonFiles:
     """``paths`` to read, compressed ones from their copies, made as each file is here."""
     if all(compression_of(p) is None for p in paths):
-        return JsonFiles(paths, downloads)
-    return JsonFiles(paths, downloads, copies_of(name, paths, cache_dir, downloads))
+        return JsonFiles(paths, downloads, None, declared)
+    return JsonFiles(paths, downloads, copies_of(name, paths, cache_dir, downloads), declared)
 
 
 def _builder_options(name: str, revision: str | None, cache_dir: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from tests.ports import free_port
 
 def declared_card(*strings: str) -> str:
     """A dataset card that declares chat rows' features (string fields ``strings``, then ``messages``):
-    ``datasets`` then loads the dataset itself (the plan does not read its files)."""
+    the plan reads its files by batch, cast to them."""
     lines = ["---", "license: odc-by", "dataset_info:", "  features:"]
     for name in strings:
         lines += [f"  - name: {name}", "    dtype: string"]
@@ -34,8 +34,16 @@ def declared_card(*strings: str) -> str:
     return "\n".join(lines)
 
 
+#: A hub dataset's card that says nothing of its rows: the plan reads its files.
+PLAIN_CARD = "---\nlicense: odc-by\n---\n"
 #: The card of rows with an ``id`` and ``messages`` (the tests' and the soak's).
 DECLARED_CARD = declared_card("id")
+#: A card whose files ``datasets`` reads in an encoding of its own (UTF-8 after a BOM, where there is
+#: one): it loads the dataset itself (the plan does not read its files).
+LOADED_CARD = (
+    "---\nlicense: odc-by\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n"
+    "    path: data/*\n  encoding: utf-8-sig\n---\n# chats the datasets library loads\n"
+)
 
 
 class _Server(http.server.ThreadingHTTPServer):

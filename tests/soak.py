@@ -41,7 +41,7 @@ from sftmix.digest import compare
 from sftmix.jsonl import BATCH_BYTES
 from sftmix.output_dir import output_id
 from tests.cli_runs import left_in_shm, semaphores
-from tests.hub_emulator import DECLARED_CARD, HubEmulator
+from tests.hub_emulator import DECLARED_CARD, LOADED_CARD, PLAIN_CARD, HubEmulator
 from tokenize_mixer.flows.runtime import PRIVATE_DIR_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,22 +140,23 @@ GCS_DATA = "gs://soak/chats.jsonl"
 GCS_PARQUET = "gs://soak/chats.parquet"
 GCS_GZIP = "gs://soak/chats.jsonl.gz"
 #: sigint-hub's datasets, one drawn a trial: the Parquet copy's row groups in files of a hub dataset on a
-#: hub emulator, or the soak's JSON Lines rows in files of another, plain, gzipped, or with a card that
-#: declares their features (the ``datasets`` library loads those: ``sftmix.sources._fetch_first``) (its
-#: own hub cache each trial, so they download during the run), each answer sent at a link's speed.
+#: hub emulator, or the soak's JSON Lines rows in files of another, plain, gzipped, with a card that
+#: declares their features, or with one that names an encoding (the ``datasets`` library loads those:
+#: ``sftmix.sources._fetch_first``) (its own hub cache each trial, so they download during the run), each
+#: answer sent at a link's speed.
 HUB_DATASET = "soak/chats"
 HUB_JSON_DATASET = "soak/chats-jsonl"
 HUB_GZIP_DATASET = "soak/chats-jsonl-gz"
 HUB_DECLARED_DATASET = "soak/chats-declared"
+HUB_LOADED_DATASET = "soak/chats-loaded"
 HUB_KINDS = {
     HUB_DATASET: "Parquet files",
     HUB_JSON_DATASET: "JSON Lines files",
     HUB_GZIP_DATASET: "gzipped JSON Lines files",
-    HUB_DECLARED_DATASET: "JSON Lines files the datasets library loads (its card declares their features)",
+    HUB_DECLARED_DATASET: "JSON Lines files cast to the features their card declares",
+    HUB_LOADED_DATASET: "JSON Lines files the datasets library loads (its card names an encoding)",
 }
 HUB_FILES = 4
-#: A hub dataset's card that says nothing of its rows: the plan reads its files.
-PLAIN_CARD = "---\nlicense: odc-by\n---\n"
 HUB_RATE = 2e6
 #: The share of sigint-hub trials in which the hub is too busy (503) for one file's download once: the
 #: run tries it again (``sftmix.downloads.RETRY_SECONDS``), and a stop may land while it waits to.
@@ -1108,6 +1109,9 @@ class Soak:
                 HUB_DECLARED_DATASET: write_hub_json_copy(
                     self.data, self.root / "hub-declared-repo", card=DECLARED_CARD
                 ),
+                HUB_LOADED_DATASET: write_hub_json_copy(
+                    self.data, self.root / "hub-loaded-repo", card=LOADED_CARD
+                ),
             }
             for dataset, repo in repos.items():
                 self.hubs[dataset] = HubEmulator(repo, dataset, HUB_RATE)
@@ -1757,6 +1761,7 @@ class Soak:
                 HUB_JSON_DATASET: "hub-jsonl",
                 HUB_GZIP_DATASET: "hub-jsonl-gz",
                 HUB_DECLARED_DATASET: "hub-declared",
+                HUB_LOADED_DATASET: "hub-loaded",
             }.get(str(data), "")
             name += Path(data).suffix.replace(".", "-")
         expected = self.root / f"expected{name}-{change or 'unchanged'}"

@@ -21,7 +21,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.hub_emulator import DECLARED_CARD, HubEmulator, hub_environment, without_hub_settings
+from tests.hub_emulator import (
+    DECLARED_CARD,
+    LOADED_CARD,
+    PLAIN_CARD,
+    HubEmulator,
+    hub_environment,
+    without_hub_settings,
+)
 
 ROOT = Path(__file__).parent.parent
 EXAMPLES = ROOT / "examples"
@@ -310,11 +317,18 @@ def test_a_hub_dataset_an_online_run_read_is_converted_offline_from_the_hub_cach
     assert REPO in missing["error"] and FILES[1] in missing["error"] and "HF_HUB_OFFLINE" in missing["error"]
 
 
-@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
-def test_a_hub_dataset_of_json_lines_files_is_read_by_batch_online_and_offline(tmp_path, suffix):
+@pytest.mark.parametrize(
+    ("suffix", "card"),
+    [
+        (".jsonl", PLAIN_CARD),
+        (".jsonl.gz", PLAIN_CARD),
+        pytest.param(".jsonl", DECLARED_CARD, marks=pytest.mark.slow, id="declared"),
+    ],
+)
+def test_a_hub_dataset_of_json_lines_files_is_read_by_batch_online_and_offline(tmp_path, suffix, card):
     """A hub dataset of JSON Lines files is read by batch from its downloaded files (not converted whole
-    by ``datasets`` on one core): the bytes ``datasets``' own load gives, online and, from the files the
-    online plan kept, offline."""
+    by ``datasets`` on one core), cast to the features its card declares where it does: the bytes
+    ``datasets``' own load gives, online and, from the files and features the online plan kept, offline."""
     from sftmix.digest import compare
     from tests.cli_runs import cli_env, convert_command
 
@@ -331,7 +345,7 @@ def test_a_hub_dataset_of_json_lines_files_is_read_by_batch_online_and_offline(t
         (repo / "data" / f"train-0000{k}-of-00003{suffix}").write_bytes(
             gzip.compress(data, mtime=0) if suffix.endswith(".gz") else data
         )
-    (repo / "README.md").write_text("---\nlicense: odc-by\n---\n# a mixture\n")
+    (repo / "README.md").write_text(card)
     home, work = tmp_path / "home", tmp_path / "work"
 
     def convert(out: str, env: dict[str, str]) -> None:
@@ -352,6 +366,7 @@ def test_a_hub_dataset_of_json_lines_files_is_read_by_batch_online_and_offline(t
         convert("out-datasets", {**env, "TOKENIZE_MIXER_JSON_READER": "datasets"})
     kept = [json.loads(p.read_text()) for p in (work / "datasets-cache" / "hub-files").iterdir()]
     assert [(r["builder"], len(r["files"])) for r in kept] == [("json", 3)]  # the plan read the files
+    assert [r["declared"] is not None for r in kept] == [card == DECLARED_CARD]
     convert("out-offline", {**env, "HF_HUB_OFFLINE": "1"})
     for other in ("out-datasets", "out-offline"):
         result = compare(tmp_path / other, tmp_path / "out")
@@ -530,11 +545,11 @@ print(json.dumps(open_dataset(sys.argv[1], "train", None, sys.argv[2]).to_list()
 
 
 def test_a_hub_dataset_datasets_loads_is_downloaded_first_as_the_plans_are(tmp_path):
-    """A dataset ``datasets`` loads itself (its card declares features) downloads its files a few at a
+    """A dataset ``datasets`` loads itself (its card names an encoding) downloads its files a few at a
     time, not one after another as ``datasets`` does below 16 files: the last lands while the first is
     still held. Each file downloads once; the rows are the files' own."""
     repo, files = _json_repo(tmp_path / "repo")
-    (repo / "README.md").write_text(DECLARED_CARD)
+    (repo / "README.md").write_text(LOADED_CARD)
     with HubEmulator(repo, REPO) as hub:
         hub.held[files[0]] = held = threading.Event()
         code, out, err = _run_while_held(
@@ -557,7 +572,7 @@ def test_offline_a_hub_dataset_the_cache_holds_only_part_of_is_one_clear_error(t
     repo, files = _json_repo(tmp_path / "repo")
     fetch = "import sys\nfrom huggingface_hub import hf_hub_download\nhf_hub_download(sys.argv[1], 'README.md', repo_type='dataset')"
     if stopped == "before datasets converted it":  # the plan's own downloads, as a run makes them
-        (repo / "README.md").write_text(DECLARED_CARD)
+        (repo / "README.md").write_text(LOADED_CARD)
         fetch = "import sys\nfrom sftmix.sources import _fetch_first\n_fetch_first(sys.argv[1], 'train', None, sys.argv[2])"
     with HubEmulator(repo, REPO) as hub:
         env = hub_environment(hub, tmp_path / "home")

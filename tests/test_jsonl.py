@@ -695,6 +695,86 @@ def test_a_file_of_a_directory_with_a_key_the_first_never_saw_names_that_file_an
     assert files is None or jsonl.scan_files(files.paths, str(repo)) is None
 
 
+#: A card declaring features other than the rows' own: ``id`` a string (the rows' are numbers), a
+#: ``source`` no row has, a ``name`` in each message no row has, the columns in another order.
+_DECLARED_CARD = """---
+dataset_info:
+  features:
+  - name: messages
+    list:
+    - name: role
+      dtype: string
+    - name: name
+      dtype: string
+    - name: content
+      dtype: string
+  - name: source
+    dtype: string
+  - name: id
+    dtype: string
+---
+"""
+
+
+def _declared_directory(root: Path, rng: random.Random, files: int = 2) -> Path:
+    """A directory of JSON Lines files (the first of several batches) whose card declares features."""
+    repo = root / "org--declared"
+    (repo / "data").mkdir(parents=True)
+    for k in range(files):
+        _write(
+            repo / "data" / f"train-0000{k}-of-0000{files}.jsonl",
+            _many(rng, (jsonl.BATCH_BYTES + (3 << 20)) >> k),
+        )
+    (repo / "README.md").write_text(_DECLARED_CARD)
+    return repo
+
+
+def test_features_a_card_declares_are_the_ones_rows_are_cast_to(tmp_path):
+    """A dataset whose card declares its features is read by batch too (not converted whole by
+    ``datasets`` on one core): every batch, the first included, cast to the declared features, as
+    ``datasets.load_dataset(name)`` casts them (a number to a string, a declared key no row has null,
+    the declared order); a row with a key the card does not declare is a bad line that says so, where
+    ``datasets`` refuses the load."""
+    from sftmix.sources import json_data_files
+
+    repo = _declared_directory(tmp_path, random.Random(21))
+    cache = tmp_path / "cache"
+    files = json_data_files(str(repo), "train", None, str(cache))
+    assert files is not None and files.declared is not None
+    told: list = []
+    layout = jsonl.scan_files(
+        files.paths, str(repo), lambda batch, schema: told.append(schema), declared=files.declared
+    )
+    assert layout is not None and layout.declared and layout.columns == ("messages", "source", "id")
+    assert len(layout.batches) == 3 and set(told) == {layout.schema_b64}
+    head = jsonl.first_batch(files.paths[0], files.declared)
+    assert head is not None and head[1] == layout.schema_b64 and head[0].sha256 == layout.batches[0].sha256
+    datasets.disable_progress_bars()
+    reference = datasets.load_dataset(str(repo), split="train", cache_dir=str(tmp_path / "reference"))
+    rows = _directory_rows(layout)
+    assert rows == reference.with_format("arrow")[:].to_pylist()
+    assert rows[0]["id"] == "0" and rows[0]["source"] is None and rows[0]["messages"][0]["name"] is None
+    one = jsonl.scan_file(files.paths[1], declared=files.declared)  # a dataset of one file: the same cast
+    assert one is not None and one.schema_b64 == layout.schema_b64 and one.declared
+    assert jsonl.scan_files(files.paths, str(repo)).schema_b64 != layout.schema_b64  # (its rows' own)
+
+    second = repo / "data" / "train-00001-of-00002.jsonl"
+    lines = second.read_text().splitlines(keepends=True)
+    row = json.loads(lines[6])
+    row["messages"][0]["function_calls"] = "f()"
+    lines[6] = json.dumps(row) + "\n"
+    second.write_text("".join(lines))
+    with pytest.raises(datasets.exceptions.DatasetGenerationError):
+        datasets.load_dataset(str(repo), split="train", cache_dir=str(tmp_path / "reference-2"))
+    files = json_data_files(str(repo), "train", None, str(cache))
+    layout = jsonl.scan_files(files.paths, str(repo), declared=files.declared)
+    bad = _directory_rows(layout)[layout.batches[-1].first_row + 6]
+    assert isinstance(bad, jsonl.BadLine) and bad.line == 7 and bad.file == str(second)
+    assert bad.reason.startswith(
+        "key 'messages[].function_calls' is not among the features the dataset's card"
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("amount", [0.25, 1.0])  # counted first; cut as its batches are counted
 def test_shards_of_a_directory_of_json_lines_files_are_those_of_datasets(
@@ -702,4 +782,15 @@ def test_shards_of_a_directory_of_json_lines_files_are_those_of_datasets(
 ):
     _shards_match_datasets(
         _directory(tmp_path, random.Random(13)), amount, 1024, 4 << 20, tmp_path, monkeypatch
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("files", [1, 2])
+def test_shards_of_a_dataset_whose_card_declares_its_features_are_those_of_datasets(
+    prefect_api, tmp_path, monkeypatch, files
+):
+    """Cut as its batches are counted (one file: :func:`jsonl.scan_file`; two: ``scan_files``)."""
+    _shards_match_datasets(
+        _declared_directory(tmp_path, random.Random(22), files), 1.0, 1024, 4 << 20, tmp_path, monkeypatch
     )
