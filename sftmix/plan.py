@@ -539,6 +539,15 @@ def _source_path(dataset: _Opened) -> str:
     return dataset.entry.path
 
 
+def _streamed_source(dataset: _Opened, schema_b64: str, batches: list[jsonl.JsonlBatch]) -> jsonl.JsonlSource:
+    """What a slice of a streamed dataset reads: ``batches``, cast to the features ``schema_b64``."""
+    assert dataset.streamed is not None
+    declared = dataset.streamed.declared is not None
+    return jsonl.JsonlSource(
+        path=_source_path(dataset), schema_b64=schema_b64, batches=batches, declared=declared
+    )
+
+
 def _open_streamed(
     index: int, entry: DatasetEntry, run: RunOptions, cutter: _SliceCutter, memory: int | None
 ) -> _Opened | None:
@@ -589,12 +598,7 @@ def _opened_streamed(
     )
     if len(files.paths) > 1:  # (each batch names its file)
         batch = batch.model_copy(update={"path": final_name(first)})
-    source = jsonl.JsonlSource(
-        path=_source_path(dataset),
-        schema_b64=schema_b64,
-        batches=[batch],
-        declared=files.declared is not None,
-    )
+    source = _streamed_source(dataset, schema_b64, [batch])
     first = (0, min(batch.rows, run.slice_rows or batch.rows), None)  # the first slice's rows
     dataset.sampled = cutter.spec(dataset, first, _batch_data(schema_b64, [batch]), 0, jsonl=source)
     return dataset
@@ -885,12 +889,7 @@ def _cut_streamed(
     waiting: list[jsonl.JsonlBatch] = []  # counted batches of the next slice
 
     def cut(batches: list[jsonl.JsonlBatch], schema_b64: str) -> None:
-        source = jsonl.JsonlSource(
-            path=_source_path(dataset),
-            schema_b64=schema_b64,
-            batches=batches,
-            declared=files.declared is not None,
-        )
+        source = _streamed_source(dataset, schema_b64, batches)
         data = _batch_data(schema_b64, batches)
         lo, hi = batches[0].first_row, batches[-1].first_row + batches[-1].rows
         nbytes, per = sum(b.end - b.offset for b in batches), run.slice_rows or hi - lo
