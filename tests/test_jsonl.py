@@ -786,11 +786,12 @@ def test_shards_of_a_directory_of_json_lines_files_are_those_of_datasets(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("files", [1, 2])
+@pytest.mark.parametrize(("files", "amount"), [(1, 1.0), (2, 1.0), (2, 0.25)])
 def test_shards_of_a_dataset_whose_card_declares_its_features_are_those_of_datasets(
-    prefect_api, tmp_path, monkeypatch, files
+    prefect_api, tmp_path, monkeypatch, files, amount
 ):
-    """Cut as its batches are counted (one file: :func:`jsonl.scan_file`; two: ``scan_files``)."""
+    """Cut as its batches are counted (one file: :func:`jsonl.scan_file`; two: ``scan_files``), or
+    counted first (0.25)."""
     _shards_match_datasets(
-        _declared_directory(tmp_path, random.Random(22), files), 1.0, 1024, 4 << 20, tmp_path, monkeypatch
+        _declared_directory(tmp_path, random.Random(22), files), amount, 1024, 4 << 20, tmp_path, monkeypatch
     )
