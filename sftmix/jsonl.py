@@ -880,6 +880,8 @@ def read_batch(
     for row, k in enumerate(rows):
         if (found := _line_problem(lines[k], offset + starts[k])) is not None:
             bad[row] = found
+        elif target is not None and (key := _first_unknown_key(lines[k], target)) is not None:
+            bad[row] = (_unknown_key_reason(key, declared), _excerpt(lines[k], 0))  # (the cast refuses it)
     while True:
         patched = [b"{}" if row in bad else lines[k] for row, k in enumerate(rows)]
         try:
@@ -969,19 +971,24 @@ def _refusal_reason(exc: Exception, line: bytes, target: Any, declared: bool = F
             "before it (a field must have one type in every row)"
         )
     if target is not None and (found := _first_unknown_key(line, target)) is not None:
-        if declared:
-            return (
-                f"key {found!r} is not among the features the dataset's card declares (dataset_info in its "
-                "README.md), which fix the columns; the reference's loader (datasets) refuses it too: declare "
-                "it in the card, or remove it from the rows"
-            )
-        return (
-            f"key {found!r} is in none of the rows of the first {BATCH_BYTES >> 20} MiB the loader reads (of the "
-            "first file, where a dataset has several), which fix the columns; the reference's loader (datasets) "
-            "refuses it too: give every row the same keys (null where a value is unknown), or put a row with "
-            "every key first"
-        )
+        return _unknown_key_reason(found, declared)
     return f"the reader refuses it ({type(exc).__name__}: {exc})"
+
+
+def _unknown_key_reason(key: str, declared: bool) -> str:
+    """Why a row with ``key``, which the features lack (those ``declared``, or the first batch's), is refused."""
+    if declared:
+        return (
+            f"key {key!r} is not among the features the dataset's card declares (dataset_info in its "
+            "README.md), which fix the columns; the reference's loader (datasets) refuses it too: declare "
+            "it in the card, or remove it from the rows"
+        )
+    return (
+        f"key {key!r} is in none of the rows of the first {BATCH_BYTES >> 20} MiB the loader reads (of the "
+        "first file, where a dataset has several), which fix the columns; the reference's loader (datasets) "
+        "refuses it too: give every row the same keys (null where a value is unknown), or put a row with "
+        "every key first"
+    )
 
 
 def _article(kind: str) -> str:
@@ -1049,7 +1056,7 @@ def _cast(table: Any, target: Any) -> Any:
 
 def _first_unknown_key(line: bytes, schema: Any) -> str | None:
     """The path (``messages[].function_calls``) of the first object key in ``line`` that the schema does
-    not have: for the error message only."""
+    not have: the cast refuses such a row (a struct, or the table, with a field the features lack)."""
     import pyarrow as pa
 
     def unknown(value: Any, typ: Any, where: str) -> str | None:

@@ -140,6 +140,35 @@ def test_a_key_the_first_batch_never_saw_is_refused_as_the_reference_refuses_it(
     )
 
 
+def test_rows_with_keys_the_features_lack_are_found_in_one_pass(monkeypatch):
+    """A batch in which many rows have a key the features lack (a card that no longer declares every
+    column, a key added after the first batch) is read in a few parses, not one search per such row
+    (which took minutes for a batch): each such row is a bad line naming its key, the rest are rows."""
+    rng = random.Random(31)
+    rows = [_chat(rng, i) for i in range(400)]
+    target = jsonl.parse_batch(b"".join(json.dumps(r).encode() + b"\n" for r in rows[:5])).schema
+    marked: dict[int, str] = {}
+    for i, row in enumerate(rows):
+        if rng.random() < 0.6:
+            if rng.random() < 0.5:
+                row["source"] = rng.choice(["a", None, 3])
+                marked[i] = "source"
+            else:
+                row["messages"][0]["name"] = "n"
+                marked[i] = "messages[].name"
+    data = b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+    parses = []
+    table_of = jsonl._table
+    monkeypatch.setattr(jsonl, "_table", lambda d, t: parses.append(1) or table_of(d, t))
+    table, bad = jsonl.read_batch(data, 0, target, declared=True)
+    assert len(parses) <= 3, len(parses)
+    assert sorted(bad) == sorted(marked) and table.num_rows == len(rows)
+    assert all(f"key {marked[r]!r} is not among the features" in bad[r].reason for r in bad)
+    assert bad[min(bad)].line == min(bad) + 1
+    kept = table.to_pylist()
+    assert all(kept[i] == rows[i] for i in range(len(rows)) if i not in marked)
+
+
 def test_a_file_that_changes_after_the_plan_is_one_clear_error(tmp_path):
     path = tmp_path / "small.jsonl"
     rows = [_chat(random.Random(i), i) for i in range(50)]
