@@ -1007,9 +1007,10 @@ def resolve_tokenizer(spec: TokenizerSpec) -> tuple[TokenizerKey, TokenizerFacts
 SAMPLE_ROWS = 32
 
 
-def _sample_rows(spec: SliceSpec, datasets_cache: Path) -> list[Conversation]:
+def _sample_rows(spec: SliceSpec, datasets_cache: Path, on_bad_row: str) -> list[Conversation]:
     """The first rows of a dataset's first slice, as conversations (malformed ones are the slices' to
-    report)."""
+    report). A line that is not a row fails the plan where ``on_bad_row`` is error: its slice would fail
+    on it, after the work before it (every row of a dataset whose card does not declare a column)."""
     rows = (spec.rows or list(range(spec.row_start, spec.row_end)))[:SAMPLE_ROWS]
     try:
         records = rows_of(spec, str(datasets_cache), rows)
@@ -1018,6 +1019,8 @@ def _sample_rows(spec: SliceSpec, datasets_cache: Path) -> list[Conversation]:
     out = []
     for record in records:
         if isinstance(record, jsonl.BadLine):
+            if on_bad_row == "error":
+                raise record.error(spec.dataset)
             continue
         try:
             out.append(conversation_from_row(record, spec.row_format, spec.messages_key))  # type: ignore[arg-type]
@@ -1155,7 +1158,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
         if dataset is None:
             dataset = _open_whole(index, entry, run, cutter, mixer.on_bad_row, selected_total, memory)
         assert dataset.sampled is not None
-        sample = _sample_rows(dataset.sampled, datasets_cache)
+        sample = _sample_rows(dataset.sampled, datasets_cache, mixer.on_bad_row)
         for found in unrendered(renderer, sample):
             line = found.describe(entry.path, template.source, reads)
             if mixer.tokenizer.unrendered_data == "error":

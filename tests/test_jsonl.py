@@ -814,6 +814,44 @@ def test_shards_of_a_directory_of_json_lines_files_are_those_of_datasets(
     )
 
 
+@pytest.mark.parametrize("amount", [1.0, 0.25])  # cut as counted; counted first
+@pytest.mark.parametrize("on_bad_row", ["error", "skip"])
+def test_a_column_the_card_does_not_declare_is_refused_before_any_slice(tmp_path, amount, on_bad_row):
+    """Every row has a column the card does not declare (an old card): the plan refuses the run before any
+    slice begins, naming the first line and the card, where each slice would fail on it; with
+    ``on_bad_row: skip`` it is planned (the slices skip and count such lines)."""
+    from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from sftmix.errors import BadLineError
+    from sftmix.plan import build_plan
+
+    repo = _declared_directory(tmp_path, random.Random(23), 1)
+    data = repo / "data" / "train-00000-of-00001.jsonl"
+    data.write_text(
+        "".join(json.dumps({**json.loads(x), "extra": 1}) + "\n" for x in data.read_text().splitlines())
+    )
+    mixer = MixerConfig(
+        datasets=[DatasetEntry(path=str(repo), amount=amount)],
+        tokenizer=TokenizerSpec(
+            name_or_path=str(Path(__file__).parent.parent / "examples" / "tokenizer"), chat_template="olmo"
+        ),
+        max_seq_length=256,
+        output=OutputSpec(path=str(tmp_path / "out")),
+        on_bad_row=on_bad_row,
+    )
+    begun: list = []
+    run = RunOptions(work_dir=str(tmp_path / "work"))
+    if on_bad_row == "skip":
+        assert build_plan(mixer, run, lambda spec, ctx: begun.append(spec)).datasets[0].n_rows > 6000
+        return
+    with pytest.raises(BadLineError) as refused:
+        build_plan(mixer, run, lambda spec, ctx: begun.append(spec))
+    assert not begun
+    named = data if amount < 1 else repo  # (counted first, its batches name their file)
+    assert f"{named}:1: key 'extra' is not among the features the dataset's card declares" in str(
+        refused.value
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("files", "amount"), [(1, 1.0), (2, 1.0), (2, 0.25)])
 def test_shards_of_a_dataset_whose_card_declares_its_features_are_those_of_datasets(
