@@ -8,7 +8,9 @@ otherwise the largest part of planning a small file.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,19 @@ def features_schema(schema: Any) -> Any:
     found = datasets.Features.from_arrow_schema(schema).arrow_schema
     write_cache_file(kept, found.serialize().to_pybytes())  # (else converted again next time)
     return found
+
+
+def schema_text(schema: Any) -> str:
+    """An Arrow schema as the text layouts, slices and kept records carry (base64 of its IPC form)."""
+    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+
+
+@lru_cache(maxsize=16)
+def schema_of(text: str) -> Any:
+    """The Arrow schema :func:`schema_text` wrote."""
+    import pyarrow as pa
+
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
 def _kept_schema_path(serialized: bytes) -> Path:

@@ -12,7 +12,6 @@ cache happens to hold. A file the cache lacks is one clear error, never a datase
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import logging
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DatasetError
+from .features import schema_of, schema_text
 from .pinned import at_commit, local_copy
 
 logger = logging.getLogger(__name__)
@@ -33,18 +33,6 @@ def _record_path(cache_dir: str, name: str, revision: str | None, split: str) ->
     return Path(cache_dir) / "hub-files" / f"{key[:32]}.json"
 
 
-def _schema_text(declared: Any) -> str | None:
-    return None if declared is None else base64.b64encode(declared.serialize().to_pybytes()).decode("ascii")
-
-
-def _schema(text: str | None) -> Any:
-    if text is None:
-        return None
-    import pyarrow as pa
-
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
-
-
 def remember(
     cache_dir: str, name: str, revision: str | None, split: str, files: list[str], declared: Any, builder: str
 ) -> None:
@@ -56,7 +44,7 @@ def remember(
         "format": RECORD_FORMAT,
         "dataset": [name, revision, split.strip()],
         "files": files,
-        "declared": _schema_text(declared),
+        "declared": None if declared is None else schema_text(declared),
         "builder": builder,
     }
     data = json.dumps(record, indent=1).encode("utf-8")
@@ -85,7 +73,7 @@ def recalled(
         if record.get("builder", "parquet") != builder:  # (records before JSON's were all Parquet's)
             return None
         files = [str(f) for f in record["files"]]
-        declared = _schema(record["declared"])
+        declared = None if record["declared"] is None else schema_of(record["declared"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
     copies = [local_copy(f) for f in files]

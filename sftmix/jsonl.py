@@ -28,7 +28,6 @@ pyarrow cannot parse) goes through ``datasets`` as before (:mod:`sftmix.sources`
 
 from __future__ import annotations
 
-import base64
 import bisect
 import codecs
 import contextlib
@@ -50,7 +49,7 @@ from pydantic import BaseModel, ConfigDict
 
 from . import pinned, settings
 from .errors import BadLineError, DatasetError
-from .features import features_schema
+from .features import features_schema, schema_of, schema_text
 from .growing import GrowingFile, final_name, open_landing
 from .parallel import available_cpus
 from .sources import _valid_utf8, compression_of, local_builder, runs_in_parts, table_rows
@@ -303,21 +302,9 @@ def parse_batch(data: bytes) -> Any:
             raise
 
 
-def schema_text(schema: Any) -> str:
-    """An Arrow schema, serialized as layouts and slices carry it."""
-    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
-
-
 def schema_names(schema_b64: str) -> tuple[str, ...]:
     """The columns of a serialized features schema."""
-    return tuple(_schema(schema_b64).names)
-
-
-@lru_cache(maxsize=8)
-def _schema(schema_b64: str) -> Any:
-    import pyarrow as pa
-
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(schema_b64)))
+    return tuple(schema_of(schema_b64).names)
 
 
 #: What :func:`scan` hands on as each batch is counted: the batch and the features' schema (serialized).
@@ -1032,7 +1019,7 @@ def _batch_table(
     rows = f"rows {batch.first_row}-{batch.first_row + batch.rows - 1} (from line {batch.lines_before + 1})"
     try:
         start = batch.offset + len(data) - len(text)
-        table, bad = read_batch(text, batch.lines_before, _schema(schema_b64), start, batch.utf8, declared)
+        table, bad = read_batch(text, batch.lines_before, schema_of(schema_b64), start, batch.utf8, declared)
     except Exception as exc:
         raise DatasetError(path, f"{rows} cannot be read as JSON Lines: {exc}") from None
     if table.num_rows != batch.rows:

@@ -30,7 +30,6 @@ Image, files of different schemas, row groups pyarrow reads outside their record
 
 from __future__ import annotations
 
-import base64
 import bisect
 import hashlib
 import io
@@ -42,7 +41,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -50,7 +49,7 @@ from pydantic import BaseModel, ConfigDict
 from . import pinned, settings
 from .downloads import Downloads, closed_on_error
 from .errors import ConfigError, DatasetError
-from .features import decodes, features_schema
+from .features import decodes, features_schema, schema_of, schema_text
 from .parallel import available_cpus
 from .sources import local_builder, runs_in_parts, table_rows
 from .storage import is_remote
@@ -137,7 +136,7 @@ class ParquetLayout:
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return tuple(_schema(self.schema_b64).names)
+        return tuple(schema_of(self.schema_b64).names)
 
     @property
     def fingerprint(self) -> str:
@@ -406,7 +405,7 @@ def counted(paths: list[str], declared: Any = None) -> ParquetLayout | None:
     return ParquetLayout(
         footers=tuple(footers),
         file_schema_sha256=hashlib.sha256(file_schema.serialize().to_pybytes()).hexdigest(),
-        schema_b64=base64.b64encode(schema.serialize().to_pybytes()).decode("ascii"),
+        schema_b64=schema_text(schema),
         row_groups=tuple(
             RowGroup(
                 path=p,
@@ -592,13 +591,6 @@ def slice_cuts(
     return cuts
 
 
-@lru_cache(maxsize=8)
-def _schema(schema_b64: str) -> Any:
-    import pyarrow as pa
-
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(schema_b64)))
-
-
 def _read_at(ranges: _Ranges, offset: int, end: int, what: str) -> bytes:
     data = ranges.read(offset, end - offset)
     if len(data) != end - offset:
@@ -677,7 +669,7 @@ class _WholeGroup:
             raise DatasetError(
                 path, f"{where}: the reader found {table.num_rows} rows where the plan counted {group.rows}"
             )
-        self.table = _cast(table, _schema(schema_b64))
+        self.table = _cast(table, schema_of(schema_b64))
 
     def rows(self, local: list[int]) -> list[dict[str, Any]]:
         return table_rows(self.table, local)
@@ -757,7 +749,7 @@ class _StreamedGroup:
     new pass (rows come in order within a slice)."""
 
     def __init__(self, footer: ParquetFooter, schema_b64: str, group: RowGroup) -> None:
-        self.footer, self.group, self._target = footer, group, _schema(schema_b64)
+        self.footer, self.group, self._target = footer, group, schema_of(schema_b64)
         self._ranges: _Ranges | None = None
         self._begin()
 
