@@ -52,6 +52,7 @@ from .errors import ConfigError, DatasetError
 from .features import decodes, features_schema, schema_of, schema_text
 from .parallel import available_cpus
 from .sources import local_builder, runs_in_parts, table_rows
+from .spill import SpilledGroup, SpilledRows
 from .storage import is_remote
 
 logger = logging.getLogger(__name__)
@@ -102,11 +103,13 @@ class RowGroup(BaseModel):
 
 class ParquetSource(BaseModel):
     """What a slice needs to read its rows: the footers of its files, the features as an Arrow schema,
-    and the row groups that hold its rows."""
+    the row groups that hold its rows, and where the plan decoded one for all its slices, the batches of
+    that spill which hold them (:mod:`sftmix.spill`; what the rows are follows from the row groups)."""
 
     footers: list[ParquetFooter]
     schema_b64: str
     row_groups: list[RowGroup]
+    spilled: list[SpilledRows] = []
 
 
 @dataclass(frozen=True)
@@ -151,12 +154,13 @@ class ParquetLayout:
         the files' names: a hub dataset's copies lie where each machine's cache puts them)."""
         return [self.schema_b64, self.file_schema_sha256, [[g.sha256, g.meta_sha256] for g in groups]]
 
-    def source(self, groups: list[RowGroup]) -> ParquetSource:
+    def source(self, groups: list[RowGroup], spilled: list[SpilledRows] | None = None) -> ParquetSource:
         paths = {g.path for g in groups}
         return ParquetSource(
             footers=[f for f in self.footers if f.path in paths],
             schema_b64=self.schema_b64,
             row_groups=groups,
+            spilled=spilled or [],
         )
 
 
@@ -554,13 +558,14 @@ def groups_for(layout: ParquetLayout, start: int, end: int) -> list[RowGroup]:
 
 
 def slice_cuts(
-    layout: ParquetLayout, selected: Any, slice_bytes: int
+    layout: ParquetLayout, selected: Any, slice_bytes: int, spill: bool = True
 ) -> list[tuple[int, int, list[int] | None]]:
     """(start, end, subset) per slice: whole row groups of about ``slice_bytes`` together, so each is
-    decoded by one slice (one per task run: fewer, larger slices cost the orchestrator less); a row
-    group of several times ``slice_bytes`` is cut into at most :data:`MAX_PIECES_PER_ROW_GROUP` slices,
-    each decoding it up to its own rows, so a file of a few large row groups still keeps several cores
-    busy."""
+    decoded by one slice (one per task run: fewer, larger slices cost the orchestrator less). With
+    ``spill``, a row group read batch by batch (:func:`spilled`) is cut into slices of about
+    ``slice_bytes`` each: the plan decodes it once for all of them (:mod:`sftmix.spill`), so a file of a
+    few huge row groups keeps every core busy. Any other of several times ``slice_bytes`` is cut into at
+    most :data:`MAX_PIECES_PER_ROW_GROUP` slices, each decoding it up to its own rows."""
     import numpy as np
 
     cuts: list[tuple[int, int, list[int] | None]] = []
@@ -579,8 +584,11 @@ def slice_cuts(
             if waiting:
                 cut(waiting[0].first_row, waiting[-1].first_row + waiting[-1].rows, 1)
                 waiting = []
-            pieces = g.nbytes // (MAX_PIECES_PER_ROW_GROUP * slice_bytes)
-            cut(g.first_row, g.first_row + g.rows, max(1, min(MAX_PIECES_PER_ROW_GROUP, pieces)))
+            if spill and spilled(g):
+                pieces = -(-g.nbytes // slice_bytes)
+            else:
+                pieces = min(MAX_PIECES_PER_ROW_GROUP, g.nbytes // (MAX_PIECES_PER_ROW_GROUP * slice_bytes))
+            cut(g.first_row, g.first_row + g.rows, max(1, pieces))
             continue
         if waiting and sum(w.nbytes for w in waiting) + g.nbytes > slice_bytes:
             cut(waiting[0].first_row, waiting[-1].first_row + waiting[-1].rows, 1)
@@ -591,6 +599,23 @@ def slice_cuts(
     return cuts
 
 
+def spilled(group: RowGroup) -> bool:
+    """Whether a row group is large enough to be read batch by batch (:data:`STREAMED_BYTES`): cut into
+    several slices, the plan decodes it once for all of them."""
+    return group.nbytes > streamed_bytes()
+
+
+def decoded_tables(layout: ParquetLayout, group: RowGroup) -> Iterator[Any]:
+    """The row group's rows, batch by batch, cast to the features, from bytes checked as they are read
+    (the last batch given only once every byte decoded is confirmed the plan's version): a spill's."""
+    footer = next(f for f in layout.footers if f.path == group.path)
+    reader = _StreamedGroup(footer, layout.schema_b64, group)
+    try:
+        yield from reader.tables()
+    finally:
+        reader.close()
+
+
 def _read_at(ranges: _Ranges, offset: int, end: int, what: str) -> bytes:
     data = ranges.read(offset, end - offset)
     if len(data) != end - offset:
@@ -598,27 +623,39 @@ def _read_at(ranges: _Ranges, offset: int, end: int, what: str) -> bytes:
     return data
 
 
-def _opened(source: ParquetSource, group: RowGroup) -> _WholeGroup | _StreamedGroup:
+def _opened(source: ParquetSource, group: RowGroup) -> _WholeGroup | _StreamedGroup | SpilledGroup:
     """The reader of a row group of ``source``: kept open between batches of a slice (the two last this
     thread read: a slice runs in one thread, and threads of a thread runner run their own)."""
     footer = next((f for f in source.footers if f.path == group.path), None)
     if footer is None:
         raise DatasetError(group.path, "the slice holds no footer for this file")
-    key, readers = (footer, source.schema_b64, group), _open_readers()
+    spill = next((s for s in source.spilled if (s.group_path, s.index) == (group.path, group.index)), None)
+    key, readers = (footer, source.schema_b64, group, spill), _open_readers()
     reader = readers.get(key)
     if reader is not None:
         readers.move_to_end(key)
         return reader
-    reader = (_StreamedGroup if group.nbytes > streamed_bytes() else _WholeGroup)(
-        footer, source.schema_b64, group
-    )
+    reader = None
+    if spill is not None:
+        try:
+            reader = SpilledGroup(spill, schema_of(source.schema_b64))
+        except FileNotFoundError:  # (removed since, or not on this machine: the file itself is read)
+            logger.debug("%s: no spill of row group %d here; decoding it", group.path, group.index)
+    if reader is None:
+        reader = (_StreamedGroup if group.nbytes > streamed_bytes() else _WholeGroup)(
+            footer, source.schema_b64, group
+        )
     readers[key] = reader
     while len(readers) > _KEPT_OPEN:
-        readers.popitem(last=False)[1].confirm()
+        oldest = readers.popitem(last=False)[1]
+        try:
+            oldest.confirm()
+        finally:
+            oldest.close()
     return reader
 
 
-def _open_readers() -> OrderedDict[tuple, _WholeGroup | _StreamedGroup]:
+def _open_readers() -> OrderedDict[tuple, _WholeGroup | _StreamedGroup | SpilledGroup]:
     readers = getattr(_OPEN, "readers", None)
     if readers is None:
         readers = _OPEN.readers = OrderedDict()
@@ -821,6 +858,15 @@ class _StreamedGroup:
             out += table_rows(self._table, [r - self._start for r in local[i:j]])
             i = j
         return out
+
+    def tables(self) -> Iterator[Any]:
+        """Every batch of the row group, in order, the last one given once all it decoded is confirmed."""
+        while self._start + (0 if self._table is None else self._table.num_rows) < self.group.rows:
+            self._next_batch()
+            if self._start + self._table.num_rows >= self.group.rows:
+                self.confirm()
+            yield self._table
+        self.confirm()
 
     def confirm(self) -> None:
         """Raise if what was decoded is not the version the plan read; the file is closed after."""

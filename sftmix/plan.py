@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -48,6 +49,7 @@ from .sources import (
     path_problem,
     release_mapped_data,
 )
+from .spill import Spill, forget_spills, spill_group
 from .storage import atomic_write_bytes, is_remote, storage_errors
 from .templates import (
     ChatRenderer,
@@ -836,26 +838,59 @@ def _cut_parquet(
     assert layout is not None
     target = target_rows(entry.amount, layout.n_rows)
     _check_selection(entry, layout.n_rows, target, selected_total + target, memory)
+    spill = not (run.work_dir and is_remote(run.work_dir))  # (else slices may run where its spill is not)
     if run.slice_rows:
         dataset.cuts = _row_groups(layout.n_rows, dataset.selected, run.slice_rows)
     else:
-        dataset.cuts = parquet.slice_cuts(layout, dataset.selected, slice_bytes)
+        dataset.cuts = parquet.slice_cuts(layout, dataset.selected, slice_bytes, spill)
     hand_on = _HandOn(dataset, slices, ctx, early)
     made = hand_on.made
     hashed: dict[tuple[str, int], parquet.RowGroup] = {}
     waiting = [parquet.groups_for(layout, start, end) for start, end, _ in dataset.cuts]
+    pieces = Counter((g.path, g.index) for groups in waiting for g in groups)
+    spills: dict[tuple[str, int], Spill] = {}
 
-    def on_group(group: parquet.RowGroup) -> None:
-        hashed[(group.path, group.index)] = group
-        while len(made) < len(waiting) and all((g.path, g.index) in hashed for g in waiting[len(made)]):
-            groups = [hashed[(g.path, g.index)] for g in waiting[len(made)]]
+    def source(i: int, wait: bool) -> parquet.ParquetSource | None:
+        """Cut ``i``'s rows once its row groups are hashed and the spilled ones' rows written."""
+        if not all((g.path, g.index) in hashed for g in waiting[i]):
+            return None
+        groups = [hashed[(g.path, g.index)] for g in waiting[i]]
+        start, end, _ = dataset.cuts[i]
+        spilled = []
+        for g in groups:
+            if (spill := spills.get((g.path, g.index))) is not None:
+                lo, hi = max(start, g.first_row) - g.first_row, min(end, g.first_row + g.rows) - g.first_row
+                if (rows := spill.rows(lo, hi, wait)) is None:
+                    return None
+                spilled.append(rows)
+        return layout.source(groups, spilled)
+
+    def hand_on_ready(wait: bool) -> None:
+        while len(made) < len(waiting) and (found := source(len(made), wait)) is not None:
             start, end, subset = dataset.cuts[len(made)]
             size = round((end - start if subset is None else len(subset)) * layout.nbytes / layout.n_rows)
-            data = _digest(layout.data_key(groups))
-            hand_on(cutter.spec(dataset, (start, end, subset), data, size, parquet=layout.source(groups)))
+            data = _digest(layout.data_key(found.row_groups))
+            hand_on(cutter.spec(dataset, (start, end, subset), data, size, parquet=found))
+
+    def on_group(group: parquet.RowGroup) -> None:
+        key = (group.path, group.index)
+        hashed[key] = group
+        if spill and pieces[key] > 1 and parquet.spilled(group):  # decoded once for all its slices
+            spills[key] = spill_group(
+                group.path,
+                group.index,
+                group.rows,
+                str(cutter.work_dir / "datasets-cache"),
+                _digest(layout.data_key([group])),
+                lambda: parquet.decoded_tables(layout, group),
+            )
+        hand_on_ready(False)
 
     try:
         done = parquet.hashed(layout, on_group, hand_on.reading_threads())
+        hand_on_ready(True)  # (slices of spilled row groups, as their rows are written)
+        for spill in spills.values():
+            spill.wait()  # (landed: every row it decoded was the version hashed)
     except DatasetError as exc:
         raise _dataset_error(entry, exc) from None
     if done is None:  # (found before any slice was cut)
@@ -1196,6 +1231,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     release_mapped_data(datasets_too=True)  # every row was read to fingerprint it; workers map their own
     jsonl.release()
     parquet.release()
+    forget_spills()
     return Plan(
         mixer=mixer,
         context=ctx,

@@ -627,6 +627,8 @@ def on_this_machine(ctx: TokenizeContext, spec: SliceSpec) -> tuple[TokenizeCont
         is_remote(f.path) or os.path.isfile(f.path) for f in spec.parquet.footers
     ):
         update["parquet"] = None
+    elif spec.parquet is not None and spec.parquet.spilled:  # (the planner's spills lie in its work dir)
+        update["parquet"] = spec.parquet.model_copy(update={"spilled": []})
     if spec.jsonl is not None and not all(
         is_remote(f) or os.path.isfile(f) for f in jsonl.files_of(spec.jsonl)
     ):

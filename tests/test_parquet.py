@@ -299,7 +299,10 @@ def test_the_plan_cuts_at_row_groups_and_an_edit_changes_only_its_row_groups_key
     assert len(few.slices) == 1  # the default slice_bytes holds all three row groups
 
 
-def test_a_large_row_group_is_cut_into_a_few_slices():
+def test_a_row_group_is_cut_into_a_few_slices_or_spilled_into_many():
+    """A row group of several slices' size is cut into at most a few (each decodes it up to its rows);
+    one read batch by batch is decoded once by the plan (spilled), so it is cut into slices of the
+    run's size, as many as it makes."""
     group = parquet.RowGroup(
         path="f.parquet",
         index=0,
@@ -307,10 +310,11 @@ def test_a_large_row_group_is_cut_into_a_few_slices():
         end=100,
         first_row=0,
         rows=1000,
-        nbytes=100 << 20,
+        nbytes=parquet.STREAMED_BYTES,
         sha256="",
         meta_sha256="",
     )
+    assert not parquet.spilled(group)
     layout = parquet.ParquetLayout((), "", "", (group,))
     cuts = parquet.slice_cuts(layout, None, 4 << 20)
     assert len(cuts) == parquet.MAX_PIECES_PER_ROW_GROUP
@@ -324,6 +328,10 @@ def test_a_large_row_group_is_cut_into_a_few_slices():
         (0, 1000, None),
         *[(a + 1000, b + 1000, None) for a, b, _ in cuts],
     ]
+    large = group.model_copy(update={"nbytes": 100 << 20})
+    assert parquet.spilled(large)
+    cuts = parquet.slice_cuts(parquet.ParquetLayout((), "", "", (large,)), None, 4 << 20)
+    assert len(cuts) == 25 and cuts[0][:2] == (0, 40) and cuts[-1][:2] == (960, 1000)
 
 
 @pytest.mark.slow

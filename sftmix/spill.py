@@ -1,0 +1,309 @@
+"""A large Parquet row group decoded once for all its slices. pyarrow decodes a row group from its start,
+so each slice of one decoded it up to its own rows: P slices cost ~(P+1)/2 decodes, and the plan cut a
+row group into at most 4, which left a file of one huge row group (pandas and pyarrow write up to 1Mi
+rows a group: gigabytes of chats) on 4 cores of 64. The plan now decodes such a group once into a spill
+(Arrow IPC batches, LZ4-compressed, in the datasets cache: about the Parquet file's size), each batch
+hashed as it is written, and cuts the group into as many slices as its size makes; each slice is handed
+on once the batches that hold its rows are written, and reads just those, checking their hashes.
+
+The spill lands (renamed) only after every byte decoded for it was confirmed to be the version the plan
+hashed (:meth:`sftmix.parquet._StreamedGroup.confirm`). A slice that read it while it was written waits
+for that (a shared lock on the file its writer holds exclusively until the rename, which the kernel lets go
+should the writer die) before its checkpoint is written, so no checkpoint holds rows of another version.
+A landed spill is reused by later plans with its index (no decode); a slice that finds no spill reads
+the row group from the Parquet file itself, as before.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from .errors import DatasetError
+from .growing import open_landing
+from .ownership import remove_abandoned_temps
+from .parallel import available_cpus
+from .storage import atomic_open, write_cache_file
+
+logger = logging.getLogger(__name__)
+
+#: Changes when the spill's layout does, so an older spill is not read as this one.
+SPILL_FORMAT = 1
+_COMPRESSION = "lz4"  # ~2x smaller than the decoded data, and faster to write and read than none here
+
+
+class SpillBatch(BaseModel):
+    """One batch of a spill: the row group's rows ``[first_row, first_row + rows)``, bytes ``[offset, end)``
+    of the spill (the first batch's with the stream's schema before it)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    first_row: int
+    rows: int
+    offset: int
+    end: int
+    sha256: str
+
+
+class SpilledRows(BaseModel):
+    """What a slice reads of a spill: its file (``temp`` while it is written), and the batches that hold
+    the slice's rows of row group ``index`` of Parquet file ``group_path``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    group_path: str
+    index: int
+    path: str
+    temp: str = ""
+    batches: tuple[SpillBatch, ...]
+
+
+def spill_path(cache_dir: str, key: str) -> Path:
+    """Where the spill of the row group whose content key is ``key`` lies (its index beside it)."""
+    tag = hashlib.sha256(f"{SPILL_FORMAT}|{key}".encode()).hexdigest()[:32]
+    return Path(cache_dir, "spilled", tag[:2], f"{tag}.arrows")
+
+
+def _index_path(path: Path) -> Path:
+    return path.with_suffix(".json")
+
+
+class Spill:
+    """A row group being spilled (or spilled before): its batches as they are written, and how its writing
+    ended. Made by :func:`spill_group`; the plan asks :meth:`rows` for each slice, in order."""
+
+    def __init__(self, group_path: str, index: int, path: Path, rows: int) -> None:
+        self.group_path, self.index, self.path, self.total_rows = group_path, index, path, rows
+        self._changed = threading.Condition()
+        self._batches: list[SpillBatch] = []
+        self._temp = ""
+        self._ended = False
+        self._error: BaseException | None = None
+
+    def _landed(self) -> bool:
+        """Whether it lies here whole from an earlier plan (its index read)."""
+        try:
+            index = json.loads(_index_path(self.path).read_text())
+            batches = [SpillBatch.model_validate(b) for b in index["batches"]]
+            landed = self.path.stat().st_size == index["size"]
+        except (OSError, ValueError, KeyError, TypeError):
+            self.path.unlink(missing_ok=True)  # (ours, without its index: a reader must not open it)
+            return False
+        if not landed or sum(b.rows for b in batches) != self.total_rows:
+            self.path.unlink(missing_ok=True)  # (ours, without its index: a reader must not open it)
+            return False
+        self._batches, self._ended = batches, True
+        return True
+
+    def _write(self, tables: Callable[[], Iterator[Any]]) -> None:
+        held: int | None = None
+        try:
+            remove_abandoned_temps(self.path.parent)  # a plan killed while it spilled this group
+            with atomic_open(self.path) as fh:
+                held = os.open(fh.name, os.O_RDONLY)  # (locked until the rename: see the module's doc)
+                fcntl.flock(held, fcntl.LOCK_EX)
+                with self._changed:
+                    self._temp = fh.name
+                self._write_batches(fh, held, tables())
+                size = fh.tell()
+        except BaseException as exc:
+            self._end(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        finally:
+            if held is not None:
+                os.close(held)  # (after the rename, or the temp file's removal)
+        index = {"format": SPILL_FORMAT, "size": size, "batches": [b.model_dump() for b in self._batches]}
+        write_cache_file(_index_path(self.path), json.dumps(index).encode())
+        self._end(None)
+
+    def _end(self, error: BaseException | None) -> None:
+        with self._changed:
+            self._ended, self._error = True, error
+            self._changed.notify_all()
+
+    def _write_batches(self, fh: Any, read: int, tables: Iterator[Any]) -> None:
+        """Each batch written, then hashed as read back through ``read`` (what readers will read)."""
+        import pyarrow.ipc as ipc
+
+        writer, first_row = None, 0
+        for table in tables:
+            if writer is None:
+                writer = ipc.new_stream(
+                    fh, table.schema, options=ipc.IpcWriteOptions(compression=_COMPRESSION)
+                )
+            for batch in table.to_batches():
+                offset = fh.tell()
+                writer.write_batch(batch)
+                fh.flush()  # (its readers read the file)
+                end = fh.tell()
+                written = os.pread(read, end - offset, offset)
+                done = SpillBatch(
+                    first_row=first_row,
+                    rows=batch.num_rows,
+                    offset=offset,
+                    end=end,
+                    sha256=hashlib.sha256(written).hexdigest(),
+                )
+                first_row += batch.num_rows
+                with self._changed:
+                    self._batches.append(done)
+                    self._changed.notify_all()
+        if writer is not None:
+            writer.close()
+
+    def rows(self, start: int, end: int, wait: bool = True) -> SpilledRows | None:
+        """The spill's batches that hold the row group's rows ``[start, end)``, once written (``wait``:
+        until then; else ``None`` until then); its writer's error, raised."""
+        with self._changed:
+            while not self._ended and self._written() < end:
+                if not wait:
+                    return None
+                self._changed.wait()
+            error, batches = self._error, list(self._batches)
+            temp = "" if self._ended else self._temp
+        if error is not None:
+            if isinstance(error, DatasetError):
+                raise DatasetError(error.dataset, error.reason) from None
+            raise DatasetError(
+                self.group_path, f"row group {self.index} cannot be read: {type(error).__name__}: {error}"
+            )
+        return SpilledRows(
+            group_path=self.group_path,
+            index=self.index,
+            path=str(self.path),
+            temp=temp,
+            batches=tuple(b for b in batches if b.first_row < end and b.first_row + b.rows > start),
+        )
+
+    def _written(self) -> int:
+        last = self._batches[-1] if self._batches else None
+        return 0 if last is None else last.first_row + last.rows
+
+    def wait(self) -> None:
+        """Until it has landed; its writer's error, raised."""
+        with self._changed:
+            while not self._ended:
+                self._changed.wait()
+        self.rows(0, 0)
+
+
+_SPILLS: dict[Path, Spill] = {}
+_SPILLS_LOCK = threading.Lock()
+
+
+def spill_group(
+    group_path: str, index: int, rows: int, cache_dir: str, key: str, tables: Callable[[], Iterator[Any]]
+) -> Spill:
+    """The spill of row group ``index`` of ``group_path`` (``rows`` rows, content key ``key``): landed
+    before, being written in this process, or begun now on a thread of its own (``tables``: the row
+    group's batches, decoded and checked)."""
+    path = spill_path(cache_dir, key)
+    with _SPILLS_LOCK:
+        found = _SPILLS.get(path)
+        if found is not None and found._error is None:
+            return found
+        spill = _SPILLS[path] = Spill(group_path, index, path, rows)
+    if not spill._landed():
+        logger.info("decoding row group %d of %s once for its slices", index, group_path)
+        threading.Thread(
+            target=_write_in_turn, args=(spill, tables), name="parquet-spill", daemon=True
+        ).start()
+    return spill
+
+
+#: Spills written at once: each decodes on one core (and holds a batch), beside the slices that read them.
+_WRITING = threading.BoundedSemaphore(max(1, available_cpus() // 2))
+
+
+def _write_in_turn(spill: Spill, tables: Callable[[], Iterator[Any]]) -> None:
+    with _WRITING:  # (waiters are let in in the order they came: the row groups' order)
+        spill._write(tables)
+
+
+def forget_spills() -> None:
+    """Spills landed or failed are not handed to a later plan from memory (it reads their index)."""
+    with _SPILLS_LOCK:
+        for path, spill in list(_SPILLS.items()):
+            if spill._ended:
+                del _SPILLS[path]
+
+
+class SpilledGroup:
+    """A slice's reader of a spill: its batches read by offset, each checked against the hash the plan
+    recorded as it wrote it (the same interface as :mod:`sftmix.parquet`'s row group readers)."""
+
+    def __init__(self, spilled: SpilledRows, schema: Any) -> None:
+        self.spilled, self._schema = spilled, schema
+        self._fd: int | None = open_landing(spilled.path, spilled.temp)  # FileNotFoundError: not here
+        self._table: Any = None
+        self._at: SpillBatch | None = None
+        self._landed = not spilled.temp  # (a spill handed on once landed)
+
+    def _batch(self, batch: SpillBatch) -> Any:
+        import pyarrow as pa
+        import pyarrow.ipc as ipc
+
+        assert self._fd is not None
+        data = os.pread(self._fd, batch.end - batch.offset, batch.offset)
+        if len(data) != batch.end - batch.offset or hashlib.sha256(data).hexdigest() != batch.sha256:
+            raise DatasetError(
+                self.spilled.group_path,
+                f"the decoded copy of row group {self.spilled.index} ({self.spilled.path}) is not what the "
+                "plan wrote: remove it and rerun",
+            )
+        for message in ipc.MessageReader.open_stream(pa.py_buffer(data)):
+            if message.type == "record batch":
+                table = pa.Table.from_batches([ipc.read_record_batch(message, self._schema)])
+                return table.replace_schema_metadata(self._schema.metadata)
+        raise DatasetError(self.spilled.group_path, f"{self.spilled.path}: a batch holds no rows")
+
+    def rows(self, local: list[int]) -> list[dict[str, Any]]:
+        from .sources import runs_in_parts, table_rows
+
+        out: list[dict[str, Any]] = []
+        for batch, within in runs_in_parts(local, self.spilled.batches):
+            if batch is None:
+                raise DatasetError(
+                    self.spilled.group_path,
+                    f"row {within[0]} of row group {self.spilled.index} is in none of the slice's spilled batches",
+                )
+            if batch != self._at:
+                self._table, self._at = self._batch(batch), batch
+            out += table_rows(self._table, within)
+        return out
+
+    def confirm(self) -> None:
+        """Raise unless the spill landed: its writer confirmed every byte it decoded was the plan's
+        version (waited for where it is still being written)."""
+        fd = self._fd
+        if fd is None or self._landed:
+            return
+        fcntl.flock(fd, fcntl.LOCK_SH)  # (until its writer renamed it, failed or died)
+        try:
+            self._landed = os.stat(self.spilled.path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            self._landed = False
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        if not self._landed:
+            raise DatasetError(
+                self.spilled.group_path,
+                f"row group {self.spilled.index} was not read whole as the plan hashed it (the file changed "
+                "while it was decoded, or the plan stopped): rerun when it no longer changes",
+            )
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,201 @@
+"""A large Parquet row group decoded once by the plan for all its slices (sftmix.spill): the rows its
+slices read are the file's, a spill lands only once all it decoded is confirmed, a slice that read it
+while it was written waits for that, and a slice without it reads the file itself."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sftmix import parquet, spill
+from sftmix.config import RunOptions
+from sftmix.errors import DatasetError
+from tests.test_parquet import _datasets_rows, _mixer, _rows
+
+
+@pytest.fixture
+def streamed(monkeypatch):
+    """Row groups of more than 16 KiB read batch by batch (spilled where cut into several slices), in
+    batches of a few rows."""
+    monkeypatch.setenv("TOKENIZE_MIXER_PARQUET_STREAMED_BYTES", str(16 << 10))
+    monkeypatch.setattr(parquet, "_STREAM_BATCH_BYTES", 4096)
+    parquet.release()
+    yield
+    parquet.release()
+
+
+def _one_group(tmp_path: Path, n: int = 600) -> Path:
+    path = tmp_path / "chats.parquet"
+    pq.write_table(pa.Table.from_pylist(_rows(n)), path, row_group_size=n)
+    return path
+
+
+def _spill(layout: parquet.ParquetLayout, cache: Path, tables=None) -> spill.Spill:
+    group = layout.row_groups[0]
+    return spill.spill_group(
+        group.path,
+        group.index,
+        group.rows,
+        str(cache),
+        f"test-{cache}",
+        tables or (lambda: parquet.decoded_tables(layout, group)),
+    )
+
+
+def test_rows_read_from_a_spill_are_the_files(tmp_path, streamed):
+    path = _one_group(tmp_path)
+    expected = _datasets_rows(path, tmp_path / "cache")
+    layout = parquet.scan(str(path))
+    assert layout is not None and len(layout.row_groups) == 1
+    group = layout.row_groups[0]
+    made = _spill(layout, tmp_path / "spills")
+    made.wait()
+    assert len(made.rows(0, group.rows).batches) > 10  # (many batches: slices read a few each)
+    for lo, hi in ((0, 600), (0, 1), (123, 377), (599, 600)):
+        found = made.rows(lo, hi)
+        assert found is not None and not found.temp
+        source = layout.source([group], [found])
+        assert parquet.read_rows(source, list(range(lo, hi))) == expected[lo:hi]
+        parquet.confirm()
+    subset = [5, 9, 300, 301, 598]  # (a fraction's rows, in order)
+    assert parquet.read_rows(layout.source([group], [made.rows(5, 599)]), subset) == [
+        expected[i] for i in subset
+    ]
+    parquet.release()
+
+
+def test_a_landed_spill_is_reused_and_a_missing_one_read_from_the_file(tmp_path, streamed):
+    path = _one_group(tmp_path)
+    expected = _datasets_rows(path, tmp_path / "cache")
+    layout = parquet.scan(str(path))
+    assert layout is not None
+    made = _spill(layout, tmp_path / "spills")
+    made.wait()
+    spill.forget_spills()
+
+    def never():
+        raise AssertionError("decoded again")
+
+    again = _spill(layout, tmp_path / "spills", never)
+    again.wait()
+    assert again.rows(0, 600) == made.rows(0, 600)
+    found = again.rows(200, 400)
+    Path(found.path).unlink()  # (a user's clean-up: the slice reads the Parquet file instead)
+    source = layout.source(list(layout.row_groups), [found])
+    assert parquet.read_rows(source, list(range(200, 400))) == expected[200:400]
+    parquet.confirm()
+    parquet.release()
+    spill.forget_spills()
+
+
+def test_a_spill_whose_bytes_changed_is_refused_in_words(tmp_path, streamed):
+    path = _one_group(tmp_path)
+    layout = parquet.scan(str(path))
+    assert layout is not None
+    made = _spill(layout, tmp_path / "spills")
+    made.wait()
+    found = made.rows(0, 600)
+    batch = found.batches[3]
+    with open(found.path, "r+b") as fh:
+        fh.seek(batch.end - 20)
+        fh.write(b"\0" * 8)
+    source = layout.source(list(layout.row_groups), [found])
+    with pytest.raises(DatasetError, match=r"decoded copy of row group 0 .* is not what the plan wrote"):
+        parquet.read_rows(source, list(range(600)))
+    parquet.release()
+    spill.forget_spills()
+
+
+def test_a_slice_that_read_a_spill_being_written_waits_for_it_to_land(tmp_path, streamed):
+    """The slice's rows are written and read at once; its checkpoint waits until the writer confirms
+    the rest (here held back), and is refused when the writer fails instead (the file changed)."""
+    path = _one_group(tmp_path)
+    expected = _datasets_rows(path, tmp_path / "cache")
+    layout = parquet.scan(str(path))
+    assert layout is not None
+    group = layout.row_groups[0]
+
+    for ending in ("lands", "fails"):
+        go_on = threading.Event()
+
+        def tables(go_on=go_on, ending=ending):
+            for k, table in enumerate(parquet.decoded_tables(layout, group)):
+                if k == 3:
+                    go_on.wait(30)
+                    if ending == "fails":
+                        raise DatasetError(str(path), "the file changed since the run was planned (test)")
+                yield table
+
+        made = _spill(layout, tmp_path / f"spills-{ending}", tables)
+        found = made.rows(0, 10)
+        assert found is not None and found.temp  # (handed on while it is written)
+        source = layout.source([group], [found])
+        assert parquet.read_rows(source, list(range(10))) == expected[:10]
+        confirmed: list[BaseException | None] = []
+
+        def confirm(source=source, confirmed=confirmed):
+            try:
+                parquet.read_rows(source, [0])
+                parquet.confirm()
+                confirmed.append(None)
+            except BaseException as exc:
+                confirmed.append(exc)
+            finally:
+                parquet.release()
+
+        slice_thread = threading.Thread(target=confirm)
+        slice_thread.start()
+        slice_thread.join(0.5)
+        assert slice_thread.is_alive() and not confirmed  # waiting for the writer
+        go_on.set()
+        slice_thread.join(30)
+        if ending == "lands":
+            assert confirmed == [None]
+            made.wait()
+        else:
+            assert len(confirmed) == 1 and "was not read whole as the plan hashed it" in str(confirmed[0])
+            with pytest.raises(DatasetError, match="changed since the run was planned"):
+                made.wait()
+            assert not list(Path(tmp_path / "spills-fails").rglob("*.arrows*"))  # (its temp file removed)
+        parquet.release()
+    spill.forget_spills()
+
+
+def test_the_plan_cuts_a_large_row_group_into_many_slices_of_one_spill(tmp_path, streamed):
+    from sftmix.plan import build_plan
+
+    path = _one_group(tmp_path, 2000)
+    run = RunOptions(work_dir=str(tmp_path / "work"), slice_bytes=64 << 10)
+    plan = build_plan(_mixer(path, tmp_path / "out"), run)
+    assert len(plan.slices) > 8  # (was at most 4: each slice decoded the row group up to its rows)
+    spills = {s.parquet.spilled[0].path for s in plan.slices}
+    assert len(spills) == 1 and all(len(s.parquet.spilled) == 1 for s in plan.slices)
+    index = json.loads(Path(next(iter(spills))).with_suffix(".json").read_text())
+    assert sum(b["rows"] for b in index["batches"]) == 2000
+    again = build_plan(_mixer(path, tmp_path / "out"), run)
+    assert [s.key for s in again.slices] == [s.key for s in plan.slices]
+    unspilled = build_plan(_mixer(path, tmp_path / "out"), run.model_copy(update={"slice_bytes": 8 << 20}))
+    assert len(unspilled.slices) == 1 and not unspilled.slices[0].parquet.spilled
+
+
+@pytest.mark.slow
+def test_shards_from_a_spilled_row_group_are_those_of_datasets(prefect_api, tmp_path, monkeypatch, streamed):
+    from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
+
+    path = _one_group(tmp_path, 1500)
+    for amount in (1.0, 0.5):
+
+        def convert(name: str, amount: float = amount) -> dict:
+            run = RunOptions(work_dir=str(tmp_path / f"work-{name}"), slice_bytes=64 << 10, runner="process")
+            return tokenize_mixer(mixer=_mixer(path, tmp_path / name, amount), run=run)
+
+        ours = convert(f"spilled-{amount}")
+        assert ours["slices_total"] > parquet.MAX_PIECES_PER_ROW_GROUP
+        monkeypatch.setenv("TOKENIZE_MIXER_PARQUET_READER", "datasets")
+        assert convert(f"datasets-{amount}")["digests"] == ours["digests"]
+        monkeypatch.delenv("TOKENIZE_MIXER_PARQUET_READER")
