@@ -563,7 +563,7 @@ def slice_cuts(
     """(start, end, subset) per slice: whole row groups of about ``slice_bytes`` together, so each is
     decoded by one slice (one per task run: fewer, larger slices cost the orchestrator less). With
     ``spill``, a row group read batch by batch (:func:`spilled`) is cut into slices of about
-    ``slice_bytes`` each: the plan decodes it once for all of them (:mod:`sftmix.spill`), so a file of a
+    ``slice_bytes`` each (a batch's at least): the plan decodes it once for all of them (:mod:`sftmix.spill`), so a file of a
     few huge row groups keeps every core busy. Any other of several times ``slice_bytes`` is cut into at
     most :data:`MAX_PIECES_PER_ROW_GROUP` slices, each decoding it up to its own rows."""
     import numpy as np
@@ -584,8 +584,8 @@ def slice_cuts(
             if waiting:
                 cut(waiting[0].first_row, waiting[-1].first_row + waiting[-1].rows, 1)
                 waiting = []
-            if spill and spilled(g):
-                pieces = -(-g.nbytes // slice_bytes)
+            if spill and spilled(g):  # (a slice reads at least a batch of the spill)
+                pieces = -(-g.nbytes // max(slice_bytes, stream_batch_bytes()))
             else:
                 pieces = min(MAX_PIECES_PER_ROW_GROUP, g.nbytes // (MAX_PIECES_PER_ROW_GROUP * slice_bytes))
             cut(g.first_row, g.first_row + g.rows, max(1, pieces))
@@ -597,6 +597,11 @@ def slice_cuts(
     if waiting:
         cut(waiting[0].first_row, waiting[-1].first_row + waiting[-1].rows, 1)
     return cuts
+
+
+def stream_batch_bytes() -> int:
+    """The data a batch of a row group read batch by batch holds (a few batches a row group at least)."""
+    return max(1, min(_STREAM_BATCH_BYTES, streamed_bytes() // 4))
 
 
 def spilled(group: RowGroup) -> bool:
@@ -819,8 +824,7 @@ class _StreamedGroup:
             raise DatasetError(path, _changed(_where(group)))
         cursors = [_ChunkCursor(s, e, h.hexdigest()) for (s, e), h in zip(bounds, parts, strict=True)]
         self._file = _Streamed(self._ranges, self.footer.size, (self.footer.offset, tail), cursors)
-        batch_bytes = max(1, min(_STREAM_BATCH_BYTES, streamed_bytes() // 4))  # (a few batches at least)
-        batch_rows = max(1, group.rows * batch_bytes // max(group.nbytes, 1))
+        batch_rows = max(1, group.rows * stream_batch_bytes() // max(group.nbytes, 1))
         self._batches = pq.ParquetFile(
             self._file, metadata=meta, pre_buffer=False, buffer_size=_STREAM_BUFFER
         ).iter_batches(batch_size=batch_rows, row_groups=[group.index], use_threads=False)

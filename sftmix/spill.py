@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -113,7 +114,7 @@ class Spill:
                 fcntl.flock(held, fcntl.LOCK_EX)
                 with self._changed:
                     self._temp = fh.name
-                self._write_batches(fh, held, tables())
+                self._write_batches(fh, held, _decoded_ahead(tables()))
                 size = fh.tell()
         except BaseException as exc:
             self._end(exc)
@@ -198,6 +199,48 @@ class Spill:
         self.rows(0, 0)
 
 
+def _decoded_ahead(tables: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """``tables``, each decoded on a thread of its own while the one before is compressed and written
+    (pyarrow lets go of the GIL for both): a spill takes about the longer of the two, not their sum."""
+    ready: queue.Queue[tuple[Any, BaseException | None]] = queue.Queue(depth)
+    stop, end = threading.Event(), object()
+
+    def put(item: tuple[Any, BaseException | None]) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def decode() -> None:
+        try:
+            for table in tables:
+                if not put((table, None)):
+                    break
+            else:
+                put((end, None))
+        except BaseException as exc:
+            put((None, exc))
+        finally:
+            close = getattr(tables, "close", None)
+            if close is not None:
+                close()  # (its file, where the writer stopped first)
+
+    threading.Thread(target=decode, name="parquet-spill-decode", daemon=True).start()
+    try:
+        while True:
+            table, error = ready.get()
+            if error is not None:
+                raise error
+            if table is end:
+                return
+            yield table
+    finally:
+        stop.set()
+
+
 _SPILLS: dict[Path, Spill] = {}
 _SPILLS_LOCK = threading.Lock()
 
@@ -222,8 +265,9 @@ def spill_group(
     return spill
 
 
-#: Spills written at once: each decodes on one core (and holds a batch), beside the slices that read them.
-_WRITING = threading.BoundedSemaphore(max(1, available_cpus() // 2))
+#: Spills written at once: each on two threads (decoding, writing), holding a few batches, beside the
+#: slices that read them.
+_WRITING = threading.BoundedSemaphore(max(1, available_cpus() // 4))
 
 
 def _write_in_turn(spill: Spill, tables: Callable[[], Iterator[Any]]) -> None:

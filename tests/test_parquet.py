@@ -302,7 +302,7 @@ def test_the_plan_cuts_at_row_groups_and_an_edit_changes_only_its_row_groups_key
 def test_a_row_group_is_cut_into_a_few_slices_or_spilled_into_many():
     """A row group of several slices' size is cut into at most a few (each decodes it up to its rows);
     one read batch by batch is decoded once by the plan (spilled), so it is cut into slices of the
-    run's size, as many as it makes."""
+    run's size (a batch's at least), as many as it makes."""
     group = parquet.RowGroup(
         path="f.parquet",
         index=0,
@@ -331,7 +331,11 @@ def test_a_row_group_is_cut_into_a_few_slices_or_spilled_into_many():
     large = group.model_copy(update={"nbytes": 100 << 20})
     assert parquet.spilled(large)
     cuts = parquet.slice_cuts(parquet.ParquetLayout((), "", "", (large,)), None, 4 << 20)
-    assert len(cuts) == 25 and cuts[0][:2] == (0, 40) and cuts[-1][:2] == (960, 1000)
+    assert len(cuts) == 13 and cuts[0][:2] == (0, 77) and cuts[-1][:2] == (924, 1000)  # (8 MiB batches)
+    cuts = parquet.slice_cuts(parquet.ParquetLayout((), "", "", (large,)), None, 10 << 20)
+    assert len(cuts) == 10 and cuts[0][:2] == (0, 100)
+    unspilled = parquet.slice_cuts(parquet.ParquetLayout((), "", "", (large,)), None, 4 << 20, spill=False)
+    assert len(unspilled) == parquet.MAX_PIECES_PER_ROW_GROUP  # (a remote work directory's slices)
 
 
 @pytest.mark.slow
