@@ -188,7 +188,9 @@ class Mixture:
 
 #: Rows a row group of the soak's Parquet copy (8,000 rows: 16 row groups, about 1 MiB each).
 PARQUET_GROUP_ROWS = 500
-#: Half of change-parquet's trials read every row group batch by batch, as only a large one is.
+#: Half of change-parquet's trials read every row group batch by batch, as only a large one is (and, cut
+#: into several slices, decode each once into a spill: sftmix.spill), and so do half of sigint-hub's of
+#: its Parquet dataset.
 PARQUET_STREAMED_BYTES = 1 << 16
 
 #: Lines the command prints that a `grep -m1` may wait for (kept when the baseline printed them).
@@ -1326,6 +1328,9 @@ class Soak:
                 busy = rng.choice([f for f in self.hubs[str(data)].files() if f.startswith("data/")])
                 self.hubs[str(data)].flaky[busy] = 1
                 rec.fault += f"the hub too busy once for {Path(busy).name}, "
+            if data == HUB_DATASET and rng.random() < 0.5:  # each row group decoded once, spilled
+                env[settings.PARQUET_STREAMED_BYTES.name] = str(PARQUET_STREAMED_BYTES)
+                rec.fault += "row groups spilled, "
         elif rec.kind == "sigint-mixture":  # (made sliced by the mixture's size, whatever the trial's)
             expected = self._version_expected(data, "", env, tdir)
             rec.fault = f"{' '.join(slicing) or 'sliced by the mixture'}, "
@@ -1685,7 +1690,7 @@ class Soak:
             rec.fault += ", a Parquet object" if data == GCS_PARQUET else ", a gzipped object"
         if Path(data).suffix == ".parquet" and rng.random() < 0.5:  # its row groups read batch by batch
             env[settings.PARQUET_STREAMED_BYTES.name] = str(PARQUET_STREAMED_BYTES)
-            rec.fault += ", row groups read by batch"
+            rec.fault += ", row groups read by batch, spilled"
         try:
             cmd = Command(self.reaper, argv, env, tdir)
             if cmd.sleep_until(cmd.started + moment):
