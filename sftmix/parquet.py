@@ -38,7 +38,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -99,6 +99,10 @@ class RowGroup(BaseModel):
     nbytes: int  # its data uncompressed, as the writer recorded it: a slice's size
     sha256: str  # of its bytes
     meta_sha256: str  # of its footer record (column chunks: codecs, encodings, offsets)
+    chunks: tuple[tuple[int, int], ...] = ()  # [offset, end) of each column chunk, in order
+    #: sha256 of each column chunk, hashed with the row group where it is read batch by batch (then
+    #: checked as it is decoded: :class:`_StreamedGroup`, without a pass of its own first)
+    chunk_sha256: tuple[str, ...] = ()
 
 
 class ParquetSource(BaseModel):
@@ -346,15 +350,22 @@ def _blocks(ranges: _Ranges, start: int, end: int) -> Iterator[bytes]:
         start += len(block)
 
 
-def _sha256_range(path: str, offset: int, end: int) -> str:
-    h, read = hashlib.sha256(), 0
-    with _Ranges(path) as ranges:
-        for block in _blocks(ranges, offset, end):
-            h.update(block)
-            read += len(block)
-    if read != end - offset:
-        raise DatasetError(path, _changed(f"bytes {offset}-{end}"))
-    return h.hexdigest()
+def _hash_group(
+    ranges: _Ranges, group: RowGroup, chunks: Sequence[tuple[int, int]]
+) -> tuple[str, tuple[str, ...]]:
+    """sha256 of the row group's bytes, and of each of its column chunks ``chunks``, in one pass."""
+    whole, parts = hashlib.sha256(), [hashlib.sha256() for _ in chunks]
+    at = group.offset
+    for block in _blocks(ranges, group.offset, group.end):
+        whole.update(block)
+        for (start, end), h in zip(chunks, parts, strict=True):
+            lo, hi = max(start, at), min(end, at + len(block))
+            if lo < hi:
+                h.update(block[lo - at : hi - at])
+        at += len(block)
+    if at != group.end:
+        raise DatasetError(ranges.path, _changed(f"bytes {group.offset}-{group.end}"))
+    return whole.hexdigest(), tuple(h.hexdigest() for h in parts)
 
 
 T = TypeVar("T")
@@ -421,6 +432,7 @@ def counted(paths: list[str], declared: Any = None) -> ParquetLayout | None:
                 nbytes=max(0, b),
                 sha256="",
                 meta_sha256=_record_sha256(record, o),
+                chunks=tuple(sorted(_column_bounds(record))),
             )
             for p, i, o, e, r, n, b, record in bounds
         ),
@@ -455,13 +467,17 @@ def _each(fn: Callable[[str], T], paths: list[str]) -> Iterator[T]:
 
 
 def hashed(
-    layout: ParquetLayout, on_group: GroupListener | None = None, threads: int | None = None
+    layout: ParquetLayout,
+    on_group: GroupListener | None = None,
+    threads: int | None = None,
+    known: Sequence[RowGroup] = (),
 ) -> ParquetLayout | None:
     """``layout`` (from :func:`counted`) with every row group hashed on ``threads`` threads (default one
     per CPU). ``on_group`` is told each row group, in order, as soon as it and those before it are
     hashed: the plan cuts and starts slices while the rest is read. The first row group is decoded from
     its bytes before it is told (``None``: pyarrow reads it outside its recorded bytes; ``datasets`` is
-    to read the dataset). Files hashed before (the same size, mtime and inode) are not read again."""
+    to read the dataset). Files hashed before (the same size, mtime and inode) are not read again, nor
+    row groups ``known`` (hashed ahead: a sample's)."""
     key = (layout.stamps, layout.schema_b64)
     with _SCANS_LOCK:
         found = key in _SCANS
@@ -471,7 +487,7 @@ def hashed(
             for group in done.row_groups:
                 on_group(group)
         return done
-    done = _hashed(layout, on_group, threads or available_cpus())
+    done = _hashed(layout, on_group, threads or available_cpus(), {(g.path, g.index): g for g in known})
     with _SCANS_LOCK:
         _SCANS[key] = done
         while len(_SCANS) > _KEPT_SCANS:
@@ -479,7 +495,12 @@ def hashed(
     return done
 
 
-def _hashed(layout: ParquetLayout, on_group: GroupListener | None, threads: int) -> ParquetLayout | None:
+def _hashed(
+    layout: ParquetLayout,
+    on_group: GroupListener | None,
+    threads: int,
+    known: dict[tuple[str, int], RowGroup],
+) -> ParquetLayout | None:
     """``layout.stamps``: each file's path and version before the read; a file with another version after
     it (rewritten, grown, truncated, replaced by a rename) was read as no one version of it. A remote
     object's row groups are read on as many threads as a network carries, whatever the cores."""
@@ -490,7 +511,9 @@ def _hashed(layout: ParquetLayout, on_group: GroupListener | None, threads: int)
     with ThreadPoolExecutor(max_workers=max(1, min(len(todo), threads))) as pool:
         try:
             with closed_on_error(layout.downloads):  # (and threads waiting for a file stop waiting)
-                for group in pool.map(lambda g: with_sha256(g, layout.downloads), todo):
+                for group in pool.map(
+                    lambda g: known.get((g.path, g.index)) or with_sha256(g, layout.downloads), todo
+                ):
                     groups.append(group)
                     if len(groups) == 1 and not _decodes_alone(layout, groups[0]):
                         if layout.downloads is not None:
@@ -514,7 +537,10 @@ def with_sha256(group: RowGroup, downloads: Downloads | None = None) -> RowGroup
     file has landed (:attr:`ParquetLayout.downloads`)."""
     if downloads is not None:
         downloads.wait(group.path)
-    return group.model_copy(update={"sha256": _sha256_range(group.path, group.offset, group.end)})
+    chunks = group.chunks if group.nbytes > streamed_bytes() else ()
+    with _Ranges(group.path) as ranges:
+        whole, parts = _hash_group(ranges, group, chunks)
+    return group.model_copy(update={"sha256": whole, "chunk_sha256": parts})
 
 
 def _decodes_alone(layout: ParquetLayout, first: RowGroup) -> bool:
@@ -811,18 +837,15 @@ class _StreamedGroup:
         tail = _checked_footer(self._ranges, self.footer)
         meta = _metadata(tail)
         bounds = sorted(_column_bounds(meta.row_group(group.index)))
-        whole, parts = hashlib.sha256(), [hashlib.sha256() for _ in bounds]
-        at = group.offset
-        for block in _blocks(self._ranges, group.offset, group.end):
-            whole.update(block)
-            for (start, end), h in zip(bounds, parts, strict=True):
-                lo, hi = max(start, at), min(end, at + len(block))
-                if lo < hi:
-                    h.update(block[lo - at : hi - at])
-            at += len(block)
-        if at != group.end or whole.hexdigest() != group.sha256:
-            raise DatasetError(path, _changed(_where(group)))
-        cursors = [_ChunkCursor(s, e, h.hexdigest()) for (s, e), h in zip(bounds, parts, strict=True)]
+        hashes = group.chunk_sha256
+        if len(hashes) != len(bounds) or list(group.chunks) != bounds:  # (not hashed with the group)
+            try:
+                whole, hashes = _hash_group(self._ranges, group, bounds)
+            except DatasetError:
+                raise DatasetError(path, _changed(_where(group))) from None
+            if whole != group.sha256:
+                raise DatasetError(path, _changed(_where(group)))
+        cursors = [_ChunkCursor(s, e, h) for (s, e), h in zip(bounds, hashes, strict=True)]
         self._file = _Streamed(self._ranges, self.footer.size, (self.footer.offset, tail), cursors)
         batch_rows = max(1, group.rows * stream_batch_bytes() // max(group.nbytes, 1))
         self._batches = pq.ParquetFile(

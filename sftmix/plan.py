@@ -887,7 +887,9 @@ def _cut_parquet(
         hand_on_ready(False)
 
     try:
-        done = parquet.hashed(layout, on_group, hand_on.reading_threads())
+        sampled = dataset.sampled.parquet if dataset.sampled is not None else None
+        known = sampled.row_groups if sampled is not None else []
+        done = parquet.hashed(layout, on_group, hand_on.reading_threads(), known)
         hand_on_ready(True)  # (slices of spilled row groups, as their rows are written)
         for spill in spills.values():
             spill.wait()  # (landed: every row it decoded was the version hashed)

@@ -177,6 +177,26 @@ def test_a_file_that_changes_while_a_row_group_is_read_by_batch_is_one_clear_err
             parquet.confirm()
 
 
+def test_a_row_group_read_by_batch_is_read_once_by_a_slice(tmp_path, by_batch, monkeypatch):
+    """Its column chunks' hashes come with the plan's hash of the row group, so a slice reads its bytes
+    once, as they are decoded (checked before its checkpoint), not once more first to hash them."""
+    path = tmp_path / "chats.parquet"
+    pq.write_table(pa.Table.from_pylist(_rows(300)), path, row_group_size=300)
+    expected = _datasets_rows(path, tmp_path / "cache")
+    layout = parquet.scan(str(path))
+    assert layout is not None
+    group = layout.row_groups[0]
+    assert len(group.chunk_sha256) == len(group.chunks) > 1
+    passes: list[int] = []
+    hash_group = parquet._hash_group
+    monkeypatch.setattr(parquet, "_hash_group", lambda *a: passes.append(1) or hash_group(*a))
+    for read, counted in ((group, []), (group.model_copy(update={"chunk_sha256": ()}), [1])):
+        assert parquet.read_rows(layout.source([read]), list(range(300))) == expected
+        parquet.confirm()
+        parquet.release()
+        assert passes == counted
+
+
 @pytest.mark.slow
 def test_a_large_row_group_is_read_holding_about_a_batch(tmp_path):
     """A row group of more than :data:`~sftmix.parquet.STREAMED_BYTES` (pyarrow writes up to 1Mi rows a
