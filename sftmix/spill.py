@@ -3,20 +3,18 @@ so each slice of one decoded it up to its own rows: P slices cost ~(P+1)/2 decod
 row group into at most 4, which left a file of one huge row group (pandas and pyarrow write up to 1Mi
 rows a group: gigabytes of chats) on 4 cores of 64. The plan now decodes such a group once into a spill
 (Arrow IPC batches, LZ4-compressed, in the datasets cache: about the Parquet file's size), each batch
-hashed as it is written, and cuts the group into as many slices as its size makes; each slice is handed
-on once the batches that hold its rows are written, and reads just those, checking their hashes.
+hashed as it is written, and cuts the group into as many slices as its size makes; each slice reads just
+the batches that hold its rows, checking their hashes.
 
-The spill lands (renamed) only after every byte decoded for it was confirmed to be the version the plan
-hashed (:meth:`sftmix.parquet._StreamedGroup.confirm`). A slice that read it while it was written waits
-for that (a shared lock on the file its writer holds exclusively until the rename, which the kernel lets go
-should the writer die) before its checkpoint is written, so no checkpoint holds rows of another version.
-A landed spill is reused by later plans with its index (no decode); a slice that finds no spill reads
-the row group from the Parquet file itself, as before.
+The spill lands (renamed) only once every byte decoded for it was confirmed to be the version the plan
+hashed (:meth:`sftmix.parquet._StreamedGroup.confirm`: a column chunk's hash is known only once it is
+read to its end), and the group's slices are handed on only then, so no slice holds rows of another
+version, and none holds a worker waiting for the rest. A landed spill is reused by later plans with its
+index (no decode); a slice that finds no spill reads the row group from the Parquet file itself.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -30,7 +28,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from .errors import DatasetError
-from .growing import open_landing
 from .ownership import remove_abandoned_temps
 from .parallel import available_cpus
 from .storage import atomic_open, write_cache_file
@@ -56,15 +53,14 @@ class SpillBatch(BaseModel):
 
 
 class SpilledRows(BaseModel):
-    """What a slice reads of a spill: its file (``temp`` while it is written), and the batches that hold
-    the slice's rows of row group ``index`` of Parquet file ``group_path``."""
+    """What a slice reads of a spill: its file, and the batches that hold the slice's rows of row group
+    ``index`` of Parquet file ``group_path``."""
 
     model_config = ConfigDict(frozen=True)
 
     group_path: str
     index: int
     path: str
-    temp: str = ""
     batches: tuple[SpillBatch, ...]
 
 
@@ -79,14 +75,13 @@ def _index_path(path: Path) -> Path:
 
 
 class Spill:
-    """A row group being spilled (or spilled before): its batches as they are written, and how its writing
-    ended. Made by :func:`spill_group`; the plan asks :meth:`rows` for each slice, in order."""
+    """A row group being spilled (or spilled before): its batches, and how its writing ended. Made by
+    :func:`spill_group`; the plan asks :meth:`rows` for each slice once it has landed."""
 
     def __init__(self, group_path: str, index: int, path: Path, rows: int) -> None:
         self.group_path, self.index, self.path, self.total_rows = group_path, index, path, rows
         self._changed = threading.Condition()
         self._batches: list[SpillBatch] = []
-        self._temp = ""
         self._ended = False
         self._error: BaseException | None = None
 
@@ -106,24 +101,16 @@ class Spill:
         return True
 
     def _write(self, tables: Callable[[], Iterator[Any]]) -> None:
-        held: int | None = None
         try:
             remove_abandoned_temps(self.path.parent)  # a plan killed while it spilled this group
             with atomic_open(self.path) as fh:
-                held = os.open(fh.name, os.O_RDONLY)  # (locked until the rename: see the module's doc)
-                fcntl.flock(held, fcntl.LOCK_EX)
-                with self._changed:
-                    self._temp = fh.name
-                self._write_batches(fh, held, _decoded_ahead(tables()))
+                self._write_batches(fh, _decoded_ahead(tables()))
                 size = fh.tell()
         except BaseException as exc:
             self._end(exc)
             if not isinstance(exc, Exception):
                 raise
             return
-        finally:
-            if held is not None:
-                os.close(held)  # (after the rename, or the temp file's removal)
         index = {"format": SPILL_FORMAT, "size": size, "batches": [b.model_dump() for b in self._batches]}
         write_cache_file(_index_path(self.path), json.dumps(index).encode())
         self._end(None)
@@ -133,46 +120,41 @@ class Spill:
             self._ended, self._error = True, error
             self._changed.notify_all()
 
-    def _write_batches(self, fh: Any, read: int, tables: Iterator[Any]) -> None:
-        """Each batch written, then hashed as read back through ``read`` (what readers will read)."""
+    def _write_batches(self, fh: Any, tables: Iterator[Any]) -> None:
+        """Each batch written, and hashed as written (the stream's schema with the first)."""
         import pyarrow.ipc as ipc
 
+        sink = _Hashed(fh)
         writer, first_row = None, 0
         for table in tables:
             if writer is None:
-                writer = ipc.new_stream(
-                    fh, table.schema, options=ipc.IpcWriteOptions(compression=_COMPRESSION)
-                )
+                options = ipc.IpcWriteOptions(compression=_COMPRESSION)
+                writer = ipc.new_stream(sink, table.schema, options=options)
             for batch in table.to_batches():
-                offset = fh.tell()
+                offset = sink.at
                 writer.write_batch(batch)
-                fh.flush()  # (its readers read the file)
-                end = fh.tell()
-                written = os.pread(read, end - offset, offset)
-                done = SpillBatch(
-                    first_row=first_row,
-                    rows=batch.num_rows,
-                    offset=offset,
-                    end=end,
-                    sha256=hashlib.sha256(written).hexdigest(),
+                self._batches.append(
+                    SpillBatch(
+                        first_row=first_row,
+                        rows=batch.num_rows,
+                        offset=offset,
+                        end=sink.at,
+                        sha256=sink.take(),
+                    )
                 )
                 first_row += batch.num_rows
-                with self._changed:
-                    self._batches.append(done)
-                    self._changed.notify_all()
         if writer is not None:
             writer.close()
 
     def rows(self, start: int, end: int, wait: bool = True) -> SpilledRows | None:
-        """The spill's batches that hold the row group's rows ``[start, end)``, once written (``wait``:
-        until then; else ``None`` until then); its writer's error, raised."""
+        """The spill's batches that hold the row group's rows ``[start, end)``, once it has landed
+        (``wait``: until then; else ``None`` until then); its writer's error, raised."""
         with self._changed:
-            while not self._ended and self._written() < end:
+            while not self._ended:
                 if not wait:
                     return None
                 self._changed.wait()
-            error, batches = self._error, list(self._batches)
-            temp = "" if self._ended else self._temp
+            error, batches = self._error, self._batches
         if error is not None:
             if isinstance(error, DatasetError):
                 raise DatasetError(error.dataset, error.reason) from None
@@ -183,20 +165,38 @@ class Spill:
             group_path=self.group_path,
             index=self.index,
             path=str(self.path),
-            temp=temp,
             batches=tuple(b for b in batches if b.first_row < end and b.first_row + b.rows > start),
         )
 
-    def _written(self) -> int:
-        last = self._batches[-1] if self._batches else None
-        return 0 if last is None else last.first_row + last.rows
-
     def wait(self) -> None:
         """Until it has landed; its writer's error, raised."""
-        with self._changed:
-            while not self._ended:
-                self._changed.wait()
         self.rows(0, 0)
+
+
+class _Hashed:
+    """A file written through, the bytes since the last :meth:`take` hashed as they go."""
+
+    def __init__(self, fh: Any) -> None:
+        self._fh, self.at, self._hash = fh, fh.tell(), hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        self._hash.update(data)
+        self.at += len(memoryview(data))
+        return self._fh.write(data)
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    @property
+    def closed(self) -> bool:
+        return self._fh.closed
+
+    def close(self) -> None:
+        """(The file is its opener's to close: it is fsynced and renamed after.)"""
+
+    def take(self) -> str:
+        found, self._hash = self._hash.hexdigest(), hashlib.sha256()
+        return found
 
 
 def _decoded_ahead(tables: Iterator[Any], depth: int = 2) -> Iterator[Any]:
@@ -289,10 +289,9 @@ class SpilledGroup:
 
     def __init__(self, spilled: SpilledRows, schema: Any) -> None:
         self.spilled, self._schema = spilled, schema
-        self._fd: int | None = open_landing(spilled.path, spilled.temp)  # FileNotFoundError: not here
+        self._fd: int | None = os.open(spilled.path, os.O_RDONLY)  # FileNotFoundError: not here
         self._table: Any = None
         self._at: SpillBatch | None = None
-        self._landed = not spilled.temp  # (a spill handed on once landed)
 
     def _batch(self, batch: SpillBatch) -> Any:
         import pyarrow as pa
@@ -328,24 +327,8 @@ class SpilledGroup:
         return out
 
     def confirm(self) -> None:
-        """Raise unless the spill landed: its writer confirmed every byte it decoded was the plan's
-        version (waited for where it is still being written)."""
-        fd = self._fd
-        if fd is None or self._landed:
-            return
-        fcntl.flock(fd, fcntl.LOCK_SH)  # (until its writer renamed it, failed or died)
-        try:
-            self._landed = os.stat(self.spilled.path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            self._landed = False
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        if not self._landed:
-            raise DatasetError(
-                self.spilled.group_path,
-                f"row group {self.spilled.index} was not read whole as the plan hashed it (the file changed "
-                "while it was decoded, or the plan stopped): rerun when it no longer changes",
-            )
+        """Nothing to confirm: every row came from batches whose hash is the plan's, of a spill that
+        landed only once its writer confirmed all it decoded."""
 
     def close(self) -> None:
         if self._fd is not None:
