@@ -350,22 +350,94 @@ def _blocks(ranges: _Ranges, start: int, end: int) -> Iterator[bytes]:
         start += len(block)
 
 
+#: A column chunk is hashed in about this many blocks (each at least :data:`_MIN_CHECKED_BLOCK`), so one
+#: decoded as it is read is known to be the plan's version a block at a time (:mod:`sftmix.spill`).
+_CHECKED_BLOCKS = 256
+_MIN_CHECKED_BLOCK = 64 << 10
+
+
+class _ChunkHash:
+    """A column chunk's hash as its bytes come in, in order: sha256 of each block, and the chunk's, sha256
+    of its blocks' hashes. With ``expected`` (the plan's blocks), each block is checked as it completes:
+    :attr:`verified` is how far the bytes are known to be the plan's version."""
+
+    def __init__(self, start: int, end: int, expected: Sequence[str] = ()) -> None:
+        self.start, self.end, self.at = start, end, start
+        self.block = max(_MIN_CHECKED_BLOCK, -(-(end - start) // _CHECKED_BLOCKS))
+        self.blocks: list[str] = []
+        self.bad = False
+        self._hash, self._expected = hashlib.sha256(), expected
+
+    def feed(self, data: bytes) -> None:
+        view, i = memoryview(data), 0
+        while i < len(view):
+            boundary = min(self.end, self.start + (len(self.blocks) + 1) * self.block)
+            take = min(len(view) - i, boundary - self.at)
+            if take <= 0:
+                raise OSError(f"bytes past the column chunk's end {self.end}")
+            self._hash.update(view[i : i + take])
+            i, self.at = i + take, self.at + take
+            if self.at == boundary:
+                found, self._hash = self._hash.hexdigest(), hashlib.sha256()
+                if self._expected and (
+                    len(self.blocks) >= len(self._expected) or self._expected[len(self.blocks)] != found
+                ):
+                    self.bad = True
+                self.blocks.append(found)
+
+    @property
+    def verified(self) -> int:
+        """The end of the bytes checked against the plan's blocks (none after a mismatch)."""
+        if self.bad or not self._expected:
+            return self.start
+        return min(self.end, self.start + len(self.blocks) * self.block)
+
+    @property
+    def next_boundary(self) -> int:
+        """Where the block being hashed ends."""
+        return min(self.end, self.start + (len(self.blocks) + 1) * self.block)
+
+    def hexdigest(self) -> str:
+        """The chunk's hash, once it is fed whole."""
+        return hashlib.sha256("".join(self.blocks).encode("ascii")).hexdigest()
+
+
 def _hash_group(
     ranges: _Ranges, group: RowGroup, chunks: Sequence[tuple[int, int]]
-) -> tuple[str, tuple[str, ...]]:
-    """sha256 of the row group's bytes, and of each of its column chunks ``chunks``, in one pass."""
-    whole, parts = hashlib.sha256(), [hashlib.sha256() for _ in chunks]
+) -> tuple[str, tuple[str, ...], tuple[tuple[str, ...], ...]]:
+    """sha256 of the row group's bytes, and the hash of each of its column chunks ``chunks`` with their
+    blocks' (:class:`_ChunkHash`), in one pass."""
+    whole, parts = hashlib.sha256(), [_ChunkHash(start, end) for start, end in chunks]
     at = group.offset
     for block in _blocks(ranges, group.offset, group.end):
         whole.update(block)
-        for (start, end), h in zip(chunks, parts, strict=True):
-            lo, hi = max(start, at), min(end, at + len(block))
+        for h in parts:
+            lo, hi = max(h.start, at), min(h.end, at + len(block))
             if lo < hi:
-                h.update(block[lo - at : hi - at])
+                h.feed(block[lo - at : hi - at])
         at += len(block)
     if at != group.end:
         raise DatasetError(ranges.path, _changed(f"bytes {group.offset}-{group.end}"))
-    return whole.hexdigest(), tuple(h.hexdigest() for h in parts)
+    return whole.hexdigest(), tuple(h.hexdigest() for h in parts), tuple(tuple(h.blocks) for h in parts)
+
+
+#: Each large row group's column chunks' block hashes, as the plan hashed them (what a spill checks its
+#: decode against as it goes; kept out of the row group, which every slice carries).
+_BLOCKS: OrderedDict[tuple[str, int, str], tuple[tuple[str, ...], ...]] = OrderedDict()
+_BLOCKS_LOCK = threading.Lock()
+_KEPT_BLOCKS = 256
+
+
+def _known_blocks(group: RowGroup) -> tuple[tuple[str, ...], ...] | None:
+    with _BLOCKS_LOCK:
+        return _BLOCKS.get((group.path, group.offset, group.sha256))
+
+
+def _remember_blocks(group: RowGroup, blocks: tuple[tuple[str, ...], ...]) -> None:
+    with _BLOCKS_LOCK:
+        _BLOCKS[(group.path, group.offset, group.sha256)] = blocks
+        while len(_BLOCKS) > _KEPT_BLOCKS:
+            _BLOCKS.popitem(last=False)
 
 
 T = TypeVar("T")
@@ -539,8 +611,11 @@ def with_sha256(group: RowGroup, downloads: Downloads | None = None) -> RowGroup
         downloads.wait(group.path)
     chunks = group.chunks if group.nbytes > streamed_bytes() else ()
     with _Ranges(group.path) as ranges:
-        whole, parts = _hash_group(ranges, group, chunks)
-    return group.model_copy(update={"sha256": whole, "chunk_sha256": parts})
+        whole, parts, blocks = _hash_group(ranges, group, chunks)
+    hashed = group.model_copy(update={"sha256": whole, "chunk_sha256": parts})
+    if chunks:
+        _remember_blocks(hashed, blocks)
+    return hashed
 
 
 def _decodes_alone(layout: ParquetLayout, first: RowGroup) -> bool:
@@ -637,10 +712,10 @@ def spilled(group: RowGroup) -> bool:
 
 
 def decoded_tables(layout: ParquetLayout, group: RowGroup) -> Iterator[Any]:
-    """The row group's rows, batch by batch, cast to the features, from bytes checked as they are read
-    (the last batch given only once every byte decoded is confirmed the plan's version): a spill's."""
+    """The row group's rows, batch by batch, cast to the features, each given once every byte read to
+    decode it is known to be the plan's version: a spill's."""
     footer = next(f for f in layout.footers if f.path == group.path)
-    reader = _StreamedGroup(footer, layout.schema_b64, group)
+    reader = _StreamedGroup(footer, layout.schema_b64, group, checked=True)
     try:
         yield from reader.tables()
     finally:
@@ -752,39 +827,51 @@ class _WholeGroup:
 class _ChunkCursor:
     """One column chunk ``[start, end)`` as pyarrow reads it: in order, each byte read from the file
     once and hashed as it is read, served only from what was hashed. :meth:`finish` hashes the rest and
-    compares with ``sha256``, the chunk's hash in the version of the file the plan read."""
+    compares with ``sha256``, the chunk's hash in the version of the file the plan read; with the plan's
+    ``blocks``, :meth:`check_read` says whether all read so far is that version."""
 
-    def __init__(self, start: int, end: int, sha256: str) -> None:
+    def __init__(self, start: int, end: int, sha256: str, blocks: Sequence[str] = ()) -> None:
         self.start, self.end, self.sha256 = start, end, sha256
-        self._hash = hashlib.sha256()
+        self._hash = _ChunkHash(start, end, blocks)
         self._held_from, self._held = start, b""  # bytes from the last read's start: [held_from, frontier)
 
     @property
     def frontier(self) -> int:
         return self._held_from + len(self._held)
 
+    def _extend(self, ranges: _Ranges, to: int) -> None:
+        want = to - self.frontier
+        new = ranges.read(self.frontier, want)
+        if len(new) != want:
+            raise OSError(f"the file ends before byte {self.frontier + want}")
+        self._hash.feed(new)
+        self._held += new
+
     def read(self, ranges: _Ranges, pos: int, n: int) -> bytes:
         end = pos + n
         if pos < self._held_from or end > self.end:
             raise OSError(f"bytes {pos}-{end} are read out of order in the column chunk at {self.start}")
         if end > self.frontier:
-            want = max(end, min(self.end, self.frontier + ranges.ahead)) - self.frontier
-            new = ranges.read(self.frontier, want)
-            if len(new) != want:
-                raise OSError(f"the file ends before byte {self.frontier + want}")
-            self._hash.update(new)
-            self._held = (self._held + new)[pos - self._held_from :]  # (what lies behind ``pos`` goes)
-            self._held_from = pos
-        return self._held[pos - self._held_from : end - self._held_from]
+            self._extend(ranges, max(end, min(self.end, self.frontier + ranges.ahead)))
+        if pos > self._held_from:  # (what lies behind ``pos`` goes)
+            self._held, self._held_from = self._held[pos - self._held_from :], pos
+        return self._held[: end - pos]
+
+    def check_read(self, ranges: _Ranges) -> bool:
+        """Whether every byte read so far is the plan's version: the block being read is read to its end
+        first (and served from memory after)."""
+        if self.frontier > self._hash.verified and not self._hash.bad:
+            self._extend(ranges, self._hash.next_boundary)
+        return self._hash.verified >= self.frontier
 
     def finish(self, ranges: _Ranges) -> bool:
         """Whether the chunk, read to its end, is the plan's version."""
         at = self.frontier
         for block in _blocks(ranges, at, self.end):
-            self._hash.update(block)
+            self._hash.feed(block)
             at += len(block)
         self._held = b""
-        return at == self.end and self._hash.hexdigest() == self.sha256
+        return at == self.end and not self._hash.bad and self._hash.hexdigest() == self.sha256
 
 
 class _Streamed(_Served):
@@ -810,14 +897,18 @@ class _Streamed(_Served):
 
 
 class _StreamedGroup:
-    """A large row group read batch by batch (:data:`STREAMED_BYTES`). Its bytes are hashed in one pass
-    first (the plan's sha256, and each column chunk's), then decoded as pyarrow reads them, each chunk
-    hashed again as it is read: :meth:`confirm` (before the slice's checkpoint is written) says whether
-    what was decoded is the version the plan read. A request for rows behind the current batch starts a
-    new pass (rows come in order within a slice)."""
+    """A large row group read batch by batch (:data:`STREAMED_BYTES`), decoded as pyarrow reads its
+    bytes, each column chunk hashed as it is read: :meth:`confirm` (before the slice's checkpoint is
+    written) says whether what was decoded is the version the plan read (the chunks' hashes come with the
+    plan's row group; without them, a first pass hashes it). ``checked``: :meth:`tables` gives each batch
+    once all read for it is known to be that version (the plan's blocks of each chunk, :class:`_ChunkHash`).
+    A request for rows behind the current batch starts a new pass (rows come in order within a slice)."""
 
-    def __init__(self, footer: ParquetFooter, schema_b64: str, group: RowGroup) -> None:
+    def __init__(
+        self, footer: ParquetFooter, schema_b64: str, group: RowGroup, checked: bool = False
+    ) -> None:
         self.footer, self.group, self._target = footer, group, schema_of(schema_b64)
+        self._checked = checked
         self._ranges: _Ranges | None = None
         self._begin()
 
@@ -837,15 +928,17 @@ class _StreamedGroup:
         tail = _checked_footer(self._ranges, self.footer)
         meta = _metadata(tail)
         bounds = sorted(_column_bounds(meta.row_group(group.index)))
-        hashes = group.chunk_sha256
-        if len(hashes) != len(bounds) or list(group.chunks) != bounds:  # (not hashed with the group)
+        hashes, blocks = group.chunk_sha256, _known_blocks(group) if self._checked else None
+        hashed = len(hashes) == len(bounds) and list(group.chunks) == bounds
+        if not hashed or (self._checked and (blocks is None or len(blocks) != len(bounds))):
             try:
-                whole, hashes = _hash_group(self._ranges, group, bounds)
+                whole, hashes, blocks = _hash_group(self._ranges, group, bounds)
             except DatasetError:
                 raise DatasetError(path, _changed(_where(group))) from None
             if whole != group.sha256:
                 raise DatasetError(path, _changed(_where(group)))
-        cursors = [_ChunkCursor(s, e, h) for (s, e), h in zip(bounds, hashes, strict=True)]
+        expected = blocks if self._checked and blocks is not None else [()] * len(bounds)
+        cursors = [_ChunkCursor(s, e, h, b) for (s, e), h, b in zip(bounds, hashes, expected, strict=True)]
         self._file = _Streamed(self._ranges, self.footer.size, (self.footer.offset, tail), cursors)
         batch_rows = max(1, group.rows * stream_batch_bytes() // max(group.nbytes, 1))
         self._batches = pq.ParquetFile(
@@ -887,11 +980,15 @@ class _StreamedGroup:
         return out
 
     def tables(self) -> Iterator[Any]:
-        """Every batch of the row group, in order, the last one given once all it decoded is confirmed."""
+        """Every batch of the row group, in order, each given once all read to decode it is known to be
+        the plan's version (``checked``), the last once all the row group is."""
         while self._start + (0 if self._table is None else self._table.num_rows) < self.group.rows:
             self._next_batch()
             if self._start + self._table.num_rows >= self.group.rows:
                 self.confirm()
+            elif self._checked and not all(c.check_read(self._ranges) for c in self._file.cursors):
+                self.close()
+                raise DatasetError(self.footer.path, _changed(_where(self.group)))
             yield self._table
         self.confirm()
 

@@ -851,7 +851,7 @@ def _cut_parquet(
     spills: dict[tuple[str, int], Spill] = {}
 
     def source(i: int, wait: bool) -> parquet.ParquetSource | None:
-        """Cut ``i``'s rows once its row groups are hashed (and any spilled, landed)."""
+        """Cut ``i``'s rows once its row groups are hashed (and the spilled ones' rows written)."""
         if not all((g.path, g.index) in hashed for g in waiting[i]):
             return None
         groups = [hashed[(g.path, g.index)] for g in waiting[i]]
@@ -890,7 +890,9 @@ def _cut_parquet(
         sampled = dataset.sampled.parquet if dataset.sampled is not None else None
         known = sampled.row_groups if sampled is not None else []
         done = parquet.hashed(layout, on_group, hand_on.reading_threads(), known)
-        hand_on_ready(True)  # (slices of spilled row groups, as each lands)
+        hand_on_ready(True)  # (slices of spilled row groups, as their rows are written)
+        for spill in spills.values():
+            spill.wait()  # (a later plan reuses it; its writer's error, raised)
     except DatasetError as exc:
         raise _dataset_error(entry, exc) from None
     if done is None:  # (found before any slice was cut)

@@ -3,14 +3,14 @@ so each slice of one decoded it up to its own rows: P slices cost ~(P+1)/2 decod
 row group into at most 4, which left a file of one huge row group (pandas and pyarrow write up to 1Mi
 rows a group: gigabytes of chats) on 4 cores of 64. The plan now decodes such a group once into a spill
 (Arrow IPC batches, LZ4-compressed, in the datasets cache: about the Parquet file's size), each batch
-hashed as it is written, and cuts the group into as many slices as its size makes; each slice reads just
-the batches that hold its rows, checking their hashes.
+hashed as it is written, and cuts the group into as many slices as its size makes; each slice is handed
+on as soon as the batches that hold its rows are written, and reads just those, checking their hashes.
 
-The spill lands (renamed) only once every byte decoded for it was confirmed to be the version the plan
-hashed (:meth:`sftmix.parquet._StreamedGroup.confirm`: a column chunk's hash is known only once it is
-read to its end), and the group's slices are handed on only then, so no slice holds rows of another
-version, and none holds a worker waiting for the rest. A landed spill is reused by later plans with its
-index (no decode); a slice that finds no spill reads the row group from the Parquet file itself.
+A batch is written only once every byte pyarrow read to decode it is known to be the version the plan
+hashed (the plan hashes each column chunk in blocks; :meth:`sftmix.parquet._StreamedGroup.tables`), so
+no slice holds rows of another version, and none waits for the rest. The spill is renamed into place once
+all of it is written; a later plan reuses it with its index (no decode). A slice that finds no spill
+(removed, or on another machine) reads the row group from the Parquet file itself.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from .errors import DatasetError
+from .growing import open_landing
 from .ownership import remove_abandoned_temps
 from .parallel import available_cpus
 from .storage import atomic_open, write_cache_file
@@ -53,14 +54,15 @@ class SpillBatch(BaseModel):
 
 
 class SpilledRows(BaseModel):
-    """What a slice reads of a spill: its file, and the batches that hold the slice's rows of row group
-    ``index`` of Parquet file ``group_path``."""
+    """What a slice reads of a spill: its file (``temp`` while it is written), and the batches that hold
+    the slice's rows of row group ``index`` of Parquet file ``group_path``."""
 
     model_config = ConfigDict(frozen=True)
 
     group_path: str
     index: int
     path: str
+    temp: str = ""
     batches: tuple[SpillBatch, ...]
 
 
@@ -75,13 +77,14 @@ def _index_path(path: Path) -> Path:
 
 
 class Spill:
-    """A row group being spilled (or spilled before): its batches, and how its writing ended. Made by
-    :func:`spill_group`; the plan asks :meth:`rows` for each slice once it has landed."""
+    """A row group being spilled (or spilled before): its batches as they are written, and how its writing
+    ended. Made by :func:`spill_group`; the plan asks :meth:`rows` for each slice, in order."""
 
     def __init__(self, group_path: str, index: int, path: Path, rows: int) -> None:
         self.group_path, self.index, self.path, self.total_rows = group_path, index, path, rows
         self._changed = threading.Condition()
         self._batches: list[SpillBatch] = []
+        self._temp = ""
         self._ended = False
         self._error: BaseException | None = None
 
@@ -104,6 +107,8 @@ class Spill:
         try:
             remove_abandoned_temps(self.path.parent)  # a plan killed while it spilled this group
             with atomic_open(self.path) as fh:
+                with self._changed:
+                    self._temp = fh.name
                 self._write_batches(fh, _decoded_ahead(tables()))
                 size = fh.tell()
         except BaseException as exc:
@@ -133,28 +138,27 @@ class Spill:
             for batch in table.to_batches():
                 offset = sink.at
                 writer.write_batch(batch)
-                self._batches.append(
-                    SpillBatch(
-                        first_row=first_row,
-                        rows=batch.num_rows,
-                        offset=offset,
-                        end=sink.at,
-                        sha256=sink.take(),
-                    )
+                sink.flush()  # (its slices read it as it is written)
+                done = SpillBatch(
+                    first_row=first_row, rows=batch.num_rows, offset=offset, end=sink.at, sha256=sink.take()
                 )
                 first_row += batch.num_rows
+                with self._changed:
+                    self._batches.append(done)
+                    self._changed.notify_all()
         if writer is not None:
             writer.close()
 
     def rows(self, start: int, end: int, wait: bool = True) -> SpilledRows | None:
-        """The spill's batches that hold the row group's rows ``[start, end)``, once it has landed
-        (``wait``: until then; else ``None`` until then); its writer's error, raised."""
+        """The spill's batches that hold the row group's rows ``[start, end)``, once written (``wait``:
+        until then; else ``None`` until then); its writer's error, raised."""
         with self._changed:
-            while not self._ended:
+            while not self._ended and self._written() < end:
                 if not wait:
                     return None
                 self._changed.wait()
-            error, batches = self._error, self._batches
+            error, batches = self._error, list(self._batches)
+            temp = "" if self._ended else self._temp
         if error is not None:
             if isinstance(error, DatasetError):
                 raise DatasetError(error.dataset, error.reason) from None
@@ -165,11 +169,19 @@ class Spill:
             group_path=self.group_path,
             index=self.index,
             path=str(self.path),
+            temp=temp,
             batches=tuple(b for b in batches if b.first_row < end and b.first_row + b.rows > start),
         )
 
+    def _written(self) -> int:
+        last = self._batches[-1] if self._batches else None
+        return 0 if last is None else last.first_row + last.rows
+
     def wait(self) -> None:
         """Until it has landed; its writer's error, raised."""
+        with self._changed:
+            while not self._ended:
+                self._changed.wait()
         self.rows(0, 0)
 
 
@@ -289,7 +301,7 @@ class SpilledGroup:
 
     def __init__(self, spilled: SpilledRows, schema: Any) -> None:
         self.spilled, self._schema = spilled, schema
-        self._fd: int | None = os.open(spilled.path, os.O_RDONLY)  # FileNotFoundError: not here
+        self._fd: int | None = open_landing(spilled.path, spilled.temp)  # FileNotFoundError: not here
         self._table: Any = None
         self._at: SpillBatch | None = None
 
@@ -327,8 +339,8 @@ class SpilledGroup:
         return out
 
     def confirm(self) -> None:
-        """Nothing to confirm: every row came from batches whose hash is the plan's, of a spill that
-        landed only once its writer confirmed all it decoded."""
+        """Nothing to confirm: every row came from a batch whose hash is the plan's, written only once
+        all decoded for it was known to be the version the plan hashed."""
 
     def close(self) -> None:
         if self._fd is not None:

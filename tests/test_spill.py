@@ -111,11 +111,12 @@ def test_a_spill_whose_bytes_changed_is_refused_in_words(tmp_path, streamed):
     spill.forget_spills()
 
 
-def test_a_spills_rows_are_handed_on_once_it_has_landed(tmp_path, streamed):
-    """A column chunk's hash is known only once it is read to its end, so no slice gets a spill's rows
-    before all of it is confirmed (none holds a worker waiting); a writer that fails (the file changed)
-    hands on nothing and leaves nothing."""
+def test_a_spills_rows_are_handed_on_as_they_are_written(tmp_path, streamed):
+    """Each batch is written once all read to decode it is known to be the plan's version, so a slice
+    reads it at once and none waits for the rest; a writer that fails later (the file changed) leaves
+    nothing behind, and what it handed on before stays right."""
     path = _one_group(tmp_path)
+    expected = _datasets_rows(path, tmp_path / "cache")
     layout = parquet.scan(str(path))
     assert layout is not None
     group = layout.row_groups[0]
@@ -132,16 +133,50 @@ def test_a_spills_rows_are_handed_on_once_it_has_landed(tmp_path, streamed):
                 yield table
 
         made = _spill(layout, tmp_path / f"spills-{ending}", tables)
-        assert made.rows(0, 10, wait=False) is None  # (its first batches written, not confirmed)
+        found = made.rows(0, 10)
+        assert found is not None and found.temp  # (handed on while it is written)
+        assert parquet.read_rows(layout.source([group], [found]), list(range(10))) == expected[:10]
+        parquet.confirm()
+        parquet.release()
+        assert made.rows(0, 600, wait=False) is None  # (the rest not yet written)
         go_on.set()
         if ending == "lands":
-            found = made.rows(0, 10)
-            assert found is not None and Path(found.path).is_file()
+            made.wait()
+            assert not made.rows(0, 600).temp
         else:
             with pytest.raises(DatasetError, match="changed since the run was planned"):
-                made.rows(0, 10)
+                made.rows(0, 600)
             assert not list((tmp_path / "spills-fails").rglob("*.arrows*"))  # (its temp file removed)
     spill.forget_spills()
+
+
+def test_a_file_that_changes_while_it_is_spilled_gives_no_batch_of_the_change(
+    tmp_path, streamed, monkeypatch
+):
+    """The plan hashed each column chunk in blocks: a batch decoded from a block that is not the plan's
+    is never given to the spill; the change is said as a change."""
+    monkeypatch.setattr(parquet, "_MIN_CHECKED_BLOCK", 1024)
+    monkeypatch.setattr(parquet, "_STREAM_BUFFER", 512)
+    path = tmp_path / "chats.parquet"
+    pq.write_table(
+        pa.Table.from_pylist(_rows(600)), path, compression="none", use_dictionary=False, data_page_size=512
+    )
+    expected = _datasets_rows(path, tmp_path / "cache")
+    layout = parquet.scan(str(path))
+    assert layout is not None
+    group = layout.row_groups[0]
+    tables = parquet.decoded_tables(layout, group)
+    given = [next(tables)]
+    raw = bytearray(path.read_bytes())
+    at = raw.rindex(b"answer 300.")  # (mid-file: the last batch waits for the whole check anyway)
+    raw[at : at + 6] = b"ANSWER"
+    with open(path, "r+b") as fh:  # (in place: the same size and inode)
+        fh.write(bytes(raw))
+    with pytest.raises(DatasetError, match="chats.parquet.*changed since the run was planned"):
+        for table in tables:
+            given.append(table)
+    rows = [r for t in given for r in t.to_pylist()]
+    assert len(given) > 1 and rows == expected[: len(rows)]  # (every batch given is the plan's version)
 
 
 def test_the_plan_cuts_a_large_row_group_into_many_slices_of_one_spill(tmp_path, streamed):
