@@ -838,11 +838,11 @@ def _cut_parquet(
     assert layout is not None
     target = target_rows(entry.amount, layout.n_rows)
     _check_selection(entry, layout.n_rows, target, selected_total + target, memory)
-    spill = not (run.work_dir and is_remote(run.work_dir))  # (else slices may run where its spill is not)
+    spilling = not (run.work_dir and is_remote(run.work_dir))  # (else slices may run where its spill is not)
     if run.slice_rows:
         dataset.cuts = _row_groups(layout.n_rows, dataset.selected, run.slice_rows)
     else:
-        dataset.cuts = parquet.slice_cuts(layout, dataset.selected, slice_bytes, spill)
+        dataset.cuts = parquet.slice_cuts(layout, dataset.selected, slice_bytes, spilling)
     hand_on = _HandOn(dataset, slices, ctx, early)
     made = hand_on.made
     hashed: dict[tuple[str, int], parquet.RowGroup] = {}
@@ -875,7 +875,7 @@ def _cut_parquet(
     def on_group(group: parquet.RowGroup) -> None:
         key = (group.path, group.index)
         hashed[key] = group
-        if spill and pieces[key] > 1 and parquet.spilled(group):  # decoded once for all its slices
+        if spilling and pieces[key] > 1 and parquet.spilled(group):  # decoded once for all its slices
             spills[key] = spill_group(
                 group.path,
                 group.index,
@@ -891,8 +891,8 @@ def _cut_parquet(
         known = sampled.row_groups if sampled is not None else []
         done = parquet.hashed(layout, on_group, hand_on.reading_threads(), known)
         hand_on_ready(True)  # (slices of spilled row groups, as their rows are written)
-        for spill in spills.values():
-            spill.wait()  # (a later plan reuses it; its writer's error, raised)
+        for written in spills.values():
+            written.wait()  # (a later plan reuses it; its writer's error, raised)
     except DatasetError as exc:
         raise _dataset_error(entry, exc) from None
     if done is None:  # (found before any slice was cut)
