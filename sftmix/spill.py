@@ -31,6 +31,7 @@ from .errors import DatasetError
 from .growing import open_landing
 from .ownership import remove_abandoned_temps
 from .parallel import available_cpus
+from .sources import runs_in_parts, table_rows
 from .storage import atomic_open, write_cache_file
 
 logger = logging.getLogger(__name__)
@@ -100,7 +101,9 @@ class Spill:
         if not landed or sum(b.rows for b in batches) != self.total_rows:
             self.path.unlink(missing_ok=True)  # (ours, without its index: a reader must not open it)
             return False
-        self._batches, self._ended = batches, True
+        with self._changed:  # (another thread may be waiting for it already)
+            self._batches, self._ended = batches, True
+            self._changed.notify_all()
         return True
 
     def _write(self, tables: Callable[[], Iterator[Any]]) -> None:
@@ -324,8 +327,6 @@ class SpilledGroup:
         raise DatasetError(self.spilled.group_path, f"{self.spilled.path}: a batch holds no rows")
 
     def rows(self, local: list[int]) -> list[dict[str, Any]]:
-        from .sources import runs_in_parts, table_rows
-
         out: list[dict[str, Any]] = []
         for batch, within in runs_in_parts(local, self.spilled.batches):
             if batch is None:
