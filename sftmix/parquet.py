@@ -664,9 +664,10 @@ def slice_cuts(
     """(start, end, subset) per slice: whole row groups of about ``slice_bytes`` together, so each is
     decoded by one slice (one per task run: fewer, larger slices cost the orchestrator less). With
     ``spill``, a row group read batch by batch (:func:`spilled`) is cut into slices of about
-    ``slice_bytes`` each (a batch's at least): the plan decodes it once for all of them (:mod:`sftmix.spill`), so a file of a
-    few huge row groups keeps every core busy. Any other of several times ``slice_bytes`` is cut into at
-    most :data:`MAX_PIECES_PER_ROW_GROUP` slices, each decoding it up to its own rows."""
+    ``slice_bytes`` each (a batch's at least): the plan decodes it once for all of them
+    (:mod:`sftmix.spill`), so a file of a few huge row groups keeps every core busy. Any other of several
+    times ``slice_bytes`` is cut into at most :data:`MAX_PIECES_PER_ROW_GROUP` slices, each decoding it
+    up to its own rows."""
     import numpy as np
 
     cuts: list[tuple[int, int, list[int] | None]] = []
@@ -853,9 +854,8 @@ class _ChunkCursor:
             raise OSError(f"bytes {pos}-{end} are read out of order in the column chunk at {self.start}")
         if end > self.frontier:
             self._extend(ranges, max(end, min(self.end, self.frontier + ranges.ahead)))
-        if pos > self._held_from:  # (what lies behind ``pos`` goes)
-            self._held, self._held_from = self._held[pos - self._held_from :], pos
-        return self._held[: end - pos]
+            self._held, self._held_from = self._held[pos - self._held_from :], pos  # (what lies behind goes)
+        return self._held[pos - self._held_from : end - self._held_from]
 
     def check_read(self, ranges: _Ranges) -> bool:
         """Whether every byte read so far is the plan's version: the block being read is read to its end
