@@ -371,7 +371,7 @@ class _ChunkHash:
     def feed(self, data: bytes) -> None:
         view, i = memoryview(data), 0
         while i < len(view):
-            boundary = min(self.end, self.start + (len(self.blocks) + 1) * self.block)
+            boundary = self.next_boundary
             take = min(len(view) - i, boundary - self.at)
             if take <= 0:
                 raise OSError(f"bytes past the column chunk's end {self.end}")

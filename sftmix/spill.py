@@ -94,11 +94,12 @@ class Spill:
         try:
             index = json.loads(_index_path(self.path).read_text())
             batches = [SpillBatch.model_validate(b) for b in index["batches"]]
-            landed = self.path.stat().st_size == index["size"]
+            landed = (
+                self.path.stat().st_size == index["size"] and sum(b.rows for b in batches) == self.total_rows
+            )
         except (OSError, ValueError, KeyError, TypeError):
-            self.path.unlink(missing_ok=True)  # (ours, without its index: a reader must not open it)
-            return False
-        if not landed or sum(b.rows for b in batches) != self.total_rows:
+            landed = False
+        if not landed:
             self.path.unlink(missing_ok=True)  # (ours, without its index: a reader must not open it)
             return False
         with self._changed:  # (another thread may be waiting for it already)
