@@ -48,6 +48,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from . import pinned, settings
+from .ahead import ahead
 from .errors import BadLineError, DatasetError
 from .features import features_schema, schema_of, schema_text
 from .growing import GrowingFile, final_name, open_landing
@@ -757,40 +758,19 @@ def _scanned_stream(
     those before it are scanned, whether or not the next one has come (a copy still being written, a
     slow object)."""
     pool = ThreadPoolExecutor(max_workers=max(1, threads))
-    scans: queue.Queue[
-        tuple[int, int, Future[tuple[str, int, int, bool, bool]], bytes | None] | BaseException | None
-    ]
-    scans = queue.Queue(maxsize=max(1, threads))  # (at most this many batches held ahead)
-    stopped = threading.Event()
 
-    def put(item: Any) -> bool:
-        while not stopped.is_set():
-            with contextlib.suppress(queue.Full):
-                scans.put(item, timeout=0.1)
-                return True
-        return False
-
-    def fetch() -> None:
-        last: BaseException | None = None
+    def submitted() -> Iterator[tuple[int, int, Future[tuple[str, int, int, bool, bool]], bytes | None]]:
         try:
             for offset, end, data in fetched:
-                if not put((offset, end, pool.submit(scan, offset, end, data), data)):
-                    return
-        except BaseException as exc:
-            last = exc
+                yield offset, end, pool.submit(scan, offset, end, data), data
         finally:
             fetched.close()
-        put(last)
 
-    threading.Thread(target=fetch, name="batch-scan", daemon=True).start()
-    try:
-        while (item := scans.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
-            offset, end, scanning, data = item
-            yield offset, end, scanning.result(), data
+    try:  # (at most ``threads`` batches held ahead)
+        with contextlib.closing(ahead(submitted(), threads, "batch-scan")) as scans:
+            for offset, end, scanning, data in scans:
+                yield offset, end, scanning.result(), data
     finally:
-        stopped.set()
         pool.shutdown(wait=False, cancel_futures=True)
 
 
