@@ -719,6 +719,12 @@ def decoded_tables(layout: ParquetLayout, group: RowGroup) -> Iterator[Any]:
     reader = _StreamedGroup(footer, layout.schema_b64, group, checked=True)
     try:
         yield from reader.tables()
+    except DatasetError:
+        raise
+    except Exception as exc:
+        raise DatasetError(
+            group.path, f"row group {group.index} cannot be read: {type(exc).__name__}: {exc}"
+        ) from None
     finally:
         reader.close()
 

@@ -19,7 +19,6 @@ import hashlib
 import json
 import logging
 import os
-import queue
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from .ahead import ahead
 from .errors import DatasetError
 from .growing import open_landing
 from .ownership import remove_abandoned_temps
@@ -100,7 +100,6 @@ class Spill:
         except (OSError, ValueError, KeyError, TypeError):
             landed = False
         if not landed:
-            self.path.unlink(missing_ok=True)  # (ours, without its index: a reader must not open it)
             return False
         with self._changed:  # (another thread may be waiting for it already)
             self._batches, self._ended = batches, True
@@ -109,11 +108,14 @@ class Spill:
 
     def _write(self, tables: Callable[[], Iterator[Any]]) -> None:
         try:
+            self.path.unlink(missing_ok=True)  # (ours, without its index: a reader must not open it)
             remove_abandoned_temps(self.path.parent)  # a plan killed while it spilled this group
             with atomic_open(self.path) as fh:
                 with self._changed:
                     self._temp = fh.name
-                self._write_batches(fh, _decoded_ahead(tables()))
+                # each batch decoded on a thread of its own while the one before is compressed and
+                # written (pyarrow lets go of the GIL for both): about the longer of the two, not their sum
+                self._write_batches(fh, ahead(tables(), 2, "parquet-spill-decode"))
                 size = fh.tell()
         except BaseException as exc:
             self._end(exc)
@@ -166,8 +168,9 @@ class Spill:
         if error is not None:
             if isinstance(error, DatasetError):
                 raise DatasetError(error.dataset, error.reason) from None
-            raise DatasetError(
-                self.group_path, f"row group {self.index} cannot be read: {type(error).__name__}: {error}"
+            raise DatasetError(  # (the decode's errors are the dataset's: this is the spill's own)
+                self.group_path,
+                f"row group {self.index} cannot be spilled to {self.path.parent}: {type(error).__name__}: {error}",
             )
         return SpilledRows(
             group_path=self.group_path,
@@ -213,48 +216,6 @@ class _Hashed:
     def take(self) -> str:
         found, self._hash = self._hash.hexdigest(), hashlib.sha256()
         return found
-
-
-def _decoded_ahead(tables: Iterator[Any], depth: int = 2) -> Iterator[Any]:
-    """``tables``, each decoded on a thread of its own while the one before is compressed and written
-    (pyarrow lets go of the GIL for both): a spill takes about the longer of the two, not their sum."""
-    ready: queue.Queue[tuple[Any, BaseException | None]] = queue.Queue(depth)
-    stop, end = threading.Event(), object()
-
-    def put(item: tuple[Any, BaseException | None]) -> bool:
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def decode() -> None:
-        try:
-            for table in tables:
-                if not put((table, None)):
-                    break
-            else:
-                put((end, None))
-        except BaseException as exc:
-            put((None, exc))
-        finally:
-            close = getattr(tables, "close", None)
-            if close is not None:
-                close()  # (its file, where the writer stopped first)
-
-    threading.Thread(target=decode, name="parquet-spill-decode", daemon=True).start()
-    try:
-        while True:
-            table, error = ready.get()
-            if error is not None:
-                raise error
-            if table is end:
-                return
-            yield table
-    finally:
-        stop.set()
 
 
 _SPILLS: dict[Path, Spill] = {}

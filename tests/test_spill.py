@@ -212,3 +212,19 @@ def test_shards_from_a_spilled_row_group_are_those_of_datasets(prefect_api, tmp_
         monkeypatch.setenv("TOKENIZE_MIXER_PARQUET_READER", "datasets")
         assert convert(f"datasets-{amount}")["digests"] == ours["digests"]
         monkeypatch.delenv("TOKENIZE_MIXER_PARQUET_READER")
+
+
+def test_a_spill_that_cannot_be_written_is_named_with_its_place(tmp_path, streamed):
+    """A spill's own failure (here a file where its directory goes; a full disk alike) says where it
+    was written, not that the Parquet file cannot be read."""
+    path = _one_group(tmp_path)
+    layout = parquet.scan(str(path))
+    assert layout is not None
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "spilled").write_text("not a directory")
+    made = _spill(layout, cache)
+    with pytest.raises(DatasetError, match=r"row group 0 cannot be spilled to .*spilled.*NotADirectoryError"):
+        made.rows(0, 600)
+    assert (cache / "spilled").read_text() == "not a directory"
+    spill.forget_spills()
