@@ -742,14 +742,21 @@ def _cut_whole(dataset: _Opened, run: RunOptions, cutter: _SliceCutter, slice_by
 
 
 class _HandOn:
-    """Slices cut while a dataset's files are read: numbered in mixer order and each handed to ``early``
-    (the head start) as soon as it is cut; ``early`` is dropped at its first failure (the flow then runs
-    the slice itself)."""
+    """Slices cut while a dataset's files are read: numbered in mixer order from ``first_index`` and each
+    handed to ``early`` (the head start) as soon as it is cut, after the slices of the datasets before it
+    that became ready meanwhile (``unfinished``); ``early`` is dropped at its first failure (the flow then
+    runs the slice itself)."""
 
     def __init__(
-        self, dataset: _Opened, slices: list[SliceSpec], ctx: TokenizeContext, early: EarlySlice | None
+        self,
+        dataset: _Opened,
+        first_index: int,
+        ctx: TokenizeContext,
+        early: EarlySlice | None,
+        unfinished: _Unfinished,
     ):
-        self.dataset, self.first_index, self.ctx, self.early = dataset, len(slices), ctx, early
+        self.dataset, self.first_index, self.ctx, self.early = dataset, first_index, ctx, early
+        self.unfinished = unfinished
         self.made: list[SliceSpec] = []
 
     def reading_threads(self) -> int | None:
@@ -758,6 +765,7 @@ class _HandOn:
         return None if self.early is None else max(1, available_cpus() // SCAN_SHARE)
 
     def __call__(self, spec: SliceSpec) -> None:
+        self.unfinished.poll()
         spec.index = self.first_index + len(self.made)
         spec.unrendered = self.dataset.probes
         self.made.append(spec)
@@ -767,6 +775,47 @@ class _HandOn:
             except Exception as exc:  # (the flow runs the slice itself)
                 logger.debug("no early start for %s: %s: %s", spec.describe(), type(exc).__name__, exc)
                 self.early = None
+
+
+class _Unfinished:
+    """Parquet datasets whose spills are still being written when their row groups are all hashed: the
+    plan cuts the datasets after them meanwhile (their spills run beside it, and the cores take the later
+    datasets' slices), handing on their slices as the spills' rows are written (:meth:`poll`, on the
+    plan's thread whenever it hands on a slice), and waits for the rest once every dataset is cut.
+
+    A failure met in :meth:`poll` is raised by :meth:`check`, once the dataset being cut is: raised
+    where it is met, the later dataset's reader would take it for its own."""
+
+    def __init__(self) -> None:
+        self._left: list[Callable[[bool], None]] = []
+        self._polling = False
+        self._failed: DatasetError | None = None
+
+    def add(self, hand_on_ready: Callable[[bool], None]) -> None:
+        self._left.append(hand_on_ready)
+
+    def poll(self) -> None:
+        if self._polling or self._failed is not None:  # (a slice they hand on polls again)
+            return
+        self._polling = True
+        try:
+            for hand_on_ready in self._left:
+                hand_on_ready(False)
+        except DatasetError as exc:
+            self._failed = exc
+        finally:
+            self._polling = False
+
+    def check(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+
+    def finish(self) -> None:
+        """Each one's slices handed on, in mixer order, as its rows are written; its spills landed."""
+        self.check()
+        self._polling = True  # (they come in order now)
+        while self._left:
+            self._left.pop(0)(True)
 
 
 def _read_whole_instead(
@@ -825,15 +874,15 @@ def _cut_parquet(
     run: RunOptions,
     cutter: _SliceCutter,
     ctx: TokenizeContext,
-    slices: list[SliceSpec],
+    hand_on: _HandOn,
     selected_total: int,
     memory: int | None,
-    early: EarlySlice | None,
     slice_bytes: int,
-) -> None:
-    """A Parquet dataset's slices, each numbered and handed to ``early`` as soon as its row groups are
-    hashed; a dataset whose first row group does not decode from its recorded bytes alone is read by
-    ``datasets`` instead (:func:`_open_whole`)."""
+) -> int:
+    """How many slices a Parquet dataset has. Each is numbered and handed to ``early`` as soon as its row groups are
+    hashed (a spilled row group's, as its rows are written: those left when the last row group is hashed
+    join ``hand_on.unfinished``); a dataset whose first row group does not decode from its recorded bytes
+    alone is read by ``datasets`` instead (:func:`_open_whole`)."""
     entry, layout = dataset.entry, dataset.row_groups
     assert layout is not None
     target = target_rows(entry.amount, layout.n_rows)
@@ -843,7 +892,6 @@ def _cut_parquet(
         dataset.cuts = _row_groups(layout.n_rows, dataset.selected, run.slice_rows)
     else:
         dataset.cuts = parquet.slice_cuts(layout, dataset.selected, slice_bytes, spilling)
-    hand_on = _HandOn(dataset, slices, ctx, early)
     made = hand_on.made
     hashed: dict[tuple[str, int], parquet.RowGroup] = {}
     waiting = [parquet.groups_for(layout, start, end) for start, end, _ in dataset.cuts]
@@ -872,6 +920,17 @@ def _cut_parquet(
             data = _digest(layout.data_key(found.row_groups))
             hand_on(cutter.spec(dataset, (start, end, subset), data, size, parquet=found))
 
+    def spilled_ready(wait: bool) -> None:
+        """(After the last row group is hashed.) ``wait``: every slice, and the spills landed."""
+        try:
+            hand_on_ready(wait)
+            if wait:
+                assert len(made) == len(dataset.cuts)
+                for written in spills.values():
+                    written.wait()  # (a later plan reuses it; its writer's error, raised)
+        except DatasetError as exc:
+            raise _dataset_error(entry, exc) from None
+
     def on_group(group: parquet.RowGroup) -> None:
         key = (group.path, group.index)
         hashed[key] = group
@@ -890,18 +949,19 @@ def _cut_parquet(
         sampled = dataset.sampled.parquet if dataset.sampled is not None else None
         known = sampled.row_groups if sampled is not None else []
         done = parquet.hashed(layout, on_group, hand_on.reading_threads(), known)
-        hand_on_ready(True)  # (slices of spilled row groups, as their rows are written)
-        for written in spills.values():
-            written.wait()  # (a later plan reuses it; its writer's error, raised)
     except DatasetError as exc:
         raise _dataset_error(entry, exc) from None
     if done is None:  # (found before any slice was cut)
         _read_whole_instead(dataset, run, cutter, ctx, selected_total, memory, slice_bytes)
-        return
-    assert len(made) == len(dataset.cuts)
-    slices += made
-    dataset.specs = made
+        return len(dataset.specs)
+    dataset.specs = made  # (its last slices may be handed on later: their number is known)
     dataset.counted(layout.n_rows, target, done.fingerprint)
+    if spills:
+        spilled_ready(False)
+        hand_on.unfinished.add(spilled_ready)
+    else:
+        assert len(made) == len(dataset.cuts)
+    return len(dataset.cuts)
 
 
 def _cut_streamed(
@@ -909,10 +969,9 @@ def _cut_streamed(
     run: RunOptions,
     cutter: _SliceCutter,
     ctx: TokenizeContext,
-    slices: list[SliceSpec],
+    hand_on: _HandOn,
     selected_total: int,
     memory: int | None,
-    early: EarlySlice | None,
     slice_bytes: int,
 ) -> None:
     """A streamed file's slices (whole batches, or ``slice_rows`` rows of one), each numbered and handed
@@ -920,7 +979,6 @@ def _cut_streamed(
     not to be JSON Lines pyarrow reads after all, is read whole as :func:`_open_whole` reads it)."""
     entry, files = dataset.entry, dataset.streamed
     assert files is not None
-    hand_on = _HandOn(dataset, slices, ctx, early)
     made = hand_on.made
 
     waiting: list[jsonl.JsonlBatch] = []  # counted batches of the next slice
@@ -962,7 +1020,6 @@ def _cut_streamed(
         dataset.warnings.append(w)
     target = target_rows(entry.amount, layout.n_rows)
     _check_selection(entry, layout.n_rows, target, selected_total + target, memory)
-    slices += made
     dataset.specs = made
     dataset.counted(layout.n_rows, target, layout.fingerprint)
 
@@ -1209,27 +1266,34 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     ctx.encoder = choose_encoder(mixer.tokenizer, tk, ctx, [c for d in opened for c in d.samples])
     data_bytes = sum(d.nbytes for d in opened)
     slice_bytes = slice_bytes_for(run, data_bytes)
-    slices: list[SliceSpec] = []
     datasets: list[DatasetPlan] = []
+    unfinished, first_index = _Unfinished(), 0
     for dataset in opened:  # the slices, in mixer order (a large file's start while it is read)
         selected_total = sum(d.target for d in datasets)
+        hand_on = _HandOn(dataset, first_index, ctx, early, unfinished)
+        count = None
         if dataset.row_groups is not None:
-            _cut_parquet(dataset, run, cutter, ctx, slices, selected_total, memory, early, slice_bytes)
+            count = _cut_parquet(dataset, run, cutter, ctx, hand_on, selected_total, memory, slice_bytes)
         elif dataset.plan is None:
-            _cut_streamed(dataset, run, cutter, ctx, slices, selected_total, memory, early, slice_bytes)
+            _cut_streamed(dataset, run, cutter, ctx, hand_on, selected_total, memory, slice_bytes)
         else:  # (opened before the counts of streamed files before it were known)
             d = dataset.plan
             _check_selection(dataset.entry, d.n_rows, d.target, selected_total + d.target, memory)
             _cut_whole(dataset, run, cutter, slice_bytes)
         assert dataset.plan is not None
-        dataset.plan.slices = []
-        for spec in dataset.specs:
-            if spec.index < 0:  # (a streamed slice has its index already)
-                spec.index = len(slices)
-                slices.append(spec)
-            spec.unrendered = dataset.probes
-            dataset.plan.slices.append(spec.index)
+        for k, spec in enumerate(dataset.specs):
+            if spec.index < 0:  # (a slice not handed on as it was cut)
+                spec.index = first_index + k
+                spec.unrendered = dataset.probes
+        first_index += len(dataset.specs) if count is None else count
+        unfinished.check()
         datasets.append(dataset.plan)
+    unfinished.finish()
+    slices = [spec for dataset in opened for spec in dataset.specs]
+    assert [spec.index for spec in slices] == list(range(len(slices)))
+    for dataset in opened:
+        assert dataset.plan is not None
+        dataset.plan.slices = [spec.index for spec in dataset.specs]
     release_mapped_data(datasets_too=True)  # every row was read to fingerprint it; workers map their own
     jsonl.release()
     parquet.release()

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sftmix import parquet, spill
-from sftmix.config import RunOptions
+from sftmix.config import DatasetEntry, RunOptions
 from sftmix.errors import DatasetError
 from tests.test_parquet import _datasets_rows, _mixer, _rows
 
@@ -194,6 +194,83 @@ def test_the_plan_cuts_a_large_row_group_into_many_slices_of_one_spill(tmp_path,
     assert [s.key for s in again.slices] == [s.key for s in plan.slices]
     unspilled = build_plan(_mixer(path, tmp_path / "out"), run.model_copy(update={"slice_bytes": 8 << 20}))
     assert len(unspilled.slices) == 1 and not unspilled.slices[0].parquet.spilled
+
+
+def test_the_datasets_after_a_spilled_one_are_cut_while_it_is_spilled(tmp_path, streamed, monkeypatch):
+    """The plan does not wait for a dataset's spill before it cuts the next dataset: the later slices
+    are handed on while the spill is held, the spill's own as its rows are written, and the plan is
+    the same, in mixer order."""
+    from sftmix.plan import build_plan
+
+    first = _one_group(tmp_path, 2000)
+    second = tmp_path / "more.parquet"  # (row groups of a slice or less: none spilled)
+    pq.write_table(pa.Table.from_pylist(_rows(400, seed=1)), second, row_group_size=50)
+    mixer = _mixer(first, tmp_path / "out").model_copy(
+        update={"datasets": [DatasetEntry(path=str(first)), DatasetEntry(path=str(second))]}
+    )
+    run = RunOptions(work_dir=str(tmp_path / "work"), slice_bytes=64 << 10)
+    later_cut, decoded = threading.Event(), parquet.decoded_tables
+
+    def held(layout, group):
+        for k, table in enumerate(decoded(layout, group)):
+            if k == 2:
+                later_cut.wait(20)
+            yield table
+
+    handed: list[tuple[int, int]] = []
+
+    def early(spec, ctx) -> None:
+        handed.append((spec.dataset_index, spec.index))
+        if spec.dataset_index == 1:
+            later_cut.set()
+
+    monkeypatch.setattr(parquet, "decoded_tables", held)
+    plan = build_plan(mixer, run, early)
+    assert later_cut.is_set()
+    monkeypatch.setattr(parquet, "decoded_tables", decoded)
+    firsts = [k for k, (d, _) in enumerate(handed) if d == 1]
+    assert firsts and firsts[0] < len(handed) - 1 and handed[-1][0] == 0  # (the spill's last slices last)
+    assert sorted(handed) == [(s.dataset_index, s.index) for s in plan.slices]
+    assert [s.index for s in plan.slices] == list(range(len(plan.slices)))
+    assert [s.dataset_index for s in plan.slices] == sorted(s.dataset_index for s in plan.slices)
+    assert [d.slices for d in plan.datasets] == [
+        [s.index for s in plan.slices if s.dataset_index == d] for d in (0, 1)
+    ]
+    spill.forget_spills()
+    again = build_plan(mixer, run.model_copy(update={"work_dir": str(tmp_path / "work-again")}))
+    assert [s.key for s in again.slices] == [s.key for s in plan.slices]
+
+
+def test_a_spill_that_fails_while_a_later_dataset_is_cut_is_its_own_datasets_error(
+    tmp_path, streamed, monkeypatch
+):
+    from sftmix.plan import build_plan
+
+    first = _one_group(tmp_path, 2000)
+    second = tmp_path / "more.parquet"
+    pq.write_table(pa.Table.from_pylist(_rows(400, seed=1)), second, row_group_size=50)
+    mixer = _mixer(first, tmp_path / "out").model_copy(
+        update={"datasets": [DatasetEntry(path=str(first)), DatasetEntry(path=str(second))]}
+    )
+    later_cut, decoded = threading.Event(), parquet.decoded_tables
+
+    def failing(layout, group):
+        for k, table in enumerate(decoded(layout, group)):
+            if k == 2:
+                later_cut.wait(20)
+                raise DatasetError(str(first), "the file changed since the run was planned (test)")
+            yield table
+
+    def early(spec, ctx) -> None:
+        if spec.dataset_index == 1:
+            later_cut.set()
+
+    monkeypatch.setattr(parquet, "decoded_tables", failing)
+    run = RunOptions(work_dir=str(tmp_path / "work"), slice_bytes=64 << 10)
+    with pytest.raises(DatasetError, match="changed since the run was planned") as refused:
+        build_plan(mixer, run, early)
+    assert refused.value.dataset == str(first)
+    spill.forget_spills()
 
 
 @pytest.mark.slow
