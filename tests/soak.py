@@ -172,12 +172,18 @@ MIXTURE_SLICINGS: tuple[tuple[str, ...], ...] = (
 )
 
 
+#: The share of sigint-mixture trials whose first dataset is the soak's Parquet copy, its row groups
+#: spilled (:data:`PARQUET_STREAMED_BYTES`) where cut into several slices: the plan cuts the second
+#: dataset while the spills are written.
+MIXTURE_PARQUET = 0.5
+
+
 @dataclass(frozen=True)
 class Mixture:
     """sigint-mixture's input, two directories of JSON Lines files (read by batch as a hub dataset's
     files are): the soak's rows in two files (more than a batch: cut as its batches are counted, the
-    head start beginning them), and its first half of rows in two files at 0.5 (counted first, then a
-    sample of it selected)."""
+    head start beginning them), or in the Parquet copy (:data:`MIXTURE_PARQUET`), and its first half of
+    rows in two files at 0.5 (counted first, then a sample of it selected)."""
 
     whole: Path
     half: Path
@@ -1058,6 +1064,7 @@ class Soak:
         self.parquet = self.root / "chats.parquet"  # the same rows, for change-parquet
         self.gzipped = self.root / "chats.jsonl.gz"  # the same lines, for change-gzip
         self.mixture = Mixture(self.root / "chats-all", self.root / "chats-half")  # for sigint-mixture
+        self.parquet_mixture = Mixture(self.parquet, self.mixture.half)
         self.expected = self.root / "expected"
         self.home = self.root / "prefect-home"
         self.stack: Stack | None = None
@@ -1081,7 +1088,7 @@ class Soak:
             "".join(json.dumps({**r, "id": r["id"].ljust(ID_CHARS, ".")}) + "\n" for r in rows)
         )
         assert self.data.stat().st_size > BATCH_BYTES
-        if {"change-parquet", "change-gcs", "sigint-hub"} & set(self.kinds):
+        if {"change-parquet", "change-gcs", "sigint-hub", "sigint-mixture"} & set(self.kinds):
             write_parquet_copy([{**r, "id": r["id"].ljust(ID_CHARS, ".")} for r in rows], self.parquet)
         if "change-gzip" in self.kinds or "change-gcs" in self.kinds:
             self.gzipped.write_bytes(gzip.compress(self.data.read_bytes(), mtime=0))
@@ -1332,8 +1339,13 @@ class Soak:
                 env[settings.PARQUET_STREAMED_BYTES.name] = str(PARQUET_STREAMED_BYTES)
                 rec.fault += "row groups spilled, "
         elif rec.kind == "sigint-mixture":  # (made sliced by the mixture's size, whatever the trial's)
-            expected = self._version_expected(data, "", env, tdir)
             rec.fault = f"{' '.join(slicing) or 'sliced by the mixture'}, "
+            if rng.random() < MIXTURE_PARQUET:
+                data = self.parquet_mixture
+                argv = convert_argv(data, work, out, slicing)
+                env[settings.PARQUET_STREAMED_BYTES.name] = str(PARQUET_STREAMED_BYTES)
+                rec.fault += "the first dataset Parquet, row groups spilled, "
+            expected = self._version_expected(data, "", env, tdir)
         kind = rec.kind
         fault_at: float | None = None
         published_id: str | None = None
@@ -1756,7 +1768,7 @@ class Soak:
     ) -> Path:
         """The output of ``data`` as ``change`` leaves it (``""``: unchanged), made once by a plain run."""
         if isinstance(data, Mixture):
-            name = "-mixture"
+            name = "-mixture" + data.whole.suffix.replace(".", "-")
         else:
             name = {
                 GCS_DATA: "gcs",
