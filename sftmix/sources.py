@@ -906,25 +906,67 @@ class JsonFiles:
 _GZIP_RATIO = 4
 
 
+#: Bytes from a compressed file's start whose decompression tells its copy's size (not gzip: its trailer
+#: does), several of a codec's blocks (bzip2's are up to 900 kB).
+_SIZE_SAMPLE = 4 << 20
+
+
 def copy_size(path: str, made: Callable[[], int]) -> int:
     """The size of compressed file ``path``'s decompressed copy, without making it where the file says it:
     a gzip file (one member) records its size mod 4 GiB in its last 4 bytes (exact below 4 GiB, and for
-    a larger one the multiple of 4 GiB nearest a guess from the file's size). Any other: ``made()``."""
-    if compression_of(path) != ".gz":
-        return made()
+    a larger one the multiple of 4 GiB nearest a guess from the file's size); any other, the file's size
+    times the ratio of its first :data:`_SIZE_SAMPLE` bytes (:func:`_sampled_copy_size`). Where neither
+    tells it: ``made()``. Slices are sized by it, so no slice waits for the whole copy, and the same file
+    gives the same size."""
     size = size_of(path)
+    if compression_of(path) != ".gz":
+        return _sampled_copy_size(path, size) or made()
     if size < 18:  # (shorter than gzip's own header and trailer)
         return made()
-    if is_remote(path):
-        tail = read_remote(path, size - 4, size, "the object changed while it was planned")
-    else:
-        with open(path, "rb") as fh:
-            fh.seek(size - 4)
-            tail = fh.read(4)
+    tail = _read_bytes(path, size - 4, size)
     recorded = int.from_bytes(tail, "little")
     wraps = max(0, round((size * _GZIP_RATIO - recorded) / (1 << 32)))
     told = recorded + wraps * (1 << 32)
     return told if told >= size else size * _GZIP_RATIO  # (smaller than its gzip: several members)
+
+
+def _read_bytes(path: str, offset: int, end: int) -> bytes:
+    if is_remote(path):
+        return read_remote(path, offset, end, "the object changed while it was planned")
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        return fh.read(end - offset)
+
+
+def _sampled_copy_size(path: str, size: int) -> int | None:
+    """The decompressed size of a whole file that fits in the sample; else ``size`` times the ratio of
+    what the sample decompressed to the compressed bytes read to make it (a codec gives a block's bytes
+    once it has read all of it); ``None`` where it decompressed nothing (the copy then meets the error)."""
+    import io
+
+    import fsspec.compression
+    import fsspec.utils
+
+    compression = _split_compression(unpinned(path)[0])[1]
+    raw = io.BytesIO(_read_bytes(path, 0, min(size, _SIZE_SAMPLE)))
+    made = read_then = 0
+    whole = size <= _SIZE_SAMPLE
+    try:
+        codec = fsspec.compression.compr[fsspec.utils.infer_compression(f"x{compression}")]
+        with codec(raw, mode="rb") as stream:
+            while block := stream.read(1 << 16):
+                made += len(block)
+                read_then = raw.tell()
+                if made >= _SIZE_SAMPLE << 6:  # (enough to tell the ratio of data that packs so well)
+                    whole = False
+                    break
+    except Exception:  # (the sample ends within a block, or the file is damaged: the copy says which)
+        whole = False
+    if whole:
+        return made
+    if not made:
+        return None
+    return round(size * made / max(1, read_then))
 
 
 class DecompressedCopies:

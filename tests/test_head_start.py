@@ -178,6 +178,18 @@ def _gzipped(plain: Path, packed: Path) -> Path:
     return packed
 
 
+def _packed(plain: Path, packed: Path) -> Path:
+    """``plain`` compressed as ``packed``'s suffix says (gzip, bzip2 or xz)."""
+    import bz2
+    import lzma
+
+    if packed.suffix == ".gz":
+        return _gzipped(plain, packed)
+    data = plain.read_bytes()
+    packed.write_bytes(bz2.compress(data, 1) if packed.suffix == ".bz2" else lzma.compress(data, preset=1))
+    return packed
+
+
 def _held_copy(monkeypatch) -> threading.Event:
     """Decompressions made 1 MiB at a time, each held once its copy holds more than a batch and a
     bit, until the event is set."""
@@ -196,14 +208,19 @@ def _held_copy(monkeypatch) -> threading.Event:
     return held
 
 
-def test_a_large_compressed_files_slices_start_while_its_copy_is_written(large, tmp_path, monkeypatch):
-    """A single large .jsonl.gz: its decompressed copy is scanned, and its first slice's rows read, while
-    the copy is still being written (held here), not once it is whole; the plan is the plain file's."""
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
+def test_a_large_compressed_files_slices_start_while_its_copy_is_written(
+    large, tmp_path, monkeypatch, suffix
+):
+    """A single large .jsonl.gz (.bz2, .xz): its decompressed copy is scanned, and its first slice's rows
+    read, while the copy is still being written (held here), not once it is whole (its size, which
+    sizes the slices, told from its gzip trailer, or from its first blocks); the plan is the plain
+    file's."""
     from sftmix.slices import rows_of
     from sftmix.storage import TMP_MARK
 
     jsonl._SCANS.clear()
-    packed = _gzipped(large, tmp_path / "large.jsonl.gz")
+    packed = _packed(large, tmp_path / f"large.jsonl{suffix}")
     held = _held_copy(monkeypatch)
     work = tmp_path / "w"
     seen: list[tuple[bool, object]] = []
@@ -437,3 +454,37 @@ def test_an_upsampling_the_machine_cannot_assemble_is_refused_before_any_slice_b
     with pytest.raises(DatasetError, match="more than this machine"):
         build_plan(mixer, RunOptions(work_dir=str(tmp_path / "w")), lambda spec, ctx: early.append(spec.key))
     assert not early  # estimated from the first batch: counted first, refused before any work
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
+def test_a_compressed_files_copy_size_is_told_without_the_copy(large, tmp_path, monkeypatch, suffix):
+    """Exact where the file tells it (a gzip trailer below 4 GiB; a whole file within the sample), else
+    within a few percent from its first blocks; never by making the copy."""
+    import random
+
+    from sftmix import sources
+
+    def made() -> int:
+        raise AssertionError("the copy was made to tell its size")
+
+    monkeypatch.setattr(sources, "_SIZE_SAMPLE", 1 << 20)
+    plain = tmp_path / "varied.jsonl"  # (packs less well than ``large``: more than the sample)
+    rng = random.Random(3)
+    words = ["".join(rng.choice("abcdefghij klmnop") for _ in range(rng.randint(2, 12))) for _ in range(5000)]
+    with open(plain, "w", encoding="utf-8") as fh:
+        for _ in range(15_000):
+            fh.write(json.dumps({"text": " ".join(rng.choices(words, k=rng.randint(5, 200)))}) + "\n")
+    packed = _packed(plain, tmp_path / f"varied.jsonl{suffix}")
+    assert packed.stat().st_size > sources._SIZE_SAMPLE
+    told = sources.copy_size(str(packed), made)
+    if suffix == ".gz":
+        assert told == plain.stat().st_size
+    else:
+        assert told != plain.stat().st_size and abs(told / plain.stat().st_size - 1) < 0.05
+    assert sources.copy_size(str(_packed(large, tmp_path / f"large.jsonl{suffix}")), made) == (
+        large.stat().st_size
+    )  # (within the sample, or a gzip trailer)
+    if suffix != ".gz":
+        damaged = tmp_path / f"damaged.jsonl{suffix}"
+        damaged.write_bytes(b"not what the suffix says" * 100)
+        assert sources.copy_size(str(damaged), lambda: -1) == -1  # (the copy meets it, and says so)
