@@ -748,16 +748,20 @@ def _opened(source: ParquetSource, group: RowGroup) -> _WholeGroup | _StreamedGr
     if reader is not None:
         readers.move_to_end(key)
         return reader
+
+    def decoded() -> _WholeGroup | _StreamedGroup:
+        return (_StreamedGroup if group.nbytes > streamed_bytes() else _WholeGroup)(
+            footer, source.schema_b64, group
+        )
+
     reader = None
     if spill is not None:
         try:
-            reader = SpilledGroup(spill, schema_of(source.schema_b64))
+            reader = SpilledGroup(spill, schema_of(source.schema_b64), decoded)
         except FileNotFoundError:  # (removed since, or not on this machine: the file itself is read)
             logger.debug("%s: no spill of row group %d here; decoding it", group.path, group.index)
     if reader is None:
-        reader = (_StreamedGroup if group.nbytes > streamed_bytes() else _WholeGroup)(
-            footer, source.schema_b64, group
-        )
+        reader = decoded()
     readers[key] = reader
     while len(readers) > _KEPT_OPEN:
         oldest = readers.popitem(last=False)[1]

@@ -10,7 +10,8 @@ A batch is written only once every byte pyarrow read to decode it is known to be
 hashed (the plan hashes each column chunk in blocks; :meth:`sftmix.parquet._StreamedGroup.tables`), so
 no slice holds rows of another version, and none waits for the rest. The spill is renamed into place once
 all of it is written; a later plan reuses it with its index (no decode). A slice that finds no spill
-(removed, or on another machine) reads the row group from the Parquet file itself.
+(removed, or on another machine), or a batch of it damaged, reads the row group from the Parquet file
+itself.
 """
 
 from __future__ import annotations
@@ -262,26 +263,35 @@ def forget_spills() -> None:
 
 class SpilledGroup:
     """A slice's reader of a spill: its batches read by offset, each checked against the hash the plan
-    recorded as it wrote it (the same interface as :mod:`sftmix.parquet`'s row group readers)."""
+    recorded as it wrote it (the same interface as :mod:`sftmix.parquet`'s row group readers). A batch
+    that is not what the plan wrote (a damaged disk) is our cache gone bad, not the user's input: the
+    slice reads the row group from the Parquet file instead (``decoded``, its reader there), and the
+    spill's index is removed, so the next plan makes the spill again."""
 
-    def __init__(self, spilled: SpilledRows, schema: Any) -> None:
-        self.spilled, self._schema = spilled, schema
+    def __init__(self, spilled: SpilledRows, schema: Any, decoded: Callable[[], Any]) -> None:
+        self.spilled, self._schema, self._decoded = spilled, schema, decoded
         self._fd: int | None = open_landing(spilled.path, spilled.temp)  # FileNotFoundError: not here
         self._table: Any = None
         self._at: SpillBatch | None = None
+        self._instead: Any = None  # the Parquet file's reader, once a batch was found damaged
 
     def _batch(self, batch: SpillBatch) -> Any:
+        """The batch's rows, or ``None`` where its bytes are not what the plan wrote."""
         import pyarrow as pa
         import pyarrow.ipc as ipc
 
         assert self._fd is not None
         data = os.pread(self._fd, batch.end - batch.offset, batch.offset)
         if len(data) != batch.end - batch.offset or hashlib.sha256(data).hexdigest() != batch.sha256:
-            raise DatasetError(
+            logger.warning(
+                "%s: the decoded copy of row group %d (%s) is not what the plan wrote (a damaged disk?): "
+                "this slice decodes the row group from the file instead, and the next run makes the copy again",
                 self.spilled.group_path,
-                f"the decoded copy of row group {self.spilled.index} ({self.spilled.path}) is not what the "
-                "plan wrote: remove it and rerun",
+                self.spilled.index,
+                self.spilled.path,
             )
+            _index_path(Path(self.spilled.path)).unlink(missing_ok=True)  # (ours: the next plan rewrites it)
+            return None
         for message in ipc.MessageReader.open_stream(pa.py_buffer(data)):
             if message.type == "record batch":
                 table = pa.Table.from_batches([ipc.read_record_batch(message, self._schema)])
@@ -289,6 +299,8 @@ class SpilledGroup:
         raise DatasetError(self.spilled.group_path, f"{self.spilled.path}: a batch holds no rows")
 
     def rows(self, local: list[int]) -> list[dict[str, Any]]:
+        if self._instead is not None:
+            return self._instead.rows(local)
         out: list[dict[str, Any]] = []
         for batch, within in runs_in_parts(local, self.spilled.batches):
             if batch is None:
@@ -297,15 +309,24 @@ class SpilledGroup:
                     f"row {within[0]} of row group {self.spilled.index} is in none of the slice's spilled batches",
                 )
             if batch != self._at:
-                self._table, self._at = self._batch(batch), batch
+                table = self._batch(batch)
+                if table is None:
+                    self._instead = self._decoded()
+                    return self._instead.rows(local)
+                self._table, self._at = table, batch
             out += table_rows(self._table, within)
         return out
 
     def confirm(self) -> None:
-        """Nothing to confirm: every row came from a batch whose hash is the plan's, written only once
-        all decoded for it was known to be the version the plan hashed."""
+        """Every row from the spill came from a batch whose hash is the plan's, written only once all
+        decoded for it was known to be the version the plan hashed; the file's reader, where it read
+        instead, confirms its own."""
+        if self._instead is not None:
+            self._instead.confirm()
 
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._instead is not None:
+            self._instead.close()
