@@ -511,7 +511,7 @@ def _streamed_files(entry: DatasetEntry, datasets_cache: str) -> JsonFiles | Non
         if files is None or not files.paths:
             return None
         here = files.downloads is None and files.copies is None
-        if here and not all(jsonl.applies(f, entry.split) for f in files.paths):
+        if here and not all(jsonl.applies(f, "train") for f in files.paths):  # (each a file: 'train')
             return None  # (a file still to land or be decompressed is asked then: the scan reads none)
         with closed_on_error(files):
             small = sum(files.sizes) <= jsonl.BATCH_BYTES

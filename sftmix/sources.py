@@ -845,7 +845,7 @@ def parquet_data_files(name: str, split: str, revision: str | None, cache_dir: s
 
 @dataclass(frozen=True)
 class JsonFiles:
-    """A hub dataset's (or a local directory's) JSON Lines files for the 'train' split, in the order
+    """A hub dataset's (or a local directory's) JSON Lines files for a split, in the order
     ``datasets`` reads them: local files, or hub files named at their commit that ``downloads`` is
     fetching into the hub cache while the plan reads them; compressed ones read from the decompressed
     copies ``copies`` makes as each file is here (:meth:`local` waits for one)."""
@@ -1075,16 +1075,17 @@ def _forget_copies(copies: DecompressedCopies) -> None:
 
 
 def json_data_files(name: str, split: str, revision: str | None, cache_dir: str) -> JsonFiles | None:
-    """Where ``datasets.load_dataset(name, split="train")`` would read JSON files with its JSON builder,
+    """Where ``datasets.load_dataset(name, split=split)`` would read JSON files with its JSON builder,
     taking the features its card declares, or else those of the first batch of the first file (a hub
     dataset of JSON Lines files, or a local directory of them): the files, downloaded as ``datasets`` downloads them, for the plan to read
     by batch on all cores (:func:`sftmix.jsonl.scan_files`) instead of ``datasets`` converting them whole
     on one core. Plain files download in the background, in order, each read as soon as it has landed;
     compressed ones download the same way and are decompressed to copies (as :func:`decompressed_copy`
-    makes one of a local file) as each lands, side by side. ``None`` for anything else (a split other than 'train' or
-    not the builder's first: its features come from the first; declared features that decode; a JSON
-    field to read rows from; another encoding or batch size): ``datasets`` then loads it as before."""
-    if split.strip() != "train" or settings.JSON_READER.get() == "datasets":
+    makes one of a local file) as each lands, side by side. ``None`` for anything else (a split not the
+    builder's first where the card declares no features: ``datasets`` casts it to the features it found in
+    the first; declared features that decode; a JSON field to read rows from; another encoding or batch
+    size): ``datasets`` then loads it as before."""
+    if settings.JSON_READER.get() == "datasets":
         return None
     if not _read_by_files(name, split, cache_dir):
         return None
@@ -1095,16 +1096,18 @@ def json_data_files(name: str, split: str, revision: str | None, cache_dir: str)
 
         builder = _builder(name, revision, cache_dir)
         config = builder.config
-        splits = list(config.data_files or {})
+        splits, wanted = list(config.data_files or {}), split.strip()
         features = builder.info.features
-        if builder.name != "json" or splits[:1] != ["train"] or _decode(features):
+        if builder.name != "json" or wanted not in splits or _decode(features):
+            return None
+        if features is None and splits[0] != wanted:
             return None
         if config.field is not None or config.encoding.lower().replace("-", "") != "utf8":
             return None
         if config.encoding_errors is not None or config.chunksize != BATCH_BYTES:
             return None
         manager = _download_manager(builder, cache_dir)
-        files = [str(f) for f in config.data_files["train"]]
+        files = [str(f) for f in config.data_files[wanted]]
         hub = [f for f in files if at_commit(f)]
         downloads = None
         if not offline() and any(local_copy(f) is None for f in hub):  # read as they land

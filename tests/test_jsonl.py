@@ -804,6 +804,64 @@ def test_features_a_card_declares_are_the_ones_rows_are_cast_to(tmp_path):
     )
 
 
+#: A card naming two splits, neither 'train' (as HuggingFaceH4/ultrachat_200k's does).
+_SPLITS_CARD = """---
+configs:
+- config_name: default
+  data_files:
+  - split: train_sft
+    path: data/train_sft-*.jsonl
+  - split: test_sft
+    path: data/test_sft-*.jsonl
+"""
+
+
+def _split_directory(repo: Path, rng: random.Random, declared: bool) -> Path:
+    (repo / "data").mkdir(parents=True)
+    _write(repo / "data" / "train_sft-00000-of-00001.jsonl", _many(rng, 1 << 20))
+    _write(repo / "data" / "test_sft-00000-of-00001.jsonl", _many(rng, jsonl.BATCH_BYTES + (3 << 20)))
+    (repo / "README.md").write_text(
+        _SPLITS_CARD + (_DECLARED_CARD.removeprefix("---\n") if declared else "---\n")
+    )
+    return repo
+
+
+def test_a_split_other_than_train_is_read_by_batch_where_its_features_are_known(tmp_path):
+    """A split the card names, not 'train' and not the first, is read by batch (not converted whole by
+    ``datasets``) where the card declares the features: ``datasets`` casts every split to them. Without
+    them it casts a later split to what it found in the first, so only the first is read by batch."""
+    from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from sftmix.plan import build_plan
+    from sftmix.sources import json_data_files
+
+    repo = _split_directory(tmp_path / "org--splits", random.Random(31), declared=True)
+    cache = tmp_path / "cache"
+    files = json_data_files(str(repo), "test_sft", None, str(cache))
+    assert files is not None and files.declared is not None
+    assert [Path(p).name for p in files.paths] == ["test_sft-00000-of-00001.jsonl"]
+    layout = jsonl.scan_files(files.paths, str(repo), declared=files.declared)
+    assert layout is not None and len(layout.batches) == 2
+    datasets.disable_progress_bars()
+    reference = datasets.load_dataset(str(repo), split="test_sft", cache_dir=str(tmp_path / "reference"))
+    assert _directory_rows(layout) == reference.with_format("arrow")[:].to_pylist()
+    mixer = MixerConfig(
+        datasets=[DatasetEntry(path=str(repo), split="test_sft")],
+        tokenizer=TokenizerSpec(
+            name_or_path=str(Path(__file__).parent.parent / "examples" / "tokenizer"), chat_template="olmo"
+        ),
+        max_seq_length=256,
+        output=OutputSpec(path=str(tmp_path / "out")),
+    )
+    plan = build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work")))
+    assert plan.datasets[0].n_rows == len(reference)
+    assert all(s.jsonl is not None and s.arrow_files is None for s in plan.slices)
+
+    inferred = _split_directory(tmp_path / "org--inferred", random.Random(32), declared=False)
+    assert json_data_files(str(inferred), "test_sft", None, str(cache)) is None
+    assert json_data_files(str(inferred), "train_sft", None, str(cache)) is not None
+    assert json_data_files(str(inferred), "test_sft[:10]", None, str(cache)) is None
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("amount", [0.25, 1.0])  # counted first; cut as its batches are counted
 def test_shards_of_a_directory_of_json_lines_files_are_those_of_datasets(
