@@ -1060,6 +1060,16 @@ def read_rows(source: JsonlSource, rows: list[int]) -> list[dict[str, Any] | Bad
     return out
 
 
+def lines_of(dataset: str, file: str) -> str:
+    """What the lines of ``file`` (what mixer entry ``dataset``'s slices read, where their batches name no
+    file) are numbered in: the file, where the dataset is a directory's or a hub dataset's one file (a line
+    of a directory means nothing); else the dataset itself (a compressed file's lines are its own, not
+    its copy's)."""
+    if local_builder(dataset) is None and not is_remote(dataset):
+        return file
+    return dataset
+
+
 def row_place(source: JsonlSource, row: int) -> tuple[str, int] | None:
     """The file and 1-based line of ``row`` where its batch names its file (a dataset of several), blank
     lines skipped as the reader skips them; ``None`` otherwise. Reads the batch: for an error only."""

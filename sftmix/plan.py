@@ -1007,6 +1007,9 @@ def _cut_streamed(
         if len(files.paths) == 1:  # (its batches name no file)
             with closed_on_error(files):
                 layout = jsonl.scan_file(files.follow(0), counted, hand_on.reading_threads(), files.declared)
+            if layout is not None and layout.bad_lines:  # (named as its slices name them)
+                file = jsonl.lines_of(entry.path, _source_path(dataset))
+                layout = replace(layout, bad_lines=tuple(replace(b, file=file) for b in layout.bad_lines))
         else:
             layout = _scanned_files(files, entry.path, counted, hand_on.reading_threads())
     except DatasetError as exc:
@@ -1114,7 +1117,8 @@ def _sample_rows(spec: SliceSpec, datasets_cache: Path, on_bad_row: str) -> list
     for record in records:
         if isinstance(record, jsonl.BadLine):
             if on_bad_row == "error":
-                raise record.error(spec.dataset)
+                assert spec.jsonl is not None
+                raise record.error(jsonl.lines_of(spec.dataset, spec.jsonl.path))
             continue
         try:
             out.append(conversation_from_row(record, spec.row_format, spec.messages_key))  # type: ignore[arg-type]

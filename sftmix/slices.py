@@ -526,7 +526,8 @@ def _tokenize_batch(
     for j, (row, record) in enumerate(zip(rows, records, strict=True)):
         if isinstance(record, jsonl.BadLine):  # a line of the file that is not a row
             if not skip_bad:
-                raise record.error(spec.dataset)
+                assert spec.jsonl is not None
+                raise record.error(jsonl.lines_of(spec.dataset, spec.jsonl.path))
             results[j] = _skipped(record.detail)
             continue
         try:

@@ -904,8 +904,7 @@ def test_a_column_the_card_does_not_declare_is_refused_before_any_slice(tmp_path
     with pytest.raises(BadLineError) as refused:
         build_plan(mixer, run, lambda spec, ctx: begun.append(spec))
     assert not begun
-    named = data if amount < 1 else repo  # (counted first, its batches name their file)
-    assert f"{named}:1: key 'extra' is not among the features the dataset's card declares" in str(
+    assert f"{data}:1: key 'extra' is not among the features the dataset's card declares" in str(
         refused.value
     )
 
