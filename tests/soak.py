@@ -14,6 +14,7 @@ it and found; whatever a trial leaves is recorded, then killed by its pid. Every
 from __future__ import annotations
 
 import base64
+import bz2
 import contextlib
 import ctypes
 import gzip
@@ -135,6 +136,8 @@ PROBLEMS = ("hang", "slow", "code", "stderr", "leftover", "staging", "mixed", "r
 #: only ever replaced whole: each change is a new generation).
 CHANGES = ("truncate", "append", "replace")
 CHANGE_KINDS = ("change-input", "change-parquet", "change-gzip", "change-gcs")
+#: The share of change-gzip's trials whose file is bzip2, not gzip.
+CHANGE_BZIP2 = 0.4
 #: Where change-gcs's objects lie on the soak's GCS emulator (each read by range, never fetched whole).
 GCS_DATA = "gs://soak/chats.jsonl"
 GCS_PARQUET = "gs://soak/chats.parquet"
@@ -726,7 +729,7 @@ def change_data(change: str, path: Path, tdir: Path) -> None:
     """One of :data:`CHANGES` to the data file at ``path`` (each always the same change)."""
     if path.suffix == ".parquet":
         change_parquet(change, path, tdir)
-    elif path.suffix == ".gz":
+    elif path.suffix in (".gz", ".bz2"):
         change_gzip(change, path, tdir)
     elif change == "truncate":
         with open(path, "rb") as fh:
@@ -755,22 +758,30 @@ def change_data(change: str, path: Path, tdir: Path) -> None:
 
 
 def change_gzip(change: str, path: Path, tdir: Path) -> None:
-    """One of :data:`CHANGES` to the gzipped data file at ``path``: change-input's own change to its
-    lines, compressed again, except a cut (half its bytes: a gzip stream cut short)."""
+    """One of :data:`CHANGES` to the gzipped (or bzip2) data file at ``path``: change-input's own change to
+    its lines, compressed again, except a cut (half its bytes: a stream cut short)."""
     if change == "truncate":
         os.truncate(path, path.stat().st_size // 2)
         return
+    compress, decompress = _codec(path)
     lines = tdir / "lines.jsonl"
-    lines.write_bytes(gzip.decompress(path.read_bytes()))
+    lines.write_bytes(decompress(path.read_bytes()))
     change_data(change, lines, tdir)
-    if change == "append":  # a second gzip member: what `cat a.gz b.gz` makes
+    if change == "append":  # a second member (stream): what `cat a.gz b.gz` makes
         with open(path, "ab") as fh:
-            fh.write(gzip.compress(lines.read_bytes()[len(gzip.decompress(path.read_bytes())) :], mtime=0))
+            fh.write(compress(lines.read_bytes()[len(decompress(path.read_bytes())) :]))
     else:
-        other = tdir / "replacement.jsonl.gz"
-        other.write_bytes(gzip.compress(lines.read_bytes(), mtime=0))
+        other = tdir / f"replacement.jsonl{path.suffix}"
+        other.write_bytes(compress(lines.read_bytes()))
         os.replace(other, path)
     lines.unlink()
+
+
+def _codec(path: Path) -> tuple[Callable[[bytes], bytes], Callable[[bytes], bytes]]:
+    """(compress, decompress) of a gzip or bzip2 file (gzip's with no time in its header)."""
+    if path.suffix == ".bz2":
+        return (lambda data: bz2.compress(data, 1)), bz2.decompress
+    return (lambda data: gzip.compress(data, mtime=0)), gzip.decompress
 
 
 def said_changed(line: str, data: Path, change: str) -> bool:
@@ -779,7 +790,7 @@ def said_changed(line: str, data: Path, change: str) -> bool:
     plan that meets it refuses it so)."""
     cut = change == "truncate"
     cut_short = cut and data.suffix == ".parquet" and "not a whole Parquet file" in line
-    cut_stream = cut and data.suffix == ".gz" and "cannot decompress the file" in line
+    cut_stream = cut and data.suffix in (".gz", ".bz2") and "cannot decompress the file" in line
     return "changed" in line or cut_short or cut_stream
 
 
@@ -1063,6 +1074,7 @@ class Soak:
         self.data = self.root / "chats.jsonl"
         self.parquet = self.root / "chats.parquet"  # the same rows, for change-parquet
         self.gzipped = self.root / "chats.jsonl.gz"  # the same lines, for change-gzip
+        self.bzipped = self.root / "chats.jsonl.bz2"  # and in a share of its trials, as bzip2
         self.mixture = Mixture(self.root / "chats-all", self.root / "chats-half")  # for sigint-mixture
         self.parquet_mixture = Mixture(self.parquet, self.mixture.half)
         self.expected = self.root / "expected"
@@ -1092,6 +1104,8 @@ class Soak:
             write_parquet_copy([{**r, "id": r["id"].ljust(ID_CHARS, ".")} for r in rows], self.parquet)
         if "change-gzip" in self.kinds or "change-gcs" in self.kinds:
             self.gzipped.write_bytes(gzip.compress(self.data.read_bytes(), mtime=0))
+        if "change-gzip" in self.kinds:
+            self.bzipped.write_bytes(bz2.compress(self.data.read_bytes(), 1))
         if "sigint-mixture" in self.kinds:
             lines = self.data.read_text().splitlines(keepends=True)
             quarter = len(lines) // 4
@@ -1691,6 +1705,8 @@ class Soak:
         }.get(rec.kind, self.data)  # fmt: skip
         if rec.kind == "change-gcs":
             data = rng.choice((GCS_DATA, GCS_PARQUET, GCS_GZIP))
+        elif rec.kind == "change-gzip" and rng.random() < CHANGE_BZIP2:
+            data = self.bzipped  # (sized from its first blocks: its slices begin as its copy is written)
         original = tdir / f"original{Path(data).suffix}"
         shutil.copyfile(self._local_copy(data), original)
         work, out = tdir / "work", tdir / "out"
@@ -1700,6 +1716,8 @@ class Soak:
         rec.fault = f"{change} the input at {moment:.2f} s"
         if data in (GCS_PARQUET, GCS_GZIP):
             rec.fault += ", a Parquet object" if data == GCS_PARQUET else ", a gzipped object"
+        if data == self.bzipped:
+            rec.fault += ", bzip2"
         if Path(data).suffix == ".parquet" and rng.random() < 0.5:  # its row groups read batch by batch
             env[settings.PARQUET_STREAMED_BYTES.name] = str(PARQUET_STREAMED_BYTES)
             rec.fault += ", row groups read by batch, spilled"
