@@ -138,6 +138,25 @@ CHANGES = ("truncate", "append", "replace")
 CHANGE_KINDS = ("change-input", "change-parquet", "change-gzip", "change-gcs")
 #: The share of change-gzip's trials whose file is bzip2, not gzip.
 CHANGE_BZIP2 = 0.4
+#: The share of change-parquet's spilled trials in which the spills (``datasets-cache/spilled`` of the
+#: work dir, landed or being written) are damaged instead of the input: slices that meet a damaged batch
+#: read the row group from the file instead, so the run ends as if nothing happened (exit 0, the bytes).
+DAMAGE_SPILL = 0.4
+
+
+def damage_spills(work: Path) -> int:
+    """8 bytes in the middle of each spill file in ``work`` zeroed in place; how many there were."""
+    damaged = 0
+    for path in (work / "datasets-cache" / "spilled").rglob("*.arrows*"):
+        with contextlib.suppress(OSError), open(path, "r+b") as fh:  # (one renamed or removed meanwhile)
+            size = fh.seek(0, os.SEEK_END)
+            if size > 64:
+                fh.seek(size // 2)
+                fh.write(b"\0" * 8)
+                damaged += 1
+    return damaged
+
+
 #: Where change-gcs's objects lie on the soak's GCS emulator (each read by range, never fetched whole).
 GCS_DATA = "gs://soak/chats.jsonl"
 GCS_PARQUET = "gs://soak/chats.parquet"
@@ -1721,11 +1740,18 @@ class Soak:
         if Path(data).suffix == ".parquet" and rng.random() < 0.5:  # its row groups read batch by batch
             env[settings.PARQUET_STREAMED_BYTES.name] = str(PARQUET_STREAMED_BYTES)
             rec.fault += ", row groups read by batch, spilled"
+            if rec.kind == "change-parquet" and rng.random() < DAMAGE_SPILL:
+                rec.fault = rec.fault.replace(f"{change} the input", "damage the spills", 1)
+                change = "damage"
         try:
             cmd = Command(self.reaper, argv, env, tdir)
             if cmd.sleep_until(cmd.started + moment):
-                self._change(change, data, tdir)
-                rec.landed, rec.moment = True, round(time.monotonic() - cmd.started, 3)
+                if change == "damage":
+                    rec.landed = damage_spills(work) > 0
+                else:
+                    self._change(change, data, tdir)
+                    rec.landed = True
+                rec.moment = round(time.monotonic() - cmd.started, 3)
             exited = cmd.wait(cmd.started + 3 * self.baseline.wall + HANG_AFTER)
             if not exited:
                 rec.problem("hang", f"no exit:\n{cmd.err.text()[-TAIL:]}")
@@ -1735,7 +1761,15 @@ class Soak:
             self._restore(original, data)  # restored: the rerun makes the expected output
         rec.code, rec.published = (cmd.code if exited else None), published(out)
         stderr = cmd.err.text()
-        if rec.code == 0:
+        if change == "damage":  # (the input as it was: its bytes, whatever the spills hold)
+            rec.expected = 0
+            if rec.code != 0 or not rec.published:
+                rec.problem(
+                    "code", f"exit {rec.code}, published {rec.published}, spills damaged {rec.landed}"
+                )
+            elif not compare(out, expected).matches:
+                rec.problem("mixed", "the output is not the data's bytes after its spills were damaged")
+        elif rec.code == 0:
             rec.expected = 0
             if not rec.published:
                 rec.problem("code", "exit 0 without a published output")
