@@ -719,14 +719,17 @@ def decoded_tables(layout: ParquetLayout, group: RowGroup) -> Iterator[Any]:
     reader = _StreamedGroup(footer, layout.schema_b64, group, checked=True)
     try:
         yield from reader.tables()
-    except DatasetError:
-        raise
     except Exception as exc:
-        raise DatasetError(
-            group.path, f"row group {group.index} cannot be read: {type(exc).__name__}: {exc}"
-        ) from None
+        raise _unreadable(group, exc) from None
     finally:
         reader.close()
+
+
+def _unreadable(group: RowGroup, exc: Exception) -> DatasetError:
+    """A row group's read that failed, in words (our own errors as they are)."""
+    if isinstance(exc, DatasetError):
+        return exc
+    return DatasetError(group.path, f"row group {group.index} cannot be read: {type(exc).__name__}: {exc}")
 
 
 def _read_at(ranges: _Ranges, offset: int, end: int, what: str) -> bytes:
@@ -1041,12 +1044,8 @@ def read_rows(source: ParquetSource, rows: list[int]) -> list[dict[str, Any]]:
             )
         try:
             out += _opened(source, group).rows(local)
-        except DatasetError:
-            raise
         except Exception as exc:
-            raise DatasetError(
-                group.path, f"row group {group.index} cannot be read: {type(exc).__name__}: {exc}"
-            ) from None
+            raise _unreadable(group, exc) from None
     return out
 
 
