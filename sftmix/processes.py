@@ -142,12 +142,35 @@ def end_resource_tracking() -> None:
         setattr(tracker._resource_tracker, name, untracked)
 
 
-def kill_descendants() -> None:
+def kill_descendants(within: float = 0.0) -> None:
     """SIGKILL every process this one started, and theirs (workers, the fork server, the API server):
-    their work is unfinished and a rerun redoes it."""
-    for pid in descendants():
+    their work is unfinished and a rerun redoes it. ``within``: seconds to wait for them to be gone (dead,
+    if not yet reaped), so that what they were writing can be removed after them."""
+    killed = descendants()
+    for pid in killed:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + within
+    while killed and time.monotonic() < deadline:
+        killed = [pid for pid in killed if _running(pid)]
+        if killed:
+            time.sleep(0.01)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` still runs: not gone, and not a zombie waiting to be reaped (Linux's
+    /proc; elsewhere, whether it exists)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rpartition(b")")[2].split()[:1] not in ([b"Z"], [b"X"])
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True
 
 
 def ignore_stop_signals() -> None:

@@ -391,17 +391,18 @@ def exit_now(stop: RunStopped, forced: bool = False) -> None:
     """Print the stop's one line and end the process at once, skipping at-exit work (Prefect's at-exit
     drains would retry against an API that may be gone). The processes it started are killed (they
     also follow it out by themselves: ``follow_parent``, PDEATHSIG). ``forced`` (the watchdog): the
-    run did not unwind, so the clean-ups registered for that (its staging directory) run first.
+    run did not unwind, so the clean-ups registered for that (its staging directory) run, once the
+    processes that may write there are gone.
 
     A stop after the output was published does not undo it: exit 0, and the line says so."""
     # One line, one exit, whichever thread comes first; the others wait for ever. No other lock is
     # taken here (not logging's: a stop raised into the main thread while it held it keeps it for good).
     _exit_lock.acquire()
+    end_resource_tracking()  # (killed below: a semaphore let go of after that would start another)
+    kill_descendants(within=1.0)  # (first: a clean-up must not race a process still writing there)
     if forced:
         _run_cleanups()
     _remove_written()
-    end_resource_tracking()  # (killed below: a semaphore let go of after that would start another)
-    kill_descendants()
     unlink_held_semaphores()  # (the tracker, killed, no longer does)
     _remove_multiprocessing_tempdir()
     output = published_output()

@@ -592,8 +592,8 @@ from sftmix import stopping
 from sftmix.processes import kill_descendants, start_resource_tracker
 start_resource_tracker()
 held = [multiprocessing.get_context("spawn").Lock()]  # a named semaphore, registered with the tracker
-def killed_then_let_go():
-    kill_descendants()
+def killed_then_let_go(within=0.0):
+    kill_descendants(within)
     time.sleep(0.2)  # (the pool's thread sees its workers gone once they are: the tracker is gone too)
     held.clear()
     gc.collect()  # its clean-up reports it gone: to a tracker started again, if any
@@ -613,6 +613,40 @@ def test_a_semaphore_let_go_as_the_stop_kills_the_tracker_prints_nothing():
     assert done.returncode == 130, done.stderr
     _one_line_reason(done.stderr, "stopped by SIGINT")
     assert "relaunching" not in done.stderr, done.stderr
+
+
+# A forced stop (the API died under the run) while a process of the run still writes into its staging
+# directory, as the tail's writer processes do.
+_FORCED_WHILE_WRITING = """
+import subprocess, sys, time
+from pathlib import Path
+from sftmix import stopping
+from sftmix.ownership import leased
+from sftmix.storage import TMP_MARK
+writer = "import itertools, pathlib, sys\\nfor k in itertools.count(): (pathlib.Path(sys.argv[1]) / f'part-{k}').write_bytes(b'x')"
+with leased(Path(sys.argv[1]) / f".out{TMP_MARK}test") as staging:
+    subprocess.Popen([sys.executable, "-c", writer, str(staging)])
+    while len(list(staging.iterdir())) < 200:
+        time.sleep(0.01)
+    stopping.exit_now(stopping.RunStopped("stopped: the API died (test)", 5), forced=True)
+"""
+
+
+def test_a_forced_stop_removes_the_staging_its_processes_were_writing_into(tmp_path):
+    """A forced exit (the temporary API died, the watchdog) removes the run's staging directory, and the
+    processes writing into it are killed first: removed while they still wrote, it was left behind (a CI
+    soak, kill-api-late during the tail, the tail in processes)."""
+    for _ in range(3):
+        done = subprocess.run(
+            [sys.executable, "-c", _FORCED_WHILE_WRITING, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+        assert done.returncode == 5, done.stderr
+        _one_line_reason(done.stderr, "stopped: the API died (test)")
+        assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("pool", ["slices", "tail"])
