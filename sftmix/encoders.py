@@ -592,19 +592,6 @@ class FastEncoding:
         char_starts = self._byte_of_char()
         return np.stack([np.searchsorted(char_starts, starts), np.searchsorted(char_starts, ends)], axis=1)
 
-    def added_token_span(self, i: int) -> tuple[int, int]:
-        """:meth:`added_token_chars` of the one token at ``i`` (a piece's first or last, asked for every
-        piece), without the arrays."""
-        if self._offsets is not None or self._encoder.trim is not None or self._encoder.analysis.metaspace:
-            start, end = self.offsets[i]
-            return int(start), int(end)
-        end = int(self.byte_ends[i])
-        start = end - int(self._encoder.lengths[self.ids[i]])
-        if self._is_ascii():
-            return start, end
-        char_starts = self._byte_of_char()
-        return int(np.searchsorted(char_starts, start)), int(np.searchsorted(char_starts, end))
-
     def span_mask(self, limit: int, spans: Sequence[tuple[int, int]]) -> np.ndarray | None:
         """``overlap_mask(offsets[:limit], spans)`` (``sftmix.segments``) read from the tokens' bytes, never
         making every token's offsets; ``None`` where the offsets are not the bytes mapped to characters

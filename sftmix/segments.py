@@ -139,7 +139,8 @@ def _added_token_chars(piece: Any, i: int) -> tuple[int, int]:
     """``piece.token_to_chars(i)`` of token ``i``, an added token: a fast encoding finds it from the
     tokens' bytes, without every token's offsets (which a row masked by token counts never reads)."""
     if isinstance(piece, FastEncoding):
-        return piece.added_token_span(i)
+        start, end = piece.added_token_chars(np.array([i], dtype=np.int64))[0]
+        return int(start), int(end)
     return piece.token_to_chars(i)
 
 

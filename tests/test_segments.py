@@ -221,8 +221,3 @@ def test_the_mask_read_from_token_bytes_is_the_overlap_of_the_librarys_offsets(t
             assert list(zip(starts.tolist(), ends.tolist(), strict=True)) == [
                 whole.offsets[i] for i in at.tolist()
             ]
-            for piece in enc.pieces:  # one token's, as each piece's first and last are checked
-                added = [i for i, t in enumerate(piece.ids.tolist()) if t in encoder.boundaries.ids]
-                assert [piece.added_token_span(i) for i in added] == [
-                    tuple(pair) for pair in piece.added_token_chars(np.array(added, np.int64)).tolist()
-                ]
