@@ -879,10 +879,10 @@ def _cut_parquet(
     memory: int | None,
     slice_bytes: int,
 ) -> int:
-    """How many slices a Parquet dataset has. Each is numbered and handed to ``early`` as soon as its row groups are
-    hashed (a spilled row group's, as its rows are written: those left when the last row group is hashed
-    join ``hand_on.unfinished``); a dataset whose first row group does not decode from its recorded bytes
-    alone is read by ``datasets`` instead (:func:`_open_whole`)."""
+    """How many slices a Parquet dataset has. Each is numbered and handed to ``early`` as soon as its row
+    groups are hashed (a spilled row group's, as its rows are written: those left when the last row group
+    is hashed join ``hand_on.unfinished``); a dataset whose first row group does not decode from its
+    recorded bytes alone is read by ``datasets`` instead (:func:`_open_whole`)."""
     entry, layout = dataset.entry, dataset.row_groups
     assert layout is not None
     target = target_rows(entry.amount, layout.n_rows)
