@@ -1007,8 +1007,8 @@ def _cut_streamed(
         if len(files.paths) == 1:  # (its batches name no file)
             with closed_on_error(files):
                 layout = jsonl.scan_file(files.follow(0), counted, hand_on.reading_threads(), files.declared)
-            if layout is not None and layout.bad_lines:  # (named as its slices name them)
-                file = jsonl.lines_of(entry.path, _source_path(dataset))
+            file = jsonl.lines_of(entry.path, _source_path(dataset))  # (as its slices name them)
+            if layout is not None and layout.bad_lines and file != entry.path:  # (a directory's one file)
                 layout = replace(layout, bad_lines=tuple(replace(b, file=file) for b in layout.bad_lines))
         else:
             layout = _scanned_files(files, entry.path, counted, hand_on.reading_threads())

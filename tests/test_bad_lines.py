@@ -73,6 +73,19 @@ def test_a_bad_line_is_refused_by_the_plan_naming_file_and_line(here, capsys, ki
     assert error.endswith("with on_bad_row skip, such lines are skipped and counted"), error
 
 
+def test_a_large_files_bad_lines_are_named_by_line_alone_in_the_skip_warning(tmp_path):
+    """A file cut into slices as its batches are counted (larger than a batch) says which of its own lines
+    it skips, as a small one does; only a directory's one file names the file (``jsonl.lines_of``)."""
+    padding = b'"' + b"x" * 2000 + b'"'
+    lines = [_good(i)[:-1] + b', "pad": ' + padding + b"}" for i in range(jsonl.BATCH_BYTES // 2000 + 500)]
+    lines[3000] = b"not json"
+    path = _write(tmp_path / "large.jsonl", lines)
+    assert Path(path).stat().st_size > jsonl.BATCH_BYTES
+    plan = build_plan(_mixer(tmp_path, path, "skip"), RunOptions(work_dir=str(tmp_path / "work")))
+    assert len(plan.slices) > 1
+    assert any("(line 3001)" in w and "will be skipped" for w in plan.warnings), plan.warnings
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_bad_line_is_skipped_and_counted_with_skip(tmp_path, kind):
     line, says = KINDS[kind]
