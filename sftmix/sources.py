@@ -586,25 +586,29 @@ def _decompressing(path: str, size: int) -> Iterator[tuple[Any, Callable[[], int
     CRC-32 and length. A pinned object is read in order by range, fetched ahead on many threads."""
     import io
 
-    import fsspec.compression
-    import fsspec.utils
-
-    compression = _split_compression(unpinned(path)[0])[1]
     with contextlib.ExitStack() as stack:  # (a decompressor leaves the file it was given open)
         if is_remote(path):
             stream = Stream(path, size, _CHANGED_WHILE_DECOMPRESSED)
             raw: Any = stack.enter_context(io.BufferedReader(stream, _DECOMPRESS_BLOCK))
         else:
             raw = stack.enter_context(open(path, "rb"))
-        if compression == ".gz":
+        if compression_of(path) == ".gz":
             try:
                 from isal import igzip
             except ImportError:
                 import gzip as igzip
             yield stack.enter_context(igzip.open(raw, "rb")), raw.tell
         else:
-            codec = fsspec.compression.compr[fsspec.utils.infer_compression(f"x{compression}")]
-            yield stack.enter_context(codec(raw, mode="rb")), raw.tell
+            yield stack.enter_context(_codec(path)(raw, mode="rb")), raw.tell
+
+
+def _codec(path: str) -> Callable[..., Any]:
+    """fsspec's opener for the compression ``path``'s suffix names (as ``datasets`` opens such a file)."""
+    import fsspec.compression
+    import fsspec.utils
+
+    compression = _split_compression(unpinned(path)[0])[1]
+    return fsspec.compression.compr[fsspec.utils.infer_compression(f"x{compression}")]
 
 
 def open_dataset(path: str, split: str, revision: str | None, cache_dir: str) -> Any:
@@ -944,16 +948,11 @@ def _sampled_copy_size(path: str, size: int) -> int | None:
     once it has read all of it); ``None`` where it decompressed nothing (the copy then meets the error)."""
     import io
 
-    import fsspec.compression
-    import fsspec.utils
-
-    compression = _split_compression(unpinned(path)[0])[1]
     raw = io.BytesIO(_read_bytes(path, 0, min(size, _SIZE_SAMPLE)))
     made = read_then = 0
     whole = size <= _SIZE_SAMPLE
     try:
-        codec = fsspec.compression.compr[fsspec.utils.infer_compression(f"x{compression}")]
-        with codec(raw, mode="rb") as stream:
+        with _codec(path)(raw, mode="rb") as stream:
             while block := stream.read(1 << 16):
                 made += len(block)
                 read_then = raw.tell()
