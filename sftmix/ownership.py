@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from . import settings
+from .processes import pid_alive
 from .stopping import on_forced_exit
 from .storage import TMP_MARK, atomic_write_bytes, boot_id, remove_tree, temp_name, writer_tag
 
@@ -42,16 +43,6 @@ def lease_seconds() -> float:
 
 
 # ---- leases on staging and swap directories -------------------------------------------------------
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def write_lease(directory: Path) -> None:
@@ -70,7 +61,7 @@ def lease_abandoned(directory: Path, now: float | None = None) -> bool:
     if not isinstance(lease, dict):
         return False
     same_boot = lease.get("host") == socket.gethostname() and lease.get("boot_id") == boot_id() != ""
-    if same_boot and isinstance(lease.get("pid"), int) and not _pid_alive(lease["pid"]):
+    if same_boot and isinstance(lease.get("pid"), int) and not pid_alive(lease["pid"]):
         return True
     return ((now or time.time()) - heartbeat) > lease_seconds()
 
@@ -161,7 +152,7 @@ def temp_abandoned(path: Path, now: float | None = None) -> bool:
     except OSError:
         return False
     here = writer_tag().split("-")[0]
-    return (tag[0] == here and not _pid_alive(int(tag[1]))) or age > lease_seconds()
+    return (tag[0] == here and not pid_alive(int(tag[1]))) or age > lease_seconds()
 
 
 def remove_abandoned_temps(directory: Path) -> None:

@@ -166,11 +166,18 @@ def _running(pid: int) -> bool:
     except FileNotFoundError:
         return False
     except OSError:
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return False
+        return pid_alive(pid)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a zombie too; one of another user's too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
         return True
+    return True
 
 
 def ignore_stop_signals() -> None:
