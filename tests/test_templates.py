@@ -114,3 +114,54 @@ def test_our_templates_render_the_same_without_the_sandbox(name, messages, tools
     assert _outcome(compile_template(text, trusted=True), messages, tools, prompt) == _outcome(
         compile_template(text, trusted=False), messages, tools, prompt
     )
+
+
+_SELECTIONS = (
+    "{{ xs|selectattr('role', 'equalto', 'system')|list }}",
+    "{{ xs|rejectattr('role', 'equalto', 'system')|list|length }}",
+    "{{ xs|selectattr('role', '==', 'user')|map(attribute='content')|join(',') }}",
+    "{{ xs|selectattr('content')|list }} {{ xs|rejectattr('content')|list }}",
+    "{{ xs|selectattr('a.b', 'equalto', 1)|list }} {{ pairs|selectattr('0', 'equalto', 'x')|list }}",
+    "{{ xs|selectattr('role', 'defined')|list }} {{ xs|rejectattr('role', 'undefined')|list }}",
+    "{{ xs|selectattr('role', 'in', ['user', 'system'])|list }}",
+    "{{ ns|select('odd')|list }} {{ ns|reject('odd')|list }} {{ ns|select|list }} {{ ns|reject|list }}",
+    "{{ ns|select('greaterthan', 2)|list }} {{ ns|select('ge', 3)|first }} {{ ns|reject('lt', 3)|sum }}",
+    "{{ xs|selectattr('role', 'nosuchtest')|list }}",
+    "{{ xs|selectattr|list }}",
+    "{{ xs|selectattr('role', 'equalto')|list }}",
+    "{{ nothing|selectattr('role', 'equalto', 'x')|list }} {{ []|select('nosuchtest')|list }}",
+    "{% for x in xs|selectattr('role', 'equalto', 'user') %}{{ loop.index }}{{ x.content }}{% endfor %}",
+)
+
+
+@pytest.mark.parametrize("source", _SELECTIONS)
+@pytest.mark.parametrize("trusted", [True, False])
+def test_select_filters_are_jinjas_own(source, trusted):
+    """``select``/``reject``/``selectattr``/``rejectattr`` look their test up once per filter (ours) and
+    give what Jinja's own filters give, errors included, in both environments."""
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    options: dict = {"trim_blocks": True, "lstrip_blocks": True, "extensions": [jinja2.ext.loopcontrols]}
+    stock = (jinja2.Environment if trusted else ImmutableSandboxedEnvironment)(**options).from_string(source)
+    ours = compile_template(source, trusted=trusted)
+    values = {
+        "xs": [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "u"},
+            {"content": ""},
+            {"role": "user", "content": "v", "a": {"b": 1}},
+            {"role": "assistant", "content": None},
+        ],
+        "pairs": [["x", 1], ["y", 2], ["x", 3]],
+        "ns": [1, 2, 3, 4, 0],
+    }
+
+    def outcome(template: Any) -> tuple[str, str]:
+        try:
+            return "ok", template.render(**values)
+        except Exception as exc:  # noqa: BLE001 (the same failure both ways is the same outcome)
+            return type(exc).__name__, str(exc)
+
+    assert outcome(ours) == outcome(stock)
