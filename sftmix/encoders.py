@@ -621,6 +621,63 @@ class FastEncoding:
             mask[np.cumsum(edges[:n]) > 0] = 1
         return mask
 
+    @staticmethod
+    def span_masks(
+        pieces: Sequence[FastEncoding], limits: Sequence[int], spans: Sequence[Sequence[tuple[int, int]]]
+    ) -> list[np.ndarray | None]:
+        """``[p.span_mask(limit, s) ...]`` for one encoder's pieces, made in one pass over all their tokens
+        (a batch's rows: a dozen small numpy calls per row cost more than the rule itself). The rows'
+        tokens are laid end to end and each span moved by its row's bytes before it, after clipping to its
+        row's bytes: a span then finds only its own row's tokens, as it does in its row alone (every token
+        has bytes here; a batch with a token of none is left to ``span_mask``, row by row)."""
+        if not pieces:
+            return []
+        encoder = pieces[0]._encoder
+        if (
+            encoder.trim is not None
+            or encoder.analysis.metaspace
+            or any(p._encoder is not encoder for p in pieces)
+        ):
+            return [p.span_mask(limit, s) for p, limit, s in zip(pieces, limits, spans, strict=True)]
+        counts = [min(limit, p.ids.shape[0]) for p, limit in zip(pieces, limits, strict=True)]
+        ids = np.concatenate(
+            [np.zeros(0, np.int64), *(p.ids[:n] for p, n in zip(pieces, counts, strict=True))]
+        )
+        lengths = encoder.lengths[ids]
+        if not lengths.all():
+            return [p.span_mask(limit, s) for p, limit, s in zip(pieces, limits, spans, strict=True)]
+        firsts = np.zeros(len(pieces) + 1, dtype=np.int64)
+        np.cumsum(counts, out=firsts[1:])
+        ends = np.cumsum(lengths)
+        before = np.concatenate([np.zeros(1, np.int64), ends])[firsts]  # bytes of the rows before each
+        rows: list[int] = []
+        bounds: list[int] = []
+        for r, (p, s) in enumerate(zip(pieces, spans, strict=True)):
+            if not s or not counts[r]:
+                continue
+            rows += [r] * len(s)
+            if p._is_ascii():
+                bounds += [x for span in s for x in span]
+            else:
+                char_starts = p._byte_of_char()
+                at = np.array(s, dtype=np.int64).reshape(-1, 2)
+                bounds += char_starts[np.clip(at, 0, char_starts.shape[0] - 1)].ravel().tolist()
+        total = int(firsts[-1])
+        mask = np.zeros(total, dtype=np.uint8)
+        if rows:
+            row = np.array(rows, dtype=np.int64)
+            at = np.array(bounds, dtype=np.int64).reshape(-1, 2)
+            at = np.clip(at, 0, (before[row + 1] - before[row])[:, None]) + before[row][:, None]
+            lo = np.searchsorted(ends, at[:, 0], side="right")
+            hi = np.searchsorted(ends - lengths, at[:, 1], side="left")
+            keep = lo < hi
+            if keep.any():
+                edges = np.bincount(lo[keep], minlength=total + 1) - np.bincount(
+                    hi[keep], minlength=total + 1
+                )
+                mask[np.cumsum(edges[:total]) > 0] = 1
+        return [mask[a:b] for a, b in zip(firsts[:-1].tolist(), firsts[1:].tolist(), strict=True)]
+
     def _is_ascii(self) -> bool:
         if self._ascii is None:
             self._ascii = self._text.isascii()

@@ -19,7 +19,7 @@ import numpy as np
 
 from .formats import Conversation
 from .prefix_renders import PastedPrefix, PrefixRenders, SkeletonStore, common_prefix_length
-from .segments import Encoded, PrefixEncoder, SegmentBoundaries
+from .segments import Encoded, PrefixEncoder, SegmentBoundaries, span_masks
 from .templates import ChatRenderer
 
 #: Tails of prefix renders up to this many characters have their token counts remembered (at most
@@ -176,14 +176,21 @@ class LabelMasker:
             i for i, row in enumerate(results) if row.status == RowStatus.KEPT or not self.drop_untrainable
         ]
         self.encoder.grow([encs[i] for i in todo], [self.max_len] * len(todo))
+        spanned = []
         for i in todo:
-            row, spans = results[i], char_spans[i]
+            row = results[i]
             row.ids = encs[i].ids[: self.max_len]
-            row.mask = np.zeros(row.ids.shape[0], dtype=np.uint8)
-            if spans is not None and row.status == RowStatus.KEPT:  # the overlap rule
-                row.mask = encs[i].span_mask(
-                    row.ids.shape[0], spans[-1:] if self.mode == "last_turn" else spans
-                )
+            if char_spans[i] is not None and row.status == RowStatus.KEPT:
+                spanned.append(i)
+            else:
+                row.mask = np.zeros(row.ids.shape[0], dtype=np.uint8)
+        masks = span_masks(  # the overlap rule
+            [encs[i] for i in spanned],
+            [results[i].ids.shape[0] for i in spanned],
+            [s[-1:] if self.mode == "last_turn" else s for i in spanned if (s := char_spans[i]) is not None],
+        )
+        for i, mask in zip(spanned, masks, strict=True):
+            results[i].mask = mask
         if pending:
             self._token_count_spans(conversations, rendered, encs, results, pending)
         if self.spans == "exact":

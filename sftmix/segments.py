@@ -183,6 +183,27 @@ def overlap_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.nd
     return (mask & nonempty).astype(np.uint8)
 
 
+def span_masks(
+    encs: Sequence[Encoded], limits: Sequence[int], spans: Sequence[Sequence[tuple[int, int]]]
+) -> list[np.ndarray]:
+    """``[e.span_mask(limit, s) ...]``: the rows that are one fast-encoder piece made together
+    (``FastEncoding.span_masks``), the others one by one."""
+    out: list[np.ndarray | None] = [None] * len(encs)
+    together = [i for i, e in enumerate(encs) if e._one_fast_piece() is not None]
+    if together:
+        masks = FastEncoding.span_masks(
+            [encs[i].pieces[0] for i in together],
+            [min(limits[i], encs[i].length) for i in together],
+            [spans[i] for i in together],
+        )
+        for i, mask in zip(together, masks, strict=True):
+            out[i] = mask
+    return [
+        mask if mask is not None else e.span_mask(limit, s)
+        for e, limit, s, mask in zip(encs, limits, spans, out, strict=True)
+    ]
+
+
 @dataclass
 class Encoded:
     """The tokens of a text's first ``covered`` characters, as pieces the tokenizer made separately.
