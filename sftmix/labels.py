@@ -184,10 +184,11 @@ class LabelMasker:
                 spanned.append(i)
             else:
                 row.mask = np.zeros(row.ids.shape[0], dtype=np.uint8)
+        chosen = [spans for i in spanned if (spans := char_spans[i]) is not None]
         masks = span_masks(  # the overlap rule
             [encs[i] for i in spanned],
             [results[i].ids.shape[0] for i in spanned],
-            [s[-1:] if self.mode == "last_turn" else s for i in spanned if (s := char_spans[i]) is not None],
+            [spans[-1:] for spans in chosen] if self.mode == "last_turn" else chosen,
         )
         for i, mask in zip(spanned, masks, strict=True):
             results[i].mask = mask

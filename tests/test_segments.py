@@ -210,21 +210,23 @@ def test_the_mask_read_from_token_bytes_is_the_overlap_of_the_librarys_offsets(t
     encoder = PrefixEncoder(fast.encode_batch, _tokenizer(name)[1] if name in TOKENIZERS else None)
     encs = encoder.start(texts)
     encoder.grow(encs, [want] * len(texts))
-    limits, chosen_spans, expected = [], [], []
-    for text, enc in zip(texts, encs, strict=True):
+    chosen_spans = [
+        [(int(a * len(t)), int((a + b) * len(t))) for a, b in spans] for t in texts
+    ]  # (some past the end)
+    limits = [enc.length if want is None else min(want, enc.length) for enc in encs]
+    # the batch's rows made together, before anything of a row is made alone (each span finds only its
+    # own row's tokens); checked below against the library
+    together = [m.tolist() for m in span_masks(encs, limits, chosen_spans)]
+    expected = []
+    for text, enc, chosen, n in zip(texts, encs, chosen_spans, limits, strict=True):
         whole = rust.encode(text, add_special_tokens=False)
-        chosen = [(int(a * len(text)), int((a + b) * len(text))) for a, b in spans]  # (some past the end)
-        n = enc.length if want is None else min(want, enc.length)
         library = np.array(whole.offsets[:n], dtype=np.int64).reshape(-1, 2)
         assert enc.span_mask(n, chosen).tolist() == overlap_mask(library, chosen).tolist()
-        limits.append(n)
-        chosen_spans.append(chosen)
         expected.append(overlap_mask(library, chosen).tolist())
         if encoder.boundaries is not None:  # the same bytes-to-characters map places the boundary tokens
             starts, ends, at = enc.boundary_tokens(encoder.boundaries)
             assert list(zip(starts.tolist(), ends.tolist(), strict=True)) == [
                 whole.offsets[i] for i in at.tolist()
             ]
-    # the batch's rows made together (each span finds only its own row's tokens), and their order reversed
-    assert [m.tolist() for m in span_masks(encs, limits, chosen_spans)] == expected
+    assert together == expected
     assert [m.tolist() for m in span_masks(encs[::-1], limits[::-1], chosen_spans[::-1])] == expected[::-1]
