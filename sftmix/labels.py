@@ -343,18 +343,17 @@ class LabelMasker:
     def _char_spans(self, conv: Conversation, text: str, row: int) -> list[tuple[int, int]] | _Pending:
         """Character spans of the assistant turns, or what the row needs for token counts instead."""
         indices = assistant_indices(conv.messages)
+        pasted = self.prefixes.paste_lazy(conv, text, indices)
+        if pasted is not None:
+            return _pasted_spans(text, row, indices, pasted)
         headers: list[str | PastedPrefix | None] = []
         throughs: list[str | PastedPrefix] = []
         spans: list[tuple[int, int]] = []
         stable = True
-        pasted = self.prefixes.paste_lazy(conv, text, indices)
-        for n, idx in enumerate(indices):
+        for idx in indices:
             try:
-                if pasted is not None:
-                    header, through = pasted[n]
-                else:
-                    header = None if idx == 0 else self.renderer.render(conv.messages[:idx], conv.tools, True)
-                    through = self.renderer.render(conv.messages[: idx + 1], conv.tools, False)
+                header = None if idx == 0 else self.renderer.render(conv.messages[:idx], conv.tools, True)
+                through = self.renderer.render(conv.messages[: idx + 1], conv.tools, False)
             except Exception as exc:
                 if stable:
                     roles = [m.get("role") for m in conv.messages[: idx + 1]]
@@ -455,6 +454,22 @@ class LabelMasker:
             ):
                 return problem
         return None
+
+
+def _pasted_spans(
+    text: str, row: int, indices: list[int], pasted: list[tuple[PastedPrefix | None, PastedPrefix]]
+) -> list[tuple[int, int]] | _Pending:
+    """``LabelMasker._char_spans`` of a row whose prefixes are pasted (no template runs, so none fails)."""
+    spans: list[tuple[int, int]] = []
+    for header, through in pasted:
+        start, end = (0 if header is None else len(header)), len(through)
+        if start <= end and (header is None or header.prefix_of(text)) and through.prefix_of(text):
+            spans.append((start, end))
+        else:
+            headers: list[str | PastedPrefix | None] = [h for h, _ in pasted]
+            throughs: list[str | PastedPrefix] = [t for _, t in pasted]
+            return _Pending(row=row, indices=indices, headers=headers, throughs=throughs)
+    return spans
 
 
 def _shortest_after(messages: Sequence[dict]) -> list[int]:
