@@ -28,7 +28,6 @@ import jinja2.ext
 import jinja2.filters
 import jinja2.runtime
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from jinja2.utils import _PassArg
 
 from .errors import TemplateError
 
@@ -284,7 +283,7 @@ def _selecting(
             test = context.environment.tests.get(args[off])
         except TypeError:  # an unhashable name: Jinja raises it at the first item
             test = None
-    if test is None or _PassArg.from_obj(test) is not None:
+    if test is None or hasattr(test, "jinja_pass_arg"):  # (Jinja's mark of a test given a context)
         return jinja2.filters.prepare_select_or_reject(context, args, kwargs, modfunc, lookup_attr)
     rest = args[1 + off :]
     if not lookup_attr:
@@ -293,24 +292,21 @@ def _selecting(
     return lambda item: modfunc(test(attribute(item), *rest, **kwargs))
 
 
-@jinja2.pass_context
-def _select(context: jinja2.runtime.Context, value: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
-    return _select_or_reject(context, value, args, kwargs, lambda x: x, False)
+def _selection_filter(modfunc: Callable[[Any], Any], lookup_attr: bool) -> Callable[..., Iterator[Any]]:
+    @jinja2.pass_context
+    def selection(context: jinja2.runtime.Context, value: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        return _select_or_reject(context, value, args, kwargs, modfunc, lookup_attr)
+
+    return selection
 
 
-@jinja2.pass_context
-def _reject(context: jinja2.runtime.Context, value: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
-    return _select_or_reject(context, value, args, kwargs, lambda x: not x, False)
-
-
-@jinja2.pass_context
-def _selectattr(context: jinja2.runtime.Context, value: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
-    return _select_or_reject(context, value, args, kwargs, lambda x: x, True)
-
-
-@jinja2.pass_context
-def _rejectattr(context: jinja2.runtime.Context, value: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
-    return _select_or_reject(context, value, args, kwargs, lambda x: not x, True)
+#: Jinja's four selection filters, each with its own ``modfunc`` and ``lookup_attr`` as Jinja's has.
+_SELECTION_FILTERS = {
+    "select": _selection_filter(lambda x: x, False),
+    "reject": _selection_filter(lambda x: not x, False),
+    "selectattr": _selection_filter(lambda x: x, True),
+    "rejectattr": _selection_filter(lambda x: not x, True),
+}
 
 
 @lru_cache(maxsize=16)
@@ -327,7 +323,7 @@ def compile_template(text: str, trusted: bool = False) -> jinja2.Template:
     if trusted:
         env.context_class = _BuiltinCallContext
     env.filters["tojson"] = _tojson
-    env.filters.update(select=_select, reject=_reject, selectattr=_selectattr, rejectattr=_rejectattr)
+    env.filters.update(_SELECTION_FILTERS)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     try:

@@ -130,6 +130,7 @@ _SELECTIONS = (
     "{{ xs|selectattr|list }}",
     "{{ xs|selectattr('role', 'equalto')|list }}",
     "{{ nothing|selectattr('role', 'equalto', 'x')|list }} {{ []|select('nosuchtest')|list }}",
+    "{{ ['upper', 'nosuch', 'trim']|select('filter')|list }} {{ ['odd', 'x']|reject('test')|list }}",
     "{% for x in xs|selectattr('role', 'equalto', 'user') %}{{ loop.index }}{{ x.content }}{% endfor %}",
 )
 
