@@ -595,49 +595,27 @@ class FastEncoding:
     def span_mask(self, limit: int, spans: Sequence[tuple[int, int]]) -> np.ndarray | None:
         """``overlap_mask(offsets[:limit], spans)`` (``sftmix.segments``) read from the tokens' bytes, never
         making every token's offsets; ``None`` where the offsets are not the bytes mapped to characters
-        (trimmed, SentencePiece markers) or a token has no bytes. A token overlaps a character span exactly
-        when its bytes overlap the span's bytes: its offsets are the characters holding its first and last
-        byte, so ``start < e`` is ``first byte < byte of e`` and ``s < end`` is ``byte of s <= last byte``.
-        Tokens' bytes are in order, so each span's tokens are one run, found by search."""
-        if self._encoder.trim is not None or self._encoder.analysis.metaspace:
-            return None
-        n = min(limit, self.ids.shape[0])
-        lengths = self._encoder.lengths[self.ids[:n]]
-        if n and not lengths.all():
-            return None
-        mask = np.zeros(n, dtype=np.uint8)
-        if not n or not spans:
-            return mask
-        ends = self.byte_ends[:n]
-        at = np.array(spans, dtype=np.int64).reshape(-1, 2)  # characters, then bytes
-        if not self._is_ascii():
-            char_starts = self._byte_of_char()
-            at = char_starts[np.clip(at, 0, char_starts.shape[0] - 1)]
-        lo = np.searchsorted(ends, at[:, 0], side="right")
-        hi = np.searchsorted(ends - lengths, at[:, 1], side="left")
-        keep = lo < hi
-        if keep.any():
-            edges = np.bincount(lo[keep], minlength=n + 1) - np.bincount(hi[keep], minlength=n + 1)
-            mask[np.cumsum(edges[:n]) > 0] = 1
-        return mask
+        (trimmed, SentencePiece markers) or a token has no bytes (:meth:`span_masks`, of this one row)."""
+        return FastEncoding.span_masks([self], [limit], [spans])[0]
 
     @staticmethod
     def span_masks(
         pieces: Sequence[FastEncoding], limits: Sequence[int], spans: Sequence[Sequence[tuple[int, int]]]
     ) -> list[np.ndarray | None]:
-        """``[p.span_mask(limit, s) ...]`` for one encoder's pieces, made in one pass over all their tokens
-        (a batch's rows: a dozen small numpy calls per row cost more than the rule itself). The rows'
+        """:meth:`span_mask` of each piece, made in one pass over all their tokens (a batch's rows: a dozen
+        small numpy calls per row cost more than the rule itself). A token overlaps a character span
+        exactly when its bytes overlap the span's bytes: its offsets are the characters holding its first
+        and last byte, so ``start < e`` is ``first byte < byte of e`` and ``s < end`` is ``byte of s <= last
+        byte``. Tokens' bytes are in order, so each span's tokens are one run, found by search. The rows'
         tokens are laid end to end and each span moved by its row's bytes before it, after clipping to its
         row's bytes: a span then finds only its own row's tokens, as it does in its row alone (every token
-        has bytes here; a batch with a token of none is left to ``span_mask``, row by row)."""
+        has bytes here; in a batch with a token of none, each row is made alone)."""
         if not pieces:
             return []
         encoder = pieces[0]._encoder
-        if (
-            encoder.trim is not None
-            or encoder.analysis.metaspace
-            or any(p._encoder is not encoder for p in pieces)
-        ):
+        if encoder.trim is not None or encoder.analysis.metaspace:
+            return [None] * len(pieces)
+        if any(p._encoder is not encoder for p in pieces):
             return [p.span_mask(limit, s) for p, limit, s in zip(pieces, limits, spans, strict=True)]
         counts = [min(limit, p.ids.shape[0]) for p, limit in zip(pieces, limits, strict=True)]
         ids = np.concatenate(
@@ -645,6 +623,8 @@ class FastEncoding:
         )
         lengths = encoder.lengths[ids]
         if not lengths.all():
+            if len(pieces) == 1:
+                return [None]
             return [p.span_mask(limit, s) for p, limit, s in zip(pieces, limits, spans, strict=True)]
         firsts = np.zeros(len(pieces) + 1, dtype=np.int64)
         np.cumsum(counts, out=firsts[1:])
