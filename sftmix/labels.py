@@ -363,9 +363,8 @@ class LabelMasker:
                 raise _SpanFailure(f"template failed on a prefix of message {idx}: {exc}") from exc
             headers.append(header)
             throughs.append(through)
-            h = header or ""
-            if stable and len(h) <= len(through) and _starts(text, h) and _starts(text, through):
-                spans.append((len(h), len(through)))
+            if stable and (span := _prefix_span(text, header, through)) is not None:
+                spans.append(span)
             else:
                 stable = False
         if stable:
@@ -462,14 +461,25 @@ def _pasted_spans(
     """``LabelMasker._char_spans`` of a row whose prefixes are pasted (no template runs, so none fails)."""
     spans: list[tuple[int, int]] = []
     for header, through in pasted:
-        start, end = (0 if header is None else len(header)), len(through)
-        if start <= end and (header is None or header.prefix_of(text)) and through.prefix_of(text):
-            spans.append((start, end))
-        else:
+        span = _prefix_span(text, header, through)
+        if span is None:
             headers: list[str | PastedPrefix | None] = [h for h, _ in pasted]
             throughs: list[str | PastedPrefix] = [t for _, t in pasted]
             return _Pending(row=row, indices=indices, headers=headers, throughs=throughs)
+        spans.append(span)
     return spans
+
+
+def _prefix_span(
+    text: str, header: str | PastedPrefix | None, through: str | PastedPrefix
+) -> tuple[int, int] | None:
+    """A turn's characters in the full render ``text``: from its header's end (its prefix render with
+    the generation prompt; none for a first message) to its own prefix render's end, where both are
+    prefixes of ``text`` in that order; ``None`` where not (the row is then masked by token counts)."""
+    start = 0 if header is None else len(header)
+    if start <= len(through) and (header is None or _starts(text, header)) and _starts(text, through):
+        return start, len(through)
+    return None
 
 
 def _shortest_after(messages: Sequence[dict]) -> list[int]:
