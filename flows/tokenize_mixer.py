@@ -31,7 +31,6 @@ from sftmix.roots import check_allowed_roots
 from sftmix.stopping import EXIT_CANCELLED, RunStopped, first_stop, follow_supervisor, our_sigterm
 from sftmix.storage import atomic_write_bytes, is_remote, remove_tree
 from sftmix.templates import template_drift
-from sftmix.tokenizer import TokenizerKey
 from sftmix.tokenizer_facts import tokenizer_facts
 from sftmix.unrendered import counted_lines
 from sftmix.up_to_date import remember_inputs, up_to_date
@@ -181,9 +180,7 @@ def _assemble_and_publish(
     drift = template_drift(
         plan.context.template_text,
         plan.template_source,
-        tokenizer_facts(
-            TokenizerKey.of(plan.context.tokenizer, plan.context.tokenizer_revision)
-        ).chat_template,
+        tokenizer_facts(plan.context.tokenizer_key()).chat_template,
     )
     check = None
     if run.check != "off" and mixer.output.format == "olmo":
@@ -199,6 +196,7 @@ def _assemble_and_publish(
             # strict refuses an output with findings, unpublished: its document numbers open nothing
             published=run.check != "strict",
             unrendered=plan.unrendered,
+            tokenizer_load_note=plan.tokenizer_load_note or "",
             literal=(
                 plan.context.literal_special_tokens,
                 sum(m.spelled_special_tokens for m in outcome.manifests),
@@ -257,6 +255,8 @@ def _assemble_and_publish(
                 sum(outcome.manifests[k].rows for k in d.slices),
             )
         ],
+        tokenizer_load=plan.context.tokenizer_load,
+        tokenizer_load_note=plan.tokenizer_load_note,
         literal_special_tokens=plan.context.literal_special_tokens,
         rows_spelling_special_tokens=sum(m.spelled_special_tokens for m in outcome.manifests),
     )

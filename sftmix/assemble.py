@@ -57,7 +57,6 @@ from .plan import DatasetPlan, Plan
 from .selection import selection_indices
 from .slices import SliceManifest, load_slice_rows, slice_dir
 from .storage import storage_errors, temp_name
-from .tokenizer import TokenizerKey
 from .tokenizer_facts import write_tokenizer_dir
 
 logger = logging.getLogger(__name__)
@@ -301,7 +300,7 @@ def _beside_the_parts(
             staging, starts, ends, part_tokens(np.dtype(plan.context.token_dtype)), n_parts
         ),
         lambda: write_tokenizer_dir(
-            TokenizerKey.of(plan.context.tokenizer, plan.context.tokenizer_revision),
+            plan.context.tokenizer_key(),
             plan.context.template_text,
             staging / "tokenizer",
         ),

@@ -56,7 +56,7 @@ SEVERITY_WORDS = {BROKEN: "BROKEN", CHANGES_TRAINING: "WARNING", INFORMATION: "n
 
 @dataclass
 class Finding:
-    kind: str  # integrity | fit | masks | template
+    kind: str  # integrity | fit | masks | template | tokenizer
     what: str
     count: int
     examples: list[Any] = field(default_factory=list)
@@ -198,6 +198,7 @@ def check_output(
     unrendered: list[str] | None = None,
     written: WrittenParts | None = None,
     literal: tuple[str, int] | None = None,
+    tokenizer_load_note: str | None = None,
 ) -> CheckReport:
     """``digests=False`` skips hashing the files again and ``token_dtype`` gives the dtype otherwise read
     from ``run_report.json`` (the flow checks its staging right after computing both). With a
@@ -211,7 +212,8 @@ def check_output(
     ``unrendered``: what the plan found the template leaves out of the rows (``run_report.json``'s
     otherwise). ``written``: the parts are being written; each chunk is read once it is. ``literal``: how
     the rows' spelled special tokens were read and how many kept rows spell one (``run_report.json``'s
-    otherwise)."""
+    otherwise). ``tokenizer_load_note``: the plan's warning that the reference's tokenizer makes other ids
+    than its own files ("" for none; ``run_report.json``'s otherwise)."""
     if long_doc_strategy not in STRATEGIES:
         raise ConfigError(
             f"long_doc_strategy must be one of {', '.join(STRATEGIES)}, not {long_doc_strategy!r}"
@@ -235,6 +237,9 @@ def check_output(
         "items",
         list(left_out),
     )
+    if tokenizer_load_note is None:
+        tokenizer_load_note = report_json.get("tokenizer_load_note") or ""
+    result.add("tokenizer", tokenizer_load_note, 1 if tokenizer_load_note else 0, "")
     if vocab is None:
         result.add("integrity", "tokenizer/ is missing or unreadable", 1, "")
     elif vocab - 1 > np.iinfo(dtype).max:

@@ -30,6 +30,7 @@ from .errors import ConfigError
 from .form import blank_is_none, form_schema, lift_advanced
 from .selection import Amount, amount_text, parse_amount
 from .templates import NAMED_TEMPLATES
+from .tokenizer_load import TokenizerLoad
 
 #: What the UI form accepts as an amount: a whole number, or a number with a '.'.
 AMOUNT_PATTERN = r"^\s*(\d+|\d*\.\d+|\d+\.\d*)\s*$"
@@ -106,6 +107,7 @@ class TokenizerSpec(BaseModel):
         json_schema_extra=form_schema(
             advanced=(
                 "revision",
+                "load",
                 "add_bos",
                 "encoder",
                 "unknown_template",
@@ -140,6 +142,14 @@ class TokenizerSpec(BaseModel):
         default=None,
         title="Hub revision",
         description="A branch, tag or commit of a hub tokenizer, to pin it; empty for the latest.",
+    )
+    load: TokenizerLoad = Field(
+        default="reference",
+        title="Tokenizer loading",
+        description="reference: build the tokenizer as the reference's transformers 5.4.0 does, which for some "
+        "tokenizers replaces the pre-tokenizer or normalizer its tokenizer.json names (the run warns before any "
+        "work when that changes ids). files: tokenize as the tokenizer's own files say (tokenizer.json as it "
+        "is); the output then differs from the reference's wherever the two differ.",
     )
     add_bos: bool = Field(
         default=False,

@@ -61,11 +61,13 @@ from .templates import (
 )
 from .tokenizer import (
     TokenizerKey,
+    ids_changed,
     load_worker_tokenizer,
     save_split_worker_tokenizer,
     tokenizer_path_problem,
 )
 from .tokenizer_facts import TokenizerFacts, tokenizer_facts, worker_tokenizer_file
+from .tokenizer_load import built_as, reference_note
 from .unrendered import unrendered, what_it_reads
 from .up_to_date import input_record, mixer_recipe
 
@@ -97,6 +99,7 @@ class Plan(BaseModel):
     tokenizer_fingerprint: str
     warnings: list[str]
     unrendered: list[str] = []  # (also in warnings) data the template leaves out, in words
+    tokenizer_load_note: str | None = None  # (also in warnings) the reference's tokenizer is not its files'
     inputs: dict | None = None  # the input files' stamps, taken before the plan read them (up_to_date)
     slicing: str = ""  # how the slices were sized, in words (the summary's)
 
@@ -1077,7 +1080,7 @@ def prepare_plan(mixer: MixerConfig, run: RunOptions) -> None:
     datasets_ahead = threading.Thread(target=open_datasets, name="datasets-ahead", daemon=True)
     datasets_ahead.start()
     try:
-        tk = TokenizerKey.of(mixer.tokenizer.name_or_path, mixer.tokenizer.revision)
+        tk = TokenizerKey.of(mixer.tokenizer.name_or_path, mixer.tokenizer.revision, mixer.tokenizer.load)
         worker_tokenizer_file(tk, work_dir / "tokenizers")
     except Exception as exc:
         logger.debug("loading the tokenizer ahead of the plan stopped: %s: %s", type(exc).__name__, exc)
@@ -1087,7 +1090,7 @@ def prepare_plan(mixer: MixerConfig, run: RunOptions) -> None:
 
 def resolve_tokenizer(spec: TokenizerSpec) -> tuple[TokenizerKey, TokenizerFacts, ResolvedTemplate]:
     """The tokenizer (its key and what the run needs to know of it) and the chat template it renders with."""
-    tk = TokenizerKey.of(spec.name_or_path, spec.revision)
+    tk = TokenizerKey.of(spec.name_or_path, spec.revision, spec.load)
     facts = tokenizer_facts(tk)
     template = resolve_template(
         spec.chat_template,
@@ -1127,6 +1130,36 @@ def _sample_rows(spec: SliceSpec, datasets_cache: Path, on_bad_row: str) -> list
     return out
 
 
+def _load_note(
+    tk: TokenizerKey, facts: TokenizerFacts, renderer: ChatRenderer, samples: list[Conversation]
+) -> str | None:
+    """Where the reference builds the tokenizer otherwise than its own files say and that changes the ids
+    of this run's sample rows: the warning (said once per process), else ``None``."""
+    if not facts.load_changes:
+        return None
+    texts = _rendered(renderer, samples)
+    changed = ids_changed(tk, texts)
+    note = reference_note(tk.name_or_path, facts.tokenizer_class, facts.load_changes, changed, len(texts))
+    if note not in _SAID:
+        _SAID.add(note)
+        logger.log(logging.WARNING if changed else logging.INFO, note)
+    return note if changed else None
+
+
+_SAID: set[str] = set()
+
+
+def _rendered(renderer: ChatRenderer, samples: list[Conversation]) -> list[str]:
+    """The sample rows' full renders (a row the template cannot render is its slice's to report)."""
+    texts = []
+    for conv in samples:
+        try:
+            texts.append(renderer.render(conv.messages, conv.tools, False))
+        except Exception:
+            continue
+    return texts
+
+
 def choose_encoder(
     spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, samples: list[Conversation]
 ) -> str:
@@ -1134,13 +1167,7 @@ def choose_encoder(
     encoded both ways, ids and offsets), else ``hf``; ``encoder: fast`` refuses the run instead."""
     if spec.encoder == "hf":
         return "hf"
-    renderer = ChatRenderer(ctx.template_text, tokenizer_facts(tk).special_tokens)
-    texts = []
-    for conv in samples:
-        try:
-            texts.append(renderer.render(conv.messages, conv.tools, False))
-        except Exception:  # the slices report template errors, with the row
-            continue
+    texts = _rendered(ChatRenderer(ctx.template_text, tokenizer_facts(tk).special_tokens), samples)
     asked = (tk, ctx.tokenizer_file, spec.encoder, _digest(texts))
     if asked not in _ENCODER_CHOSEN:  # the head start and the plan task ask the same question
         _ENCODER_CHOSEN[asked] = _prove_encoder(spec, tk, ctx, texts)
@@ -1170,7 +1197,11 @@ def _prove_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, 
         if found.splits:
             how += f"; its pre-tokenizer's {len(found.splits)} Splits in sequence, as fastokens runs them"
         logger.info(
-            "encoder: %s, proven the same tokenizer as %s (%s)", encoding.engine, tk.name_or_path, how
+            "encoder: %s, proven the same tokenizer as %s built %s (%s)",
+            encoding.engine,
+            tk.name_or_path,
+            built_as(tk.load, tokenizer_facts(tk).tokenizer_class),
+            how,
         )
         return "fast"
     if spec.encoder == "fast":
@@ -1203,6 +1234,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     ctx = TokenizeContext(
         tokenizer=tk.name_or_path,
         tokenizer_revision=tk.revision,
+        tokenizer_load=tk.load,
         tokenizer_file=worker_tokenizer_file(tk, work_dir / "tokenizers"),
         template_text=template.text,
         max_seq_length=mixer.max_seq_length,
@@ -1264,10 +1296,11 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
             dataset.left_out.append(line)
             dataset.probes.append(found.probe)
             logger.warning(line)
-        if mixer.tokenizer.encoder != "hf":
-            dataset.samples = sample
+        dataset.samples = sample
         opened.append(dataset)
-    ctx.encoder = choose_encoder(mixer.tokenizer, tk, ctx, [c for d in opened for c in d.samples])
+    samples = [c for d in opened for c in d.samples]
+    load_note = _load_note(tk, facts, renderer, samples)
+    ctx.encoder = choose_encoder(mixer.tokenizer, tk, ctx, samples)
     data_bytes = sum(d.nbytes for d in opened)
     slice_bytes = slice_bytes_for(run, data_bytes)
     datasets: list[DatasetPlan] = []
@@ -1310,7 +1343,9 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
         template_source=template.source,
         template_sha256=template.sha256,
         tokenizer_fingerprint=tok_fp,
-        warnings=[w for d in opened for w in d.warnings] + [line for d in opened for line in d.left_out],
+        warnings=[*([load_note] if load_note else []), *(w for d in opened for w in d.warnings)]
+        + [line for d in opened for line in d.left_out],
+        tokenizer_load_note=load_note,
         unrendered=[line for d in opened for line in d.left_out],
         inputs=inputs,
         slicing=_slicing(run, data_bytes, slices),

@@ -160,6 +160,15 @@ class RunReport(BaseModel):
         default_factory=list,
         description="The rows holding each unrendered field or role, counted by the slices over every row.",
     )
+    tokenizer_load: str = Field(
+        "reference",
+        description="How the tokenizer was built: as the reference's transformers 5.4.0 does, or as its files say.",
+    )
+    tokenizer_load_note: str | None = Field(
+        None,
+        description="Where the reference builds the tokenizer otherwise than its own files say, what it replaces "
+        "and the share of sampled rows whose ids change.",
+    )
     literal_special_tokens: str = Field(
         "keep", description="How text in the rows that spells a special token was read: keep, split or drop."
     )
@@ -225,6 +234,11 @@ class RunReport(BaseModel):
             *self._template_lines(),
             *self._rows_lines(),
             *(f"unrendered  {line}" for line in [*self.unrendered, *self.unrendered_rows]),
+            *(
+                [f"tokenizer   {self.tokenizer_load_note.removeprefix('tokenizer ')}"]
+                if self.tokenizer_load_note
+                else []
+            ),
             *self._literal_lines(),
             f"documents   {self.documents:,} in {self.parts:,} part(s), {self.tokens:,} tokens "
             f"({self.trainable_tokens:,} trainable), dtype {self.token_dtype}",

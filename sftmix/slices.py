@@ -75,6 +75,7 @@ from .tokenizer import (
     segment_boundaries,
     special_tokens,
 )
+from .tokenizer_load import TokenizerLoad
 from .unrendered import holds
 
 logger = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ class TokenizeContext(BaseModel):
 
     tokenizer: str
     tokenizer_revision: str | None = None
+    tokenizer_load: TokenizerLoad = "reference"
     tokenizer_file: str | None = None
     template_text: str
     max_seq_length: int | None
@@ -119,6 +121,10 @@ class TokenizeContext(BaseModel):
     encoder: str = (
         "hf"  # "fast": the fast encoder, proven the same tokenizer by the plan (sftmix/encoders.py)
     )
+
+    def tokenizer_key(self) -> TokenizerKey:
+        """The run's tokenizer, loaded as the plan loaded it."""
+        return TokenizerKey.of(self.tokenizer, self.tokenizer_revision, self.tokenizer_load)
 
 
 class SliceSpec(BaseModel):
@@ -394,19 +400,25 @@ def encoding_for(ctx: TokenizeContext, encoder: str | None = None) -> WorkerEnco
         ctx.tokenizer_file,
         encoder or ctx.encoder,
         settings.FAST_ENGINE.raw(),
+        ctx.tokenizer_load,
     )
 
 
 @lru_cache(maxsize=4)  # one per process: the plan's sample check and in-process slices share it
 def worker_encoding(
-    tokenizer: str, revision: str | None, tokenizer_file: str | None, encoder: str, engine: str | None = None
+    tokenizer: str,
+    revision: str | None,
+    tokenizer_file: str | None,
+    encoder: str,
+    engine: str | None = None,
+    load: TokenizerLoad = "reference",
 ) -> WorkerEncoding:
     if tokenizer_file and os.path.isfile(tokenizer_file):
         loaded = load_worker_tokenizer(tokenizer_file)
         rust, specials, boundaries, found = loaded.rust, loaded.special_tokens, loaded.boundaries, loaded.fast
         vocab, backend_json, renamed = loaded.vocab, loaded.backend_json, loaded.renaming
     else:  # e.g. another machine of a remote work directory: load it as the plan did
-        key = TokenizerKey.of(tokenizer, revision)
+        key = TokenizerKey.of(tokenizer, revision, load)
         rust, boundaries, found = rust_tokenizer(key), segment_boundaries(key), fast_analysis(key)
         specials = special_tokens(load_hf_tokenizer(key))
         vocab = backend_json = renamed = None

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from .hub import offline_cache_problem, unreachable_hub_problem
 from .literal_tokens import Renaming, renaming
 from .segments import SegmentBoundaries
 from .sources import _relative_note, looks_local
+from .tokenizer_load import TokenizerLoad, load_tokenizer, pipeline_changes, tokenizer_json_path
 
 logger = logging.getLogger(__name__)
 
@@ -80,9 +81,10 @@ class TokenizerKey:
     name_or_path: str
     revision: str | None
     stamp: tuple = ()
+    load: TokenizerLoad = "reference"  # as the reference's transformers builds it, or as its files say
 
     @classmethod
-    def of(cls, name_or_path: str, revision: str | None) -> TokenizerKey:
+    def of(cls, name_or_path: str, revision: str | None, load: TokenizerLoad = "reference") -> TokenizerKey:
         stamp: tuple = ()
         if os.path.isdir(name_or_path):
             stamp = tuple(
@@ -92,7 +94,7 @@ class TokenizerKey:
                     if e.is_file()
                 )
             )
-        return cls(name_or_path, revision, stamp)
+        return cls(name_or_path, revision, stamp, load)
 
 
 def tokenizer_path_problem(name: str) -> str | None:
@@ -112,15 +114,14 @@ def tokenizer_path_problem(name: str) -> str | None:
 
 @lru_cache(maxsize=4)
 def load_hf_tokenizer(key: TokenizerKey) -> Any:
-    """AutoTokenizer plus the reference's pad handling (the only quirk that can change bytes)."""
+    """The tokenizer as ``key.load`` builds it (:mod:`sftmix.tokenizer_load`) plus the reference's pad
+    handling."""
     import_transformers()
     name = key.name_or_path
     if (problem := tokenizer_path_problem(name)) is not None:
         raise ConfigError(problem)
-    from transformers import AutoTokenizer
-
     try:
-        tok = AutoTokenizer.from_pretrained(key.name_or_path, revision=key.revision, use_fast=True)
+        tok = load_tokenizer(key.name_or_path, key.revision, key.load)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load tokenizer {key.name_or_path!r}: {exc}") from None
     if not getattr(tok, "is_fast", False) and not hasattr(tok, "backend_tokenizer"):
@@ -134,6 +135,30 @@ def load_hf_tokenizer(key: TokenizerKey) -> Any:
             tok.add_special_tokens({"pad_token": "<pad>"})
             logger.info("tokenizer %s: added a <pad> token, as the reference does", key.name_or_path)
     return tok
+
+
+def load_changes(key: TokenizerKey) -> tuple[str, ...]:
+    """What the reference's build of the tokenizer has in place of its own ``tokenizer.json``'s parts that
+    make ids, in words (nothing for ``load: files``, or a tokenizer with no such file)."""
+    path = tokenizer_json_path(key.name_or_path, key.revision) if key.load == "reference" else None
+    if path is None:
+        return ()
+    from tokenizers import Tokenizer
+
+    try:
+        written = json.loads(Tokenizer.from_file(path).to_str())
+    except Exception as exc:  # (a file this tokenizers cannot read: the load above would have failed)
+        logger.debug("tokenizer %s: cannot read %s: %s", key.name_or_path, path, exc)
+        return ()
+    return tuple(pipeline_changes(json.loads(rust_tokenizer(key).to_str()), written))
+
+
+def ids_changed(key: TokenizerKey, texts: list[str]) -> int:
+    """How many of ``texts`` the tokenizer's own files encode to other ids than ``key``'s build does."""
+    built, own = rust_tokenizer(key), rust_tokenizer(replace(key, load="files"))
+    ours = built.encode_batch(texts, add_special_tokens=False)
+    theirs = own.encode_batch(texts, add_special_tokens=False)
+    return sum(a.ids != b.ids for a, b in zip(ours, theirs, strict=True))
 
 
 def special_tokens(tok: Any) -> dict[str, str]:

@@ -29,6 +29,7 @@ from .tokenizer import (
     TOKEN_DTYPES,
     TokenizerKey,
     largest_token_id,
+    load_changes,
     load_hf_tokenizer,
     save_worker_tokenizer,
     special_tokens,
@@ -36,7 +37,7 @@ from .tokenizer import (
 )
 
 #: Part of every key: raise it when what is kept, or how it is made, changes.
-FACTS_VERSION = 1
+FACTS_VERSION = 2
 
 #: Files above this size are keyed by size and modification time, not by their bytes.
 HASHED_FILE_LIMIT = 64 * 1024 * 1024
@@ -55,6 +56,8 @@ class TokenizerFacts:
     special_tokens: dict[str, str]
     vocab_size: int
     largest_id: int
+    tokenizer_class: str = ""  # the class that built it (sftmix.tokenizer_load)
+    load_changes: tuple[str, ...] = ()  # what the reference's build has in place of its files' parts
 
     def token_dtype(self, rule: str = "vocab_size") -> np.dtype:
         """Smallest unsigned dtype for the token parts; 'vocab_size' is the reference's rule."""
@@ -85,7 +88,9 @@ def _kept_dir(key: TokenizerKey) -> Path | None:
             h.update(f"{package} {version(package)}\n".encode())
         except PackageNotFoundError:
             h.update(f"{package} none\n".encode())
-    h.update(f"facts {FACTS_VERSION} analysis {ANALYSIS_VERSION} revision {key.revision}\n".encode())
+    h.update(
+        f"facts {FACTS_VERSION} analysis {ANALYSIS_VERSION} revision {key.revision} load {key.load}\n".encode()
+    )
     for entry in sorted(os.scandir(key.name_or_path), key=lambda e: e.name):
         if not entry.is_file():
             continue
@@ -105,7 +110,8 @@ def tokenizer_facts(key: TokenizerKey) -> TokenizerFacts:
     kept = _kept_dir(key)
     if kept is not None:
         try:
-            return TokenizerFacts(**json.loads((kept / "facts.json").read_text(encoding="utf-8")))
+            data = json.loads((kept / "facts.json").read_text(encoding="utf-8"))
+            return TokenizerFacts(**{**data, "load_changes": tuple(data.get("load_changes") or ())})
         except (OSError, ValueError, TypeError):
             pass
     tok = load_hf_tokenizer(key)
@@ -116,6 +122,8 @@ def tokenizer_facts(key: TokenizerKey) -> TokenizerFacts:
         special_tokens=special_tokens(tok),
         vocab_size=int(tok.vocab_size),
         largest_id=int(largest_token_id(tok)),
+        tokenizer_class=type(tok).__name__,
+        load_changes=load_changes(key),
     )
     if kept is not None:
         write_cache_file(kept / "facts.json", json.dumps(asdict(facts), sort_keys=True).encode("utf-8"))

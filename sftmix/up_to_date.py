@@ -59,6 +59,8 @@ def mixer_recipe(mixer: MixerConfig) -> dict[str, Any]:
     )
     if recipe["tokenizer"].get("literal_special_tokens") == "keep":  # (as recipes before the setting)
         del recipe["tokenizer"]["literal_special_tokens"]
+    if recipe["tokenizer"].get("load") == "reference":  # (as recipes before the setting)
+        del recipe["tokenizer"]["load"]
     return recipe
 
 

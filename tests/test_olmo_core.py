@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import venv
 from collections import Counter
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
-from tests.tokenizer_fixtures import cache_dir
+from tests.venvs import cached_venv
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -30,18 +29,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="session")
 def olmo_core_python() -> Path:
-    home = cache_dir() / "olmo-core-venv"
-    python = home / "bin" / "python"
-    marker = home / ("installed-" + "-".join(REQUIREMENTS).replace("=", "") + ".txt")
-    if not marker.exists():
-        venv.EnvBuilder(with_pip=True, clear=True).create(home)
-        done = subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", *REQUIREMENTS], capture_output=True, text=True
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"cannot install {REQUIREMENTS}: {done.stderr[-3000:]}")
-        marker.write_text("ok\n")
-    return python
+    return cached_venv("olmo-core-venv", REQUIREMENTS)
 
 
 def documents(out: Path, dtype: np.dtype) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:

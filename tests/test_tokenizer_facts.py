@@ -19,6 +19,7 @@ from sftmix.templates import named_template
 from sftmix.tokenizer import (
     TokenizerKey,
     largest_token_id,
+    load_changes,
     load_hf_tokenizer,
     special_tokens,
     tokenizer_fingerprint,
@@ -74,6 +75,8 @@ def test_kept_facts_and_files_are_the_loaded_tokenizers(cache, tmp_path, monkeyp
         special_tokens=special_tokens(tok),
         vocab_size=tok.vocab_size,
         largest_id=largest_token_id(tok),
+        tokenizer_class=type(tok).__name__,
+        load_changes=load_changes(key),
     )
     save_tokenizer(key, template, tmp_path / "transformers")
     assert tokenizer_facts(key) == oracle  # made, and kept

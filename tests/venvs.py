@@ -1,0 +1,26 @@
+"""Virtual environments of their own for tests that run other versions of things (OLMo-core with torch,
+the reference's locked transformers), made once with pip and cached."""
+
+from __future__ import annotations
+
+import subprocess
+import venv
+from pathlib import Path
+
+from tests.tokenizer_fixtures import cache_dir
+
+
+def cached_venv(name: str, requirements: list[str]) -> Path:
+    """The python of ``cache_dir()/name`` with ``requirements`` installed (made again when they change)."""
+    home = cache_dir() / name
+    python = home / "bin" / "python"
+    marker = home / ("installed-" + "-".join(requirements).replace("=", "") + ".txt")
+    if not marker.exists():
+        venv.EnvBuilder(with_pip=True, clear=True).create(home)
+        done = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", *requirements], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"cannot install {requirements}: {done.stderr[-3000:]}")
+        marker.write_text("".join(f"{r}\n" for r in requirements))
+    return python
