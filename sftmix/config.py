@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from . import settings
+from .byte_settings import NO_BYTES, ChangesBytes
 from .errors import ConfigError
 from .form import blank_is_none, form_schema, lift_advanced
 from .selection import Amount, amount_text, parse_amount
@@ -52,7 +53,7 @@ class DatasetEntry(BaseModel):
         json_schema_extra=form_schema(),
     )
 
-    path: str = Field(
+    path: Annotated[str, ChangesBytes()] = Field(
         title="Dataset",
         description="A Hugging Face hub name (allenai/tulu-3-sft-mixture), a local .jsonl or .parquet file, or a "
         "gs:// path. It is recorded as typed in dataset_statistics.json. From the UI, a relative path is read "
@@ -63,6 +64,7 @@ class DatasetEntry(BaseModel):
         # Text in JSON and in the UI form: a JSON number loses 3.0 vs 3, which is a fraction vs a count.
         PlainSerializer(amount_text, return_type=str, when_used="json"),
         WithJsonSchema({"type": "string", "pattern": AMOUNT_PATTERN, "default": "1.0"}),
+        ChangesBytes(),
     ] = Field(
         default=1.0,
         title="Amount",
@@ -70,19 +72,21 @@ class DatasetEntry(BaseModel):
         'them, "0.25" a random quarter, "3.0" every row three times. A whole number is a count of rows: "100".',
         json_schema_extra={"default": "1.0"},
     )
-    split: str = Field(default="train", title="Split", description="The dataset's split to read.")
-    revision: OptionalText = Field(
+    split: Annotated[str, ChangesBytes()] = Field(
+        default="train", title="Split", description="The dataset's split to read."
+    )
+    revision: Annotated[OptionalText, ChangesBytes()] = Field(
         default=None,
         title="Hub revision",
         description="A branch, tag or commit of a hub dataset, to pin it; empty for the latest.",
     )
-    format: Literal["auto", "messages", "alpaca", "sharegpt"] = Field(
+    format: Annotated[Literal["auto", "messages", "alpaca", "sharegpt"], ChangesBytes()] = Field(
         default="auto",
         title="Row layout",
         description="auto: told from the columns. messages: a list of role/content messages. alpaca: "
         "instruction, input, output and system columns. sharegpt: conversations of from/value turns.",
     )
-    messages_key: OptionalText = Field(
+    messages_key: Annotated[OptionalText, ChangesBytes()] = Field(
         default=None,
         min_length=1,
         title="Messages column",
@@ -119,12 +123,14 @@ class TokenizerSpec(BaseModel):
         ),
     )
 
-    name_or_path: str = Field(
+    # (in slice keys as the tokenizer's fingerprint, with revision and load)
+    name_or_path: Annotated[str, ChangesBytes()] = Field(
         title="Tokenizer",
         description="A hub name (allenai/OLMo-2-1124-7B) or a local directory with tokenizer.json, as "
         "transformers' AutoTokenizer takes it.",
     )
-    chat_template: OptionalText = Field(
+    # (in slice keys as the template's sha256, with chat_template_file and add_bos)
+    chat_template: Annotated[OptionalText, ChangesBytes()] = Field(
         default=None,
         title="Chat template",
         description="How conversations become text: one of the reference's 21 named templates (tokenize-mixer "
@@ -132,18 +138,18 @@ class TokenizerSpec(BaseModel):
         # The form offers the choices; configs may also write 'tokenizer' or a path to a .jinja file.
         json_schema_extra={"enum": [TOKENIZERS_OWN, *NAMED_TEMPLATES], "default": TOKENIZERS_OWN},
     )
-    chat_template_file: OptionalText = Field(
+    chat_template_file: Annotated[OptionalText, ChangesBytes()] = Field(
         default=None,
         title="Chat template file",
         description="Or a path to a .jinja file with your own template; it replaces the choice above, which "
         "must then stay at the tokenizer's own. Empty for none.",
     )
-    revision: OptionalText = Field(
+    revision: Annotated[OptionalText, ChangesBytes()] = Field(
         default=None,
         title="Hub revision",
         description="A branch, tag or commit of a hub tokenizer, to pin it; empty for the latest.",
     )
-    load: TokenizerLoad = Field(
+    load: Annotated[TokenizerLoad, ChangesBytes(unrecorded=True)] = Field(
         default="reference",
         title="Tokenizer loading",
         description="reference: build the tokenizer as the reference's transformers 5.4.0 does, which for some "
@@ -151,32 +157,34 @@ class TokenizerSpec(BaseModel):
         "work when that changes ids). files: tokenize as the tokenizer's own files say (tokenizer.json as it "
         "is); the output then differs from the reference's wherever the two differ.",
     )
-    add_bos: bool = Field(
+    add_bos: Annotated[bool, ChangesBytes()] = Field(
         default=False,
         title="Add the BOS token",
         description="Put the tokenizer's bos token before each conversation (the reference's --add_bos).",
     )
-    encoder: Literal["auto", "hf", "fast"] = Field(
+    encoder: Annotated[Literal["auto", "hf", "fast"], NO_BYTES] = Field(
         default="auto",
         title="Encoder",
         description="What makes the token ids. auto: a fast encoder (fastokens or tiktoken) where it is proven "
         "to give the tokenizer's exact ids (the run logs the proof), else the tokenizers library. hf: always "
         "the tokenizers library. fast: the fast encoder, or refuse the run.",
     )
-    unknown_template: Literal["error", "fallback"] = Field(
+    unknown_template: Annotated[Literal["error", "fallback"], NO_BYTES] = Field(
         default="error",
         title="Unknown template names",
         description="error: a template name tokenize-mixer does not know fails the run. fallback: use the "
         "tokenizer's own template with a loud warning, as the reference does (what `convert` uses).",
     )
-    unrendered_data: Literal["warn", "error"] = Field(
+    unrendered_data: Annotated[Literal["warn", "error"], NO_BYTES] = Field(
         default="warn",
         title="Data the template never renders",
         description="A message field or role in the rows (tool_calls, a tool role, ...) that the chat template "
         "leaves out of its text. warn: say so and convert, as the reference does (the model trains without "
         "it). error: refuse the run before any work.",
     )
-    literal_special_tokens: Literal["keep", "split", "drop"] = Field(
+    literal_special_tokens: Annotated[
+        Literal["keep", "split", "drop"], ChangesBytes(slices=True, unkeyed=True, unrecorded=True)
+    ] = Field(
         default="keep",
         title="Special tokens written in the data",
         description="Text in the rows that spells a special token (a literal <|im_end|> in an answer). keep: "
@@ -221,31 +229,32 @@ class OutputSpec(BaseModel):
         ),
     )
 
-    path: str = Field(
+    path: Annotated[str, NO_BYTES] = Field(
         title="Output directory",
         description="A local directory, or a gs://bucket/prefix. It is recorded in dataset_statistics.json. "
         "From the UI, a relative path is the worker's directory's (where `prefect worker start` runs): give "
         "an absolute one.",
     )
-    overwrite: bool = Field(
+    overwrite: Annotated[bool, NO_BYTES] = Field(
         default=False,
         title="Replace different shards",
         description="Off: a run into a directory that holds shards made from other settings or data is refused "
         "before any work. On: those shards are replaced.",
     )
-    format: Literal["olmo", "hf_parquet"] = Field(
+    format: Annotated[Literal["olmo", "hf_parquet"], ChangesBytes()] = Field(
         default="olmo",
         title="Format",
         description="olmo: OLMo-core token and label parts, the reference's layout. hf_parquet: data/*.parquet "
         "with input_ids, labels (-100 = no loss) and attention_mask, for TRL and transformers' Trainer.",
     )
-    token_dtype_rule: Literal["vocab_size", "largest_id"] = Field(
+    # (in slice keys as the dtype it chooses)
+    token_dtype_rule: Annotated[Literal["vocab_size", "largest_id"], ChangesBytes()] = Field(
         default="vocab_size",
         title="Token dtype rule",
         description="vocab_size: the token dtype follows the tokenizer's vocab_size, as in the reference (an id "
         "that does not fit fails the run). largest_id: added tokens count too.",
     )
-    packing: Literal["none", "best_fit_decreasing"] = Field(
+    packing: Annotated[Literal["none", "best_fit_decreasing"], ChangesBytes()] = Field(
         default="none",
         title="Packing",
         description="hf_parquet only: pack documents into sequences of the max sequence length (best-fit "
@@ -288,37 +297,40 @@ class MixerConfig(BaseModel):
         ),
     )
 
-    datasets: list[DatasetEntry] = Field(
+    # (each slice's key holds its own dataset's rows, layout and data)
+    datasets: Annotated[list[DatasetEntry], ChangesBytes()] = Field(
         min_length=1,
         title="Datasets",
         description="The datasets to mix, in order: their rows are shuffled together, and this order names "
         "them in the output's statistics.",
     )
-    tokenizer: TokenizerSpec = Field(title="Tokenizer and chat template")
-    max_seq_length: int | None = Field(
+    tokenizer: Annotated[TokenizerSpec, ChangesBytes()] = Field(title="Tokenizer and chat template")
+    max_seq_length: Annotated[int | None, ChangesBytes(slices=True)] = Field(
         default=None,
         gt=0,
         title="Max sequence length",
         description="Cut each conversation to at most this many tokens (it is kept, not dropped). Empty: no limit.",
     )
-    output: OutputSpec = Field(title="Output")
-    shuffle_seed: int = Field(
+    output: Annotated[OutputSpec, ChangesBytes()] = Field(title="Output")
+    shuffle_seed: Annotated[int, ChangesBytes()] = Field(
         default=42, ge=0, title="Shuffle seed", description="The seed of the shuffle of all kept rows."
     )
-    num_examples: int = Field(
+    num_examples: Annotated[int, ChangesBytes()] = Field(
         default=0,
         ge=0,
         title="Number of rows",
         description="Keep only the first this many rows after the shuffle; 0 keeps all.",
     )
-    mask: Literal["assistant", "last_turn", "all", "generation_tags"] = Field(
+    mask: Annotated[
+        Literal["assistant", "last_turn", "all", "generation_tags"], ChangesBytes(slices=True, unkeyed=True)
+    ] = Field(
         default="assistant",
         title="Trained tokens",
         description="assistant: every assistant turn, as the reference. last_turn: only the final assistant "
         "turn. all: every token. generation_tags: the text the template marks with {% generation %}, as "
         "transformers' return_assistant_tokens_mask.",
     )
-    mask_thinking: bool = Field(
+    mask_thinking: Annotated[bool, ChangesBytes(slices=True, unkeyed=True)] = Field(
         default=False,
         title="Do not train on thinking",
         description="Beyond the reference, opt-in: assistant text from <think> through </think> (tags "
@@ -326,21 +338,21 @@ class MixerConfig(BaseModel):
         "runs to the turn's end) is not trained on; the model still sees it. With mask: last_turn, only the "
         "final answer is trained on.",
     )
-    mask_tool_calls: bool = Field(
+    mask_tool_calls: Annotated[bool, ChangesBytes(slices=True, unkeyed=True)] = Field(
         default=False,
         title="Do not train on tool calls",
         description="Beyond the reference, opt-in: what the template renders for an assistant message's "
         "tool calls (its function_calls or tool_calls field), tags included, is not trained on; the rest of "
         "the turn is.",
     )
-    mask_tool_outputs: bool = Field(
+    mask_tool_outputs: Annotated[bool, ChangesBytes(slices=True, unkeyed=True)] = Field(
         default=False,
         title="Do not train on tool outputs",
         description="Beyond the reference, opt-in: the content of tool results (roles tool, environment, "
         "ipython) is not trained on; only changes anything with mask: all (the assistant masks never train "
         "on them).",
     )
-    spans: Literal["reference", "exact"] = Field(
+    spans: Annotated[Literal["reference", "exact"], ChangesBytes(slices=True, unkeyed=True)] = Field(
         default="reference",
         title="Assistant spans",
         description="reference: the reference's rule, byte for byte; it drops rows whose spans it cannot "
@@ -348,13 +360,13 @@ class MixerConfig(BaseModel):
         "the reference, each assistant message's own characters through the end of its turn; such rows are "
         "kept and counted in the run report.",
     )
-    drop_untrainable: bool = Field(
+    drop_untrainable: Annotated[bool, ChangesBytes(slices=True, unkeyed=True)] = Field(
         default=True,
         title="Drop rows with nothing to train on",
         description="On, as the reference: a row with no trained token (its assistant text cut away, or spans "
         "the reference rule cannot verify) is dropped and counted. Off: it is kept with an all-zero mask.",
     )
-    on_bad_row: Literal["error", "skip"] = Field(
+    on_bad_row: Annotated[Literal["error", "skip"], ChangesBytes(recipe=False, slices=True)] = Field(
         default="error",
         title="Malformed rows",
         description="error: a malformed row (bad messages, a template error, a line of a .jsonl that is not a "

@@ -23,6 +23,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from . import jsonl, parquet, pinned
+from .byte_settings import keyed
 from .config import DatasetEntry, MixerConfig, RunOptions, TokenizerSpec, default_work_dir, local_mirror
 from .downloads import closed_on_error
 from .encoders import same_encodings
@@ -1259,20 +1260,10 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
         "format": SLICE_FORMAT_VERSION,
         "tokenizer": tok_fp,
         "template": template.sha256,
-        "max_seq_length": mixer.max_seq_length,
         "dtype": dtype.name,
-        "on_bad_row": mixer.on_bad_row,
-        **({} if mixer.mask == "assistant" else {"mask": mixer.mask}),
-        **(
-            {}
-            if ctx.literal_special_tokens == "keep"
-            else {"literal_special_tokens": ctx.literal_special_tokens}
-        ),
-        **({"mask_thinking": True} if mixer.mask_thinking else {}),
-        **({"mask_tool_calls": True} if mixer.mask_tool_calls else {}),
-        **({"mask_tool_outputs": True} if mixer.mask_tool_outputs else {}),
-        **({} if mixer.drop_untrainable else {"drop_untrainable": False}),
-        **({} if mixer.spans == "reference" else {"spans": mixer.spans}),
+        **keyed(
+            mixer
+        ),  # the settings a slice's tokens follow from, as each declares (sftmix/byte_settings.py)
     }
     # what the rows hold that the template never renders (a field, a role): said before any work
     renderer, reads = ChatRenderer(template.text, facts.special_tokens), what_it_reads(template.text)

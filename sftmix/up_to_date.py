@@ -30,6 +30,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .byte_settings import recorded
 from .check import CHANGES_TRAINING, INFORMATION
 from .config import MixerConfig, RunOptions
 from .digest import RUN_REPORT, compare, load_digests
@@ -47,21 +48,9 @@ BYTE_PACKAGES = ("tokenize-mixer", "transformers", "tokenizers", "datasets", "py
 
 
 def mixer_recipe(mixer: MixerConfig) -> dict[str, Any]:
-    """The mixer as the recipe records it: without what the output's digests do not follow from (its own
-    path, overwrite, the encoder, unknown_template, unrendered_data, on_bad_row)."""
-    recipe = mixer.model_dump(
-        mode="json",
-        exclude={
-            "output": {"overwrite", "path"},
-            "tokenizer": {"encoder", "unknown_template", "unrendered_data"},
-            "on_bad_row": True,
-        },
-    )
-    if recipe["tokenizer"].get("literal_special_tokens") == "keep":  # (as recipes before the setting)
-        del recipe["tokenizer"]["literal_special_tokens"]
-    if recipe["tokenizer"].get("load") == "reference":  # (as recipes before the setting)
-        del recipe["tokenizer"]["load"]
-    return recipe
+    """The mixer as the recipe records it: the settings its bytes follow from, as each declares
+    (:mod:`sftmix.byte_settings`)."""
+    return recorded(mixer)
 
 
 class UpToDate(Exception):
