@@ -53,11 +53,17 @@ from .errors import BadLineError, DatasetError
 from .features import features_schema, schema_of, schema_text
 from .growing import GrowingFile, final_name, open_landing
 from .parallel import available_cpus
-from .sources import _valid_utf8, compression_of, local_builder, runs_in_parts, table_rows
+from .sources import (
+    BATCH_BYTES,
+    MIXED_TYPES,
+    compression_of,
+    local_builder,
+    runs_in_parts,
+    table_rows,
+    valid_utf8,
+)
 from .storage import is_remote
 
-#: ``datasets``' JsonConfig.chunksize: the batch the builder reads before finishing the line.
-BATCH_BYTES = 10 << 20
 FINGERPRINT_PREFIX = "jsonl-batches:"
 #: A ``gs://`` object is read in ranges of this many bytes, by this many threads ahead of the plan's scan.
 REMOTE_CHUNK = pinned.RANGE_BYTES
@@ -280,7 +286,7 @@ def _scan_batch(path: str, offset: int, end: int, growing: str = "") -> tuple[st
 
 def _scanned(data: bytes, offset: int) -> tuple[str, int, int, bool, bool]:
     rows, newlines, odd = _rows_in(data.removeprefix(codecs.BOM_UTF8) if offset == 0 else data)
-    return hashlib.sha256(data).hexdigest(), rows, newlines, odd, _valid_utf8(data)
+    return hashlib.sha256(data).hexdigest(), rows, newlines, odd, valid_utf8(data)
 
 
 def parse_batch(data: bytes) -> Any:
@@ -831,7 +837,7 @@ def read_batch(
     longer heads of the batch for what only it refuses: a field whose type differs). ``utf8``: whether
     the bytes are valid UTF-8, when known (the reader does not check it). ``declared``: ``target`` is
     the features a dataset's card declares (for the reason a row is refused)."""
-    if utf8 if utf8 is not None else _valid_utf8(data):
+    if utf8 if utf8 is not None else valid_utf8(data):
         try:
             return _table(data, target), {}
         except Exception as exc:
@@ -930,9 +936,7 @@ def _line_problem(line: bytes, at: int) -> tuple[str, str] | None:
 def _refusal_reason(exc: Exception, line: bytes, target: Any, declared: bool = False) -> str:
     """Why the reader refuses a row that Python's JSON reader reads: a field's type (the message names
     the field), or a key the features (the first batch's, or those ``declared``) do not have."""
-    from .sources import _MIXED_TYPES
-
-    if (changed := _MIXED_TYPES.search(str(exc))) is not None:
+    if (changed := MIXED_TYPES.search(str(exc))) is not None:
         return (
             f"field '{changed['field']}' holds {_article(changed['b'])} here and {changed['a']}s in the rows "
             "before it (a field must have one type in every row)"

@@ -54,6 +54,10 @@ from .storage import atomic_open, download_file, is_remote, sha256_stream
 
 logger = logging.getLogger(__name__)
 
+#: ``datasets``' JsonConfig.chunksize: the batch its JSON builder reads before finishing the line (what
+#: ``sftmix.jsonl`` reads as it does).
+BATCH_BYTES = 10 << 20
+
 LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 #: Compression around a JSON file, by suffix: the package fsspec needs for it (None: the standard library).
 COMPRESSED_SUFFIXES = {
@@ -286,7 +290,7 @@ class _Utf8Check:
         data = self.carry + block if self.carry else block
         cut = _complete_prefix(data)
         head, self.carry = data[:cut], data[cut:]
-        if head and not _valid_utf8(head):
+        if head and not valid_utf8(head):
             try:
                 head.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -322,7 +326,7 @@ def _complete_prefix(data: bytes) -> int:
     return len(data)
 
 
-def _valid_utf8(data: bytes) -> bool:
+def valid_utf8(data: bytes) -> bool:
     import pyarrow as pa
 
     offsets = pa.py_buffer(b"\x00\x00\x00\x00" + len(data).to_bytes(4, "little"))
@@ -624,7 +628,7 @@ def _open_localized(path: str, local: str, split: str, revision: str | None, cac
     return _open_dataset(path, local, split, revision, cache_dir, stamp)
 
 
-_MIXED_TYPES = re.compile(r"Column\((?P<field>[^)]*)\) changed from (?P<a>\w+) to (?P<b>\w+)")
+MIXED_TYPES = re.compile(r"Column\((?P<field>[^)]*)\) changed from (?P<a>\w+) to (?P<b>\w+)")
 
 
 @lru_cache(maxsize=1)
@@ -682,7 +686,7 @@ def _open_dataset(
         cause = exc.__cause__ or exc
         if builder == "json" and "corresponds to no data" in str(cause):
             raise DatasetError(name, _no_rows(path)) from None
-        if builder == "json" and (changed := _MIXED_TYPES.search(str(cause))) is not None:
+        if builder == "json" and (changed := MIXED_TYPES.search(str(cause))) is not None:
             raise DatasetError(
                 name,
                 f"field '{changed['field']}' holds {changed['a']}s in some rows and {changed['b']}s in others "
@@ -1091,8 +1095,6 @@ def json_data_files(name: str, split: str, revision: str | None, cache_dir: str)
     if offline() and (kept := hub_files.recalled(cache_dir, name, revision, split, "json")) is not None:
         return _json_files(name, kept[0], cache_dir, declared=kept[1])
     try:
-        from .jsonl import BATCH_BYTES
-
         builder = _builder(name, revision, cache_dir)
         config = builder.config
         splits, wanted = list(config.data_files or {}), split.strip()

@@ -1,5 +1,6 @@
 """The layers point one way (``[tool.importlinter]`` in pyproject.toml): the command line over the flows over
-the tasks over the pure core, and the core imports no Prefect.
+the tasks over the pure core, the core imports no Prefect, and its modules import one another without a
+circle.
 
 import-linter reads packages from the file system, which knows nothing of setuptools' ``package-dir``
 (``flows/`` installs as ``tokenize_mixer.flows``): the contract is checked on the installed layout, made
