@@ -15,7 +15,6 @@ import queue
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 from prefect import get_run_logger
@@ -23,6 +22,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from sftmix.config import RunOptions
 from sftmix.errors import MixerError, SliceFailuresError, WorkerDiedError
+from sftmix.outcome import SliceOutcome
 from sftmix.slices import (
     SliceManifest,
     SliceSpec,
@@ -44,40 +44,6 @@ from tokenize_mixer.flows.pool import (
 from tokenize_mixer.flows.progress import BOARD, SliceProgress
 from tokenize_mixer.flows.watch import StopCheck
 from tokenize_mixer.tasks.tokenize import slice_task_for
-
-
-@dataclass
-class SliceOutcome:
-    manifests: list[SliceManifest]
-    computed: int
-    reused: int
-    rechecked: int
-    seconds: float
-    steady_seconds: float
-    steady_tokens_per_second: float
-    computed_tokens: int = 0  # tokens of the slices computed in this run (not reused)
-
-    @classmethod
-    def of(
-        cls, manifests: list[SliceManifest], reused: list[bool], seconds: float, rechecked: int = 0
-    ) -> SliceOutcome:
-        """The outcome of ``manifests`` (in plan order), ``reused[i]`` telling the ones not computed now;
-        the steady window spans the computed ones."""
-        fresh = [m for m, r in zip(manifests, reused, strict=True) if not r]
-        span = max((m.finished_at for m in fresh), default=0.0) - min(
-            (m.started_at for m in fresh), default=0.0
-        )
-        return cls(
-            manifests=manifests,
-            computed=len(fresh),
-            reused=len(manifests) - len(fresh),
-            rechecked=rechecked,
-            seconds=seconds,
-            steady_seconds=round(max(span, 0.0), 3),
-            steady_tokens_per_second=round(sum(m.tokens for m in fresh) / span, 1) if span > 0 else 0.0,
-            computed_tokens=sum(m.tokens for m in fresh),
-        )
-
 
 RunnerFactory = Callable[[int], Any]
 

@@ -18,24 +18,24 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.states import Cancelled, Failed
 from pydantic import Field
 
-from sftmix.check import BROKEN, CHANGES_TRAINING, check_output
+from sftmix.check import BROKEN, CHANGES_TRAINING, CheckReport
 from sftmix.config import MixerConfig, RunOptions
 from sftmix.digest import RUN_REPORT
 from sftmix.errors import CheckFailedError, MixerError
+from sftmix.outcome import SliceOutcome, check_for, run_report
 from sftmix.output_dir import check_output_free, paths_to_protect, refuse_different_output
 from sftmix.plan import Plan
 from sftmix.publish import staging_dir
-from sftmix.report import COMMAND_CLOCK, SUMMARY_LOG, DatasetReport, RunReport
+from sftmix.report import COMMAND_CLOCK, SUMMARY_LOG, RunReport
 from sftmix.report_page import REPORT_PNG, write_report
 from sftmix.roots import check_allowed_roots
 from sftmix.stopping import EXIT_CANCELLED, RunStopped, first_stop, follow_supervisor, our_sigterm
 from sftmix.storage import atomic_write_bytes, is_remote, remove_tree
 from sftmix.templates import template_drift
 from sftmix.tokenizer_facts import tokenizer_facts
-from sftmix.unrendered import counted_lines
 from sftmix.up_to_date import remember_inputs, up_to_date
 from tokenize_mixer.flows.artifacts import publish_artifacts, report_markdown
-from tokenize_mixer.flows.fanout import SliceOutcome, run_slice_specs
+from tokenize_mixer.flows.fanout import run_slice_specs
 from tokenize_mixer.flows.watch import StopCheck, no_retries, report_crashed
 from tokenize_mixer.tasks.assemble import assemble_output
 from tokenize_mixer.tasks.plan import plan_mixer
@@ -182,112 +182,18 @@ def _assemble_and_publish(
         plan.template_source,
         tokenizer_facts(plan.context.tokenizer_key()).chat_template,
     )
-    check = None
-    if run.check != "off" and mixer.output.format == "olmo":
-        # the check follows the writers: one read of each chunk, once written, gives findings and digests
-        check = functools.partial(
-            check_output,
-            staging,
-            plan.mixer.max_seq_length,
-            token_dtype=plan.context.token_dtype,
-            template=drift,
-            documents_file=str(documents),
-            dataset_names=[d.name for d in plan.datasets],
-            # strict refuses an output with findings, unpublished: its document numbers open nothing
-            published=run.check != "strict",
-            unrendered=plan.unrendered,
-            tokenizer_load_note=plan.tokenizer_load_note or "",
-            literal=(
-                plan.context.literal_special_tokens,
-                sum(m.spelled_special_tokens for m in outcome.manifests),
-            ),
-        )
+    check = check_for(plan, run, staging, documents, outcome, drift)
     result = _call(assemble_output, plan, outcome.manifests, staging, documents, check)
     assembled = min(time.perf_counter(), tail_started + result.written_seconds)
     checked = result.checked
     digests, validation = _call(validate_output, staging, run.reference, checked.digests if checked else None)
-    dropped: dict[str, int] = {}
-    for t in result.tallies:
-        for k, v in t.dropped.items():
-            dropped[k] = dropped.get(k, 0) + v
-    report = RunReport(
-        output_dir=mixer.output.path,
-        slices_total=len(plan.slices),
-        slices_computed=outcome.computed,
-        slices_reused=outcome.reused,
-        slices_rechecked=outcome.rechecked,
-        rows_in=sum(t.selected for t in result.tallies),
-        rows_kept=sum(t.kept for t in result.tallies),
-        rows_dropped=dict(sorted(dropped.items())),
-        datasets=[d.name for d in plan.datasets],
-        per_dataset=[
-            DatasetReport(name=t.name, selected=t.selected, kept=t.kept, dropped=dict(t.dropped))
-            for t in result.tallies
-        ],
-        documents=result.documents,
-        untrainable_documents=result.untrainable_documents,
-        rows_kept_by_exact_spans=sum(m.kept_by_exact_spans for m in outcome.manifests),
-        tokens=result.tokens,
-        trainable_tokens=result.trainable_tokens,
-        parts=result.parts,
-        token_dtype=plan.context.token_dtype,
-        wall_seconds=0.0,
-        plan_seconds=plan_seconds,
-        tokenize_seconds=round(outcome.seconds, 3),
-        tokens_per_second=0.0,
-        steady_seconds=outcome.steady_seconds,
-        steady_tokens_per_second=outcome.steady_tokens_per_second,
-        digests=digests,
-        validation=validation,
-        documents_file=result.documents_path,
-        drop_examples=[
-            {"dataset": m.dataset, **example} for m in outcome.manifests for example in m.drop_examples
-        ][:20],
-        warnings=plan.warnings,
-        unrendered=plan.unrendered,
-        unrendered_rows=[
-            line
-            for d in plan.datasets
-            for line in counted_lines(
-                d.name,
-                plan.slices[d.slices[0]].unrendered if d.slices else [],
-                [outcome.manifests[k].unrendered_rows for k in d.slices],
-                sum(outcome.manifests[k].rows for k in d.slices),
-            )
-        ],
-        tokenizer_load=plan.context.tokenizer_load,
-        tokenizer_load_note=plan.tokenizer_load_note,
-        literal_special_tokens=plan.context.literal_special_tokens,
-        rows_spelling_special_tokens=sum(m.spelled_special_tokens for m in outcome.manifests),
-    )
+    report = run_report(plan, outcome, result, digests, validation, plan_seconds)
     report.template_drift = drift
     report.assemble_seconds = round(assembled - tail_started, 3)
     report.verify_seconds = round(time.perf_counter() - assembled, 3)
     if checked is not None:
-        report.check_notes = checked.notes()
-        findings = checked.findings
-        report.check_findings = [asdict(f) for f in findings]
-        log = get_run_logger()
-        for f in findings:  # what follows from the user's settings is information, not a warning
-            level = {BROKEN: logging.ERROR, CHANGES_TRAINING: logging.WARNING}.get(f.severity, logging.INFO)
-            log.log(level, "check %s", f.console_line())
-        serious = checked.serious
-        if serious and run.check == "strict":
-            raise CheckFailedError(
-                f"run.check is strict and the output has {len(serious)} finding(s) that "
-                f"{'break it' if serious[0].severity == BROKEN else 'change training'}: "
-                + "; ".join(f.line() for f in serious)
-                + ". Nothing was published; with --check report (run.check: report) it is, and "
-                "`tokenize-mixer check OUTPUT` lists the same findings",
-                exit_code=checked.exit_code,
-            )
+        _report_findings(report, checked, run)
     report.wall_seconds = round(time.perf_counter() - started, 3)
-    # one throughput everywhere: tokens of the slices computed in this run over the tokenizing time
-    report.tokens_per_second = (
-        round(outcome.computed_tokens / outcome.seconds, 1)
-        if outcome.computed_tokens and outcome.seconds > 0
-        else 0.0
-    )
     if COMMAND_CLOCK.started is not None:  # started by our CLI: the whole command, start-up included
         report.command_seconds = round(time.time() - COMMAND_CLOCK.started, 3)
         began = [m.started_at for m in outcome.manifests if m.started_at >= COMMAND_CLOCK.started]
@@ -313,3 +219,25 @@ def _assemble_and_publish(
         except Exception as exc:
             get_run_logger().warning("could not rewrite report.png: %s: %s", type(exc).__name__, exc)
     return report, result
+
+
+def _report_findings(report: RunReport, checked: CheckReport, run: RunOptions) -> None:
+    """The check's findings into the report and the run's log; under ``run.check: strict`` one that breaks
+    the output or changes training fails the run, nothing published."""
+    report.check_notes = checked.notes()
+    findings = checked.findings
+    report.check_findings = [asdict(f) for f in findings]
+    log = get_run_logger()
+    for f in findings:  # what follows from the user's settings is information, not a warning
+        level = {BROKEN: logging.ERROR, CHANGES_TRAINING: logging.WARNING}.get(f.severity, logging.INFO)
+        log.log(level, "check %s", f.console_line())
+    serious = checked.serious
+    if serious and run.check == "strict":
+        raise CheckFailedError(
+            f"run.check is strict and the output has {len(serious)} finding(s) that "
+            f"{'break it' if serious[0].severity == BROKEN else 'change training'}: "
+            + "; ".join(f.line() for f in serious)
+            + ". Nothing was published; with --check report (run.check: report) it is, and "
+            "`tokenize-mixer check OUTPUT` lists the same findings",
+            exit_code=checked.exit_code,
+        )

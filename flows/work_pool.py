@@ -23,9 +23,9 @@ from prefect.states import Cancelling
 
 from sftmix.config import RunOptions
 from sftmix.errors import ConfigError, SliceFailuresError
+from sftmix.outcome import SliceOutcome
 from sftmix.plan import Plan
 from sftmix.slices import SliceManifest, SliceSpec, push_worker_tokenizer, read_manifest, verify_slices
-from tokenize_mixer.flows.fanout import SliceOutcome
 from tokenize_mixer.flows.pool import run_order
 from tokenize_mixer.flows.watch import StopCheck
 

@@ -123,7 +123,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = _Subcommands(parser.add_subparsers(dest="command", required=True))
+    _convert_parser(sub)
+    _run_parser(sub)
+    _output_parsers(sub)
+    _check_parser(sub)
+    return parser
 
+
+def _convert_parser(sub: _Subcommands) -> None:
+    """``convert``: the reference converter's flags, and ours beside them."""
     conv = sub.add_parser("convert", help="the reference converter's flags, same bytes out")
     _flag(
         conv, "dataset_mixer_list", nargs="+", required=True, metavar="NAME AMOUNT", help="NAME AMOUNT pairs"
@@ -144,6 +152,52 @@ def build_parser() -> argparse.ArgumentParser:
         help="one of the reference's named chat templates (olmo, tulu, zephyr, ...); none, or a name "
         "tokenize-mixer does not know: the tokenizer's own (see --unknown_template)",
     )
+    _flag(
+        conv,
+        "add_bos",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        help="start every document with the tokenizer's bos token, where the template does not",
+    )
+    _flag(
+        conv,
+        "max_seq_length",
+        type=int,
+        help="longest document in tokens: longer chats are truncated, not dropped, as the reference does "
+        "(default: no limit)",
+    )
+    _flag(conv, "num_examples", type=int, default=0, help="keep the first N rows after the shuffle (0: all)")
+    _flag(
+        conv, "shuffle_seed", type=int, default=42, help="seed of the shuffle of the kept rows (default 42)"
+    )
+    _flag(conv, "output_dir", required=True, help="where the shards go: a local directory or gs://...")
+    _flag(
+        conv,
+        "dataset_transform_fn",
+        nargs="+",
+        help="the reference's transform chain: sft_tulu_tokenize_and_truncate_v1 sft_tulu_filter_v1 "
+        "(default), sft_tulu_tokenize_and_truncate_v1 alone (keep rows with no trainable token), or "
+        "last_turn_tulu_tokenize_and_truncate_v1 [sft_tulu_filter_v1] (train on the final turn only)",
+    )
+    _flag(
+        conv,
+        "tokenizer_config_only",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        help="write only OUTPUT_DIR/tokenizer/ (the tokenizer with the chat template) and stop",
+    )
+    for name in CHECKED_REFERENCE_FLAGS:
+        _flag(conv, name, nargs="*", help=argparse.SUPPRESS)
+    _beyond_the_reference(conv)
+    _run_flags(conv)
+
+
+def _beyond_the_reference(conv: argparse.ArgumentParser) -> None:
+    """``convert``'s flags that the reference does not have: where it is unsafe, the better way on request."""
     _flag(
         conv,
         "unknown_template",
@@ -173,27 +227,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _flag(
         conv,
-        "add_bos",
-        type=_bool,
-        nargs="?",
-        const=True,
-        default=False,
-        help="start every document with the tokenizer's bos token, where the template does not",
-    )
-    _flag(
-        conv,
-        "max_seq_length",
-        type=int,
-        help="longest document in tokens: longer chats are truncated, not dropped, as the reference does "
-        "(default: no limit)",
-    )
-    _flag(conv, "num_examples", type=int, default=0, help="keep the first N rows after the shuffle (0: all)")
-    _flag(
-        conv, "shuffle_seed", type=int, default=42, help="seed of the shuffle of the kept rows (default 42)"
-    )
-    _flag(conv, "output_dir", required=True, help="where the shards go: a local directory or gs://...")
-    _flag(
-        conv,
         "encoder",
         choices=["auto", "hf", "fast"],
         default="auto",
@@ -215,27 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="error",
         help="fail on a malformed row (or a .jsonl line that is not a row), naming it, or skip and count it",
     )
-    _flag(
-        conv,
-        "dataset_transform_fn",
-        nargs="+",
-        help="the reference's transform chain: sft_tulu_tokenize_and_truncate_v1 sft_tulu_filter_v1 "
-        "(default), sft_tulu_tokenize_and_truncate_v1 alone (keep rows with no trainable token), or "
-        "last_turn_tulu_tokenize_and_truncate_v1 [sft_tulu_filter_v1] (train on the final turn only)",
-    )
-    _flag(
-        conv,
-        "tokenizer_config_only",
-        type=_bool,
-        nargs="?",
-        const=True,
-        default=False,
-        help="write only OUTPUT_DIR/tokenizer/ (the tokenizer with the chat template) and stop",
-    )
-    for name in CHECKED_REFERENCE_FLAGS:
-        _flag(conv, name, nargs="*", help=argparse.SUPPRESS)
-    _run_flags(conv)
 
+
+def _run_parser(sub: _Subcommands) -> None:
+    """``run`` a mixer config."""
     run = sub.add_parser("run", help="run a mixer config (YAML or JSON)")
     run.add_argument("config", help="a mixer config file, YAML or JSON (see examples/mixer.yaml)")
     _flag(run, "output_dir", help="override the config's output path")
@@ -248,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _run_flags(run)
 
+
+def _output_parsers(sub: _Subcommands) -> None:
+    """``plan``, and the commands that read an output: ``compare``, ``digest``, ``inspect``, ``report``."""
     plan = sub.add_parser("plan", help="print the slices of a mixer config without running")
     plan.add_argument("config", help="a mixer config file, YAML or JSON")
     _plan_flags(plan)
@@ -279,6 +298,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="no colours: trainable text between ⟦ and ⟧ (the default when the output is not a terminal)",
     )
 
+    rep = sub.add_parser(
+        "report", help="write report.png and report.md: lengths, trainable %%, dataset shares"
+    )
+    rep.add_argument("output", help="an output directory")
+    rep.add_argument("-o", "--out", help="directory for the report (default: the output directory)")
+
+
+def _check_parser(sub: _Subcommands) -> None:
+    """``check``: will this output train as expected."""
     chk = sub.add_parser(
         "check",
         help="will this output train as expected: integrity, fit, masks; exit 0 when nothing is broken and "
@@ -308,13 +336,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the diff of a chat template that differs from the tokenizer's own (tokenizer's -> used)",
     )
-
-    rep = sub.add_parser(
-        "report", help="write report.png and report.md: lengths, trainable %%, dataset shares"
-    )
-    rep.add_argument("output", help="an output directory")
-    rep.add_argument("-o", "--out", help="directory for the report (default: the output directory)")
-    return parser
 
 
 class _Subcommands:

@@ -1,0 +1,52 @@
+"""The run's report and the check's options are core objects: made here from a plan, its slices and the
+assembled output, with no Prefect API."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sftmix.assemble import assemble
+from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.digest import output_digests
+from sftmix.outcome import SliceOutcome, check_for, run_report
+from sftmix.plan import build_plan
+from sftmix.slices import tokenize_slice
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def test_a_report_is_made_from_the_plan_the_slices_and_the_output(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    chats = [
+        [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}] for i in range(9)
+    ]
+    chats.append([{"role": "user", "content": "no answer"}])  # nothing to train: dropped and counted
+    rows.write_text("".join(json.dumps({"messages": m}) + "\n" for m in chats))
+    mixer = MixerConfig(
+        datasets=[DatasetEntry(path=str(rows), amount=2.0)],
+        tokenizer=TokenizerSpec(name_or_path=str(GOLDEN / "tokenizers" / "tiny"), chat_template="tulu"),
+        output=OutputSpec(path=str(tmp_path / "out")),
+    )
+    run = RunOptions(work_dir=str(tmp_path / "work"), slice_rows=6)
+    plan = build_plan(mixer, run)
+    manifests = [tokenize_slice(spec, plan.context) for spec in plan.slices]
+    outcome = SliceOutcome.of(manifests, [False] * len(manifests), seconds=1.0)
+    staging, documents = tmp_path / "staging", tmp_path / "documents.bin"
+    staging.mkdir()
+    check = check_for(plan, run, staging, documents, outcome, None)
+    assert (
+        check is not None
+        and check_for(plan, run.model_copy(update={"check": "off"}), staging, documents, outcome, None)
+        is None
+    )
+    result = assemble(plan, manifests, staging, documents, check)
+    report = run_report(plan, outcome, result, output_digests(staging), None, plan_seconds=0.5)
+    assert (report.rows_in, report.rows_kept, report.rows_dropped) == (20, 18, {"no_trainable_tokens": 2})
+    assert (
+        report.slices_total == report.slices_computed == len(plan.slices) == 2 and report.slices_reused == 0
+    )
+    assert report.documents == 18 and report.tokens == result.tokens > report.trainable_tokens > 0
+    assert report.tokens_per_second == round(outcome.computed_tokens / 1.0, 1) > 0
+    assert report.drop_examples and all(e["dataset"] == str(rows) for e in report.drop_examples)
+    assert result.checked is not None and result.checked.exit_code == 0
