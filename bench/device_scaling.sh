@@ -86,7 +86,7 @@ EOF
     "$PY" -c 'import prefect, datasets, pydantic, sftmix, flows, tasks, transformers, tokenizers, psutil'
     echo "== requirements of the carried packages, as this sys.path sees them (informational)"
     echo "   (apprise is left out of .whl on purpose: prefect imports it only to send notifications)"
-    "$PY" bench/check_deps.py prefect datasets pydantic huggingface-hub transformers || true
+    "$PY" tools/check_deps.py prefect datasets pydantic huggingface-hub transformers || true
     "$PY" -m tokenize_mixer.cli --help >/dev/null && echo "== python -m tokenize_mixer.cli: ok"
 
     if [ "${BENCH:-scaling}" = scale ]; then

@@ -35,5 +35,5 @@ load_prefect_collections()
 # What the server imported lives as long as each worker forked from it: moved out of the collector's
 # reach, so that a worker's full collections walk only its own objects (with the imports in reach, each
 # took ~0.1 s, about once per 6,000 ShareGPT rows: 4x ShareGPT tokenized 6% faster without them,
-# bench/results, session 49), and the collector does not write to the pages workers share with it.
+# bench/results/history.md, session 49), and the collector does not write to the pages workers share with it.
 gc.freeze()

@@ -245,86 +245,119 @@ def check_output(
     elif vocab - 1 > np.iinfo(dtype).max:
         result.add("integrity", f"vocabulary of {vocab:,} ids does not fit dtype {dtype.name}", 1, "")
 
+    facts = _read_parts(
+        out,
+        result,
+        digests,
+        dtype=dtype,
+        vocab=vocab,
+        eos=eos,
+        special=special,
+        sequence_length=sequence_length,
+        long_doc_strategy=long_doc_strategy,
+        max_seq_length=max_seq_length,
+        written=written,
+    )
+    fit = OlmoCoreFit(sequence_length, long_doc_strategy) if sequence_length is not None else None
+    whole = _PartFacts(olmo_core=fit)
+    for f in facts:
+        whole.absorb(f)
+    result.olmo_core = whole.olmo_core
+    result.documents, result.tokens, result.trainable_tokens = (
+        whole.documents,
+        whole.tokens,
+        whole.trainable_tokens,
+    )
+    # the run's document map, read once: it names each example's dataset and row, and groups outliers
+    mapped = _document_map(documents_file or report_json.get("documents_file"), result.documents)
+    names = dataset_names or report_json.get("datasets") or []
+    where = _document_namer(mapped, names, published)
+    _integrity_findings(result, whole, report_json.get("digests"))
+    _mask_findings(result, whole, special, where, literal or _literal_of(report_json))
+    _fit_findings_of(result, whole, where, sequence_length, max_seq_length)
+    shares = np.concatenate([f.trainable_share for f in facts]) if facts else np.zeros(0, np.float32)
+    _share_outliers(result, shares, mapped, names, where)
+    for entry in stats.get("per_dataset_statistics", []):
+        tokens = entry.get("final_tokens_in_output") or 0
+        result.per_dataset_trainable_percent[entry["dataset_name"]] = (
+            round(100 * (entry.get("final_trainable_tokens_in_output") or 0) / tokens, 1) if tokens else 0.0
+        )
+    return result
+
+
+def _read_parts(out: Path, result: CheckReport, digests: bool, **options: Any) -> list[_PartFacts]:
+    """Each part's facts (and, with ``digests``, every file's digest into ``result``). Each part is read
+    once, in order, by one thread (its files hashed as they are read); the chunks' checks run on a pool of
+    every core (numpy and hashlib release the GIL)."""
     count = 0
     while (out / TOKENS_PART.format(count)).exists():
         count += 1
-    # Each part is read once, in order, by one thread (its files hashed as they are read); the chunks'
-    # checks run on a pool of every core (numpy and hashlib release the GIL).
     threads = max(1, min(available_cpus(), MAX_PART_THREADS))
     with (
         ThreadPoolExecutor(max_workers=threads, thread_name_prefix="check-chunk") as chunks,
         ThreadPoolExecutor(max_workers=max(1, min(count, threads)), thread_name_prefix="check-part") as pool,
     ):
         check = functools.partial(
-            _check_part,
-            out,
-            dtype=dtype,
-            vocab=vocab,
-            eos=eos,
-            special=special,
-            sequence_length=sequence_length,
-            long_doc_strategy=long_doc_strategy,
-            chunks=chunks if threads > 1 else None,
-            hashed=digests,
-            max_seq_length=max_seq_length,
-            written=written,
+            _check_part, out, chunks=chunks if threads > 1 else None, hashed=digests, **options
         )
         facts = list(pool.map(check, range(count)))
         if digests:
             result.digests = _all_digests(out, facts, pool)
-    uneven, untiled, too_big = [], [], []
-    empty, long_docs, eos_inside = _Documents(), _Documents(), _Documents()
-    no_final_eos, truncated_no_eos = _Documents(), _Documents()
-    special_trained: dict[int, _Documents] = {}  # documents, by special token id
-    if sequence_length is not None:
-        result.olmo_core = OlmoCoreFit(sequence_length, long_doc_strategy)
-    doc_base = 0
-    for f in facts:
-        if result.olmo_core is not None and f.olmo_core is not None:
-            result.olmo_core.merge(f.olmo_core)
-        uneven += f.uneven
-        untiled += f.untiled
-        too_big += f.too_big
-        empty.merge(f.empty, doc_base)
-        long_docs.merge(f.long_docs, doc_base)
-        eos_inside.merge(f.eos_inside, doc_base)
-        no_final_eos.merge(f.no_final_eos, doc_base)
-        truncated_no_eos.merge(f.truncated_no_eos, doc_base)
-        for tok_id, docs in f.special_trained.items():
-            special_trained.setdefault(tok_id, _Documents()).merge(docs, doc_base)
-        result.documents += f.documents
-        result.tokens += f.tokens
-        result.trainable_tokens += f.trainable_tokens
-        doc_base += f.documents
+    return facts
 
-    # the run's document map, read once: it names each example's dataset and row, and groups outliers
-    mapped = _document_map(documents_file or report_json.get("documents_file"), result.documents)
-    names = dataset_names or report_json.get("datasets") or []
-    where = _document_namer(mapped, names, published)
-    result.add("integrity", "parts whose token and mask files differ in length", len(uneven), "parts", uneven)
+
+def _integrity_findings(result: CheckReport, whole: _PartFacts, recorded: Any) -> None:
+    """Parts that do not hold together, and files that are not the ones the run recorded."""
     result.add(
-        "integrity", "parts whose document boundaries do not tile the part", len(untiled), "parts", untiled
+        "integrity",
+        "parts whose token and mask files differ in length",
+        len(whole.uneven),
+        "parts",
+        whole.uneven,
     )
-    result.add("integrity", "token ids beyond the tokenizer's vocabulary", len(too_big), "parts", too_big)
-    recorded = report_json.get("digests")
+    result.add(
+        "integrity",
+        "parts whose document boundaries do not tile the part",
+        len(whole.untiled),
+        "parts",
+        whole.untiled,
+    )
+    result.add(
+        "integrity", "token ids beyond the tokenizer's vocabulary", len(whole.too_big), "parts", whole.too_big
+    )
     if result.digests is not None and isinstance(recorded, dict) and recorded:
         actual = result.digests
         differ = sorted(k for k in recorded if actual.get(k) != recorded[k])
         result.add(
             "integrity", "files whose digest differs from run_report.json", len(differ), "files", differ
         )
-    result.add(
-        "masks",
-        "documents with no trainable token (kept: drop_untrainable is off)",
-        empty.count,
-        "documents",
-        [where(d) for d in empty.examples],
-        INFORMATION,
-    )
-    mode, spelled = literal or (
+
+
+def _literal_of(report_json: dict[str, Any]) -> tuple[str, int]:
+    """How the run read the rows' spelled special tokens, and how many kept rows spell one."""
+    return (
         str(report_json.get("literal_special_tokens") or "keep"),
         int(report_json.get("rows_spelling_special_tokens") or 0),
     )
+
+
+def _mask_findings(
+    result: CheckReport,
+    whole: _PartFacts,
+    special: dict[int, str],
+    where: Callable[[int], str],
+    literal: tuple[str, int],
+) -> None:
+    """Documents with nothing to train on, and special tokens trained inside trainable text."""
+    result.add(
+        "masks",
+        "documents with no trainable token (kept: drop_untrainable is off)",
+        whole.empty.count,
+        "documents",
+        [where(d) for d in whole.empty.examples],
+        INFORMATION,
+    )
+    mode, spelled = literal
     remedy = (
         "; where the rows spell it, literal_special_tokens split reads it as text, drop skips the row"
         if mode == "keep"
@@ -337,7 +370,7 @@ def check_output(
         "rows",
         severity=INFORMATION,
     )
-    for tok_id, docs in sorted(special_trained.items()):
+    for tok_id, docs in sorted(whole.special_trained.items()):
         result.add(
             "masks",
             f"documents that train special token {special.get(tok_id, '?')} (id {tok_id}) inside trainable "
@@ -346,49 +379,54 @@ def check_output(
             "documents",
             [where(d) for d in docs.examples],
         )
+
+
+def _fit_findings_of(
+    result: CheckReport,
+    whole: _PartFacts,
+    where: Callable[[int], str],
+    sequence_length: int | None,
+    max_seq_length: int | None,
+) -> None:
+    """Where the documents' EOS and lengths do not fit what OLMo-core reads (and, with a sequence length,
+    what its datasets would make of them)."""
     result.add(
         "fit",
         "documents with an EOS token before their end",
-        eos_inside.count,
+        whole.eos_inside.count,
         "documents",
-        [where(d) for d in eos_inside.examples],
+        [where(d) for d in whole.eos_inside.examples],
     )
     result.add(
         "fit",
         "documents that do not end with EOS (OLMo-core's default boundaries, by EOS, join each to the next "
         "document)",
-        no_final_eos.count,
+        whole.no_final_eos.count,
         "documents",
-        [where(d) for d in no_final_eos.examples],
+        [where(d) for d in whole.no_final_eos.examples],
     )
     result.add(
         "fit",
         f"documents truncated at max_seq_length {max_seq_length}, their EOS with them (OLMo-core's default "
         "boundaries, by EOS, join each to the next document)",
-        truncated_no_eos.count,
+        whole.truncated_no_eos.count,
         "documents",
-        [where(d) for d in truncated_no_eos.examples],
+        [where(d) for d in whole.truncated_no_eos.examples],
         INFORMATION,
     )
     if sequence_length is not None:
         result.add(
             "fit",
             f"documents longer than sequence length {sequence_length}",
-            long_docs.count,
+            whole.long_docs.count,
             "documents",
-            [where(d) for d in long_docs.examples],
+            [where(d) for d in whole.long_docs.examples],
             INFORMATION,
         )
     if result.olmo_core is not None:
-        _fit_findings(result, result.olmo_core, INFORMATION if not no_final_eos.count else CHANGES_TRAINING)
-    shares = np.concatenate([f.trainable_share for f in facts]) if facts else np.zeros(0, np.float32)
-    _share_outliers(result, shares, mapped, names, where)
-    for entry in stats.get("per_dataset_statistics", []):
-        tokens = entry.get("final_tokens_in_output") or 0
-        result.per_dataset_trainable_percent[entry["dataset_name"]] = (
-            round(100 * (entry.get("final_trainable_tokens_in_output") or 0) / tokens, 1) if tokens else 0.0
+        _fit_findings(
+            result, result.olmo_core, INFORMATION if not whole.no_final_eos.count else CHANGES_TRAINING
         )
-    return result
 
 
 #: Threads that read parts and check their chunks (each holds a few chunks' arrays at a time).
@@ -453,6 +491,22 @@ class _PartFacts:
     trainable_share: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # per document
     digests: dict[str, str] = field(default_factory=dict)  # of the part's files, from the check's read
 
+    def absorb(self, later: _PartFacts) -> None:
+        """A later part's facts, its documents numbered on from this one's."""
+        base = self.documents
+        if self.olmo_core is not None and later.olmo_core is not None:
+            self.olmo_core.merge(later.olmo_core)
+        self.uneven += later.uneven
+        self.untiled += later.untiled
+        self.too_big += later.too_big
+        for name in ("empty", "long_docs", "eos_inside", "no_final_eos", "truncated_no_eos"):
+            getattr(self, name).merge(getattr(later, name), base)
+        for tok_id, docs in later.special_trained.items():
+            self.special_trained.setdefault(tok_id, _Documents()).merge(docs, base)
+        self.documents += later.documents
+        self.tokens += later.tokens
+        self.trainable_tokens += later.trainable_tokens
+
 
 def _check_part(
     out: Path,
@@ -507,7 +561,6 @@ def _check_part(
     chunk = functools.partial(
         _check_chunk, ends=ends, vocab=vocab, eos=eos, special_ids=np.array(sorted(special), np.int64)
     )
-    token_hash, mask_hash = hashlib.sha256(), hashlib.sha256()
     carried = 0
     eos_at: list[np.ndarray] = []  # where OLMo-core's default finds document ends
 
@@ -527,6 +580,35 @@ def _check_part(
         for tok_id, docs in c.special_trained.items():  # a document cut by chunks is one document
             f.special_trained.setdefault(tok_id, _Documents()).add(docs)
 
+    digests = _read_in_chunks(tokens_file, mask_file, dtype, part, n, chunk, add, chunks, written, hashed)
+    f.digests.update(digests)
+    trainable = np.diff(done_trainable, prepend=0)
+    f.trainable_share = (trainable / np.maximum(lengths, 1)).astype(np.float32)
+    f.empty.add(np.flatnonzero(trainable == 0))
+    if sequence_length is not None:
+        f.long_docs.add(np.flatnonzero(lengths > sequence_length))
+    f.trainable_tokens = int(trainable.sum())
+    if sequence_length is not None:
+        f.olmo_core = OlmoCoreFit(sequence_length, long_doc_strategy)
+        f.olmo_core.add_part(starts, ends, n, np.concatenate(eos_at) if eos is not None else None)
+    return f
+
+
+def _read_in_chunks(
+    tokens_file: Path,
+    mask_file: Path,
+    dtype: np.dtype,
+    part: int,
+    n: int,
+    chunk: Callable[..., _ChunkFacts],
+    add: Callable[[_ChunkFacts], None],
+    chunks: ThreadPoolExecutor | None,
+    written: WrittenParts | None,
+    hashed: bool,
+) -> dict[str, str]:
+    """A part's ``n`` tokens and mask bytes read once, in order, in chunks checked by ``chunk`` (on
+    ``chunks``, a few read ahead) and added in order; the two files' digests when ``hashed``."""
+    token_hash, mask_hash = hashlib.sha256(), hashlib.sha256()
     pending: deque[Future[_ChunkFacts]] = deque()
     try:
         for lo in range(0, n, CHUNK):
@@ -551,19 +633,9 @@ def _check_part(
     finally:
         for waiting in pending:
             waiting.cancel()
-    if hashed:
-        f.digests[tokens_file.name] = token_hash.hexdigest()
-        f.digests[mask_file.name] = mask_hash.hexdigest()
-    trainable = np.diff(done_trainable, prepend=0)
-    f.trainable_share = (trainable / np.maximum(lengths, 1)).astype(np.float32)
-    f.empty.add(np.flatnonzero(trainable == 0))
-    if sequence_length is not None:
-        f.long_docs.add(np.flatnonzero(lengths > sequence_length))
-    f.trainable_tokens = int(trainable.sum())
-    if sequence_length is not None:
-        f.olmo_core = OlmoCoreFit(sequence_length, long_doc_strategy)
-        f.olmo_core.add_part(starts, ends, n, np.concatenate(eos_at) if eos is not None else None)
-    return f
+    if not hashed:
+        return {}
+    return {tokens_file.name: token_hash.hexdigest(), mask_file.name: mask_hash.hexdigest()}
 
 
 @dataclass

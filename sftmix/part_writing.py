@@ -337,7 +337,7 @@ class SyncBehind:
     cache what is durable and read, as ``dd oflag=nocache`` does: nothing here reads it again, so its pages
     would only push out the slices and the input (a 22 B-token output is ~110 GB), and the writers reuse
     the pages just freed instead of taking fresh ones (on a VM whose host backs a page only when it is
-    first touched, fresh pages took most of the tail's CPU: bench/results, session 31)."""
+    first touched, fresh pages took most of the tail's CPU: bench/results/history.md, session 31)."""
 
     def __init__(
         self,

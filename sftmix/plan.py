@@ -1217,6 +1217,84 @@ def _prove_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, 
 EarlySlice = Callable[[SliceSpec, TokenizeContext], None]
 
 
+def _context(
+    mixer: MixerConfig,
+    tk: TokenizerKey,
+    template: ResolvedTemplate,
+    dtype: str,
+    work_dir: Path,
+    remote: str | None,
+) -> TokenizeContext:
+    """What every slice of the run shares (the workers' copy of the tokenizer written once, here)."""
+    ctx = TokenizeContext(
+        tokenizer=tk.name_or_path,
+        tokenizer_revision=tk.revision,
+        tokenizer_load=tk.load,
+        tokenizer_file=worker_tokenizer_file(tk, work_dir / "tokenizers"),
+        template_text=template.text,
+        max_seq_length=mixer.max_seq_length,
+        token_dtype=dtype,
+        work_dir=str(work_dir),
+        remote_work_dir=remote,
+        datasets_cache=str(work_dir / "datasets-cache"),
+        on_bad_row=mixer.on_bad_row,
+        mask=mixer.mask,
+        mask_thinking=mixer.mask_thinking,
+        mask_tool_calls=mixer.mask_tool_calls,
+        mask_tool_outputs=mixer.mask_tool_outputs,
+        drop_untrainable=mixer.drop_untrainable,
+        spans=mixer.spans,
+        template_source=template.source,
+        literal_special_tokens=mixer.tokenizer.literal_special_tokens,
+    )
+    if ctx.literal_special_tokens == "split":
+        assert ctx.tokenizer_file is not None
+        ctx.tokenizer_file = save_split_worker_tokenizer(ctx.tokenizer_file, template.text)
+    return ctx
+
+
+def _cut(
+    opened: list[_Opened],
+    run: RunOptions,
+    cutter: _SliceCutter,
+    ctx: TokenizeContext,
+    early: EarlySlice | None,
+    memory: int | None,
+    slice_bytes: int,
+) -> tuple[list[DatasetPlan], list[SliceSpec]]:
+    """Every dataset's slices, numbered in mixer order (a large file's first ones handed on to ``early``
+    while it is read)."""
+    datasets: list[DatasetPlan] = []
+    unfinished, first_index = _Unfinished(), 0
+    for dataset in opened:  # the slices, in mixer order (a large file's start while it is read)
+        selected_total = sum(d.target for d in datasets)
+        hand_on = _HandOn(dataset, first_index, ctx, early, unfinished)
+        count = None
+        if dataset.row_groups is not None:
+            count = _cut_parquet(dataset, run, cutter, ctx, hand_on, selected_total, memory, slice_bytes)
+        elif dataset.plan is None:
+            _cut_streamed(dataset, run, cutter, ctx, hand_on, selected_total, memory, slice_bytes)
+        else:  # (opened before the counts of streamed files before it were known)
+            d = dataset.plan
+            _check_selection(dataset.entry, d.n_rows, d.target, selected_total + d.target, memory)
+            _cut_whole(dataset, run, cutter, slice_bytes)
+        assert dataset.plan is not None
+        for k, spec in enumerate(dataset.specs):
+            if spec.index < 0:  # (a slice not handed on as it was cut)
+                spec.index = first_index + k
+                spec.unrendered = dataset.probes
+        first_index += len(dataset.specs) if count is None else count
+        unfinished.check()
+        datasets.append(dataset.plan)
+    unfinished.finish()
+    slices = [spec for dataset in opened for spec in dataset.specs]
+    assert [spec.index for spec in slices] == list(range(len(slices)))
+    for dataset in opened:
+        assert dataset.plan is not None
+        dataset.plan.slices = [spec.index for spec in dataset.specs]
+    return datasets, slices
+
+
 def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = None) -> Plan:
     """The plan. ``early`` is handed each slice of a large JSON Lines file as soon as it is cut, while the
     plan still reads the rest of the file (the same slices the plan returns)."""
@@ -1232,38 +1310,13 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
         )
     dtype = facts.token_dtype(mixer.output.token_dtype_rule)
     tok_fp = facts.fingerprint
-    ctx = TokenizeContext(
-        tokenizer=tk.name_or_path,
-        tokenizer_revision=tk.revision,
-        tokenizer_load=tk.load,
-        tokenizer_file=worker_tokenizer_file(tk, work_dir / "tokenizers"),
-        template_text=template.text,
-        max_seq_length=mixer.max_seq_length,
-        token_dtype=dtype.name,
-        work_dir=str(work_dir),
-        remote_work_dir=remote,
-        datasets_cache=str(datasets_cache),
-        on_bad_row=mixer.on_bad_row,
-        mask=mixer.mask,
-        mask_thinking=mixer.mask_thinking,
-        mask_tool_calls=mixer.mask_tool_calls,
-        mask_tool_outputs=mixer.mask_tool_outputs,
-        drop_untrainable=mixer.drop_untrainable,
-        spans=mixer.spans,
-        template_source=template.source,
-        literal_special_tokens=mixer.tokenizer.literal_special_tokens,
-    )
-    if ctx.literal_special_tokens == "split":
-        assert ctx.tokenizer_file is not None
-        ctx.tokenizer_file = save_split_worker_tokenizer(ctx.tokenizer_file, template.text)
+    ctx = _context(mixer, tk, template, dtype.name, work_dir, remote)
     shared_key = {
         "format": SLICE_FORMAT_VERSION,
         "tokenizer": tok_fp,
         "template": template.sha256,
         "dtype": dtype.name,
-        **keyed(
-            mixer
-        ),  # the settings a slice's tokens follow from, as each declares (sftmix/byte_settings.py)
+        **keyed(mixer),  # the settings a slice's tokens follow from (sftmix/byte_settings.py)
     }
     # what the rows hold that the template never renders (a field, a role): said before any work
     renderer, reads = ChatRenderer(template.text, facts.special_tokens), what_it_reads(template.text)
@@ -1294,34 +1347,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     ctx.encoder = choose_encoder(mixer.tokenizer, tk, ctx, samples)
     data_bytes = sum(d.nbytes for d in opened)
     slice_bytes = slice_bytes_for(run, data_bytes)
-    datasets: list[DatasetPlan] = []
-    unfinished, first_index = _Unfinished(), 0
-    for dataset in opened:  # the slices, in mixer order (a large file's start while it is read)
-        selected_total = sum(d.target for d in datasets)
-        hand_on = _HandOn(dataset, first_index, ctx, early, unfinished)
-        count = None
-        if dataset.row_groups is not None:
-            count = _cut_parquet(dataset, run, cutter, ctx, hand_on, selected_total, memory, slice_bytes)
-        elif dataset.plan is None:
-            _cut_streamed(dataset, run, cutter, ctx, hand_on, selected_total, memory, slice_bytes)
-        else:  # (opened before the counts of streamed files before it were known)
-            d = dataset.plan
-            _check_selection(dataset.entry, d.n_rows, d.target, selected_total + d.target, memory)
-            _cut_whole(dataset, run, cutter, slice_bytes)
-        assert dataset.plan is not None
-        for k, spec in enumerate(dataset.specs):
-            if spec.index < 0:  # (a slice not handed on as it was cut)
-                spec.index = first_index + k
-                spec.unrendered = dataset.probes
-        first_index += len(dataset.specs) if count is None else count
-        unfinished.check()
-        datasets.append(dataset.plan)
-    unfinished.finish()
-    slices = [spec for dataset in opened for spec in dataset.specs]
-    assert [spec.index for spec in slices] == list(range(len(slices)))
-    for dataset in opened:
-        assert dataset.plan is not None
-        dataset.plan.slices = [spec.index for spec in dataset.specs]
+    datasets, slices = _cut(opened, run, cutter, ctx, early, memory, slice_bytes)
     release_mapped_data(datasets_too=True)  # every row was read to fingerprint it; workers map their own
     jsonl.release()
     parquet.release()

@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -688,12 +688,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
     mask_chunks: list[np.ndarray] = []
     records = np.zeros(len(rows), dtype=ROW_DTYPE)
     records["row"] = rows
-    dropped: Counter[str] = Counter()
-    untrainable: Counter[str] = Counter()  # kept with an all-zero mask (drop_untrainable off)
-    rescued = 0  # kept by exact spans where the reference's rule drops
-    spelled = 0  # kept rows whose text spells a special token (split)
-    holding: Counter[str] = Counter({p: 0 for p in spec.unrendered})  # rows holding what is not rendered
-    examples: list[dict] = []
+    tally = _Tally(holding=Counter({p: 0 for p in spec.unrendered}))
     offset = 0
     for b in range(0, len(rows), ctx.batch_size):
         batch_rows = rows[b : b + ctx.batch_size]
@@ -706,7 +701,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
                 spec.dataset, f"cannot read rows {batch_rows[0]}-{batch_rows[-1]} (0-based): {exc}"
             ) from None
         results = _tokenize_batch(
-            masker, spec, batch_rows, raw, ctx.on_bad_row == "skip", _literal_rule(ctx), holding
+            masker, spec, batch_rows, raw, ctx.on_bad_row == "skip", _literal_rule(ctx), tally.holding
         )
         for j, res in enumerate(results):
             rec = records[b + j]
@@ -714,13 +709,13 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
             rec["length"] = res.ids.shape[0] if kept else 0  # a dropped row's tokens may not all be made
             if not kept:
                 reason = DROP_REASONS[res.status]
-                dropped[reason] += 1
-                if len(examples) < 5:
-                    examples.append({"row": batch_rows[j], "reason": reason, "detail": res.detail})
+                tally.dropped[reason] += 1
+                if len(tally.examples) < 5:
+                    tally.examples.append({"row": batch_rows[j], "reason": reason, "detail": res.detail})
             elif res.status != RowStatus.KEPT:
-                untrainable[DROP_REASONS[res.status]] += 1
-            rescued += int(kept and res.reference_drops)
-            spelled += int(kept and res.spelled)
+                tally.untrainable[DROP_REASONS[res.status]] += 1
+            tally.rescued += int(kept and res.reference_drops)
+            tally.spelled += int(kept and res.spelled)
             rec["status"] = int(RowStatus.KEPT if kept else res.status)
             if kept:
                 check_ids_fit(res.ids, dtype, f"dataset {spec.dataset!r}, {row_label(batch_rows[j])}")
@@ -738,17 +733,48 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
                 logger.debug(
                     "dataset %s row %d dropped: %s (%s)", spec.dataset, batch_rows[j], reason, res.detail
                 )
-    no_trainable = DROP_REASONS[RowStatus.NO_TRAINABLE]
-    if len(rows) >= ALL_ZERO_SLICE_ROWS and dropped[no_trainable] + untrainable[no_trainable] == len(rows):
-        raise TemplateError(
-            f"{spec.describe()}: all {len(rows)} rows have an all-zero label mask with template "
-            f"{ctx.template_source or 'in use'} (mask {ctx.mask}): the template's assistant turns are not "
-            "found in its output, or these rows have none; check the template and the rows' roles"
-        )
+    _refuse_all_zero(spec, ctx, len(rows), tally)
     if spec.parquet is not None:
         parquet.confirm()  # rows decoded batch by batch came from the version the plan read
     tokens = np.concatenate(token_chunks) if token_chunks else np.zeros(0, dtype=dtype)
     mask = np.concatenate(mask_chunks) if mask_chunks else np.zeros(0, dtype=np.uint8)
+    return _checkpoint(spec, ctx, tokens, mask, records, tally, (started, started_at, fallbacks_before))
+
+
+@dataclass
+class _Tally:
+    """What a slice's rows came to besides their tokens, for its manifest."""
+
+    holding: Counter[str]  # rows holding each field or role the template does not render
+    dropped: Counter[str] = field(default_factory=Counter)
+    untrainable: Counter[str] = field(default_factory=Counter)  # kept with an all-zero mask
+    rescued: int = 0  # kept by exact spans where the reference's rule drops
+    spelled: int = 0  # kept rows whose text spells a special token (split)
+    examples: list[dict] = field(default_factory=list)
+
+
+def _refuse_all_zero(spec: SliceSpec, ctx: TokenizeContext, rows: int, tally: _Tally) -> None:
+    """A large slice of which no row has a trainable token points at a broken template."""
+    no_trainable = DROP_REASONS[RowStatus.NO_TRAINABLE]
+    if rows >= ALL_ZERO_SLICE_ROWS and tally.dropped[no_trainable] + tally.untrainable[no_trainable] == rows:
+        raise TemplateError(
+            f"{spec.describe()}: all {rows} rows have an all-zero label mask with template "
+            f"{ctx.template_source or 'in use'} (mask {ctx.mask}): the template's assistant turns are not "
+            "found in its output, or these rows have none; check the template and the rows' roles"
+        )
+
+
+def _checkpoint(
+    spec: SliceSpec,
+    ctx: TokenizeContext,
+    tokens: np.ndarray,
+    mask: np.ndarray,
+    records: np.ndarray,
+    tally: _Tally,
+    times: tuple[float, float, int],
+) -> SliceManifest:
+    """The slice's files, then its manifest (written last: the slice is done when it is)."""
+    started, started_at, fallbacks_before = times
     root = slice_dir(ctx.work_dir, spec.key)
     where = f"cannot write the checkpoint of {spec.describe()} (work directory {ctx.work_dir})"
     with storage_errors(where):
@@ -764,17 +790,17 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
         dataset=spec.dataset,
         row_start=spec.row_start,
         row_end=spec.row_end,
-        rows=len(rows),
+        rows=len(records),
         kept=int(kept.sum()),
         tokens=int(tokens.shape[0]),
         trainable_tokens=int(records["trainable"][kept].sum()),
-        dropped=dict(sorted(dropped.items())),
-        untrainable_kept=dict(sorted(untrainable.items())),
-        kept_by_exact_spans=rescued,
-        spelled_special_tokens=spelled,
-        unrendered_rows=dict(sorted(holding.items())),
-        drop_examples=examples,
-        token_dtype=dtype.name,
+        dropped=dict(sorted(tally.dropped.items())),
+        untrainable_kept=dict(sorted(tally.untrainable.items())),
+        kept_by_exact_spans=tally.rescued,
+        spelled_special_tokens=tally.spelled,
+        unrendered_rows=dict(sorted(tally.holding.items())),
+        drop_examples=tally.examples,
+        token_dtype=tokens.dtype.name,
         files=files,
         seconds=round(time.perf_counter() - started, 3),
         started_at=started_at,

@@ -1,6 +1,6 @@
 """Are the installed requirements of some packages satisfied, as this interpreter's sys.path sees them?
 
-    python bench/check_deps.py prefect datasets pydantic transformers
+    python tools/check_deps.py prefect datasets pydantic transformers
 
 Walks the non-optional ``Requires-Dist`` closure of the named distributions (markers evaluated for this
 interpreter, extras only where a requirement asks for them) and prints every requirement that is missing

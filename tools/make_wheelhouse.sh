@@ -3,7 +3,7 @@
 # their whole dependency tree, at the versions of .venv (pip freeze), minus what the lent machine
 # already has (bench/device_scaling.sh installs them with --target, where they shadow the machine's).
 #
-#     bash bench/make_wheelhouse.sh          # needs PyPI; writes .whl/ and .whl/README.txt
+#     bash tools/make_wheelhouse.sh          # needs PyPI; writes .whl/ and .whl/README.txt
 #
 # Two deliberate differences from .venv:
 #   huggingface-hub 1.33.0 (not 2.x): the machine's transformers 5.17 needs <2.0, datasets 5.2 >=1.31;
@@ -61,7 +61,7 @@ EOF
 dups=$(ls .whl | sed -E 's/-[0-9].*//' | tr 'A-Z-' 'a-z_' | sort | uniq -d)
 [ -z "$dups" ] || { echo "more than one version of: $dups" >&2; exit 1; }
 {
-    echo "Wheels for CPython 3.12 manylinux x86_64, built by bench/make_wheelhouse.sh on $(date -u +%F)."
+    echo "Wheels for CPython 3.12 manylinux x86_64, built by tools/make_wheelhouse.sh on $(date -u +%F)."
     echo "Install: python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl"
     echo "Left out (the lent machine has them): numpy pyarrow pandas torch transformers tokenizers regex safetensors"
     echo "  hf-xet pygments markdown-it-py mdurl psutil requests urllib3 charset-normalizer typer shellingham pyyaml xxhash;"
