@@ -19,7 +19,7 @@ from .errors import DatasetError
 class GrowingFile:
     """File ``temp``, being written, to be renamed ``final`` once whole: how many bytes it holds, and how
     its writing ended. The writer calls :meth:`grew` after each block it has flushed, then :meth:`ended`
-    (after the rename, or with its error); readers follow it with :meth:`opened` and :meth:`wait`."""
+    (after the rename, or after removing the file: :meth:`failing` first); readers follow it with :meth:`opened` and :meth:`wait`."""
 
     def __init__(self, temp: str, final: str) -> None:
         self.temp, self.final = temp, final
@@ -33,13 +33,20 @@ class GrowingFile:
             self._written += nbytes
             self._changed.notify_all()
 
+    def failing(self, error: BaseException) -> None:
+        """A writer about to remove the file says why first, so a reader that finds it gone finds the
+        reason (:meth:`failed`); readers waiting for bytes wake at :meth:`ended`, once it is removed (no
+        error reaches anyone while the writer's temp file is still there)."""
+        with self._changed:
+            if self._error is None and not self._ended:
+                self._error = error
+
     def ended(self, error: BaseException | None = None) -> None:
-        """How the writing ended (the first report counts): a writer that fails says so before it removes
-        the file, so a reader that finds it gone finds the reason (:meth:`failed`)."""
+        """How the writing ended (the first report counts, :meth:`failing`'s included)."""
         with self._changed:
             if self._ended:
                 return
-            self._ended, self._error = True, error
+            self._ended, self._error = True, self._error or error
             self._changed.notify_all()
 
     def wait(self, at: int | None) -> int:

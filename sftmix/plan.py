@@ -1198,7 +1198,7 @@ def _prove_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, 
         if found.splits:
             how += f"; its pre-tokenizer's {len(found.splits)} Splits in sequence, as fastokens runs them"
         logger.info(
-            "encoder: %s, proven the same tokenizer as %s built %s (%s)",
+            "encoder: %s, proven the same tokenizer as %s (%s; %s)",
             encoding.engine,
             tk.name_or_path,
             built_as(tk.load, tokenizer_facts(tk).tokenizer_class),

@@ -542,8 +542,8 @@ def _decompress(
                 _copy_out(src, consumed, dst, growing, making)
                 if version(path) != found:
                     raise DatasetError(path, _CHANGED_WHILE_DECOMPRESSED)
-            except BaseException as exc:  # (told before the temp file is removed: see GrowingFile.ended)
-                growing.ended(_decompress_error(path, exc))
+            except BaseException as exc:  # (told before the temp file is removed: GrowingFile.failing)
+                growing.failing(_decompress_error(path, exc))
                 raise
     except BaseException as exc:
         error = _decompress_error(path, exc)

@@ -195,8 +195,8 @@ def _steps(node: Any) -> str:
 def built_as(load: TokenizerLoad, class_name: str) -> str:
     """How the run's tokenizer was built, for what is said of it (the fast encoder's proof, the plan)."""
     if load == "files":
-        return f"as its files say ({class_name})"
-    return f"as the reference's transformers {REFERENCE_TRANSFORMERS} builds it ({class_name})"
+        return f"{class_name} as its files say"
+    return f"{class_name} as the reference's transformers {REFERENCE_TRANSFORMERS} builds it"
 
 
 def reference_note(name: str, class_name: str, changes: tuple[str, ...], changed: int, sampled: int) -> str:

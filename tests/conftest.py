@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import tiers
 from tests.sharegpt import ensure_golden_sample
 from tests.tokenizer_fixtures import GOLDEN, ensure_dolma2
 
@@ -20,6 +21,29 @@ if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--full",
+        action="store_true",
+        help="every tier, as .ci/run runs it (without it: the quick loop, no test marked slow or full)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    tiers.FULL = bool(config.getoption("--full"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The quick loop leaves tests marked slow or full out, unless tests are named (files, ids) or chosen
+    by ``-m``: then they run whatever their marks."""
+    if tiers.FULL or config.getoption("-m") or config.option.file_or_dir:
+        return
+    left = [item for item in items if any(item.get_closest_marker(m) for m in tiers.FULL_ONLY)]
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = [item for item in items if item not in set(left)]
 
 
 @pytest.fixture(autouse=True, scope="module")

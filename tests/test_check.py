@@ -170,6 +170,7 @@ def test_strict_publishes_what_follows_from_the_users_own_settings(prefect_api, 
     assert main(["check", str(tmp_path / "out")]) == 0
 
 
+@pytest.mark.full  # (the quick loop: tests/tiers.py)
 def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_path, monkeypatch):
     """An output of many parts (256-token parts here) is checked part by part on threads, each read in
     bounded chunks; the findings, their document numbers and the totals are those of checking the parts

@@ -39,6 +39,7 @@ from sftmix.segments import PrefixEncoder
 from sftmix.templates import ChatRenderer, named_template
 from sftmix.tokenizer import boundaries_of
 from tests.test_labels import conversation
+from tests.tiers import examples
 from tests.tokenizer_fixtures import (
     DOLMA2_DIR,
     GOLDEN,
@@ -293,12 +294,21 @@ def assert_same(rust: Tokenizer, fast: FastEncoder, texts: list[str]) -> None:
 ENGINES_QUICK_FIRST = [ENGINES[0], pytest.param(ENGINES[1], marks=pytest.mark.slow)]
 
 
+#: The tokenizers whose random-text run is in the quick loop (byte-level BPE, SentencePiece-style, a
+#: normalizer, a large vocabulary); every one in the full suite.
+QUICK_TOKENIZERS = ("dolma2", "qwen2-nfc", "mistral-v3", "gemma3")
+
+
 @pytest.mark.parametrize("engine", ENGINES_QUICK_FIRST)
-@pytest.mark.parametrize("name", TOKENIZERS)
+@pytest.mark.parametrize(
+    "name", [n if n in QUICK_TOKENIZERS else pytest.param(n, marks=pytest.mark.full) for n in TOKENIZERS]
+)
 def test_same_ids_and_offsets_on_random_text(name, engine):
     rust, fast = encoders(name, engine)
 
-    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @settings(
+        max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck), derandomize=True
+    )
     @given(st.lists(texts_for(rust), min_size=1, max_size=4))
     def check(texts):
         assert_same(rust, fast, texts)
@@ -397,7 +407,7 @@ def test_label_masks_match_on_multi_turn_chats(engine):
     assert rows[0] == rows[1]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     convs=st.lists(conversation, min_size=1, max_size=5),
     name=st.sampled_from(["dolma2", "tiny"]),
@@ -430,7 +440,7 @@ GEMMA3_TURNS = (
 )
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     convs=st.lists(conversation, min_size=1, max_size=5),
     name=st.sampled_from(["deepseek-v3", "gemma3"]),
@@ -662,7 +672,7 @@ def test_sentencepiece_marks_and_offsets_where_the_library_does(name):
         assert_same(rust, fast, ["[INST]😀[/INST]x[INST] y"])
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     convs=st.lists(conversation, min_size=1, max_size=5),
     template=st.sampled_from(["tulu", "zephyr", "simple_concat_with_space"]),
@@ -769,7 +779,7 @@ def test_decode_matches_the_library(name):
     top = rust.get_vocab_size(with_added_tokens=True)
     added = sorted(rust.get_added_tokens_decoder())
 
-    @settings(max_examples=400, deadline=None, derandomize=True)
+    @settings(max_examples=examples(400), deadline=None, derandomize=True)
     @given(st.lists(st.one_of(st.integers(0, min(top, 100_000) - 1), st.sampled_from(added)), max_size=30))
     def check(ids):
         assert fast.decode(ids) == rust.decode(ids, skip_special_tokens=False)

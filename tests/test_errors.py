@@ -415,6 +415,7 @@ def test_a_file_hashed_ahead_gives_every_caller_the_same_hash_or_the_same_error(
         tokenize_slice(plan.slices[0], plan.context)
 
 
+@pytest.mark.full  # (the quick loop: tests/tiers.py)
 def test_a_10_mb_row_is_truncated_not_dropped(tmp_path):
     huge = {
         "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "word " * 2_000_000}]

@@ -14,6 +14,7 @@ from sftmix.labels import RowStatus, assistant_indices
 from sftmix.prefix_renders import PrefixRenders
 from sftmix.templates import NAMED_TEMPLATES, ChatRenderer, named_template
 from tests.test_labels import masker
+from tests.tiers import examples
 
 SPECIALS = {"eos_token": "<|endoftext|>", "bos_token": "<|bos|>"}
 FILLERS = ["", " ", "\n", " padded ", "<think>why</think>", "\n\nmore text."]
@@ -34,7 +35,7 @@ turns = st.lists(
 
 
 @pytest.mark.parametrize("name", NAMED_TEMPLATES)
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(turns=turns)
 def test_exact_spans_start_at_the_content_and_cover_no_other_message(name, turns):
     conv = chat_of(turns)

@@ -46,14 +46,18 @@ def encoders_used(work: Path) -> set[str]:
     return {" ".join(filter(None, (m["encoder"], m.get("fast_engine")))) for m in manifests}
 
 
-#: Variants the quick loop leaves to the full suite (the default engine's goldens run in both).
-SLOW_VARIANTS = {"tiktoken-engine"}
+#: The one variant of each case the quick loop runs (many slices, the fast encoder); the others run in
+#: the full suite (``--full``), the tiktoken engine's as slow.
+QUICK_VARIANT, SLOW_VARIANTS = "slices-of-3", {"tiktoken-engine"}
 
 
-@pytest.mark.parametrize(
-    "variant",
-    [pytest.param(v, marks=pytest.mark.slow) if v in SLOW_VARIANTS else v for v in sorted(VARIANTS)],
-)
+def _variant(name: str) -> object:
+    if name == QUICK_VARIANT:
+        return name
+    return pytest.param(name, marks=pytest.mark.slow if name in SLOW_VARIANTS else pytest.mark.full)
+
+
+@pytest.mark.parametrize("variant", [_variant(v) for v in sorted(VARIANTS)])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_matches_reference(case, variant, golden_dir, prefect_api, tmp_path, monkeypatch):
     monkeypatch.chdir(golden_dir)

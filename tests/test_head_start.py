@@ -55,6 +55,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.full  # (the quick loop: tests/tiers.py)
 def test_the_flow_takes_over_the_head_start_and_counts_its_slices_as_computed(prefect_api, chats, tmp_path):
     mixer, run = _mixer(chats, tmp_path / "out"), _run(tmp_path / "work")
     with head_start.head_start_scope():

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.digest import output_digests
 from sftmix.hf_output import best_fit_decreasing
+from tests.tiers import examples
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -130,7 +131,7 @@ def naive_bfd(lengths: list[int], capacity: int) -> list[list[int]]:
     return [sorted(b) for b in bins]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.integers(1, 64), max_size=80), st.integers(64, 100))
 def test_best_fit_decreasing_matches_the_textbook_rule(lengths, capacity):
     assert best_fit_decreasing(np.array(lengths, dtype=np.int64), capacity) == naive_bfd(lengths, capacity)

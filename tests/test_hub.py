@@ -234,6 +234,7 @@ def _json_repo(root: Path, n: int = 240) -> tuple[Path, list[str]]:
     return root, names
 
 
+@pytest.mark.full  # (the quick loop: tests/tiers.py)
 @pytest.mark.parametrize("kind", ["parquet", "jsonl"])
 def test_a_stop_while_a_hub_file_downloads_ends_the_run_and_a_rerun_gives_the_local_bytes(tmp_path, kind):
     """Ctrl-C while the plan waits for a file that is still downloading (to read its row groups, or to
@@ -321,7 +322,7 @@ def test_a_hub_dataset_an_online_run_read_is_converted_offline_from_the_hub_cach
     ("suffix", "card"),
     [
         (".jsonl", PLAIN_CARD),
-        (".jsonl.gz", PLAIN_CARD),
+        pytest.param(".jsonl.gz", PLAIN_CARD, marks=pytest.mark.full),
         pytest.param(".jsonl", DECLARED_CARD, marks=pytest.mark.slow, id="declared"),
     ],
 )
@@ -511,6 +512,7 @@ def test_a_hub_file_cut_short_is_named(tmp_path, kind):
     assert "Traceback" not in found["stderr"]
 
 
+@pytest.mark.full  # (the quick loop: tests/tiers.py)
 @pytest.mark.parametrize("kind", ["parquet", "jsonl"])
 def test_a_download_the_hub_was_too_busy_for_is_tried_again(tmp_path, kind):
     """The hub answers one file's download with 503 (too busy) once: it is tried again after a line

@@ -301,7 +301,8 @@ def test_a_damaged_compressed_file_is_one_clear_error(tmp_path):
 def test_a_failed_copy_says_why_before_it_is_removed(tmp_path, monkeypatch, fault):
     """A copy that fails (a damaged file, one that changes while it is decompressed) tells its readers why
     before its temp file is removed: a reader that then finds the copy gone, or cut short, is given that
-    reason, not "gone"."""
+    reason, not "gone"; readers waiting for its bytes wake once it is removed (no error reaches anyone
+    while the temp file is still there)."""
     from sftmix import sources
     from sftmix.growing import GrowingFile
 
@@ -320,8 +321,12 @@ def test_a_failed_copy_says_why_before_it_is_removed(tmp_path, monkeypatch, faul
                     fh.write(gzip.compress(b'{"messages": []}\n'))
             super().grew(nbytes)
 
-        def ended(self, error=None) -> None:
+        def failing(self, error: BaseException) -> None:
             told.append((os.path.exists(self.temp), str(error)))
+            super().failing(error)
+
+        def ended(self, error=None) -> None:
+            told.append((os.path.exists(self.temp), f"ended: {error}"))
             super().ended(error)
 
     monkeypatch.setattr(sources, "GrowingFile", Watched)
@@ -330,8 +335,10 @@ def test_a_failed_copy_says_why_before_it_is_removed(tmp_path, monkeypatch, faul
         sources.decompressed_copy(str(packed), str(tmp_path / "cache"))
     ends = [t for t in told if t[1] != "appended"]
     assert ends[0][0] and reason in ends[0][1], told  # (the temp file still there when first told)
+    assert not ends[-1][0] and ends[-1][1].startswith("ended: "), told  # (its waiters woken once it is gone)
     file = GrowingFile(str(tmp_path / "gone.tmp"), str(tmp_path / "gone.jsonl"))
-    file.ended(DatasetError(str(packed), reason))
+    file.failing(DatasetError(str(packed), reason))
+    file.ended()  # (removed: the reason told first stands)
     with pytest.raises(DatasetError, match=reason):  # (the reader's side: gone, and why)
         jsonl.first_batch(file)
 

@@ -17,6 +17,7 @@ from sftmix.tokenizer import (
     segment_boundaries,
     special_tokens,
 )
+from tests.tiers import examples
 from tests.tokenizer_fixtures import GOLDEN, ensure_dolma2
 
 TOKENIZERS = ["tiny", "dolma2"]
@@ -45,7 +46,7 @@ conversation = st.lists(st.tuples(role, text), min_size=1, max_size=12).map(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     convs=st.lists(conversation, min_size=1, max_size=4),
     tokenizer=st.sampled_from(TOKENIZERS),
@@ -60,7 +61,7 @@ def test_prefix_counts_from_the_full_tokenization_are_exact(convs, tokenizer, ma
         assert np.array_equal(a.ids, b.ids) and np.array_equal(a.mask, b.mask)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(convs=st.lists(conversation, min_size=1, max_size=4), template=st.sampled_from(["tulu", "olmo"]))
 def test_mask_never_covers_text_outside_assistant_turns(convs, template):
     m = masker("tiny", template, None, fast=True)

@@ -16,6 +16,7 @@ from sftmix.labels import MaskPolicy, RowStatus, thinking_ranges
 from sftmix.templates import NAMED_TEMPLATES
 from sftmix.tokenizer import TokenizerKey, rust_tokenizer
 from tests.test_labels import GOLDEN, masker
+from tests.tiers import examples
 
 SHAPES = ["plain", "closed", "unopened", "unclosed", "tool"]
 
@@ -57,7 +58,7 @@ CASES = [  # (mask mode, policy, words it takes out, words it must leave trained
 
 
 @pytest.mark.parametrize("name", NAMED_TEMPLATES)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     shapes=st.lists(st.sampled_from(SHAPES), min_size=1, max_size=4),
     case=st.sampled_from(CASES),

@@ -190,6 +190,7 @@ def _race(tmp_path: Path, name: str, contents: list[bytes], overwrite: bool) -> 
     return outcomes
 
 
+@pytest.mark.full  # (the quick loop: tests/tiers.py)
 def test_concurrent_publishes_get_a_one_line_outcome(tmp_path):
     for trial in range(5):
         same = _race(tmp_path, f"same{trial}", [b"\x01", b"\x01"], overwrite=False)

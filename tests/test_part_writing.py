@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from sftmix.part_writing import cached_share, write_slice
 
@@ -64,6 +65,7 @@ def test_a_worker_that_dies_while_writing_leaves_the_same_bytes(prefect_api, tmp
     assert differ == {"dataset_statistics.json"}  # which names the dataset file: another path here
 
 
+@pytest.mark.full  # (the quick loop: tests/tiers.py)
 def test_a_dataset_of_more_slices_than_open_files_allowed_is_assembled(prefect_api, tmp_path):
     """A live memory map holds a file descriptor: the tail maps one slice's row records at a time, so a
     dataset of 300 slices is assembled by a process that may open 60 more files (1,024 is a common limit;

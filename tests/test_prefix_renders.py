@@ -11,6 +11,7 @@ from sftmix.formats import Conversation
 from sftmix.labels import assistant_indices
 from sftmix.prefix_renders import PrefixRenders, SkeletonStore
 from sftmix.templates import NAMED_TEMPLATES, ChatRenderer, named_template
+from tests.tiers import examples
 
 SPECIALS = {"eos_token": "<|endoftext|>", "bos_token": "<|bos|>"}
 
@@ -167,7 +168,7 @@ messages = st.lists(
 
 
 @pytest.mark.parametrize("name", sorted(TEMPLATES))
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(convs=st.lists(messages, min_size=1, max_size=4))
 def test_pasted_prefixes_are_jinjas_bytes(name, convs):
     """Any conversations, any order: one shared cache, and every pasted prefix equals Jinja's."""

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.digest import output_digests
 from sftmix.olmo_format import BOUNDS_PART, MASK_PART, TOKENS_PART
+from tests.tiers import examples
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -66,7 +67,9 @@ def baseline(prefect_api, tmp_path_factory) -> dict[str, str]:
     return output_digests(root / "out")
 
 
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=examples(5), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     slice_rows=st.integers(min_value=1, max_value=300),
     runner=st.sampled_from(["thread", "process"]),

@@ -128,6 +128,7 @@ def test_temporary_api_serves_a_flow():
     assert "OK http://127.0.0.1:" in proc.stdout
 
 
+@pytest.mark.full  # (the quick loop: tests/tiers.py)
 def test_a_server_that_does_not_start_falls_back_to_prefects_own():
     proc = run("broken")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -311,6 +312,7 @@ def test_a_stop_while_the_server_is_launched_leaves_no_private_directory(tmp_pat
     assert _private_dirs(tmp_path) == []
 
 
+@pytest.mark.full  # (the quick loop: tests/tiers.py)
 def test_a_stop_during_the_servers_clean_up_still_removes_its_private_directory(tmp_path):
     """CI's soak (seed 65778): a closed pipe noticed while the temporary API was being cleaned up raised
     the stop in the middle of it, and its private directory stayed. The clean-up now runs whole, and the

@@ -11,6 +11,7 @@ from sftmix.segments import PrefixEncoder, overlap_mask, span_masks
 from sftmix.tokenizer import TokenizerKey, rust_tokenizer, segment_boundaries
 from tests.test_encoders import encoders
 from tests.test_labels import PIECES, TOKENIZERS, conversation, masker
+from tests.tiers import examples
 from tests.tokenizer_fixtures import GOLDEN, ensure_dolma2
 
 #: Pieces that make added tokens meet, overlap and almost match across a cut.
@@ -24,7 +25,7 @@ def _tokenizer(name: str):
     return rust_tokenizer(key), segment_boundaries(key)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     texts=st.lists(st.lists(st.sampled_from(EDGES), max_size=60).map("".join), min_size=1, max_size=5),
     name=st.sampled_from(TOKENIZERS),
@@ -51,7 +52,7 @@ def test_pieces_give_the_whole_texts_tokens(texts, name, want, chars_per_token):
         )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     convs=st.lists(conversation, min_size=1, max_size=6),
     tokenizer=st.sampled_from(TOKENIZERS),
@@ -110,7 +111,7 @@ def test_segments_are_independent_only_without_a_normalizer_or_a_prefix_space():
         assert found.every == ("<x>", "<|end|>")
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     full=st.lists(st.sampled_from(EDGES), max_size=40).map("".join),
     tail=st.lists(st.sampled_from(EDGES), max_size=6).map("".join),
@@ -159,7 +160,7 @@ def _cut_whole(boundaries, text: str, full: str, starts, ends, index) -> tuple[i
     return 0, text
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     texts=st.lists(st.lists(st.sampled_from(EDGES), max_size=60).map("".join), min_size=1, max_size=4),
     name=st.sampled_from(TOKENIZERS),
@@ -191,7 +192,7 @@ def test_the_fast_encoders_pieces_give_the_librarys_offsets_and_decodes(texts, n
             assert decoded is None or decoded == rust.decode(whole.ids[lo:hi], skip_special_tokens=False)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     texts=st.lists(
         st.lists(st.sampled_from(EDGES), min_size=1, max_size=60).map("".join), min_size=1, max_size=4

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from sftmix.errors import TemplateError
 from sftmix.templates import NAMED_TEMPLATES, ChatRenderer, compile_template, named_template, resolve_template
+from tests.tiers import examples
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "templates"
 
@@ -104,7 +105,7 @@ def _outcome(template: Any, messages: list[dict], tools: list | None, prompt: bo
 
 
 @pytest.mark.parametrize("name", NAMED_TEMPLATES)
-@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=list(HealthCheck))
 @given(messages=st.lists(_MESSAGE, max_size=6), tools=_TOOLS, prompt=st.booleans())
 def test_our_templates_render_the_same_without_the_sandbox(name, messages, tools, prompt):
     """The templates we carry render in a plain Jinja environment (the sandbox's checks cost more than

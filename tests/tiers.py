@@ -1,0 +1,16 @@
+"""The suite's two tiers: the quick loop (``pytest -q``: no test marked ``slow`` or ``full``, and fewer
+Hypothesis examples) and every tier (``pytest -q --full``: what ``.ci/run`` runs). Tests named on the
+command line, or chosen by ``-m``, run whatever their marks."""
+
+from __future__ import annotations
+
+#: Set by ``tests/conftest.py`` before any test module is imported: ``--full`` was given.
+FULL = False
+
+#: Markers the quick loop leaves to the full run.
+FULL_ONLY = ("slow", "full")
+
+
+def examples(n: int) -> int:
+    """Hypothesis examples for a property: ``n`` in the full run, a fifth of it (at least 5) in the loop."""
+    return n if FULL else max(5, n // 5)
