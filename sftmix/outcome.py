@@ -9,7 +9,6 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .assemble import AssembleResult
 from .check import CheckReport, check_output
@@ -149,7 +148,7 @@ def _throughput(outcome: SliceOutcome) -> float:
 
 def _unrendered_rows(plan: Plan, manifests: list[SliceManifest]) -> list[str]:
     """Per dataset, the rows holding each field or role the template never renders, counted by its slices."""
-    lines: list[Any] = []
+    lines: list[str] = []
     for d in plan.datasets:
         lines += counted_lines(
             d.name,

@@ -1131,14 +1131,11 @@ def _sample_rows(spec: SliceSpec, datasets_cache: Path, on_bad_row: str) -> list
     return out
 
 
-def _load_note(
-    tk: TokenizerKey, facts: TokenizerFacts, renderer: ChatRenderer, samples: list[Conversation]
-) -> str | None:
+def _load_note(tk: TokenizerKey, facts: TokenizerFacts, texts: list[str]) -> str | None:
     """Where the reference builds the tokenizer otherwise than its own files say and that changes the ids
-    of this run's sample rows: the warning (said once per process), else ``None``."""
+    of this run's sample rows (``texts``, rendered): the warning (said once per process), else ``None``."""
     if not facts.load_changes:
         return None
-    texts = _rendered(renderer, samples)
     changed = ids_changed(tk, texts)
     note = reference_note(tk.name_or_path, facts.tokenizer_class, facts.load_changes, changed, len(texts))
     if note not in _SAID:
@@ -1161,14 +1158,12 @@ def _rendered(renderer: ChatRenderer, samples: list[Conversation]) -> list[str]:
     return texts
 
 
-def choose_encoder(
-    spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, samples: list[Conversation]
-) -> str:
-    """``fast`` where the fast encoder is proven this tokenizer (its analysis, then the run's own sample rows
-    encoded both ways, ids and offsets), else ``hf``; ``encoder: fast`` refuses the run instead."""
+def choose_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, texts: list[str]) -> str:
+    """``fast`` where the fast encoder is proven this tokenizer (its analysis, then the run's own sample rows,
+    ``texts`` rendered, encoded both ways, ids and offsets), else ``hf``; ``encoder: fast`` refuses the run
+    instead."""
     if spec.encoder == "hf":
         return "hf"
-    texts = _rendered(ChatRenderer(ctx.template_text, tokenizer_facts(tk).special_tokens), samples)
     asked = (tk, ctx.tokenizer_file, spec.encoder, _digest(texts))
     if asked not in _ENCODER_CHOSEN:  # the head start and the plan task ask the same question
         _ENCODER_CHOSEN[asked] = _prove_encoder(spec, tk, ctx, texts)
@@ -1342,9 +1337,9 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
             logger.warning(line)
         dataset.samples = sample
         opened.append(dataset)
-    samples = [c for d in opened for c in d.samples]
-    load_note = _load_note(tk, facts, renderer, samples)
-    ctx.encoder = choose_encoder(mixer.tokenizer, tk, ctx, samples)
+    texts = _rendered(renderer, [c for d in opened for c in d.samples])  # the sample rows, rendered once
+    load_note = _load_note(tk, facts, texts)
+    ctx.encoder = choose_encoder(mixer.tokenizer, tk, ctx, texts)
     data_bytes = sum(d.nbytes for d in opened)
     slice_bytes = slice_bytes_for(run, data_bytes)
     datasets, slices = _cut(opened, run, cutter, ctx, early, memory, slice_bytes)

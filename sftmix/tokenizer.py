@@ -150,7 +150,8 @@ def load_changes(key: TokenizerKey) -> tuple[str, ...]:
     except Exception as exc:  # (a file this tokenizers cannot read: the load above would have failed)
         logger.debug("tokenizer %s: cannot read %s: %s", key.name_or_path, path, exc)
         return ()
-    return tuple(pipeline_changes(json.loads(rust_tokenizer(key).to_str()), written))
+    built = json.loads(load_hf_tokenizer(key).backend_tokenizer.to_str())
+    return tuple(pipeline_changes(built, written))
 
 
 def ids_changed(key: TokenizerKey, texts: list[str]) -> int:

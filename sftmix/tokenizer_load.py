@@ -87,6 +87,12 @@ def reference_class(name: str, revision: str | None) -> str | None:
     """The class transformers 5.4.0's ``AutoTokenizer`` builds ``name`` with (its rules for a tokenizer
     that ships no code of its own), or ``None`` where it would run the repository's code (then the
     installed ``AutoTokenizer`` answers, as before)."""
+    tried = _reference_classes(name, revision)
+    return None if tried is None else tried[0]
+
+
+def _reference_classes(name: str, revision: str | None) -> tuple[str, ...] | None:
+    """The classes 5.4.0 tries, in order (a later one where building the one before fails)."""
     tables = reference_tables()
     config = _config_file(name, revision, "config.json") or {}
     tokenizer_config = _config_file(name, revision, "tokenizer_config.json") or {}
@@ -97,13 +103,13 @@ def reference_class(name: str, revision: str | None) -> str | None:
         return None
     mapped = tables["model_types"].get(model_type)
     if named and mapped and mapped.removesuffix("Fast") != named.removesuffix("Fast"):
-        return AS_WRITTEN  # (5.4.0 tries it first and falls back to the named class where it fails)
+        return AS_WRITTEN, _resolved(named.removesuffix("Fast"))  # (the file as it is, else the named class)
     if named:
-        return _resolved(named.removesuffix("Fast"))
+        return (_resolved(named.removesuffix("Fast")),)
     if config.get("tokenizer_class"):
         named = config["tokenizer_class"]
-        return _resolved(named if "PreTrainedTokenizerFast" in named else named.removesuffix("Fast"))
-    return mapped or AS_WRITTEN
+        return (_resolved(named if "PreTrainedTokenizerFast" in named else named.removesuffix("Fast")),)
+    return (mapped or AS_WRITTEN,)
 
 
 def _installed_class(class_name: str) -> Any:
@@ -127,19 +133,16 @@ def load_tokenizer(name: str, revision: str | None, load: TokenizerLoad) -> Any:
 
     if load == "files" and tokenizer_json_path(name, revision) is not None:
         return _installed_class(AS_WRITTEN).from_pretrained(name, revision=revision)
-    chosen = reference_class(name, revision)
-    if chosen is None:
+    tried = _reference_classes(name, revision)
+    if tried is None:
         return AutoTokenizer.from_pretrained(name, revision=revision, use_fast=True)
-    if chosen == AS_WRITTEN and _named_class(name, revision):
+    *first, last = tried
+    for class_name in first:
         try:
-            return _installed_class(AS_WRITTEN).from_pretrained(name, revision=revision)
-        except Exception:  # as 5.4.0 does: the class the config names instead
-            chosen = _resolved(str(_named_class(name, revision)).removesuffix("Fast"))
-    return _installed_class(chosen).from_pretrained(name, revision=revision)
-
-
-def _named_class(name: str, revision: str | None) -> str | None:
-    return (_config_file(name, revision, "tokenizer_config.json") or {}).get("tokenizer_class")
+            return _installed_class(class_name).from_pretrained(name, revision=revision)
+        except Exception:  # as 5.4.0 does: the next class
+            continue
+    return _installed_class(last).from_pretrained(name, revision=revision)
 
 
 def tokenizer_json_path(name: str, revision: str | None) -> str | None:

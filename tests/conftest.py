@@ -43,7 +43,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     left = [item for item in items if any(item.get_closest_marker(m) for m in tiers.FULL_ONLY)]
     if left:
         config.hook.pytest_deselected(items=left)
-        items[:] = [item for item in items if item not in set(left)]
+        out = set(left)
+        items[:] = [item for item in items if item not in out]
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -11,7 +11,7 @@ import pytest
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.errors import TemplateError
 from sftmix.plan import build_plan
-from sftmix.slices import load_slice_arrays, tokenize_slice
+from tests.slice_rows import tokenized_rows
 
 TINY = Path(__file__).parent / "golden" / "tokenizers" / "tiny"
 
@@ -38,15 +38,7 @@ def rows_of(
         output=OutputSpec(path=str(tmp_path / "out")),
     )
     plan = build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work")))
-    out = []
-    for spec in plan.slices:
-        m = tokenize_slice(spec, plan.context)
-        tokens, masks, recs = load_slice_arrays(plan.context.work_dir, m)
-        for r in recs:
-            if r["offset"] >= 0:
-                sl = slice(int(r["offset"]), int(r["offset"] + r["length"]))
-                out.append((np.asarray(tokens[sl]), np.asarray(masks[sl])))
-    return out
+    return [(tokens, mask) for _, tokens, mask in tokenized_rows(plan) if tokens is not None]
 
 
 def decode(ids: np.ndarray) -> str:

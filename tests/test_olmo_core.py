@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
-from tests.venvs import cached_venv
+from tests.venvs import cached_venv, venv_env
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -56,7 +55,7 @@ def test_olmo_core_reads_our_tokens_masks_and_documents(olmo_core_python, prefec
     report = tokenize_mixer(mixer=mixer, run=RunOptions(work_dir=str(tmp_path / "work")))
     dtype = np.dtype(report["token_dtype"])
     tok = AutoTokenizer.from_pretrained(EXAMPLES / "tokenizer")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = venv_env()
     done = subprocess.run(
         [
             str(olmo_core_python), str(READER), str(out), str(tmp_path / "olmo-work"), str(SEQUENCE_LENGTH),
@@ -105,7 +104,7 @@ def olmo_core_counts(python: Path, out: Path, work: Path) -> dict[str, int]:
 
     tok = AutoTokenizer.from_pretrained(EXAMPLES / "tokenizer")
     dtype = json.loads((out / "run_report.json").read_text())["token_dtype"]
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = venv_env()
     done = subprocess.run(
         [
             str(python), str(READER), str(out), str(work), str(SEQUENCE_LENGTH), str(len(tok)),

@@ -10,7 +10,6 @@ changed between datasets 4.5 and 5 read as datasets 4.5.0 reads them (or are ref
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 from collections.abc import Callable
@@ -22,8 +21,8 @@ import pytest
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.labels import DROP_REASONS, RowStatus
 from sftmix.plan import Plan, build_plan
-from sftmix.slices import load_slice_arrays, tokenize_slice
 from sftmix.templates import ChatRenderer, named_template
+from tests.slice_rows import tokenized_rows
 from tests.tokenizer_fixtures import (
     deepseek_v3_dir,
     deepseek_v3_llama_dir,
@@ -36,7 +35,7 @@ from tests.tokenizer_fixtures import (
     qwen3_dir,
     yi_dir,
 )
-from tests.venvs import cached_venv
+from tests.venvs import cached_venv, venv_env
 
 pytestmark = pytest.mark.slow
 
@@ -51,8 +50,7 @@ def reference_python() -> Path:
 
 
 def run_oracle(python: Path, args: list[str], cwd: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(TRANSFORMERS_VERBOSITY="error", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env = venv_env(TRANSFORMERS_VERBOSITY="error", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     done = subprocess.run(
         [str(python), str(ORACLE), *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=900
     )
@@ -265,15 +263,11 @@ def run_ours(
     plan = build_plan(mixer, RunOptions(work_dir=str(tmp_path / f"work-{load}")))
     kept: dict[int, tuple[list[int], list[int]]] = {}
     dropped: dict[int, str] = {}
-    for spec in plan.slices:
-        manifest = tokenize_slice(spec, plan.context)
-        tokens, masks, records = load_slice_arrays(plan.context.work_dir, manifest)
-        for r in records:
-            if r["offset"] >= 0:
-                at = slice(int(r["offset"]), int(r["offset"] + r["length"]))
-                kept[int(r["row"])] = (tokens[at].tolist(), masks[at].astype(int).tolist())
-            else:
-                dropped[int(r["row"])] = DROP_REASONS[RowStatus(int(r["status"]))]
+    for r, tokens, mask in tokenized_rows(plan):
+        if tokens is not None and mask is not None:
+            kept[int(r["row"])] = (tokens.tolist(), mask.astype(int).tolist())
+        else:
+            dropped[int(r["row"])] = DROP_REASONS[RowStatus(int(r["status"]))]
     return kept, dropped, plan
 
 
@@ -489,10 +483,9 @@ def test_json_lines_read_as_datasets_4_5_reads_them(reference_python, tmp_path):
 def test_the_committed_class_tables_are_transformers_5_4s(reference_python, tmp_path):
     """``sftmix/data/reference_tokenizer_classes.json``, which ``load: reference`` chooses classes by, is
     what the locked transformers prints of its own tables."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     done = subprocess.run(
         [str(reference_python), str(ORACLE.parent / "reference_tokenizer_table.py")],
-        capture_output=True, text=True, env={**env, "TRANSFORMERS_VERBOSITY": "error"}, cwd=tmp_path, timeout=300,
+        capture_output=True, text=True, env=venv_env(TRANSFORMERS_VERBOSITY="error"), cwd=tmp_path, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     committed = Path(__file__).parent.parent / "sftmix" / "data" / "reference_tokenizer_classes.json"

@@ -8,17 +8,16 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
 from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.plan import build_plan
-from sftmix.slices import load_slice_arrays, tokenize_slice
 from sftmix.tokenizer import TokenizerKey, load_hf_tokenizer
 from sftmix.tokenizer_facts import tokenizer_facts
 from sftmix.tokenizer_load import reference_class, reference_tables
 from sftmix.up_to_date import mixer_recipe
+from tests.slice_rows import tokenized_rows
 from tests.tokenizer_fixtures import GOLDEN, deepseek_v3_dir, ensure_dolma2
 from tokenize_mixer.cli import build_parser, mixer_from_convert_args
 
@@ -131,15 +130,7 @@ def _rows(tmp_path: Path, n: int = 12) -> Path:
 
 
 def _tokens(plan) -> list[list[int]]:
-    out = []
-    for spec in plan.slices:
-        tokens, _masks, records = load_slice_arrays(plan.context.work_dir, tokenize_slice(spec, plan.context))
-        out += [
-            np.asarray(tokens[int(r["offset"]) : int(r["offset"] + r["length"])]).tolist()
-            for r in records
-            if r["offset"] >= 0
-        ]
-    return out
+    return [tokens.tolist() for _, tokens, _ in tokenized_rows(plan) if tokens is not None]
 
 
 def test_a_plan_warns_before_work_and_load_files_tokenizes_as_the_files_say(tmp_path, caplog):

@@ -3,6 +3,7 @@ the reference's locked transformers), made once with pip and cached."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import venv
 from pathlib import Path
@@ -24,3 +25,10 @@ def cached_venv(name: str, requirements: list[str]) -> Path:
             raise RuntimeError(f"cannot install {requirements}: {done.stderr[-3000:]}")
         marker.write_text("".join(f"{r}\n" for r in requirements))
     return python
+
+
+def venv_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a program of such a virtual environment: without what points it at
+    ours (``PYTHONPATH``, ``VIRTUAL_ENV``), with ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return {**env, **extra}
