@@ -30,12 +30,12 @@ from bench.scaling import prepare_data  # noqa: E402
 def _init() -> None:
     os.environ["RAYON_NUM_THREADS"] = "1"
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    import sftmix.slices  # noqa: F401  (what a flow worker imports: no transformers, no datasets)
+    import sftmix.tokenizing.slices  # noqa: F401  (what a flow worker imports: no transformers, no datasets)
 
 
 def _warm(args: tuple) -> float:
     spec, ctx = args
-    from sftmix.slices import _masker
+    from sftmix.tokenizing.slices import _masker
 
     _masker(ctx)  # loads (and caches) the tokenizer in this worker
     return time.time()
@@ -43,9 +43,9 @@ def _warm(args: tuple) -> float:
 
 def _limit(args: tuple) -> int:
     """The physical limit on the same rows: render each with the template, Rust ``encode_batch``."""
-    from sftmix.formats import conversation_from_row
-    from sftmix.slices import _masker
-    from sftmix.sources import read_rows
+    from sftmix.sources.dataset import read_rows
+    from sftmix.sources.formats import conversation_from_row
+    from sftmix.tokenizing.slices import _masker
 
     spec, ctx = args
     masker = _masker(ctx)
@@ -67,7 +67,7 @@ def _limit(args: tuple) -> int:
 
 
 def _run(args: tuple) -> dict:
-    from sftmix.slices import tokenize_slice
+    from sftmix.tokenizing.slices import tokenize_slice
 
     spec, ctx = args
     m = tokenize_slice(spec, ctx)
@@ -83,8 +83,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/core-scaling"))
     args = ap.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"
-    from sftmix.config import MixerConfig, RunOptions
-    from sftmix.plan import build_plan
+    from sftmix.config.config import MixerConfig, RunOptions
+    from sftmix.planning.plan import build_plan
 
     scratch = Path(tempfile.mkdtemp(prefix="core-scaling-"))
     data = prepare_data(args.data, scratch)

@@ -19,10 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.data import dolma2_dir, sharegpt_chats  # noqa: E402
-from sftmix.formats import Conversation  # noqa: E402
-from sftmix.labels import DROP_REASONS, LabelMasker, RowStatus  # noqa: E402
-from sftmix.templates import ChatRenderer, named_template  # noqa: E402
-from sftmix.tokenizer import (  # noqa: E402
+from sftmix.sources.formats import Conversation  # noqa: E402
+from sftmix.tokenizing.labels import DROP_REASONS, LabelMasker, RowStatus  # noqa: E402
+from sftmix.tokenizing.templates import ChatRenderer, named_template  # noqa: E402
+from sftmix.tokenizing.tokenizer import (  # noqa: E402
     TokenizerKey,
     load_hf_tokenizer,
     rust_tokenizer,

@@ -35,9 +35,9 @@ def main() -> None:
     import jinja2.ext
 
     from bench.data import sharegpt_chats
-    from sftmix.formats import Conversation
-    from sftmix.slices import _cached_masker, worker_encoding
-    from sftmix.templates import named_template
+    from sftmix.sources.formats import Conversation
+    from sftmix.tokenizing.slices import _cached_masker, worker_encoding
+    from sftmix.tokenizing.templates import named_template
 
     encoding = worker_encoding(str(args.tokenizer), None, None, "fast")
     skeletons = tempfile.mkdtemp(prefix="tm-bench-skeletons-")

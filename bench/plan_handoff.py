@@ -25,8 +25,8 @@ def main() -> None:
     ap.add_argument("data", type=Path, nargs="+")
     ap.add_argument("--runs", type=int, default=1)
     args = ap.parse_args()
-    from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
-    from sftmix.plan import build_plan
+    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from sftmix.planning.plan import build_plan
     from tests.tokenizer_fixtures import ensure_dolma2
 
     for run in range(args.runs):

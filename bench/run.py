@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.data import dolma2_dir, llama3_dir, sharegpt_chats, write_jsonl  # noqa: E402
 from bench.memory import PeakMemory  # noqa: E402
-from sftmix.parallel import available_cpus  # noqa: E402
+from sftmix.runtime.parallel import available_cpus  # noqa: E402
 
 # ---- worker functions (module level: spawn-picklable) ----------------------------------------------
 
@@ -46,7 +46,7 @@ def _init_worker(tokenizer: str) -> None:
 
 def _limit_chunk(args: tuple) -> int:
     chats, template = args
-    from sftmix.templates import ChatRenderer
+    from sftmix.tokenizing.templates import ChatRenderer
 
     renderer = ChatRenderer(template, dict(_TOK.special_tokens_map))
     texts = [renderer.render(m, None, False) for m in chats]
@@ -57,7 +57,7 @@ def _init_fast_worker(tokenizer: str) -> None:
     """As :func:`_init_worker`, plus the fast encoder (proved here, before any timing)."""
     _init_worker(tokenizer)
     global _FAST
-    from sftmix.encoders import FastEncoder, analyse
+    from sftmix.tokenizing.encoders import FastEncoder, analyse
 
     rust = _TOK.backend_tokenizer
     _FAST = FastEncoder(rust, analyse(rust.to_str()))
@@ -67,7 +67,7 @@ def _fast_limit_chunk(args: tuple) -> int:
     """The best exact parts: a carried template's plain-Jinja render + the fast encoder's ids (fastokens
     where installed, else tiktoken; no offsets, no masking)."""
     chats, template = args
-    from sftmix.templates import ChatRenderer
+    from sftmix.tokenizing.templates import ChatRenderer
 
     renderer = ChatRenderer(template, dict(_TOK.special_tokens_map))
     texts = [renderer.render(m, None, False) for m in chats]
@@ -168,10 +168,10 @@ def linearity(
 ) -> dict:
     """2-turn and 40-turn chats of the same total size in tokens (ShareGPT messages cut to 600
     characters), best of ``repeats`` on one core: masking throughput must not depend on the turn count."""
-    from sftmix.formats import Conversation
-    from sftmix.labels import LabelMasker
-    from sftmix.templates import ChatRenderer
-    from sftmix.tokenizer import (
+    from sftmix.sources.formats import Conversation
+    from sftmix.tokenizing.labels import LabelMasker
+    from sftmix.tokenizing.templates import ChatRenderer
+    from sftmix.tokenizing.tokenizer import (
         TokenizerKey,
         load_hf_tokenizer,
         rust_tokenizer,
@@ -237,7 +237,7 @@ def main() -> None:
     ap.add_argument("--skip-memory", action="store_true", help="skip the 4x input memory-growth runs")
     args = ap.parse_args()
 
-    from sftmix.templates import named_template
+    from sftmix.tokenizing.templates import named_template
 
     workers = available_cpus()
     tokenizer = str(dolma2_dir() if args.tokenizer == "dolma2" else llama3_dir())

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.run import _fast_limit_chunk, _limit_chunk, _pool_run, run_ours  # noqa: E402
-from sftmix.parallel import available_cpus  # noqa: E402
+from sftmix.runtime.parallel import available_cpus  # noqa: E402
 
 
 def load_chats(data: Path | None) -> list[list[dict]]:
@@ -81,7 +81,7 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    from sftmix.templates import named_template
+    from sftmix.tokenizing.templates import named_template
 
     workers = args.workers or available_cpus()
     if args.tokenizer is None:

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.memory import PeakMemory  # noqa: E402
-from sftmix.parallel import available_cpus  # noqa: E402
+from sftmix.runtime.parallel import available_cpus  # noqa: E402
 
 PACKAGES = (
     "prefect",

@@ -30,12 +30,12 @@ def _mask(rows: int, store: str | None) -> dict:
     from tokenizers import Tokenizer
 
     from bench.data import dolma2_dir, sharegpt_chats
-    from sftmix.encoders import FastEncoder, analyse
-    from sftmix.formats import Conversation
-    from sftmix.labels import LabelMasker
-    from sftmix.prefix_renders import SkeletonStore
-    from sftmix.templates import ChatRenderer, named_template
-    from sftmix.tokenizer import boundaries_of
+    from sftmix.sources.formats import Conversation
+    from sftmix.tokenizing.encoders import FastEncoder, analyse
+    from sftmix.tokenizing.labels import LabelMasker
+    from sftmix.tokenizing.prefix_renders import SkeletonStore
+    from sftmix.tokenizing.templates import ChatRenderer, named_template
+    from sftmix.tokenizing.tokenizer import boundaries_of
 
     specials = {"eos_token": "<|endoftext|>"}
     rust = Tokenizer.from_file(str(dolma2_dir() / "tokenizer.json"))

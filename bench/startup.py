@@ -1,5 +1,5 @@
 """Start-up at users' scale: how long the plan (what runs before the first slice can start) takes on one
-large .jsonl read by batch (sftmix.jsonl), or .parquet read by row group (sftmix.parquet), against
+large .jsonl read by batch (sftmix.sources.jsonl), or .parquet read by row group (sftmix.sources.parquet), against
 datasets' whole-file Arrow conversion, side by side.
 
     python bench/startup.py --copies 40        # all ShareGPT chats 40x, each copy in its own seeded order (~4.8 GB)
@@ -37,8 +37,8 @@ from tests.hub_emulator import declared_card  # noqa: E402
 
 PLAN = """
 import json, sys, time
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
-from sftmix.plan import build_plan
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.planning.plan import build_plan
 data, tokenizer, work = sys.argv[1:4]
 mixer = MixerConfig(
     datasets=[DatasetEntry(path=data, amount=1.0)],

@@ -97,13 +97,13 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    from sftmix.assemble import assemble, global_order
-    from sftmix.check import check_output
-    from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
-    from sftmix.digest import output_digests
-    from sftmix.parallel import available_cpus
-    from sftmix.plan import build_plan
-    from sftmix.slices import read_manifest
+    from sftmix.assembly.assemble import assemble, global_order
+    from sftmix.check.findings import check_output
+    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from sftmix.output.digest import output_digests
+    from sftmix.planning.plan import build_plan
+    from sftmix.runtime.parallel import available_cpus
+    from sftmix.tokenizing.slices import read_manifest
 
     if args.tokenizer is None:
         from tests.tokenizer_fixtures import ensure_dolma2
@@ -115,9 +115,9 @@ def main() -> None:
         max_seq_length=4096,
         output=OutputSpec(path=str(args.work_dir / "bench-tail-out")),
     )
-    import sftmix.assemble
+    import sftmix.assembly.assemble
 
-    sftmix.assemble.ASSEMBLE_BY = args.by
+    sftmix.assembly.assemble.ASSEMBLE_BY = args.by
     results: dict = {"cpus": available_cpus(), "by": args.by or "page cache"}
     print(f"{available_cpus()} CPUs", flush=True)
     if args.memory:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from sftmix.check import Finding
-from sftmix.report import UP_TO_DATE, RunReport
-from sftmix.report_page import collect, markdown, upsampling_text
-from sftmix.storage import is_remote
+from sftmix.check.findings import Finding
+from sftmix.check.report_page import collect, markdown, upsampling_text
+from sftmix.output.report import UP_TO_DATE, RunReport
+from sftmix.runtime.storage import is_remote
 
 
 def dataset_table(report: RunReport, statistics: dict) -> list[dict]:

@@ -20,10 +20,10 @@ from typing import Any
 from prefect import get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from sftmix.config import RunOptions
+from sftmix.assembly.outcome import SliceOutcome
+from sftmix.config.config import RunOptions
 from sftmix.errors import MixerError, SliceFailuresError, WorkerDiedError
-from sftmix.outcome import SliceOutcome
-from sftmix.slices import (
+from sftmix.tokenizing.slices import (
     SliceManifest,
     SliceSpec,
     TokenizeContext,

@@ -27,9 +27,9 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where used: the command enters head_start_scope before the API starts
-    from sftmix.config import MixerConfig, RunOptions
-    from sftmix.plan import EarlySlice, Plan
-    from sftmix.slices import SliceSpec, TokenizeContext
+    from sftmix.config.config import MixerConfig, RunOptions
+    from sftmix.planning.plan import EarlySlice, Plan
+    from sftmix.tokenizing.slices import SliceSpec, TokenizeContext
 
 logger = logging.getLogger(__name__)
 
@@ -125,8 +125,8 @@ def plan_ahead(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     shards) is raised, so that the command refuses before a flow run exists; any other error is left to
     the flow's own plan, which meets it and reports it properly (``None``)."""
     from sftmix.errors import MixerError
-    from sftmix.output_dir import refuse_different_output
-    from sftmix.plan import build_plan
+    from sftmix.output.output_dir import refuse_different_output
+    from sftmix.planning.plan import build_plan
 
     try:
         plan = build_plan(mixer, run, early)
@@ -175,8 +175,8 @@ def early_start(run: RunOptions) -> EarlySlice | None:
     start's pool at once (``None`` where the flow would not use a local process pool)."""
     if not _applies(run):
         return None
-    from sftmix.parallel import available_cpus
-    from sftmix.slices import read_manifest
+    from sftmix.runtime.parallel import available_cpus
+    from sftmix.tokenizing.slices import read_manifest
 
     workers = run.workers or available_cpus()
     if not (run.runner == "process" or workers > 1):

@@ -26,10 +26,10 @@ from typing import Any
 from prefect.settings import get_current_settings
 from prefect.task_runners import ProcessPoolTaskRunner
 
-from sftmix.config import RunOptions
-from sftmix.parallel import available_cpus
-from sftmix.processes import start_resource_tracker, stop_signals_blocked
-from sftmix.slices import SliceManifest, SliceSpec, TokenizeContext, read_manifest
+from sftmix.config.config import RunOptions
+from sftmix.runtime.parallel import available_cpus
+from sftmix.runtime.processes import start_resource_tracker, stop_signals_blocked
+from sftmix.tokenizing.slices import SliceManifest, SliceSpec, TokenizeContext, read_manifest
 
 from .worker_start import start_method
 

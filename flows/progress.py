@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sftmix import settings
-from sftmix.report import duration_text
+from sftmix.runtime import settings
+from sftmix.runtime.read_progress import duration_text
 
 if TYPE_CHECKING:
-    from sftmix.slices import SliceSpec
+    from sftmix.tokenizing.slices import SliceSpec
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class Board:
             self.generation += 1
 
     def _watch(self, generation: int, specs: list[SliceSpec]) -> None:
-        from sftmix.slices import read_manifest, slice_dir
+        from sftmix.tokenizing.slices import read_manifest, slice_dir
 
         todo = {s.index: s for s in specs}
         earlier: dict[int, tuple[int, int]] = {}  # index -> (inode, mtime) of an earlier run's manifest

@@ -38,10 +38,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
-from sftmix.ownership import leased, remove_abandoned
-from sftmix.processes import die_with_parent_preexec
-from sftmix.redaction import add_secret
-from sftmix.stopping import (
+from sftmix.runtime.ownership import leased, remove_abandoned
+from sftmix.runtime.processes import die_with_parent_preexec
+from sftmix.runtime.redaction import add_secret
+from sftmix.runtime.stopping import (
     EXIT_API_LOST,
     RunStopped,
     exit_now,
@@ -49,7 +49,7 @@ from sftmix.stopping import (
     record_stop,
     stops_held,
 )
-from sftmix.storage import temp_name
+from sftmix.runtime.storage import temp_name
 
 logger = logging.getLogger(__name__)
 

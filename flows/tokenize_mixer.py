@@ -18,22 +18,23 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.states import Cancelled, Failed
 from pydantic import Field
 
-from sftmix.check import BROKEN, CHANGES_TRAINING, CheckReport
-from sftmix.config import MixerConfig, RunOptions
-from sftmix.digest import RUN_REPORT
+from sftmix.assembly.outcome import SliceOutcome, check_for, run_report
+from sftmix.assembly.up_to_date import remember_inputs, up_to_date
+from sftmix.check.findings import BROKEN, CHANGES_TRAINING, CheckReport
+from sftmix.check.report_page import REPORT_PNG, write_report
+from sftmix.config.config import MixerConfig, RunOptions
 from sftmix.errors import CheckFailedError, MixerError
-from sftmix.outcome import SliceOutcome, check_for, run_report
-from sftmix.output_dir import check_output_free, paths_to_protect, refuse_different_output
-from sftmix.plan import Plan
-from sftmix.publish import staging_dir
-from sftmix.report import COMMAND_CLOCK, SUMMARY_LOG, RunReport
-from sftmix.report_page import REPORT_PNG, write_report
-from sftmix.roots import check_allowed_roots
-from sftmix.stopping import EXIT_CANCELLED, RunStopped, first_stop, follow_supervisor, our_sigterm
-from sftmix.storage import atomic_write_bytes, is_remote, remove_tree
-from sftmix.templates import template_drift
-from sftmix.tokenizer_facts import tokenizer_facts
-from sftmix.up_to_date import remember_inputs, up_to_date
+from sftmix.output.digest import RUN_REPORT
+from sftmix.output.output_dir import check_output_free, paths_to_protect, refuse_different_output
+from sftmix.output.publish import staging_dir
+from sftmix.output.report import COMMAND_CLOCK, RunReport
+from sftmix.planning.plan import Plan
+from sftmix.planning.roots import check_allowed_roots
+from sftmix.runtime.console import SUMMARY_LOG
+from sftmix.runtime.stopping import EXIT_CANCELLED, RunStopped, first_stop, follow_supervisor, our_sigterm
+from sftmix.runtime.storage import atomic_write_bytes, is_remote, remove_tree
+from sftmix.tokenizing.templates import template_drift
+from sftmix.tokenizing.tokenizer_facts import tokenizer_facts
 from tokenize_mixer.flows.artifacts import publish_artifacts, report_markdown
 from tokenize_mixer.flows.fanout import run_slice_specs
 from tokenize_mixer.flows.watch import StopCheck, no_retries, report_crashed

@@ -10,11 +10,11 @@ import os
 from prefect import flow
 from prefect.states import Cancelled, Failed
 
-from sftmix.config import RunOptions
+from sftmix.config.config import RunOptions
 from sftmix.errors import MixerError
-from sftmix.roots import check_slices_allowed
-from sftmix.slices import SliceSpec, TokenizeContext, context_here
-from sftmix.stopping import EXIT_CANCELLED, RunStopped, follow_supervisor
+from sftmix.planning.roots import check_slices_allowed
+from sftmix.runtime.stopping import EXIT_CANCELLED, RunStopped, follow_supervisor
+from sftmix.tokenizing.slices import SliceSpec, TokenizeContext, context_here
 from tokenize_mixer.flows.fanout import run_slice_specs
 from tokenize_mixer.flows.watch import report_crashed
 

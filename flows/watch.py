@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.context import FlowRunContext
 
-from sftmix.stopping import EXIT_API_LOST, EXIT_CANCELLED, RunStopped, look_for_stop, record_stop
+from sftmix.runtime.stopping import EXIT_API_LOST, EXIT_CANCELLED, RunStopped, look_for_stop, record_stop
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,9 @@ class StopCheck:
         return max(0.05, min(self.every, self._api_ok_at + self.grace + 0.05 - time.monotonic()))
 
     def check(self, force: bool = False) -> None:
-        stop = look_for_stop()  # recorded by a thread that noticed it, or noticed now (sftmix.stopping)
+        stop = (
+            look_for_stop()
+        )  # recorded by a thread that noticed it, or noticed now (sftmix.runtime.stopping)
         if stop is not None:
             raise stop
         now = time.monotonic()

@@ -2,7 +2,7 @@
 deployment, to whichever machines' Prefect workers serve its work pool.
 
 Why deployment runs and not Prefect task workers: a flow run started by a worker is watched (a worker
-that dies takes the run down with it: the run ends Crashed in seconds, see ``sftmix.stopping``), it
+that dies takes the run down with it: the run ends Crashed in seconds, see ``sftmix.runtime.stopping``), it
 scales with the pool's infrastructure (processes, Kubernetes jobs), and it is visible in the UI as a
 child of this run. A background task run whose task worker dies stays Running for good.
 
@@ -21,11 +21,17 @@ from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
 from prefect.states import Cancelling
 
-from sftmix.config import RunOptions
+from sftmix.assembly.outcome import SliceOutcome
+from sftmix.config.config import RunOptions
 from sftmix.errors import ConfigError, SliceFailuresError
-from sftmix.outcome import SliceOutcome
-from sftmix.plan import Plan
-from sftmix.slices import SliceManifest, SliceSpec, push_worker_tokenizer, read_manifest, verify_slices
+from sftmix.planning.plan import Plan
+from sftmix.tokenizing.slices import (
+    SliceManifest,
+    SliceSpec,
+    push_worker_tokenizer,
+    read_manifest,
+    verify_slices,
+)
 from tokenize_mixer.flows.pool import run_order
 from tokenize_mixer.flows.watch import StopCheck
 

@@ -7,7 +7,7 @@ slices: Prefect's task engine, the installed Prefect collections (Prefect import
 when a worker rebuilds the task's result storage: with prefect-dask that is all of Dask, 0.4 s), the
 tokenizers library, pyarrow, and the flow's modules (the task's functions are pickled from them).
 Not transformers or datasets (the command imports them only for a tokenizer or a file it has not
-seen before: :mod:`sftmix.tokenizer_facts`): a worker reads the plan's Arrow files and the plan's
+seen before: :mod:`sftmix.tokenizing.tokenizer_facts`): a worker reads the plan's Arrow files and the plan's
 tokenizer file, and importing the two cost the server 1.2-1.5 s of CPU, competing with the API's start
 on a small machine. ``flows.worker_start`` adds datasets for a mixer that names a
 dataset the plan may not convert. Also imported: what the command's module imports, since each worker
@@ -22,10 +22,10 @@ import pyarrow  # noqa: F401
 import tokenizers  # noqa: F401
 from prefect.plugins import load_prefect_collections
 
-import sftmix.config  # noqa: F401
-import sftmix.reference_flags  # noqa: F401
-import sftmix.report  # noqa: F401
-import sftmix.selection  # noqa: F401
+import sftmix.config.config  # noqa: F401
+import sftmix.config.reference_flags  # noqa: F401
+import sftmix.config.selection  # noqa: F401
+import sftmix.output.report  # noqa: F401
 import tokenize_mixer.flows.pool  # noqa: F401
 import tokenize_mixer.flows.tokenize_mixer  # noqa: F401
 import tokenize_mixer.tasks.tokenize  # noqa: F401

@@ -17,12 +17,12 @@ import multiprocessing.forkserver
 import os
 from typing import TYPE_CHECKING
 
-from sftmix import settings
-from sftmix.parallel import available_cpus
-from sftmix.processes import start_resource_tracker, stop_signals_blocked
+from sftmix.runtime import settings
+from sftmix.runtime.parallel import available_cpus
+from sftmix.runtime.processes import start_resource_tracker, stop_signals_blocked
 
 if TYPE_CHECKING:
-    from sftmix.config import MixerConfig, RunOptions
+    from sftmix.config.config import MixerConfig, RunOptions
 
 #: What the fork server imports for its workers: what a worker needs before its first slice.
 WORKER_PRELOAD = ["tokenize_mixer.flows.worker_preload"]

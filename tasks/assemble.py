@@ -6,10 +6,10 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from sftmix.assemble import AssembleResult, assemble
-from sftmix.check import CheckReport
-from sftmix.plan import Plan
-from sftmix.slices import SliceManifest
+from sftmix.assembly.assemble import AssembleResult, assemble
+from sftmix.check.findings import CheckReport
+from sftmix.planning.plan import Plan
+from sftmix.tokenizing.slices import SliceManifest
 from tokenize_mixer.tasks import fail_cleanly
 
 

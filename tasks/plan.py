@@ -10,9 +10,9 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from sftmix import settings
-from sftmix.config import MixerConfig, RunOptions
-from sftmix.plan import Plan, build_plan
+from sftmix.config.config import MixerConfig, RunOptions
+from sftmix.planning.plan import Plan, build_plan
+from sftmix.runtime import settings
 from tokenize_mixer.tasks import fail_cleanly
 
 

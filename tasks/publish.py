@@ -5,7 +5,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from sftmix.publish import UNCHECKED, publish
+from sftmix.output.publish import UNCHECKED, publish
 from tokenize_mixer.tasks import fail_cleanly
 
 

@@ -15,12 +15,12 @@ from prefect.context import TaskRunContext
 from prefect.filesystems import RemoteFileSystem
 from prefect.states import State
 
-from sftmix.console import configure_worker_console
 from sftmix.errors import MixerError
-from sftmix.pipes import silence_closed_pipes
-from sftmix.processes import follow_parent, ignore_stop_signals
-from sftmix.slices import SliceSpec, TokenizeContext, tokenize_slice
-from sftmix.storage import join_url
+from sftmix.runtime.console import configure_worker_console
+from sftmix.runtime.pipes import silence_closed_pipes
+from sftmix.runtime.processes import follow_parent, ignore_stop_signals
+from sftmix.runtime.storage import join_url
+from sftmix.tokenizing.slices import SliceSpec, TokenizeContext, tokenize_slice
 from tokenize_mixer.tasks import fail_cleanly
 
 

@@ -5,9 +5,9 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from sftmix.digest import compare, output_digests
 from sftmix.errors import ChecksumError
-from sftmix.report import Validation
+from sftmix.output.digest import compare, output_digests
+from sftmix.output.report import Validation
 from tokenize_mixer.tasks import fail_cleanly
 
 

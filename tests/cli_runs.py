@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sftmix.digest import compare
+from sftmix.output.digest import compare
 
 ROOT = Path(__file__).parent.parent
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from sftmix.plan import Plan
-from sftmix.slices import load_slice_arrays, tokenize_slice
+from sftmix.planning.plan import Plan
+from sftmix.tokenizing.slices import load_slice_arrays, tokenize_slice
 
 
 def tokenized_rows(plan: Plan) -> Iterator[tuple[Any, np.ndarray | None, np.ndarray | None]]:

@@ -36,11 +36,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from sftmix import settings
-from sftmix.assemble import PROCESSES_FROM_ENV
-from sftmix.digest import compare
-from sftmix.jsonl import BATCH_BYTES
-from sftmix.output_dir import output_id
+from sftmix.assembly.assemble import PROCESSES_FROM_ENV
+from sftmix.output.digest import compare
+from sftmix.output.output_dir import output_id
+from sftmix.runtime import settings
+from sftmix.sources.jsonl import BATCH_BYTES
 from tests.cli_runs import left_in_shm, semaphores
 from tests.hub_emulator import DECLARED_CARD, LOADED_CARD, PLAIN_CARD, HubEmulator
 from tokenize_mixer.flows.runtime import PRIVATE_DIR_PREFIX
@@ -164,7 +164,7 @@ GCS_GZIP = "gs://soak/chats.jsonl.gz"
 #: sigint-hub's datasets, one drawn a trial: the Parquet copy's row groups in files of a hub dataset on a
 #: hub emulator, or the soak's JSON Lines rows in files of another, plain, gzipped, with a card that
 #: declares their features, or with one that names an encoding (the ``datasets`` library loads those:
-#: ``sftmix.sources._fetch_first``) (its own hub cache each trial, so they download during the run), each
+#: ``sftmix.sources.dataset._fetch_first``) (its own hub cache each trial, so they download during the run), each
 #: answer sent at a link's speed.
 HUB_DATASET = "soak/chats"
 HUB_JSON_DATASET = "soak/chats-jsonl"
@@ -181,7 +181,7 @@ HUB_KINDS = {
 HUB_FILES = 4
 HUB_RATE = 2e6
 #: The share of sigint-hub trials in which the hub is too busy (503) for one file's download once: the
-#: run tries it again (``sftmix.downloads.RETRY_SECONDS``), and a stop may land while it waits to.
+#: run tries it again (``sftmix.sources.downloads.RETRY_SECONDS``), and a stop may land while it waits to.
 HUB_BUSY = 0.4
 #: Seconds from the command's start within which sigint-hub draws most of its moments: its downloads.
 HUB_WINDOW = 4.0
@@ -217,7 +217,7 @@ class Mixture:
 #: Rows a row group of the soak's Parquet copy (8,000 rows: 16 row groups, about 1 MiB each).
 PARQUET_GROUP_ROWS = 500
 #: Half of change-parquet's trials read every row group batch by batch, as only a large one is (and, cut
-#: into several slices, decode each once into a spill: sftmix.spill), and so do half of sigint-hub's of
+#: into several slices, decode each once into a spill: sftmix.sources.spill), and so do half of sigint-hub's of
 #: its Parquet dataset.
 PARQUET_STREAMED_BYTES = 1 << 16
 
@@ -897,7 +897,7 @@ class Stack:
     POOL = "tokenize-mixer-soak"
 
     def __init__(self, reaper: Reaper, root: Path) -> None:
-        from sftmix.roots import ENV as ALLOWED_ROOTS
+        from sftmix.planning.roots import ENV as ALLOWED_ROOTS
         from tests.ports import free_port
 
         self.reaper = reaper

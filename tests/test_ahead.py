@@ -1,4 +1,4 @@
-"""sftmix.ahead: an iterator read on a thread of its own, as the batch scan and the Parquet spill use it."""
+"""sftmix.runtime.ahead: an iterator read on a thread of its own, as the batch scan and the Parquet spill use it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sftmix.ahead import ahead
+from sftmix.runtime.ahead import ahead
 
 
 def _wait_for(condition, seconds: float = 10.0) -> None:

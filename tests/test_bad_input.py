@@ -22,13 +22,13 @@ import pyarrow.parquet as pq
 import pytest
 
 import sftmix.errors
-import sftmix.plan
-import sftmix.sources
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+import sftmix.planning.plan
+import sftmix.sources.dataset
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.selection import ASSEMBLE_BYTES_PER_ROW, MAX_SELECTED_ROWS
 from sftmix.errors import BadRowError, DatasetError
-from sftmix.plan import build_plan
-from sftmix.selection import ASSEMBLE_BYTES_PER_ROW, MAX_SELECTED_ROWS
-from sftmix.slices import load_slice_arrays, tokenize_slice
+from sftmix.planning.plan import build_plan
+from sftmix.tokenizing.slices import load_slice_arrays, tokenize_slice
 from tokenize_mixer.cli import main
 
 TINY = Path(__file__).parent / "golden" / "tokenizers" / "tiny"
@@ -217,7 +217,7 @@ COMPRESSORS = {
 
 
 def test_compressed_json_gives_the_tokens_of_the_plain_file(here):
-    """Decompressed to a copy that is read by batch as the plain file is (sftmix.jsonl): the same tokens
+    """Decompressed to a copy that is read by batch as the plain file is (sftmix.sources.jsonl): the same tokens
     and masks, and the same checkpoints (the same rows, the same keys) for every codec and the plain
     file."""
     plain = write_jsonl(here / "d.jsonl", ROWS)
@@ -253,9 +253,9 @@ def test_invalid_utf8_inside_a_compressed_file_names_the_line(here):
 
 
 def test_zstd_without_its_package_is_refused_by_name(here, capsys, monkeypatch):
-    real = sftmix.sources.importlib.util.find_spec
+    real = sftmix.sources.dataset.importlib.util.find_spec
     monkeypatch.setattr(
-        sftmix.sources.importlib.util,
+        sftmix.sources.dataset.importlib.util,
         "find_spec",
         lambda name, *a: None if name == "zstandard" else real(name, *a),
     )
@@ -327,7 +327,7 @@ def test_an_absurd_amount_is_refused_before_allocating(here, capsys, amount, sel
 
 
 def test_the_bound_counts_the_whole_mixer(here, capsys, monkeypatch):
-    monkeypatch.setattr(sftmix.plan, "memory_limit", lambda: None)  # the fixed bound alone
+    monkeypatch.setattr(sftmix.planning.plan, "memory_limit", lambda: None)  # the fixed bound alone
     write_jsonl(here / "a.jsonl", ROWS)
     write_jsonl(here / "b.jsonl", ROWS)
     line = one_error_line(*plan_cli(here, capsys, ("a.jsonl", 2**30), ("b.jsonl", 2**30))[::2])
@@ -338,7 +338,7 @@ def test_the_bound_counts_the_whole_mixer(here, capsys, monkeypatch):
 
 
 def test_a_selection_that_cannot_be_assembled_in_memory_is_refused(here, capsys, monkeypatch):
-    monkeypatch.setattr(sftmix.plan, "memory_limit", lambda: 2**30)
+    monkeypatch.setattr(sftmix.planning.plan, "memory_limit", lambda: 2**30)
     write_jsonl(here / "d.jsonl", ROWS)
     rows = 2**30 // ASSEMBLE_BYTES_PER_ROW + 1
     line = one_error_line(*plan_cli(here, capsys, ("d.jsonl", rows))[::2])
@@ -402,9 +402,9 @@ def test_a_hub_shaped_name_with_no_hub_says_both_at_once(tmp_path, monkeypatch):
     """`examples/tokenizer` run from another directory: not a local directory here, and (as on this
     offline machine, or with HF_ENDPOINT pointing nowhere) no hub to ask: one line at once, not a
     minute of retries."""
-    from sftmix import hub
     from sftmix.errors import ConfigError
-    from sftmix.tokenizer import TokenizerKey, load_hf_tokenizer
+    from sftmix.sources import hub
+    from sftmix.tokenizing.tokenizer import TokenizerKey, load_hf_tokenizer
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -425,8 +425,8 @@ def test_a_hub_shaped_name_with_no_hub_says_both_at_once(tmp_path, monkeypatch):
 
 def test_a_hub_dataset_name_with_no_hub_is_named_once(tmp_path, monkeypatch):
     """The dataset's error names it once: ``dataset 'x': is not a local directory ...``."""
-    from sftmix import hub
-    from sftmix.sources import describe
+    from sftmix.sources import hub
+    from sftmix.sources.dataset import describe
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -454,7 +454,7 @@ def test_a_hub_dataset_name_with_no_hub_is_named_once(tmp_path, monkeypatch):
 def test_the_commands_first_check_says_what_the_plan_would_say(tmp_path, monkeypatch, change):
     """``check_inputs`` (before the command starts a Prefect API) refuses what the plan refuses, in the
     same words: the same code says it."""
-    from sftmix.plan import check_inputs
+    from sftmix.planning.plan import check_inputs
 
     monkeypatch.chdir(tmp_path)
     examples = Path(__file__).parent.parent / "examples"

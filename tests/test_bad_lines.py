@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from sftmix import jsonl
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.errors import BadLineError
-from sftmix.plan import build_plan
-from sftmix.slices import tokenize_slice
+from sftmix.planning.plan import build_plan
+from sftmix.sources import jsonl
+from sftmix.tokenizing.slices import tokenize_slice
 from tests.test_bad_input import TINY, here, one_error_line, plan_cli  # noqa: F401 (here: a fixture)
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}

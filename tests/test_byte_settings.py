@@ -1,4 +1,4 @@
-"""Each setting declares how it reaches the output's bytes (sftmix/byte_settings.py); the recipe and the
+"""Each setting declares how it reaches the output's bytes (sftmix/config/byte_settings.py); the recipe and the
 slices' keys derive from the declarations, as they were before the declarations (existing outputs stay up
 to date and existing slices are reused), and an option added with a declaration recomputes its slices."""
 
@@ -12,9 +12,9 @@ from typing import Annotated, Any
 import pytest
 from pydantic import BaseModel, Field
 
-from sftmix.byte_settings import ChangesBytes, declaration, keyed, recorded
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
-from sftmix.plan import build_plan
+from sftmix.config.byte_settings import ChangesBytes, declaration, keyed, recorded
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.planning.plan import build_plan
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sftmix.check import check_output
-from sftmix.config import MixerConfig, RunOptions
+from sftmix.check.findings import check_output
+from sftmix.config.config import MixerConfig, RunOptions
 from tokenize_mixer.cli import main
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
@@ -111,7 +111,7 @@ def test_the_flow_checks_before_publishing(prefect_api, tmp_path):
     naming the first finding, and nothing is published."""
     from prefect.states import State
 
-    from sftmix.config import MixerConfig, RunOptions
+    from sftmix.config.config import MixerConfig, RunOptions
 
     data = tmp_path / "d.jsonl"
     data.write_text(
@@ -175,12 +175,12 @@ def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_pa
     """An output of many parts (256-token parts here) is checked part by part on threads, each read in
     bounded chunks; the findings, their document numbers and the totals are those of checking the parts
     one after another in one chunk each."""
-    import sftmix.assemble
-    import sftmix.check
-    import sftmix.olmo_format
-    from sftmix.digest import output_digests
+    import sftmix.assembly.assemble
+    import sftmix.check.findings
+    import sftmix.output.olmo_format
+    from sftmix.output.digest import output_digests
 
-    monkeypatch.setattr(sftmix.olmo_format, "PART_BYTES", 1024)
+    monkeypatch.setattr(sftmix.output.olmo_format, "PART_BYTES", 1024)
     rows = [
         chat(f"question {i}?", f"answer <|im_start|>user number {i}." if i % 7 == 0 else f"answer {i}.")
         for i in range(60)
@@ -189,12 +189,12 @@ def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_pa
     out = run(tmp_path, rows, "parts", slice_rows=8, drop_untrainable=False, shuffle_seed=3)
     assert (out / "token_ids_part_0005.npy").exists()
     threaded = check_output(out, 16)
-    monkeypatch.setattr(sftmix.check, "MAX_PART_THREADS", 1)
+    monkeypatch.setattr(sftmix.check.findings, "MAX_PART_THREADS", 1)
     one_by_one = check_output(out, 16)
     assert threaded.findings and threaded.to_json() == one_by_one.to_json()
     # and read in chunks that cut documents and parts anywhere: the same again
     for chunk in (1, 7, 100):
-        monkeypatch.setattr(sftmix.check, "CHUNK", chunk)
+        monkeypatch.setattr(sftmix.check.findings, "CHUNK", chunk)
         assert check_output(out, 16).to_json() == one_by_one.to_json()
 
     # and the digests hashed in the check's one read are output_digests'
@@ -213,10 +213,10 @@ def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_pa
         ("slice", 2, 64, 1),
         (None, 2, 64, 1),  # by what the page cache holds
     ):
-        monkeypatch.setattr(sftmix.assemble, "ASSEMBLE_BY", by)
-        monkeypatch.setattr(sftmix.assemble, "ASSEMBLE_THREADS", threads)
-        monkeypatch.setattr(sftmix.assemble, "WINDOW", window)
-        monkeypatch.setattr(sftmix.assemble, "PROCESSES_FROM_TOKENS", processes_from)
+        monkeypatch.setattr(sftmix.assembly.assemble, "ASSEMBLE_BY", by)
+        monkeypatch.setattr(sftmix.assembly.assemble, "ASSEMBLE_THREADS", threads)
+        monkeypatch.setattr(sftmix.assembly.assemble, "WINDOW", window)
+        monkeypatch.setattr(sftmix.assembly.assemble, "PROCESSES_FROM_TOKENS", processes_from)
         again_dir = tmp_path / f"again-{by}-{threads}-{window}-{processes_from}"
         again_dir.mkdir()
         again = run(again_dir, rows, "parts", slice_rows=8, drop_untrainable=False, shuffle_seed=3)
@@ -227,7 +227,7 @@ def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_pa
 def test_chunks_of_one_part_checked_at_once_find_what_one_chunk_finds(prefect_api, tmp_path, monkeypatch):
     """An output of one part is read in chunks on threads (as many as the check may use): the same
     findings, document numbers and totals as one chunk, and as the chunks one after another."""
-    import sftmix.check
+    import sftmix.check.findings
 
     rows = [
         chat(f"question {i}?", f"answer <|im_start|>user number {i}." if i % 7 == 0 else f"answer {i}.")
@@ -239,10 +239,10 @@ def test_chunks_of_one_part_checked_at_once_find_what_one_chunk_finds(prefect_ap
     one_chunk = check_output(out, 16)
     assert one_chunk.findings
     for chunk in (1, 7, 100):
-        monkeypatch.setattr(sftmix.check, "CHUNK", chunk)
-        monkeypatch.setattr(sftmix.check, "available_cpus", lambda: 4)  # chunks on threads here too
+        monkeypatch.setattr(sftmix.check.findings, "CHUNK", chunk)
+        monkeypatch.setattr(sftmix.check.findings, "available_cpus", lambda: 4)  # chunks on threads here too
         assert check_output(out, 16).to_json() == one_chunk.to_json()
-        monkeypatch.setattr(sftmix.check, "MAX_PART_THREADS", 1)
+        monkeypatch.setattr(sftmix.check.findings, "MAX_PART_THREADS", 1)
         assert check_output(out, 16).to_json() == one_chunk.to_json()
         monkeypatch.undo()
 
@@ -262,7 +262,7 @@ def test_template_drift_against_the_tokenizers_own_template(clean, prefect_api, 
 
 
 def test_template_drift_when_the_tokenizer_ships_none():
-    from sftmix.templates import named_template, template_drift
+    from sftmix.tokenizing.templates import named_template, template_drift
 
     drift = template_drift(named_template("tulu"), "tokenize-mixer:tulu", None)
     assert drift["shipped"] == "none" and "shipped_sha256" not in drift
@@ -348,7 +348,7 @@ def test_data_the_template_never_renders_is_a_finding(prefect_api, tmp_path, cap
 def test_a_findings_documents_are_counted_once_and_only_a_few_kept():
     """What a finding holds does not grow with the output: its count, and its first examples; a document
     seen again at the next chunk's edge is one document, and a later part's are numbered after it."""
-    from sftmix.check import EXAMPLES, _Documents
+    from sftmix.check.findings import EXAMPLES, _Documents
 
     part = _Documents()
     part.add(np.array([2, 3, 7]))
@@ -365,7 +365,7 @@ def test_a_findings_documents_are_counted_once_and_only_a_few_kept():
 def test_special_tokens_found_among_candidates_as_on_every_token():
     """The check looks special ids up among the tokens at or above the lowest of them when those are
     rare: the same documents as the lookup on every token, for ids low and high, rare and common."""
-    from sftmix.check import _check_chunk, _positions_of
+    from sftmix.check.findings import _check_chunk, _positions_of
 
     rng = np.random.default_rng(41)
     for trial in range(300):

@@ -140,7 +140,7 @@ def test_offline_a_hub_name_no_cache_holds_is_refused_at_once(tmp_path, what):
         and str(home / "hub") in proc.stderr
     )
     assert "Prefect API" not in proc.stderr and "Traceback" not in proc.stderr
-    from sftmix.hub import offline_cache_problem
+    from sftmix.sources.hub import offline_cache_problem
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HF_HUB_OFFLINE", "1")
@@ -284,8 +284,7 @@ def test_the_console_filter_passes_a_summary_line_through_prefects_run_logger_an
 
     from prefect.logging.loggers import PrefectLogAdapter
 
-    from sftmix.console import QuietConsole
-    from sftmix.report import SUMMARY_LOG
+    from sftmix.runtime.console import SUMMARY_LOG, QuietConsole
 
     seen: list[str] = []
 
@@ -381,7 +380,7 @@ def test_the_command_lines_conventions():
 @pytest.mark.slow
 def test_a_published_report_says_when(tmp_path):
     """``published_at`` is the publish's time, the output marker's and the report's alike."""
-    from sftmix.output_dir import OUTPUT_MARKER
+    from sftmix.output.output_dir import OUTPUT_MARKER
 
     out = tmp_path / "out"
     cli("run", "examples/mixer.yaml", "--output_dir", str(out), "--work_dir", str(tmp_path / "w"))

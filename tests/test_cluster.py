@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from sftmix.config import MixerConfig, RunOptions
-from sftmix.digest import output_digests
+from sftmix.config.config import MixerConfig, RunOptions
+from sftmix.output.digest import output_digests
 from tests.cli_runs import left_in_shm, machine_env, semaphores
 from tests.ports import free_port
 from tests.soak import processes

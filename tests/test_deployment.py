@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from sftmix.roots import ENV as ALLOWED_ROOTS
+from sftmix.planning.roots import ENV as ALLOWED_ROOTS
 from tests.ports import free_port
 
 ROOT = Path(__file__).parent.parent
@@ -247,7 +247,7 @@ def test_a_changed_mixer_into_the_same_output_is_refused_in_one_line_before_any_
 
 
 def test_fail_then_fix_recomputes_only_the_failed_slices_batch(server, tmp_path):
-    """The fixed file is read by batch (sftmix.jsonl): the slices of the fixed row's 10 MiB batch, here all
+    """The fixed file is read by batch (sftmix.sources.jsonl): the slices of the fixed row's 10 MiB batch, here all
     6 of the small arithmetic.jsonl, are computed again; the other datasets' 4 are reused."""
     data = tmp_path / "data"
     shutil.copytree(ROOT / "examples" / "data", data)

@@ -1,4 +1,4 @@
-"""A hub dataset's background downloads (``sftmix.downloads``): a line every few seconds while files are
+"""A hub dataset's background downloads (``sftmix.sources.downloads``): a line every few seconds while files are
 still to come, and none once all have landed; one set of downloads per dataset in a process (the plan
 made ahead of the plan and the plan share it, so each file downloads once and one line says how far);
 downloads that are done, closed or failed are not handed to a later plan."""
@@ -11,17 +11,17 @@ import time
 
 import pytest
 
-from sftmix.downloads import downloads_of
 from sftmix.errors import DatasetError
+from sftmix.sources.downloads import downloads_of
 
 
 def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "sftmix.downloads"]
+    return [r.getMessage() for r in caplog.records if r.name == "sftmix.sources.downloads"]
 
 
 def test_a_line_every_few_seconds_while_files_are_still_to_come(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("TOKENIZE_MIXER_PROGRESS_SECONDS", "0.5")
-    caplog.set_level(logging.INFO, logger="sftmix.downloads")
+    caplog.set_level(logging.INFO, logger="sftmix.sources.downloads")
     held = threading.Event()
 
     def download(url: str) -> str:
@@ -52,7 +52,7 @@ def test_the_line_ends_once_every_file_has_landed_or_failed(tmp_path, monkeypatc
     """A file that failed for good is not still to come: with every other landed, the line (and its
     thread) ends, whether or not anyone closes the downloads."""
     monkeypatch.setenv("TOKENIZE_MIXER_PROGRESS_SECONDS", "0.2")
-    caplog.set_level(logging.INFO, logger="sftmix.downloads")
+    caplog.set_level(logging.INFO, logger="sftmix.sources.downloads")
 
     def download(url: str) -> str:
         if url == "gone":
@@ -111,7 +111,7 @@ class _HttpError(Exception):
 def test_what_goes_by_is_tried_again_and_what_does_not_is_not():
     import httpx
 
-    from sftmix.downloads import passes
+    from sftmix.sources.downloads import passes
 
     assert all(passes(_HttpError(code)) for code in (408, 429, 500, 502, 503, 504))
     assert not any(passes(_HttpError(code)) for code in (401, 403, 404, 416))
@@ -129,10 +129,10 @@ def test_what_goes_by_is_tried_again_and_what_does_not_is_not():
 def test_a_download_that_fails_for_a_while_is_tried_again(tmp_path, monkeypatch, caplog):
     """The hub too busy twice, then the file: it lands, with a line for each new try; a file that is not
     there fails at once."""
-    import sftmix.downloads
+    import sftmix.sources.downloads
 
-    monkeypatch.setattr(sftmix.downloads, "RETRY_SECONDS", (0.01, 0.01, 0.01))
-    caplog.set_level(logging.INFO, logger="sftmix.downloads")
+    monkeypatch.setattr(sftmix.sources.downloads, "RETRY_SECONDS", (0.01, 0.01, 0.01))
+    caplog.set_level(logging.INFO, logger="sftmix.sources.downloads")
     tries: dict[str, int] = {}
 
     def download(url: str) -> str:
@@ -158,9 +158,9 @@ def test_a_download_that_fails_for_a_while_is_tried_again(tmp_path, monkeypatch,
 
 
 def test_a_download_that_never_lands_fails_after_its_last_try(tmp_path, monkeypatch):
-    import sftmix.downloads
+    import sftmix.sources.downloads
 
-    monkeypatch.setattr(sftmix.downloads, "RETRY_SECONDS", (0.01, 0.01))
+    monkeypatch.setattr(sftmix.sources.downloads, "RETRY_SECONDS", (0.01, 0.01))
     tries: list[str] = []
 
     def download(url: str) -> str:

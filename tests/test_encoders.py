@@ -17,8 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
-from sftmix.encoders import (
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.errors import ConfigError
+from sftmix.planning.plan import build_plan
+from sftmix.sources.formats import Conversation
+from sftmix.tokenizing.encoders import (
     BYTE_LEVEL_PATTERN,
     ENGINE_ENV,
     ENGINES,
@@ -31,13 +34,10 @@ from sftmix.encoders import (
     char_offsets,
     same_encodings,
 )
-from sftmix.errors import ConfigError
-from sftmix.formats import Conversation
-from sftmix.labels import LabelMasker
-from sftmix.plan import build_plan
-from sftmix.segments import PrefixEncoder
-from sftmix.templates import ChatRenderer, named_template
-from sftmix.tokenizer import boundaries_of
+from sftmix.tokenizing.labels import LabelMasker
+from sftmix.tokenizing.segments import PrefixEncoder
+from sftmix.tokenizing.templates import ChatRenderer, named_template
+from sftmix.tokenizing.tokenizer import boundaries_of
 from tests.test_labels import conversation
 from tests.tiers import examples
 from tests.tokenizer_fixtures import (
@@ -365,7 +365,7 @@ def test_offsets_of_a_token_that_ends_inside_a_character():
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("name", ["dolma2", "tiny", "llama3"])
 def test_piecewise_encodes_match(name, engine):
-    """The engine's cut-at-added-token encodes (sftmix/segments.py) give the same tokens and offsets."""
+    """The engine's cut-at-added-token encodes (sftmix/tokenizing/segments.py) give the same tokens and offsets."""
     rust, fast = encoders(name, engine)
     boundaries = boundaries_of(rust)
     if boundaries is None:
@@ -385,7 +385,9 @@ def test_piecewise_encodes_match(name, engine):
 @pytest.mark.parametrize("engine", ENGINES)
 def test_label_masks_match_on_multi_turn_chats(engine):
     rust, fast = encoders("dolma2", engine)
-    renderer = ChatRenderer((Path("sftmix/templates/olmo.jinja")).read_text(), {"eos_token": "<|endoftext|>"})
+    renderer = ChatRenderer(
+        (Path("sftmix/tokenizing/templates/olmo.jinja")).read_text(), {"eos_token": "<|endoftext|>"}
+    )
     chats = [
         Conversation(
             [
@@ -716,7 +718,7 @@ def test_encoder_fast_refuses_before_work_and_auto_falls_back(tmp_path, caplog):
         ConfigError, match="the fast encoder is not proven the same tokenizer: it has a normalizer"
     ):
         plan("fast")
-    with caplog.at_level("INFO", logger="sftmix.plan"):
+    with caplog.at_level("INFO", logger="sftmix.planning.plan"):
         assert plan("auto").context.encoder == "hf"
     assert "the fast encoder is not used: it has a normalizer" in caplog.text
     assert plan("hf").context.encoder == "hf"
@@ -836,7 +838,7 @@ def test_the_default_run_on_a_sentencepiece_tokenizer_uses_the_fast_encoder(tmp_
     """Mistral v3 (Metaspace, byte fallback), as transformers loads it: proven, checked on the run's sample
     rows, and its workers' copy (no tiktoken vocabulary) builds the same encoder."""
     pytest.importorskip("fastokens")
-    from sftmix import tokenizer as tk_module
+    from sftmix.tokenizing import tokenizer as tk_module
 
     plan = _plan_of_chats(tmp_path, mistral_sp_dir(), "q{i} é 😀 ▁", " a{i}")
     assert plan.context.encoder == "fast"
@@ -849,7 +851,7 @@ def test_the_default_run_on_a_sentencepiece_tokenizer_uses_the_fast_encoder(tmp_
 
 
 def test_a_proof_is_kept_per_tokenizer_and_a_spoiled_one_is_proved_again(tmp_path, monkeypatch):
-    from sftmix import tokenizer as tk_module
+    from sftmix.tokenizing import tokenizer as tk_module
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     key = tk_module.TokenizerKey.of(str(TINY_DIR), None)
@@ -864,7 +866,7 @@ def test_a_proof_is_kept_per_tokenizer_and_a_spoiled_one_is_proved_again(tmp_pat
 
 
 def test_a_workers_copy_from_before_the_fast_encoder_is_written_again(tmp_path):
-    from sftmix import tokenizer as tk_module
+    from sftmix.tokenizing import tokenizer as tk_module
 
     key = tk_module.TokenizerKey.of(str(TINY_DIR), None)
     fingerprint = tk_module.tokenizer_fingerprint(key)
@@ -880,7 +882,7 @@ def test_a_workers_tokenizer_is_parsed_only_when_used(tmp_path, name):
     """A worker reads the segment boundaries from its copy (written by the plan) and parses the library's
     tokenizer only for a text the fast encoder hands back; a copy without the boundaries (older) still
     gives them, from the tokenizer."""
-    from sftmix import tokenizer as tk_module
+    from sftmix.tokenizing import tokenizer as tk_module
 
     if name == "dolma2":
         ensure_dolma2()

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec, load_run_file
+from sftmix.config.config import (
+    DatasetEntry,
+    MixerConfig,
+    OutputSpec,
+    RunOptions,
+    TokenizerSpec,
+    load_run_file,
+)
 from sftmix.errors import (
     BadRowError,
     ConfigError,
@@ -17,9 +24,9 @@ from sftmix.errors import (
     TemplateError,
     TokenDtypeError,
 )
-from sftmix.plan import build_plan
-from sftmix.publish import publish_local, staging_dir
-from sftmix.slices import tokenize_slice
+from sftmix.output.publish import publish_local, staging_dir
+from sftmix.planning.plan import build_plan
+from sftmix.tokenizing.slices import tokenize_slice
 from tokenize_mixer.cli import main
 
 TINY = Path(__file__).parent / "golden" / "tokenizers" / "tiny"
@@ -196,7 +203,7 @@ def test_the_publish_lock_serialises_and_leaves_nothing_but_a_users_file(tmp_pat
     not shared by two at once), no lock file stays, and a file of that name we did not write stays."""
     import multiprocessing
 
-    from sftmix.publish import _publish_lock
+    from sftmix.output.publish import _publish_lock
 
     out = tmp_path / "out"
     ctx = multiprocessing.get_context("spawn")
@@ -220,7 +227,7 @@ def test_the_publish_lock_serialises_and_leaves_nothing_but_a_users_file(tmp_pat
 def _hold_lock(out: str, log: str, k: int) -> None:
     import time
 
-    from sftmix.publish import _publish_lock
+    from sftmix.output.publish import _publish_lock
 
     with _publish_lock(Path(out)):
         with open(log, "a") as fh:
@@ -231,7 +238,7 @@ def _hold_lock(out: str, log: str, k: int) -> None:
 
 
 def test_an_output_made_from_another_recipe_is_refused_before_any_work(tmp_path):
-    from sftmix.output_dir import refuse_different_output
+    from sftmix.output.output_dir import refuse_different_output
 
     recipe = {
         "mixer": {"datasets": [{"path": "a.jsonl", "amount": "1.0"}], "max_seq_length": 4096},
@@ -267,7 +274,7 @@ def test_an_output_made_from_another_recipe_is_refused_before_any_work(tmp_path)
 def test_other_settings_are_refused_from_the_config_alone(tmp_path):
     """The command's check before a Prefect API starts: the recipe's mixer part, made from the config,
     against the output's; other data, a tokenizer or a recipe of another format are the plan's to find."""
-    from sftmix.output_dir import refuse_different_settings
+    from sftmix.output.output_dir import refuse_different_settings
 
     mixer = {"datasets": [{"path": "a.jsonl", "amount": "1.0"}], "max_seq_length": 4096}
     recipe = {"format": "3", "mixer": mixer, "data": ["f0"], "tokenizer": "t0"}
@@ -334,7 +341,7 @@ def test_the_utf8_check_names_the_first_bad_byte_wherever_the_blocks_are_cut():
     import random
     import re
 
-    from sftmix.sources import _Utf8Check
+    from sftmix.sources.dataset import _Utf8Check
 
     def whole(text: bytes) -> str:
         try:
@@ -386,7 +393,7 @@ def test_a_file_hashed_ahead_gives_every_caller_the_same_hash_or_the_same_error(
     import hashlib
     import threading
 
-    from sftmix.sources import file_sha256, hash_ahead
+    from sftmix.sources.dataset import file_sha256, hash_ahead
 
     big = tmp_path / "big.jsonl"
     big.write_text((json.dumps(GOOD) + "\n") * 200_000)  # 17 MB: still being hashed when the callers come

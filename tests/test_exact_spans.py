@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sftmix.formats import Conversation
-from sftmix.labels import RowStatus, assistant_indices
-from sftmix.prefix_renders import PrefixRenders
-from sftmix.templates import NAMED_TEMPLATES, ChatRenderer, named_template
+from sftmix.sources.formats import Conversation
+from sftmix.tokenizing.labels import RowStatus, assistant_indices
+from sftmix.tokenizing.prefix_renders import PrefixRenders
+from sftmix.tokenizing.templates import NAMED_TEMPLATES, ChatRenderer, named_template
 from tests.test_labels import masker
 from tests.tiers import examples
 
@@ -83,7 +83,7 @@ def test_exact_spans_keep_rows_the_reference_rule_drops_and_count_them():
 
 
 def test_the_flow_keeps_and_reports_rows_with_exact_spans(golden_dir, prefect_api, tmp_path, monkeypatch):
-    from sftmix.config import MixerConfig, RunOptions
+    from sftmix.config.config import MixerConfig, RunOptions
     from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
     monkeypatch.chdir(golden_dir)
@@ -104,7 +104,7 @@ def test_the_flow_keeps_and_reports_rows_with_exact_spans(golden_dir, prefect_ap
     assert exact["rows_kept_by_exact_spans"] == exact["rows_kept"] - reference["rows_kept"]
     assert reference["rows_kept_by_exact_spans"] == 0
     # the summary names the reason in words, its share, that the reference drops them too and the way out
-    from sftmix.report import RunReport
+    from sftmix.output.report import RunReport
 
     summary = RunReport.model_validate(reference).render()
     dropped = reference["rows_dropped"]["assistant_span_unverified"]

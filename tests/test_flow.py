@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
-from sftmix.digest import compare
-from sftmix.slices import slice_dir
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.output.digest import compare
+from sftmix.tokenizing.slices import slice_dir
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -145,7 +145,7 @@ def test_upsampled_rows_are_tokenized_once(prefect_api, tmp_path):
 def test_default_workers_are_the_cpus_this_process_may_use():
     import os
 
-    from sftmix.parallel import available_cpus
+    from sftmix.runtime.parallel import available_cpus
 
     assert 1 <= available_cpus() <= len(os.sched_getaffinity(0)) <= (os.cpu_count() or 1)
 
@@ -179,4 +179,4 @@ def test_the_plans_own_lines_reach_the_runs_logs_where_no_console_shows_them(
         last = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)[0]
         logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[last.id])))
     lines = [log.message for log in logs]
-    assert sum(line.startswith("sftmix.plan: encoder: ") for line in lines) == 1, lines
+    assert sum(line.startswith("sftmix.planning.plan: encoder: ") for line in lines) == 1, lines

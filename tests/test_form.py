@@ -12,9 +12,9 @@ import yaml
 from prefect.utilities.callables import parameter_schema
 from prefect.utilities.schema_tools import validate
 
-from sftmix.config import TOKENIZERS_OWN, RunFile, RunOptions, TokenizerSpec, load_run_file
+from sftmix.config.config import TOKENIZERS_OWN, RunFile, RunOptions, TokenizerSpec, load_run_file
 from sftmix.errors import ConfigError
-from sftmix.templates import NAMED_TEMPLATES
+from sftmix.tokenizing.templates import NAMED_TEMPLATES
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
 ROOT = Path(__file__).parent.parent

@@ -19,11 +19,11 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from sftmix.config import MixerConfig, RunOptions
-from sftmix.digest import OUTPUT_MANIFEST, output_digests, remote_output_digests
+from sftmix.config.config import MixerConfig, RunOptions
 from sftmix.errors import ConfigError, DatasetError, OutputConflictError
-from sftmix.plan import build_plan
-from sftmix.publish import publish_remote
+from sftmix.output.digest import OUTPUT_MANIFEST, output_digests, remote_output_digests
+from sftmix.output.publish import publish_remote
+from sftmix.planning.plan import build_plan
 from tests.ports import free_port
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
@@ -147,7 +147,7 @@ def test_an_object_is_read_by_batch_or_row_group_not_converted_whole(gcs, prefec
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from sftmix.slices import on_this_machine
+    from sftmix.tokenizing.slices import on_this_machine
 
     general = f"gs://src/{uuid.uuid4().hex[:8]}/general{suffix}"
     if suffix == ".parquet":
@@ -181,8 +181,8 @@ def test_a_large_jsonl_object_is_read_in_place_by_byte_range_while_it_is_planned
     pins its generation, reads its ranges on many threads and cuts each slice as its batches are
     counted; a slice reads its own ranges. The batches and the output are the local file's; an object
     replaced after the plan is one clear error where it is read, never rows of two versions."""
-    from sftmix import jsonl
-    from sftmix.digest import compare
+    from sftmix.output.digest import compare
+    from sftmix.sources import jsonl
     from tests.test_head_start import _mixer, arithmetic
 
     local = tmp_path / "large.jsonl"
@@ -223,7 +223,7 @@ def test_a_large_compressed_jsonl_object_is_sliced_as_its_copy_is_written(gcs, t
     plain file's."""
     import gzip
 
-    from sftmix import jsonl
+    from sftmix.sources import jsonl
     from tests.test_head_start import _mixer, arithmetic
 
     local = tmp_path / "large.jsonl"
@@ -261,8 +261,8 @@ def test_a_parquet_object_is_read_by_row_group_in_place_and_a_replaced_one_is_re
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from sftmix import parquet
-    from sftmix.digest import compare
+    from sftmix.output.digest import compare
+    from sftmix.sources import parquet
     from tests.test_head_start import _mixer, arithmetic
 
     rows = [{**row, "id": f"{k:05d}"} for k, row in enumerate(arithmetic(random.Random(11), 3_000))]
@@ -312,8 +312,8 @@ def test_a_compressed_jsonl_object_is_decompressed_as_it_is_read_not_fetched_fir
     replaced after it was pinned is refused and leaves no copy."""
     import gzip
 
-    from sftmix import pinned
-    from sftmix.sources import decompressed_copy
+    from sftmix.sources import pinned
+    from sftmix.sources.dataset import decompressed_copy
 
     lines = (EXAMPLES / "data" / "general.jsonl").read_bytes()
     url = f"gs://src/{uuid.uuid4().hex[:8]}/general.jsonl.gz"
@@ -342,8 +342,8 @@ def test_an_object_replaced_while_it_is_fetched_is_refused_not_stored_as_the_old
     """The copy's name says which version it holds: an object replaced between asking for its version
     and fetching it is refused (the emulator ignores the pinned generation GCS would honour), and a
     fetch killed earlier leaves a temp file the next fetch of that version removes."""
-    from sftmix.sources import fetch_version, localize
-    from sftmix.storage import temp_name
+    from sftmix.runtime.storage import temp_name
+    from sftmix.sources.dataset import fetch_version, localize
 
     url = f"gs://src/{uuid.uuid4().hex[:8]}/general.jsonl"
     first = (EXAMPLES / "data" / "general.jsonl").read_bytes()
@@ -373,7 +373,7 @@ def test_remote_errors_name_the_object(gcs, tmp_path):
     mixer = demo_mixer("gs://src/nowhere/general.jsonl", str(tmp_path / "o"))
     with pytest.raises(DatasetError, match=r"gs://src/nowhere/general.jsonl.*object not found"):
         build_plan(mixer, RunOptions(work_dir=str(tmp_path / "w")))
-    from sftmix.output_dir import check_output_free
+    from sftmix.output.output_dir import check_output_free
 
     with pytest.raises(ConfigError, match="bucket 'no-such-bucket' does not exist"):
         check_output_free("gs://no-such-bucket/out")
@@ -392,7 +392,7 @@ def two_outputs(prefect_api, tmp_path_factory):
 
 
 PUBLISH = (
-    "import sys, time; from pathlib import Path; from sftmix.publish import publish_remote; "
+    "import sys, time; from pathlib import Path; from sftmix.output.publish import publish_remote; "
     "print('go', flush=True); t = time.perf_counter(); "
     "publish_remote(Path(sys.argv[1]), sys.argv[2], overwrite=True); print(time.perf_counter() - t)"
 )

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from sftmix import jsonl
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
-from sftmix.digest import compare
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.errors import DatasetError
-from sftmix.plan import build_plan
+from sftmix.output.digest import compare
+from sftmix.planning.plan import build_plan
+from sftmix.sources import jsonl
 from tokenize_mixer.flows import head_start
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
@@ -194,8 +194,8 @@ def _packed(plain: Path, packed: Path) -> Path:
 def _held_copy(monkeypatch) -> threading.Event:
     """Decompressions made 1 MiB at a time, each held once its copy holds more than a batch and a
     bit, until the event is set."""
-    from sftmix import sources
-    from sftmix.growing import GrowingFile
+    from sftmix.sources import dataset as sources
+    from sftmix.sources.growing import GrowingFile
 
     held, grew = threading.Event(), GrowingFile.grew
 
@@ -217,8 +217,8 @@ def test_a_large_compressed_files_slices_start_while_its_copy_is_written(
     read, while the copy is still being written (held here), not once it is whole (its size, which
     sizes the slices, told from its gzip trailer, or from its first blocks); the plan is the plain
     file's."""
-    from sftmix.slices import rows_of
-    from sftmix.storage import TMP_MARK
+    from sftmix.runtime.storage import TMP_MARK
+    from sftmix.tokenizing.slices import rows_of
 
     jsonl._SCANS.clear()
     packed = _packed(large, tmp_path / f"large.jsonl{suffix}")
@@ -357,7 +357,7 @@ def test_left_to_the_tool_a_larger_dataset_has_larger_slices(large, tmp_path, mo
     """Bytes per slice left empty grow with the mixture's size, in tiers (fewer task runs for the one
     Prefect API core at 100 GB): the same slices as asking for that tier, whether cut as the file is read
     or after a count. Here at most 2 slices a mixture, so this ~25 MiB file gets the 16 MiB tier."""
-    from sftmix import plan as planning
+    from sftmix.planning import plan as planning
 
     assert [planning.slice_bytes_for(RunOptions(), n << 20) for n in (1, 2048, 2049, 10_000, 10**6)] == [
         4 << 20,
@@ -387,7 +387,7 @@ def test_left_to_the_tool_the_slices_follow_the_whole_mixtures_size(large, tmp_p
     1 GB were up to ~4,800 task runs, minutes of dispatch on 64 cores): whether a file is cut as it is read
     (1.0) or counted first (0.5), the same slices as asking for the mixture's tier. Here at most 2 slices
     a mixture: one ~25 MiB file alone gets the 16 MiB tier (2 batches), the two together 32 MiB (3)."""
-    from sftmix import plan as planning
+    from sftmix.planning import plan as planning
 
     monkeypatch.setattr(planning, "AUTO_SLICES", 2)
     other = tmp_path / "other.jsonl"
@@ -446,7 +446,7 @@ def test_a_file_that_changes_while_its_slices_begin_is_one_clear_error(large, tm
 def test_an_upsampling_the_machine_cannot_assemble_is_refused_before_any_slice_begins(
     large, tmp_path, monkeypatch
 ):
-    from sftmix import plan as plan_module
+    from sftmix.planning import plan as plan_module
 
     monkeypatch.setattr(plan_module, "memory_limit", lambda: 2 << 30)  # a 2 GiB machine
     mixer = _mixer(large, tmp_path / "out")
@@ -463,7 +463,7 @@ def test_a_compressed_files_copy_size_is_told_without_the_copy(large, tmp_path, 
     within a few percent from its first blocks; never by making the copy."""
     import random
 
-    from sftmix import sources
+    from sftmix.sources import dataset as sources
 
     def made() -> int:
         raise AssertionError("the copy was made to tell its size")

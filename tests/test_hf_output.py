@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
-from sftmix.digest import output_digests
-from sftmix.hf_output import best_fit_decreasing
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.output.digest import output_digests
+from sftmix.output.hf_output import best_fit_decreasing
 from tests.tiers import examples
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
@@ -138,7 +138,7 @@ def test_best_fit_decreasing_matches_the_textbook_rule(lengths, capacity):
 
 
 def test_report_reads_hf_outputs(outputs, tmp_path):
-    from sftmix.report_page import collect
+    from sftmix.check.report_page import collect
 
     views = {Path(v.name).name: v for v in collect(outputs["hf"])}
     olmo = {Path(v.name).name: v for v in collect(outputs["olmo"])}

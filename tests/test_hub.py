@@ -41,10 +41,11 @@ FILES = [f"data/train-0000{k}-of-00003.parquet" for k in range(3)]
 # away (a worker elsewhere reads by range).
 _PLAN = """
 import json, os, shutil, sys
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.errors import DatasetError
-from sftmix.plan import build_plan
-from sftmix import jsonl, parquet
+from sftmix.planning.plan import build_plan
+from sftmix.sources import jsonl
+from sftmix.sources import parquet
 path, examples, work, mode, slice_rows = sys.argv[1:6]
 mixer = MixerConfig(
     datasets=[DatasetEntry(path=path)],
@@ -240,7 +241,7 @@ def test_a_stop_while_a_hub_file_downloads_ends_the_run_and_a_rerun_gives_the_lo
     """Ctrl-C while the plan waits for a file that is still downloading (to read its row groups, or to
     scan its batches) ends the command within seconds (a download thread does not hold it), with one
     line; the rerun downloads the rest and writes the bytes of the same files read as a local directory."""
-    from sftmix.digest import compare
+    from sftmix.output.digest import compare
     from tests.cli_runs import cli_env, convert_command
     from tests.test_stopping import STOP_WITHIN, Run, _one_line_reason
 
@@ -281,7 +282,7 @@ def test_a_hub_dataset_an_online_run_read_is_converted_offline_from_the_hub_cach
     nothing under ``HF_HUB_OFFLINE``; the rerun reads the files the online plan found, from the hub
     cache: the same bytes out, slices and rows. A file the cache lacks is one error naming it, never
     fewer rows."""
-    from sftmix.digest import compare
+    from sftmix.output.digest import compare
     from tests.cli_runs import cli_env, convert_command
 
     repo = _repo(tmp_path / "repo")
@@ -330,7 +331,7 @@ def test_a_hub_dataset_of_json_lines_files_is_read_by_batch_online_and_offline(t
     """A hub dataset of JSON Lines files is read by batch from its downloaded files (not converted whole
     by ``datasets`` on one core), cast to the features its card declares where it does: the bytes
     ``datasets``' own load gives, online and, from the files and features the online plan kept, offline."""
-    from sftmix.digest import compare
+    from sftmix.output.digest import compare
     from tests.cli_runs import cli_env, convert_command
 
     repo = tmp_path / "repo"
@@ -427,7 +428,7 @@ def test_a_hub_dataset_of_json_lines_files_is_cut_into_slices_while_its_files_do
 # Fetches a hub dataset's JSON Lines files in the background as the plan does, its progress lines on stderr.
 _FETCH = """
 import logging, sys
-from sftmix.sources import json_data_files
+from sftmix.sources.dataset import json_data_files
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 files = json_data_files(sys.argv[1], "train", None, sys.argv[2])
 assert files is not None and files.downloads is not None
@@ -448,7 +449,9 @@ def test_the_download_line_counts_the_bytes_still_arriving(tmp_path):
         env = {**hub_environment(hub, tmp_path / "home"), "TOKENIZE_MIXER_PROGRESS_SECONDS": "0.5"}
         done = _script(_FETCH, env, REPO, str(tmp_path / "cache"))
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = [x for x in done.stderr.splitlines() if x.startswith(f"sftmix.downloads: {REPO}: 0 of 1 files")]
+    lines = [
+        x for x in done.stderr.splitlines() if x.startswith(f"sftmix.sources.downloads: {REPO}: 0 of 1 files")
+    ]
     arriving = [float(x.split(" GB more arriving")[0].rsplit(" ", 1)[1]) for x in lines]
     assert arriving and max(arriving) >= 0.01, lines
 
@@ -456,7 +459,7 @@ def test_the_download_line_counts_the_bytes_still_arriving(tmp_path):
 # Reads a hub dataset's JSON Lines files as the plan does; prints the copies it reads.
 _FILES = """
 import json, sys
-from sftmix.sources import json_data_files
+from sftmix.sources.dataset import json_data_files
 files = json_data_files(sys.argv[1], "train", None, sys.argv[2])
 assert files is not None
 print(json.dumps([files.local(k) for k in range(len(files.paths))]))
@@ -541,7 +544,7 @@ def test_a_download_the_hub_was_too_busy_for_is_tried_again(tmp_path, kind):
 # Opens a hub dataset as the plan opens one ``datasets`` loads; prints its rows.
 _OPEN = """
 import json, sys
-from sftmix.sources import open_dataset
+from sftmix.sources.dataset import open_dataset
 print(json.dumps(open_dataset(sys.argv[1], "train", None, sys.argv[2]).to_list()))
 """
 
@@ -575,7 +578,7 @@ def test_offline_a_hub_dataset_the_cache_holds_only_part_of_is_one_clear_error(t
     fetch = "import sys\nfrom huggingface_hub import hf_hub_download\nhf_hub_download(sys.argv[1], 'README.md', repo_type='dataset')"
     if stopped == "before datasets converted it":  # the plan's own downloads, as a run makes them
         (repo / "README.md").write_text(LOADED_CARD)
-        fetch = "import sys\nfrom sftmix.sources import _fetch_first\n_fetch_first(sys.argv[1], 'train', None, sys.argv[2])"
+        fetch = "import sys\nfrom sftmix.sources.dataset import _fetch_first\n_fetch_first(sys.argv[1], 'train', None, sys.argv[2])"
     with HubEmulator(repo, REPO) as hub:
         env = hub_environment(hub, tmp_path / "home")
         fetched = _script(fetch, env, REPO, str(tmp_path / "cache"))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from tokenize_mixer.cli import main
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
@@ -83,7 +83,7 @@ def test_report_draws_lengths_trainable_fraction_and_shares(output, tmp_path, ca
 def test_a_rerun_into_the_output_makes_its_report_again(prefect_api, tmp_path):
     """report.png/report.md made in an output are ours (listed in its marker); a run that replaces the
     output writes them again for the new shards instead of silently dropping them."""
-    from sftmix.report_page import write_report
+    from sftmix.check.report_page import write_report
 
     def run(amount: float) -> None:
         mixer = MixerConfig(

@@ -1,4 +1,4 @@
-"""JSON Lines read by batch (sftmix.jsonl) give exactly the rows datasets' JSON builder gives, on files of
+"""JSON Lines read by batch (sftmix.sources.jsonl) give exactly the rows datasets' JSON builder gives, on files of
 several batches with the builder's quirks; what the builder refuses is refused; a file that changes
 after the plan is one clear error (issue 31, items 1 and 5)."""
 
@@ -16,9 +16,9 @@ import datasets
 import pytest
 from datasets.packaged_modules.json.json import JsonConfig
 
-from sftmix import jsonl
 from sftmix.errors import BadRowError, DatasetError
-from sftmix.sources import _reference_json_options
+from sftmix.sources import jsonl
+from sftmix.sources.dataset import _reference_json_options
 
 
 def _reference_rows(path: Path, cache: Path) -> list[dict]:
@@ -212,8 +212,8 @@ def test_invalid_utf8_names_its_line(tmp_path):
 
 @pytest.mark.slow
 def test_the_plan_cuts_a_large_file_by_batch_and_an_edit_changes_only_its_batchs_keys(tmp_path):
-    from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
-    from sftmix.plan import build_plan
+    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from sftmix.planning.plan import build_plan
 
     rows = _many(random.Random(11), 2 * jsonl.BATCH_BYTES + (1 << 20))
     path = tmp_path / "chats.jsonl"
@@ -255,7 +255,7 @@ def test_a_compressed_file_is_read_by_batch_from_its_decompressed_copy(tmp_path,
     """The reference's loader decompresses and converts a compressed file on one core before any row is
     read; the plan decompresses it once to a copy (per version of the file) and reads that by batch:
     the rows are datasets' rows of the compressed file."""
-    from sftmix.sources import decompressed_copy
+    from sftmix.sources.dataset import decompressed_copy
 
     if suffix.endswith("without isal"):  # a platform without its wheel: the gzip module, the same bytes
         monkeypatch.setitem(sys.modules, "isal", None)
@@ -286,7 +286,7 @@ def test_a_compressed_file_is_read_by_batch_from_its_decompressed_copy(tmp_path,
 
 
 def test_a_damaged_compressed_file_is_one_clear_error(tmp_path):
-    from sftmix.sources import decompressed_copy
+    from sftmix.sources.dataset import decompressed_copy
 
     plain = tmp_path / "chats.jsonl"
     _write(plain, _many(random.Random(8), 100_000))
@@ -303,8 +303,8 @@ def test_a_failed_copy_says_why_before_it_is_removed(tmp_path, monkeypatch, faul
     before its temp file is removed: a reader that then finds the copy gone, or cut short, is given that
     reason, not "gone"; readers waiting for its bytes wake once it is removed (no error reaches anyone
     while the temp file is still there)."""
-    from sftmix import sources
-    from sftmix.growing import GrowingFile
+    from sftmix.sources import dataset as sources
+    from sftmix.sources.growing import GrowingFile
 
     plain = tmp_path / "chats.jsonl"
     _write(plain, _many(random.Random(9), 100_000))
@@ -348,8 +348,8 @@ def test_a_copy_left_half_made_by_a_killed_run_is_removed(tmp_path):
     decompresses the same version removes it (ours, by its marker, and its writer is gone)."""
     import subprocess
 
-    from sftmix.sources import decompressed_copy
-    from sftmix.storage import TMP_MARK
+    from sftmix.runtime.storage import TMP_MARK
+    from sftmix.sources.dataset import decompressed_copy
 
     plain = tmp_path / "chats.jsonl"
     _write(plain, _many(random.Random(10), 100_000))
@@ -357,7 +357,7 @@ def test_a_copy_left_half_made_by_a_killed_run_is_removed(tmp_path):
     cache = tmp_path / "cache"
     code = (
         "import os, signal, sys\n"
-        "import sftmix.sources as s\n"
+        "import sftmix.sources.dataset as s\n"
         "def killed(self, nbytes):\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
         "s.ReadProgress.read = killed  # (after the first block is written)\n"
@@ -374,8 +374,8 @@ def test_a_copy_left_half_made_by_a_killed_run_is_removed(tmp_path):
 def test_the_plan_of_a_compressed_file_is_the_plan_of_its_content(tmp_path):
     """Slices read the copy by batch, keyed by what they read: the same keys as the plain file's, so
     finished slices are reused whichever of the two a mixer names."""
-    from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
-    from sftmix.plan import build_plan
+    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from sftmix.planning.plan import build_plan
 
     plain = tmp_path / "chats.jsonl"
     _write(plain, _many(random.Random(9), 200_000))
@@ -409,7 +409,7 @@ def _shards_match_datasets(
     data: Path, amount: float, max_seq_length: int, slice_bytes: int, tmp_path: Path, monkeypatch
 ) -> None:
     """The flow's shards of ``data`` read by batch, in several slices, are those of ``datasets``' load."""
-    from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
     from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
     examples = Path(__file__).parent.parent / "examples"
@@ -457,12 +457,12 @@ def test_ranges_fetched_ahead_give_the_batches_the_builder_reads(tmp_path, monke
 
 
 def test_a_file_read_as_it_is_written_gives_its_batches_then_its_writers_error(tmp_path, monkeypatch):
-    """A copy followed while a thread writes it piece by piece and renames it (sftmix.growing) gives the
+    """A copy followed while a thread writes it piece by piece and renames it (sftmix.sources.growing) gives the
     bounds of the whole file's batches, each once written; a reader that begins after the rename reads the
     renamed file; one whose writer fails gets the writer's error, after the batches written whole."""
     import threading
 
-    from sftmix.growing import GrowingFile, open_landing
+    from sftmix.sources.growing import GrowingFile, open_landing
 
     rng = random.Random(43)
     for trial in range(40):
@@ -520,7 +520,7 @@ def test_a_copy_being_written_is_scanned_once_for_two_readers(tmp_path, monkeypa
     it is read once, and both get its batches (the second at once, when the first has them all)."""
     import threading
 
-    from sftmix.growing import GrowingFile
+    from sftmix.sources.growing import GrowingFile
 
     rows = _many(random.Random(44), 3 * (1 << 16))
     plain = tmp_path / "chats.jsonl"
@@ -594,7 +594,7 @@ def test_a_directory_of_json_lines_files_gives_datasets_rows_by_batch(tmp_path):
     batch on all cores, rows numbered across them, each cast to the first file's features (a key a
     file lacks is null), as ``datasets.load_dataset(name)`` builds them, compressed files from their
     decompressed copies; what only ``datasets`` reads is left to it."""
-    from sftmix.sources import json_data_files
+    from sftmix.sources.dataset import json_data_files
 
     repo = _directory(tmp_path, random.Random(11))
     cache = tmp_path / "cache"
@@ -639,7 +639,7 @@ def test_a_directorys_compressed_files_are_sized_by_the_first_and_copied_once(tm
     import logging
     import os
 
-    from sftmix.sources import DecompressedCopies, JsonFiles
+    from sftmix.sources.dataset import DecompressedCopies, JsonFiles
 
     repo = _directory(tmp_path, random.Random(12))
     for path in sorted((repo / "data").glob("train-*")):
@@ -647,7 +647,7 @@ def test_a_directorys_compressed_files_are_sized_by_the_first_and_copied_once(tm
         path.unlink()
     packed = [str(p) for p in sorted((repo / "data").glob("train-*.gz"))]
     cache = str(tmp_path / "cache")
-    caplog.set_level(logging.INFO, logger="sftmix.sources")
+    caplog.set_level(logging.INFO, logger="sftmix.sources.dataset")
     both = [DecompressedCopies("chats", packed, cache, None) for _ in range(2)]
     copies = [[c.wait(k) for k in range(len(packed))] for c in both]
     assert copies[0] == copies[1]
@@ -668,8 +668,8 @@ def test_closed_copies_stop_at_once(tmp_path):
     import threading
     import time
 
-    from sftmix.downloads import Downloads
-    from sftmix.sources import copies_of
+    from sftmix.sources.dataset import copies_of
+    from sftmix.sources.downloads import Downloads
 
     plain = tmp_path / "chats.jsonl"
     _write(plain, _many(random.Random(13), 20_000))
@@ -711,7 +711,7 @@ def test_a_file_of_a_directory_with_a_key_the_first_never_saw_names_that_file_an
     later[13]["messages"][1]["function_calls"] = "f()"
     _write(repo / "a.jsonl", [_chat(rng, i) for i in range(30)])
     _write(repo / "b.jsonl", later[:5] + ["\n"] + later[5:])  # type: ignore[operator] (a blank line: no row)
-    from sftmix.sources import json_data_files
+    from sftmix.sources.dataset import json_data_files
 
     files = json_data_files(str(repo), "train", None, str(tmp_path / "cache"))
     assert files is not None
@@ -771,7 +771,7 @@ def test_features_a_card_declares_are_the_ones_rows_are_cast_to(tmp_path):
     ``datasets.load_dataset(name)`` casts them (a number to a string, a declared key no row has null,
     the declared order); a row with a key the card does not declare is a bad line that says so, where
     ``datasets`` refuses the load."""
-    from sftmix.sources import json_data_files
+    from sftmix.sources.dataset import json_data_files
 
     repo = _declared_directory(tmp_path, random.Random(21))
     cache = tmp_path / "cache"
@@ -837,9 +837,9 @@ def test_a_split_other_than_train_is_read_by_batch_where_its_features_are_known(
     """A split the card names, not 'train' and not the first, is read by batch (not converted whole by
     ``datasets``) where the card declares the features: ``datasets`` casts every split to them. Without
     them it casts a later split to what it found in the first, so only the first is read by batch."""
-    from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
-    from sftmix.plan import build_plan
-    from sftmix.sources import json_data_files
+    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from sftmix.planning.plan import build_plan
+    from sftmix.sources.dataset import json_data_files
 
     repo = _split_directory(tmp_path / "org--splits", random.Random(31), declared=True)
     cache = tmp_path / "cache"
@@ -885,9 +885,9 @@ def test_a_column_the_card_does_not_declare_is_refused_before_any_slice(tmp_path
     """Every row has a column the card does not declare (an old card): the plan refuses the run before any
     slice begins, naming the first line and the card, where each slice would fail on it; with
     ``on_bad_row: skip`` it is planned (the slices skip and count such lines)."""
-    from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
     from sftmix.errors import BadLineError
-    from sftmix.plan import build_plan
+    from sftmix.planning.plan import build_plan
 
     repo = _declared_directory(tmp_path, random.Random(23), 1)
     data = repo / "data" / "train-00000-of-00001.jsonl"

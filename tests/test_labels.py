@@ -7,10 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sftmix.formats import Conversation
-from sftmix.labels import LabelMasker, RowStatus, common_prefix_length
-from sftmix.templates import ChatRenderer, named_template
-from sftmix.tokenizer import (
+from sftmix.sources.formats import Conversation
+from sftmix.tokenizing.labels import LabelMasker, RowStatus, common_prefix_length
+from sftmix.tokenizing.templates import ChatRenderer, named_template
+from sftmix.tokenizing.tokenizer import (
     TokenizerKey,
     load_hf_tokenizer,
     rust_tokenizer,

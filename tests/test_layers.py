@@ -45,13 +45,21 @@ def test_the_layers_point_one_way(tmp_path):
 
 
 def test_every_tokenize_mixer_setting_is_read_in_one_module():
-    """``sftmix.settings`` names and documents each; no other module spells one out."""
-    from sftmix import settings
+    """``sftmix.runtime.settings`` names and documents each; no other module spells one out."""
+    from sftmix.runtime import settings
 
     spelled = []
     for folder in ("sftmix", "flows", "tasks", "tokenize_mixer"):
-        for module in (ROOT / folder).glob("*.py"):
+        for module in (ROOT / folder).rglob("*.py"):
             if module.name != "settings.py" and '"TOKENIZE_MIXER_' in module.read_text():
                 spelled.append(str(module.relative_to(ROOT)))
     assert spelled == []
     assert all(s.name.startswith("TOKENIZE_MIXER_") and s.help for s in settings.ALL)
+
+
+def test_every_package_installs():
+    """A package left out of pyproject.toml's list would be missing from a wheel (an editable install
+    finds it on disk, so only a built wheel would tell)."""
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "sftmix").rglob("__init__.py")}
+    assert on_disk <= set(setup["packages"])

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sftmix.check import check_output
+from sftmix.check.findings import check_output
 from sftmix.errors import MixerError
-from sftmix.literal_tokens import renaming
-from sftmix.templates import ChatRenderer, named_template
+from sftmix.tokenizing.literal_tokens import renaming
+from sftmix.tokenizing.templates import ChatRenderer, named_template
 from tests.test_check import EXAMPLES, chat, run
 
 SPELLED = [
@@ -133,8 +133,8 @@ def test_split_refuses_a_row_holding_a_character_it_gives_the_templates_tokens(p
 
 
 def test_the_setting_changes_the_recipe_only_when_it_is_not_the_references():
-    from sftmix.config import MixerConfig
-    from sftmix.up_to_date import mixer_recipe
+    from sftmix.config.config import MixerConfig
+    from sftmix.planning.recipe import mixer_recipe
 
     def recipe(mode: str) -> dict:
         mixer = MixerConfig.model_validate(

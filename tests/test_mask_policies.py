@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sftmix.formats import Conversation
-from sftmix.labels import MaskPolicy, RowStatus, thinking_ranges
-from sftmix.templates import NAMED_TEMPLATES
-from sftmix.tokenizer import TokenizerKey, rust_tokenizer
+from sftmix.sources.formats import Conversation
+from sftmix.tokenizing.labels import MaskPolicy, RowStatus, thinking_ranges
+from sftmix.tokenizing.templates import NAMED_TEMPLATES
+from sftmix.tokenizing.tokenizer import TokenizerKey, rust_tokenizer
 from tests.test_labels import GOLDEN, masker
 from tests.tiers import examples
 
@@ -133,9 +133,9 @@ QWEN_LIKE = (  # a tool-using model's own template: tool_calls rendered as JSON 
 
 
 def test_tool_calls_a_template_renders_from_a_list_are_taken_out_tags_and_all():
-    from sftmix.labels import LabelMasker
-    from sftmix.templates import ChatRenderer
-    from sftmix.tokenizer import load_hf_tokenizer, segment_boundaries, special_tokens
+    from sftmix.tokenizing.labels import LabelMasker
+    from sftmix.tokenizing.templates import ChatRenderer
+    from sftmix.tokenizing.tokenizer import load_hf_tokenizer, segment_boundaries, special_tokens
 
     key = TokenizerKey.of(str(GOLDEN / "tokenizers" / "dolma2"), None)
     rust = rust_tokenizer(key)

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.errors import TemplateError
-from sftmix.plan import build_plan
+from sftmix.planning.plan import build_plan
 from tests.slice_rows import tokenized_rows
 
 TINY = Path(__file__).parent / "golden" / "tokenizers" / "tiny"

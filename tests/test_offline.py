@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from sftmix.config import MixerConfig, RunOptions
-from sftmix.plan import build_plan, prepare_plan
-from sftmix.slices import tokenize_slice
+from sftmix.config.config import MixerConfig, RunOptions
+from sftmix.planning.plan import build_plan, prepare_plan
+from sftmix.tokenizing.slices import tokenize_slice
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
@@ -79,7 +79,7 @@ def test_loading_a_tokenizer_never_imports_pytorch(golden_dir, tmp_path):
     )
     code = (
         "import sys\n"
-        "from sftmix.tokenizer import TokenizerKey, load_hf_tokenizer\n"
+        "from sftmix.tokenizing.tokenizer import TokenizerKey, load_hf_tokenizer\n"
         f"tok = load_hf_tokenizer(TokenizerKey.of({str(golden_dir / 'tokenizers' / 'dolma2')!r}, None))\n"
         "assert tok.backend_tokenizer is not None\n"
         "print('torch' in sys.modules)\n"

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from tests.venvs import cached_venv, venv_env
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
@@ -121,8 +121,8 @@ def test_check_simulates_olmo_core_instance_counts(olmo_core_python, prefect_api
     """``tokenize-mixer check --sequence_length L`` predicts the instances OLMo-core 3.0's own plain and
     packed FSL datasets make of the output, at lengths below and above its longest documents, with
     both long-document strategies and both sources of boundaries (.csv.gz and EOS scanning)."""
-    from sftmix.check import check_output
-    from sftmix.config import load_run_file
+    from sftmix.check.findings import check_output
+    from sftmix.config.config import load_run_file
 
     out = tmp_path / "out"
     if output == "demo":

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sftmix.olmo_fit import OlmoCoreFit, best_fit_decreasing_bins, capped_lengths
+from sftmix.check.olmo_fit import OlmoCoreFit, best_fit_decreasing_bins, capped_lengths
 
 
 def one_at_a_time(lengths: list[int], capacity: int) -> int:

@@ -2,7 +2,14 @@ import gzip
 
 import numpy as np
 
-from sftmix.olmo_format import BOUNDS_PART, MASK_PART, TOKENS_PART, PartSet, part_tokens, write_boundaries
+from sftmix.output.olmo_format import (
+    BOUNDS_PART,
+    MASK_PART,
+    TOKENS_PART,
+    PartSet,
+    part_tokens,
+    write_boundaries,
+)
 
 
 def test_part_size_is_one_gib_of_ids():

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sftmix.assemble import assemble
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
-from sftmix.digest import output_digests
-from sftmix.outcome import SliceOutcome, check_for, run_report
-from sftmix.plan import build_plan
-from sftmix.slices import tokenize_slice
+from sftmix.assembly.assemble import assemble
+from sftmix.assembly.outcome import SliceOutcome, check_for, run_report
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.output.digest import output_digests
+from sftmix.planning.plan import build_plan
+from sftmix.tokenizing.slices import tokenize_slice
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from sftmix.check.report_page import write_report
 from sftmix.errors import ConfigError, OutputConflictError
-from sftmix.output_dir import OUTPUT_MARKER, check_output_free
-from sftmix.ownership import LEASE_MARKER, lease_abandoned, leased, remove_abandoned, write_lease
-from sftmix.publish import publish_local, staging_dir
-from sftmix.report_page import write_report
+from sftmix.output.output_dir import OUTPUT_MARKER, check_output_free
+from sftmix.output.publish import publish_local, staging_dir
+from sftmix.runtime.ownership import LEASE_MARKER, lease_abandoned, leased, remove_abandoned, write_lease
 from tests.test_cli import cli
 
 SHARD = "token_ids_part_0000.npy"
@@ -143,7 +143,7 @@ def test_staging_clean_up_needs_our_lease_and_proof_it_is_abandoned(tmp_path, mo
 
 def _begin_lease(directory: str) -> None:
     """What a process killed outright between making a leased directory and renaming it leaves."""
-    from sftmix.storage import temp_name
+    from sftmix.runtime.storage import temp_name
 
     temp_name(Path(directory)).mkdir()
 

@@ -1,4 +1,4 @@
-"""Local Parquet read by row group (sftmix.parquet) gives exactly the rows datasets' Parquet builder gives,
+"""Local Parquet read by row group (sftmix.sources.parquet) gives exactly the rows datasets' Parquet builder gives,
 for several writers; a file that changes after the plan, or is not whole Parquet, is one clear error; the
 plan cuts slices at row groups and an edit recomputes only its row group's slices; the shards are the
 same as through datasets and as from the same chats in JSON Lines (issue 41 item 3)."""
@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sftmix import parquet
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.errors import DatasetError
+from sftmix.sources import parquet
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
@@ -44,7 +44,7 @@ def _datasets_rows(path: Path, cache: Path) -> list[dict]:
 @pytest.fixture
 def by_batch(monkeypatch):
     """Every row group read batch by batch, a few rows and a few hundred bytes at a time, as only a large
-    one is (:data:`sftmix.parquet.STREAMED_BYTES`)."""
+    one is (:data:`sftmix.sources.parquet.STREAMED_BYTES`)."""
     monkeypatch.setenv("TOKENIZE_MIXER_PARQUET_STREAMED_BYTES", "-1")
     monkeypatch.setattr(parquet, "_STREAM_BATCH_BYTES", 4096)
     monkeypatch.setattr(parquet, "_STREAM_BUFFER", 512)
@@ -199,7 +199,7 @@ def test_a_row_group_read_by_batch_is_read_once_by_a_slice(tmp_path, by_batch, m
 
 @pytest.mark.slow
 def test_a_large_row_group_is_read_holding_about_a_batch(tmp_path):
-    """A row group of more than :data:`~sftmix.parquet.STREAMED_BYTES` (pyarrow writes up to 1Mi rows a
+    """A row group of more than :data:`~sftmix.sources.parquet.STREAMED_BYTES` (pyarrow writes up to 1Mi rows a
     row group): the reader holds about one batch of it, not the whole."""
     rng = random.Random(5)
     text = "".join(rng.choice("abcdefghij klmnopqrstuvwxyz") for _ in range(1 << 16))
@@ -291,7 +291,7 @@ def _mixer(path: Path, out: Path, amount: float | int = 1.0) -> MixerConfig:
 
 
 def test_the_plan_cuts_at_row_groups_and_an_edit_changes_only_its_row_groups_keys(tmp_path):
-    from sftmix.plan import build_plan
+    from sftmix.planning.plan import build_plan
 
     rows = _rows(600)
     path = tmp_path / "chats.parquet"
@@ -401,7 +401,7 @@ def _hub_layout(root: Path, rows: list[dict], card: str = "---\nlicense: odc-by\
 
 
 def _hub_rows(repo: Path, split: str, cache: Path) -> list[dict]:
-    from sftmix.sources import parquet_data_files
+    from sftmix.sources.dataset import parquet_data_files
 
     found = parquet_data_files(str(repo), split, None, str(cache))
     assert found is not None
@@ -418,7 +418,7 @@ def _load(repo: Path, split: str, cache: Path) -> list[dict]:
 def test_a_hub_datasets_parquet_files_are_read_by_row_group_in_datasets_order(tmp_path):
     """The files a hub dataset's split names (here a directory with the hub's layout: no network), in
     the order datasets reads them, give its rows; what datasets must read itself is left to it."""
-    from sftmix.sources import parquet_data_files
+    from sftmix.sources.dataset import parquet_data_files
 
     rows = _rows(300)
     repo = _hub_layout(tmp_path, rows)
@@ -462,7 +462,7 @@ dataset_info:
 
 
 def test_the_plan_reads_a_hub_layout_by_row_group(tmp_path):
-    from sftmix.plan import build_plan
+    from sftmix.planning.plan import build_plan
 
     repo = _hub_layout(tmp_path, _rows(240))
     plan = build_plan(
@@ -485,7 +485,7 @@ def _hashed_whole(path: Path) -> bool:
 def test_slices_are_cut_as_their_row_groups_are_hashed_for_any_amount(tmp_path, amount):
     """The footers give every count, so whatever the amount, each slice is handed on as soon as its row
     groups are hashed (before the last one is), and they are the slices of the finished plan."""
-    from sftmix.plan import build_plan
+    from sftmix.planning.plan import build_plan
 
     path = tmp_path / "chats.parquet"
     pq.write_table(pa.Table.from_pylist(_rows(600)), path, row_group_size=100)
@@ -507,7 +507,7 @@ def test_slices_are_cut_as_their_row_groups_are_hashed_for_any_amount(tmp_path, 
 
 
 def test_a_file_that_changes_while_its_row_groups_are_hashed_is_one_clear_error(tmp_path):
-    from sftmix.plan import build_plan
+    from sftmix.planning.plan import build_plan
 
     path = tmp_path / "chats.parquet"
     rows = _rows(600)
@@ -526,7 +526,7 @@ def test_a_file_that_changes_while_its_row_groups_are_hashed_is_one_clear_error(
 
 @pytest.mark.slow
 def test_slices_begun_while_row_groups_are_hashed_are_the_flows(prefect_api, tmp_path):
-    from sftmix.digest import compare
+    from sftmix.output.digest import compare
     from tokenize_mixer.flows import head_start
     from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 

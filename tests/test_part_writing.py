@@ -1,4 +1,4 @@
-"""The output's parts written by window or by slice, on threads or worker processes (``sftmix.part_writing``):
+"""The output's parts written by window or by slice, on threads or worker processes (``sftmix.output.part_writing``):
 what the page cache is asked, and a worker that dies while writing."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sftmix.part_writing import cached_share, write_slice
+from sftmix.output.part_writing import cached_share, write_slice
 
 
 def _npy(path: Path, data: np.ndarray) -> None:
@@ -46,17 +46,17 @@ def write_slice_or_die_once(job) -> None:  # type: ignore[no-untyped-def]
 def test_a_worker_that_dies_while_writing_leaves_the_same_bytes(prefect_api, tmp_path, monkeypatch):
     """The OOM killer ends a worker process mid-write: the parts are written again on threads (a job
     writes the same bytes at the same places however often it runs) and the output is the same."""
-    import sftmix.assemble
-    from sftmix.digest import output_digests
+    import sftmix.assembly.assemble
+    from sftmix.output.digest import output_digests
     from tests.test_check import chat, run
 
     rows = [chat(f"question {i}?", f"answer {i}.") for i in range(60)]
     (tmp_path / "a").mkdir()
     first = run(tmp_path / "a", rows, "out", slice_rows=8, shuffle_seed=3)
-    monkeypatch.setattr(sftmix.assemble, "ASSEMBLE_BY", "slice")
-    monkeypatch.setattr(sftmix.assemble, "ASSEMBLE_THREADS", 2)
-    monkeypatch.setattr(sftmix.assemble, "PROCESSES_FROM_TOKENS", 1)
-    monkeypatch.setattr(sftmix.assemble, "write_slice", write_slice_or_die_once)
+    monkeypatch.setattr(sftmix.assembly.assemble, "ASSEMBLE_BY", "slice")
+    monkeypatch.setattr(sftmix.assembly.assemble, "ASSEMBLE_THREADS", 2)
+    monkeypatch.setattr(sftmix.assembly.assemble, "PROCESSES_FROM_TOKENS", 1)
+    monkeypatch.setattr(sftmix.assembly.assemble, "write_slice", write_slice_or_die_once)
     monkeypatch.setenv(DIE_MARKER, str(tmp_path / "died"))
     (tmp_path / "b").mkdir()
     again = run(tmp_path / "b", rows, "out", slice_rows=8, shuffle_seed=3)
@@ -72,11 +72,11 @@ def test_a_dataset_of_more_slices_than_open_files_allowed_is_assembled(prefect_a
     a 4 GB dataset has as many 4 MiB slices). Same bytes as the run's own."""
     import resource
 
-    from sftmix.assemble import assemble
-    from sftmix.config import MixerConfig, RunOptions
-    from sftmix.digest import output_digests
-    from sftmix.plan import build_plan
-    from sftmix.slices import read_manifest
+    from sftmix.assembly.assemble import assemble
+    from sftmix.config.config import MixerConfig, RunOptions
+    from sftmix.output.digest import output_digests
+    from sftmix.planning.plan import build_plan
+    from sftmix.tokenizing.slices import read_manifest
     from tests.test_check import EXAMPLES, chat, run
 
     rows = [chat(f"question {i}?", f"answer {i}.") for i in range(300)]
@@ -113,7 +113,7 @@ def test_a_reader_waits_for_what_it_reads_and_stops_with_the_writers():
 
     import pytest
 
-    from sftmix.part_writing import WritingStopped, WrittenParts
+    from sftmix.output.part_writing import WritingStopped, WrittenParts
 
     written = WrittenParts()
     through: list[int] = []
@@ -142,14 +142,14 @@ def test_the_check_that_follows_the_writers_finds_what_a_check_after_them_finds(
     the check of the finished output, which are the run's own."""
     import functools
 
-    import sftmix.assemble
-    import sftmix.check
-    from sftmix.assemble import assemble
-    from sftmix.check import check_output
-    from sftmix.config import MixerConfig, RunOptions
-    from sftmix.digest import output_digests
-    from sftmix.plan import build_plan
-    from sftmix.slices import read_manifest
+    import sftmix.assembly.assemble
+    import sftmix.check.findings
+    from sftmix.assembly.assemble import assemble
+    from sftmix.check.findings import check_output
+    from sftmix.config.config import MixerConfig, RunOptions
+    from sftmix.output.digest import output_digests
+    from sftmix.planning.plan import build_plan
+    from sftmix.tokenizing.slices import read_manifest
     from tests.test_check import EXAMPLES, chat, run
 
     rows = [chat(f"question {i}?", f"answer {i} " + "word " * (i % 40)) for i in range(120)]
@@ -165,13 +165,13 @@ def test_the_check_that_follows_the_writers_finds_what_a_check_after_them_finds(
     )
     plan = build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work"), runner="thread", slice_rows=16))
     manifests = [read_manifest(plan.context.work_dir, s.key) for s in plan.slices]
-    monkeypatch.setattr(sftmix.assemble, "ASSEMBLE_BY", "window")
-    monkeypatch.setattr(sftmix.assemble, "WINDOW", 97)
-    monkeypatch.setattr(sftmix.check, "CHUNK", 61)
+    monkeypatch.setattr(sftmix.assembly.assemble, "ASSEMBLE_BY", "window")
+    monkeypatch.setattr(sftmix.assembly.assemble, "WINDOW", 97)
+    monkeypatch.setattr(sftmix.check.findings, "CHUNK", 61)
     after = check_output(out, 4096, token_dtype=plan.context.token_dtype)
     assert after.findings  # the literal special token, trained mid-answer
     for processes_from in (1 << 40, 1):  # threads, then worker processes
-        monkeypatch.setattr(sftmix.assemble, "PROCESSES_FROM_TOKENS", processes_from)
+        monkeypatch.setattr(sftmix.assembly.assemble, "PROCESSES_FROM_TOKENS", processes_from)
         staging = tmp_path / f"staging-{processes_from}"
         staging.mkdir()
         follow = functools.partial(check_output, staging, 4096, token_dtype=plan.context.token_dtype)
@@ -228,8 +228,8 @@ def test_what_is_durable_and_read_leaves_the_page_cache_and_nothing_else(tmp_pat
     leave the page cache; the pages it has not read yet stay (it reads them next, not from the disk)."""
     import pytest
 
-    from sftmix.olmo_format import MASK_PART, TOKENS_PART, PartSet
-    from sftmix.part_writing import SyncBehind, WrittenParts
+    from sftmix.output.olmo_format import MASK_PART, TOKENS_PART, PartSet
+    from sftmix.output.part_writing import SyncBehind, WrittenParts
 
     tokens_name, mask_name = TOKENS_PART.format(0), MASK_PART.format(0)
 

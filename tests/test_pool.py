@@ -97,7 +97,7 @@ def test_the_collector_hands_back_the_slices_of_a_pool_whose_management_thread_e
     go to a new pool (here: come back as lost) instead of being waited for for ever."""
     from prefect import flow
 
-    from sftmix.slices import SliceSpec
+    from sftmix.tokenizing.slices import SliceSpec
     from tokenize_mixer.flows.fanout import _collect, _Slices
     from tokenize_mixer.flows.watch import StopCheck
 

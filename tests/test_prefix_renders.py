@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sftmix.formats import Conversation
-from sftmix.labels import assistant_indices
-from sftmix.prefix_renders import PrefixRenders, SkeletonStore
-from sftmix.templates import NAMED_TEMPLATES, ChatRenderer, named_template
+from sftmix.sources.formats import Conversation
+from sftmix.tokenizing.labels import assistant_indices
+from sftmix.tokenizing.prefix_renders import PrefixRenders, SkeletonStore
+from sftmix.tokenizing.templates import NAMED_TEMPLATES, ChatRenderer, named_template
 from tests.tiers import examples
 
 SPECIALS = {"eos_token": "<|endoftext|>", "bos_token": "<|bos|>"}

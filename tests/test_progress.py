@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from sftmix.slices import SliceSpec
+from sftmix.tokenizing.slices import SliceSpec
 from tests.test_cli import cli
 from tokenize_mixer.flows.progress import Board
 
@@ -56,7 +56,7 @@ def test_the_board_counts_each_slice_once_and_rates_only_computed_ones():
 
 def _write_manifest(work_dir, key: str, finished_at: float) -> None:
     """A slice's manifest as a worker lands it (a temp name, then a rename), 700 tokens."""
-    from sftmix.slices import MANIFEST, SliceManifest, slice_dir
+    from sftmix.tokenizing.slices import MANIFEST, SliceManifest, slice_dir
 
     manifest = SliceManifest(
         key=key, dataset="d.jsonl", row_start=0, row_end=10, rows=10, kept=10, tokens=700,

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
-from sftmix.digest import output_digests
-from sftmix.olmo_format import BOUNDS_PART, MASK_PART, TOKENS_PART
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.output.digest import output_digests
+from sftmix.output.olmo_format import BOUNDS_PART, MASK_PART, TOKENS_PART
 from tests.tiers import examples
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 

@@ -1,5 +1,5 @@
 """The plan's line every few seconds while it reads a dataset whose rows are counted first
-(``sftmix.read_progress``): how far, at what rate, how long is left; none once the read has ended, and
+(``sftmix.runtime.read_progress``): how far, at what rate, how long is left; none once the read has ended, and
 none where the size is unknown."""
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ import logging
 import time
 from pathlib import Path
 
-from sftmix.read_progress import ReadProgress
+from sftmix.runtime.read_progress import ReadProgress
 
 
 def _lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "sftmix.read_progress"]
+    return [r.getMessage() for r in caplog.records if r.name == "sftmix.runtime.read_progress"]
 
 
 def test_a_line_every_few_seconds_while_the_plan_reads(monkeypatch, caplog):
     monkeypatch.setenv("TOKENIZE_MIXER_PROGRESS_SECONDS", "0.5")
-    caplog.set_level(logging.INFO, logger="sftmix.read_progress")
+    caplog.set_level(logging.INFO, logger="sftmix.runtime.read_progress")
     with ReadProgress("/data/chats.jsonl", 4_000_000_000) as progress:
         progress.read(1_000_000_000)
         time.sleep(1.3)
@@ -37,10 +37,10 @@ def test_a_decompression_says_how_far_in_the_compressed_bytes(tmp_path, monkeypa
     decompressed size is not known before the end), all of them by the end."""
     import gzip
 
-    from sftmix.sources import decompressed_copy
+    from sftmix.sources.dataset import decompressed_copy
 
     monkeypatch.setenv("TOKENIZE_MIXER_PROGRESS_SECONDS", "0.5")
-    caplog.set_level(logging.INFO, logger="sftmix.read_progress")
+    caplog.set_level(logging.INFO, logger="sftmix.runtime.read_progress")
     packed = tmp_path / "chats.jsonl.gz"
     packed.write_bytes(gzip.compress(b'{"messages": []}\n' * 3_000_000, mtime=0))
     with ReadProgress(str(packed), packed.stat().st_size, "decompressed") as progress:
@@ -53,10 +53,10 @@ def test_a_decompression_says_how_far_in_the_compressed_bytes(tmp_path, monkeypa
 
 
 def test_a_load_by_the_datasets_library_says_it_still_loads(monkeypatch, caplog):
-    from sftmix.read_progress import StillLoading
+    from sftmix.runtime.read_progress import StillLoading
 
     monkeypatch.setenv("TOKENIZE_MIXER_PROGRESS_SECONDS", "0.5")
-    caplog.set_level(logging.INFO, logger="sftmix.read_progress")
+    caplog.set_level(logging.INFO, logger="sftmix.runtime.read_progress")
     with StillLoading("org/chats"):
         time.sleep(1.3)
     lines = _lines(caplog)

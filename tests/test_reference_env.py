@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
-from sftmix.labels import DROP_REASONS, RowStatus
-from sftmix.plan import Plan, build_plan
-from sftmix.templates import ChatRenderer, named_template
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.planning.plan import Plan, build_plan
+from sftmix.tokenizing.labels import DROP_REASONS, RowStatus
+from sftmix.tokenizing.templates import ChatRenderer, named_template
 from tests.slice_rows import tokenized_rows
 from tests.tokenizer_fixtures import (
     deepseek_v3_dir,
@@ -272,7 +272,7 @@ def run_ours(
 
 
 def our_renderer(plan: Plan, folder: Path, load: str) -> ChatRenderer:
-    from sftmix.tokenizer import TokenizerKey, load_hf_tokenizer, special_tokens
+    from sftmix.tokenizing.tokenizer import TokenizerKey, load_hf_tokenizer, special_tokens
 
     key = TokenizerKey.of(str(folder), None, load=load)
     return ChatRenderer(plan.context.template_text, special_tokens(load_hf_tokenizer(key)))
@@ -409,7 +409,7 @@ def _refused_rows(kind: str, bad: int) -> list[dict]:
 
 def _our_jsonl_rows(path: Path) -> list[Any]:
     """Our JSON Lines reader, as slices read a file: batch by batch."""
-    from sftmix import jsonl
+    from sftmix.sources import jsonl
 
     layout = jsonl.scan(str(path))
     assert layout is not None
@@ -427,9 +427,9 @@ def test_json_lines_read_as_datasets_4_5_reads_them(reference_python, tmp_path):
     datasets 4.5.0 (the whole file) and by us (that line, named; the plan stops on it)."""
     import datasets
 
-    from sftmix import jsonl
     from sftmix.errors import BadLineError
-    from sftmix.sources import _reference_json_options
+    from sftmix.sources import jsonl
+    from sftmix.sources.dataset import _reference_json_options
 
     files = {"accepted": (tmp_path / "accepted.jsonl", _accepted_rows())}
     for kind, bad, _, _ in REFUSED:
@@ -481,7 +481,7 @@ def test_json_lines_read_as_datasets_4_5_reads_them(reference_python, tmp_path):
 
 
 def test_the_committed_class_tables_are_transformers_5_4s(reference_python, tmp_path):
-    """``sftmix/data/reference_tokenizer_classes.json``, which ``load: reference`` chooses classes by, is
+    """``sftmix/tokenizing/data/reference_tokenizer_classes.json``, which ``load: reference`` chooses classes by, is
     what the locked transformers prints of its own tables."""
     done = subprocess.run(
         [str(reference_python), str(ORACLE.parent / "reference_tokenizer_table.py")],

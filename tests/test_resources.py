@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sftmix.digest import compare
+from sftmix.output.digest import compare
 
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT / "examples"))

@@ -1,4 +1,4 @@
-"""The allow-list of input and output roots (sftmix/roots.py): pure checks, and one flow run refused
+"""The allow-list of input and output roots (sftmix/planning/roots.py): pure checks, and one flow run refused
 before any slice is computed."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.errors import ConfigError
-from sftmix.roots import ENV, check_allowed_roots, is_hub_name, split_roots
+from sftmix.planning.roots import ENV, check_allowed_roots, is_hub_name, split_roots
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
@@ -232,7 +232,7 @@ def test_flow_run_outside_the_workers_roots_fails_before_any_slice(prefect_api, 
 def test_a_batch_of_slices_is_bound_by_the_workers_roots(tmp_path, monkeypatch):
     """runner work_pool: the tokenize-slices flow's parameters name datasets, a tokenizer and a work
     directory; the worker's roots bind them, and its local paths are never taken from them."""
-    from sftmix.roots import check_slices_allowed
+    from sftmix.planning.roots import check_slices_allowed
 
     inside, outside = tmp_path / "data", tmp_path / "secret"
     inside.mkdir()

@@ -50,7 +50,7 @@ SCRIPT = textwrap.dedent(
 
     if sys.argv[1] == "stopped-in-launch":  # a Ctrl-C that lands while the server is being launched
         import os, signal, subprocess
-        from sftmix.stopping import RunStopped, install_signal_handlers
+        from sftmix.runtime.stopping import RunStopped, install_signal_handlers
 
         install_signal_handlers()
         real_popen = subprocess.Popen
@@ -69,7 +69,7 @@ SCRIPT = textwrap.dedent(
 
     if sys.argv[1] == "stopped-in-stop":  # a stop (here a real Ctrl-C) that lands in the server's clean-up
         import os, signal
-        from sftmix.stopping import RunStopped, install_signal_handlers
+        from sftmix.runtime.stopping import RunStopped, install_signal_handlers
 
         install_signal_handlers()
         real_stop = runtime.TemporaryServer.stop
@@ -279,7 +279,7 @@ def test_a_verbose_run_logs_no_secret(tmp_path):
 
 
 def test_a_secret_is_masked_in_every_log_record(monkeypatch):
-    from sftmix import redaction
+    from sftmix.runtime import redaction
 
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)

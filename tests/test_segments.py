@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sftmix.prefix_renders import common_prefix_length
-from sftmix.segments import PrefixEncoder, overlap_mask, span_masks
-from sftmix.tokenizer import TokenizerKey, rust_tokenizer, segment_boundaries
+from sftmix.tokenizing.prefix_renders import common_prefix_length
+from sftmix.tokenizing.segments import PrefixEncoder, overlap_mask, span_masks
+from sftmix.tokenizing.tokenizer import TokenizerKey, rust_tokenizer, segment_boundaries
 from tests.test_encoders import encoders
 from tests.test_labels import PIECES, TOKENIZERS, conversation, masker
 from tests.tiers import examples
@@ -82,7 +82,7 @@ def test_segments_are_independent_only_without_a_normalizer_or_a_prefix_space():
     tokenizer's; this is what the whole JSON says for each kind."""
     from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers
 
-    from sftmix.tokenizer import boundaries_of
+    from sftmix.tokenizing.tokenizer import boundaries_of
 
     def build(normalizer=None, pre=None) -> Tokenizer:
         tok = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
@@ -121,7 +121,7 @@ def test_segments_are_independent_only_without_a_normalizer_or_a_prefix_space():
 )
 def test_a_pasted_prefix_is_cut_as_its_text_is(full, tail, at, name, pick):
     """``cut`` reads a pasted prefix only near the cut; what it finds is what the whole string gives."""
-    from sftmix.prefix_renders import PastedPrefix
+    from sftmix.tokenizing.prefix_renders import PastedPrefix
 
     rust, boundaries = _tokenizer(name)
     assert boundaries is not None

@@ -1,14 +1,14 @@
 import numpy as np
 import pytest
 
-from sftmix.errors import ConfigError
-from sftmix.selection import (
+from sftmix.config.selection import (
     parse_amount,
     selected_source_rows,
     selection_indices,
     small_count_warning,
     target_rows,
 )
+from sftmix.errors import ConfigError
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def test_an_amount_keeps_its_meaning_through_json(amount):
     """JSON has no 3 vs 3.0 (a count vs an upsampling): amounts travel as text, by the reference's rule."""
     import json
 
-    from sftmix.config import DatasetEntry
+    from sftmix.config.config import DatasetEntry
 
     entry = DatasetEntry(path="x", amount=amount)
     sent = json.loads(json.dumps(entry.model_dump(mode="json")))

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from sftmix.config import MixerConfig, RunOptions
-from sftmix.plan import build_plan
-from sftmix.slices import SLICE_FORMAT_VERSION, tokenize_slice
+from sftmix.config.config import MixerConfig, RunOptions
+from sftmix.planning.plan import build_plan
+from sftmix.tokenizing.slices import SLICE_FORMAT_VERSION, tokenize_slice
 
 #: version -> case -> sha256 of the slice's (tokens.npy, mask.npy, rows.npy)
 PINNED = {
@@ -55,7 +55,7 @@ def test_slice_bytes_are_pinned_with_the_format_version(case, golden_dir, tmp_pa
     digests = [manifest.files[name].sha256 for name in ("tokens.npy", "mask.npy", "rows.npy")]
     assert SLICE_FORMAT_VERSION in PINNED, f"pin the digests of version {SLICE_FORMAT_VERSION}: {digests}"
     assert digests == PINNED[SLICE_FORMAT_VERSION].get(case), (
-        f"slice bytes changed ({case}: {digests}): bump SLICE_FORMAT_VERSION in sftmix/slices.py, so "
+        f"slice bytes changed ({case}: {digests}): bump SLICE_FORMAT_VERSION in sftmix/tokenizing/slices.py, so "
         "checkpoints of the old bytes are not reused, and pin the new digests here"
     )
 
@@ -66,8 +66,8 @@ def test_row_records_read_without_numpy_header_parse_are_numpy_s(tmp_path):
     import numpy as np
     import pytest
 
-    from sftmix.slices import ROW_DTYPE
-    from sftmix.storage import read_npy_of
+    from sftmix.runtime.storage import read_npy_of
+    from sftmix.tokenizing.slices import ROW_DTYPE
 
     rng = np.random.default_rng(31)
     for n in (0, 1, 7, 1500):

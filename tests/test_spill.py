@@ -1,4 +1,4 @@
-"""A large Parquet row group decoded once by the plan for all its slices (sftmix.spill): the rows its
+"""A large Parquet row group decoded once by the plan for all its slices (sftmix.sources.spill): the rows its
 slices read are the file's, its slices are handed on once all it decoded is confirmed, and a slice
 without it reads the file itself."""
 
@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sftmix import parquet, spill
-from sftmix.config import DatasetEntry, RunOptions
+from sftmix.config.config import DatasetEntry, RunOptions
 from sftmix.errors import DatasetError
+from sftmix.sources import parquet, spill
 from tests.test_parquet import _datasets_rows, _mixer, _rows
 
 
@@ -108,7 +108,7 @@ def test_a_damaged_spill_is_read_from_the_file_instead_and_made_again(tmp_path, 
         fh.seek(batch.end - 20)
         fh.write(b"\0" * 8)
     source = layout.source(list(layout.row_groups), [found])
-    with caplog.at_level("WARNING", logger="sftmix.spill"):
+    with caplog.at_level("WARNING", logger="sftmix.sources.spill"):
         assert parquet.read_rows(source, list(range(600))) == expected
     parquet.confirm()
     parquet.release()
@@ -195,7 +195,7 @@ def test_a_file_that_changes_while_it_is_spilled_gives_no_batch_of_the_change(
 
 
 def test_the_plan_cuts_a_large_row_group_into_many_slices_of_one_spill(tmp_path, streamed):
-    from sftmix.plan import build_plan
+    from sftmix.planning.plan import build_plan
 
     path = _one_group(tmp_path, 2000)
     run = RunOptions(work_dir=str(tmp_path / "work"), slice_bytes=64 << 10)
@@ -215,7 +215,7 @@ def test_the_datasets_after_a_spilled_one_are_cut_while_it_is_spilled(tmp_path, 
     """The plan does not wait for a dataset's spill before it cuts the next dataset: the later slices
     are handed on while the spill is held, the spill's own as its rows are written, and the plan is
     the same, in mixer order."""
-    from sftmix.plan import build_plan
+    from sftmix.planning.plan import build_plan
 
     first = _one_group(tmp_path, 2000)
     second = tmp_path / "more.parquet"  # (row groups of a slice or less: none spilled)
@@ -259,7 +259,7 @@ def test_the_datasets_after_a_spilled_one_are_cut_while_it_is_spilled(tmp_path, 
 def test_a_spill_that_fails_while_a_later_dataset_is_cut_is_its_own_datasets_error(
     tmp_path, streamed, monkeypatch
 ):
-    from sftmix.plan import build_plan
+    from sftmix.planning.plan import build_plan
 
     first = _one_group(tmp_path, 2000)
     second = tmp_path / "more.parquet"

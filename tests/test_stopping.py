@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sftmix.digest import compare
+from sftmix.output.digest import compare
 from tests.cli_runs import assert_rerun_resumes, cli_env, convert_command, left_in_shm, semaphores
 from tokenize_mixer.flows.worker_start import START_METHOD_ENV
 
@@ -343,7 +343,7 @@ def test_a_lost_prefect_server_stops_the_run(chats, tmp_path):
 
 SUPERVISED = """
 import sys, time
-from sftmix.stopping import follow_supervisor
+from sftmix.runtime.stopping import follow_supervisor
 def report(stop):
     open(sys.argv[1], "w").write(stop.reason)
 follow_supervisor("the test's supervisor", before_exit=report, grace_seconds=1.0)
@@ -382,8 +382,8 @@ def test_a_process_whose_supervisor_dies_reports_it_and_ends(tmp_path):
 PUBLISHES_WHEN_ORPHANED = """
 import os, signal, sys, time
 from pathlib import Path
-from sftmix.publish import publish_local
-from sftmix.stopping import RunStopped, follow_supervisor
+from sftmix.output.publish import publish_local
+from sftmix.runtime.stopping import RunStopped, follow_supervisor
 follow_supervisor("the test's supervisor", poll_seconds=600, grace_seconds=600)
 signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the kernel's notice lost: only a look finds the stop
 staging, out, result = map(Path, sys.argv[1:4])
@@ -413,7 +413,7 @@ def test_a_process_whose_supervisor_just_died_does_not_publish(tmp_path):
 
 FINISHING = """
 import io, sys
-from sftmix.stopping import finish, install_signal_handlers
+from sftmix.runtime.stopping import finish, install_signal_handlers
 install_signal_handlers()
 sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False), buffer_size=4 << 20))
 sys.stdout.write("x" * (1 << 20))  # held in the buffer: finish's flush blocks on the full pipe
@@ -441,9 +441,9 @@ def test_a_stop_while_the_command_finishes_does_not_change_its_exit_code(tmp_pat
 WEDGED = """
 import os, subprocess, sys, time
 from pathlib import Path
-from sftmix.pipes import guard_std_streams
-from sftmix.stopping import RUN_STOP_NOTE, install_signal_handlers, mark_published, on_forced_exit, set_stop_note
-from sftmix.watchdog import arm_watchdog
+from sftmix.runtime.pipes import guard_std_streams
+from sftmix.runtime.stopping import RUN_STOP_NOTE, install_signal_handlers, mark_published, on_forced_exit, set_stop_note
+from sftmix.runtime.watchdog import arm_watchdog
 guard_std_streams()
 install_signal_handlers()
 arm_watchdog()
@@ -538,7 +538,7 @@ def test_a_stop_while_an_input_is_decompressed_leaves_no_temp_file(tmp_path):
     the work directory (hundreds of GB at our users' sizes) until a rerun of that same version."""
     import gzip
 
-    from sftmix.storage import TMP_MARK
+    from sftmix.runtime.storage import TMP_MARK
 
     block = "".join(json.dumps(r) + "\n" for r in arithmetic(random.Random(3), 20_000))
     data = tmp_path / "chats.jsonl.gz"
@@ -573,7 +573,7 @@ if which == "slices":
     pool = process_pool(1)
     pool.__enter__()
 else:
-    from sftmix.part_writing import worker_processes
+    from sftmix.output.part_writing import worker_processes
     pools = worker_processes(1)
     pools.__enter__()
 pid = resource_tracker._resource_tracker._pid
@@ -588,8 +588,8 @@ os._exit(0)
 # (the resource tracker among them) are killed: the moment a CI run's SIGINT in the head start met.
 _LET_GO_AFTER_THE_KILL = """
 import gc, multiprocessing, time
-from sftmix import stopping
-from sftmix.processes import kill_descendants, start_resource_tracker
+from sftmix.runtime import stopping
+from sftmix.runtime.processes import kill_descendants, start_resource_tracker
 start_resource_tracker()
 held = [multiprocessing.get_context("spawn").Lock()]  # a named semaphore, registered with the tracker
 def killed_then_let_go(within=0.0):
@@ -620,9 +620,9 @@ def test_a_semaphore_let_go_as_the_stop_kills_the_tracker_prints_nothing():
 _FORCED_WHILE_WRITING = """
 import subprocess, sys, time
 from pathlib import Path
-from sftmix import stopping
-from sftmix.ownership import leased
-from sftmix.storage import TMP_MARK
+from sftmix.runtime import stopping
+from sftmix.runtime.ownership import leased
+from sftmix.runtime.storage import TMP_MARK
 writer = "import itertools, pathlib, sys\\nfor k in itertools.count(): (pathlib.Path(sys.argv[1]) / f'part-{k}').write_bytes(b'x')"
 with leased(Path(sys.argv[1]) / f".out{TMP_MARK}test") as staging:
     subprocess.Popen([sys.executable, "-c", writer, str(staging)])
@@ -665,7 +665,7 @@ def test_the_resource_tracker_of_a_worker_pool_never_sees_sighup(pool):
 # inherits the record, not the semaphores) unlinks none of them.
 _FORKED_CHILD_UNLINKS_NOTHING = """
 import multiprocessing, os
-from sftmix.processes import start_resource_tracker, unlink_held_semaphores
+from sftmix.runtime.processes import start_resource_tracker, unlink_held_semaphores
 start_resource_tracker()
 held = multiprocessing.get_context("spawn").Lock()  # a named semaphore, on the record
 name = held._semlock.name

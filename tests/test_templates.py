@@ -7,7 +7,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sftmix.errors import TemplateError
-from sftmix.templates import NAMED_TEMPLATES, ChatRenderer, compile_template, named_template, resolve_template
+from sftmix.tokenizing.templates import (
+    NAMED_TEMPLATES,
+    ChatRenderer,
+    compile_template,
+    named_template,
+    resolve_template,
+)
 from tests.tiers import examples
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "templates"

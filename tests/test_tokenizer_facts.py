@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from sftmix import tokenizer_facts as facts_module
-from sftmix.templates import named_template
-from sftmix.tokenizer import (
+from sftmix.tokenizing import tokenizer_facts as facts_module
+from sftmix.tokenizing.templates import named_template
+from sftmix.tokenizing.tokenizer import (
     TokenizerKey,
     largest_token_id,
     load_changes,
@@ -24,7 +24,7 @@ from sftmix.tokenizer import (
     special_tokens,
     tokenizer_fingerprint,
 )
-from sftmix.tokenizer_facts import (
+from sftmix.tokenizing.tokenizer_facts import (
     TokenizerFacts,
     save_tokenizer,
     tokenizer_facts,
@@ -139,8 +139,8 @@ def test_a_hub_name_is_not_kept(cache):
 
 PLAN_TWICE = """
 import sys
-from sftmix.config import load_run_file, RunOptions
-from sftmix.plan import build_plan
+from sftmix.config.config import load_run_file, RunOptions
+from sftmix.planning.plan import build_plan
 rf = load_run_file(sys.argv[1])
 plan = build_plan(rf.mixer, RunOptions(work_dir=sys.argv[2]))
 print(plan.context.encoder, *sorted(m for m in ("transformers", "datasets", "pandas") if m in sys.modules))

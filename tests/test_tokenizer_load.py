@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
-from sftmix.plan import build_plan
-from sftmix.tokenizer import TokenizerKey, load_hf_tokenizer
-from sftmix.tokenizer_facts import tokenizer_facts
-from sftmix.tokenizer_load import reference_class, reference_tables
-from sftmix.up_to_date import mixer_recipe
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.planning.plan import build_plan
+from sftmix.planning.recipe import mixer_recipe
+from sftmix.tokenizing.tokenizer import TokenizerKey, load_hf_tokenizer
+from sftmix.tokenizing.tokenizer_facts import tokenizer_facts
+from sftmix.tokenizing.tokenizer_load import reference_class, reference_tables
 from tests.slice_rows import tokenized_rows
 from tests.tokenizer_fixtures import GOLDEN, deepseek_v3_dir, ensure_dolma2
 from tokenize_mixer.cli import build_parser, mixer_from_convert_args
@@ -157,7 +157,7 @@ def test_a_plan_warns_before_work_and_load_files_tokenizes_as_the_files_say(tmp_
     assert files.tokenizer_load_note is None and files.context.tokenizer_load == "files"
     assert files.tokenizer_fingerprint != reference.tokenizer_fingerprint  # (other slices)
     own = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    from sftmix.templates import ChatRenderer
+    from sftmix.tokenizing.templates import ChatRenderer
 
     facts = tokenizer_facts(TokenizerKey.of(str(folder), None, "files"))
     renderer = ChatRenderer(files.context.template_text, facts.special_tokens)

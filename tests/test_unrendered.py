@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sftmix.config import MixerConfig, RunOptions
-from sftmix.formats import Conversation
-from sftmix.plan import build_plan
-from sftmix.templates import ChatRenderer, named_template
-from sftmix.unrendered import unrendered, what_it_reads
+from sftmix.config.config import MixerConfig, RunOptions
+from sftmix.planning.plan import build_plan
+from sftmix.sources.formats import Conversation
+from sftmix.tokenizing.templates import ChatRenderer, named_template
+from sftmix.tokenizing.unrendered import unrendered, what_it_reads
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 SPECIALS = {"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"}

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from sftmix.config import OutputSpec, RunOptions
+from sftmix.assembly.up_to_date import up_to_date
+from sftmix.config.config import OutputSpec, RunOptions
 from sftmix.errors import ChecksumError
-from sftmix.output_dir import OUTPUT_MARKER
-from sftmix.report import UP_TO_DATE
-from sftmix.up_to_date import input_record, up_to_date
+from sftmix.output.output_dir import OUTPUT_MARKER
+from sftmix.output.report import UP_TO_DATE
+from sftmix.planning.recipe import input_record
 from tests.test_cli import cli
 from tests.test_flow import EXAMPLES, demo_mixer
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer

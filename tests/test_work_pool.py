@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sftmix.digest import output_digests
+from sftmix.output.digest import output_digests
 from tests.cli_runs import machine_env
 from tests.test_deployment import BIN, ROOT, server  # noqa: F401 (the real server fixture)
 from tests.test_gcs import gcs, parts  # noqa: F401 (the emulator fixture)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sftmix.digest import compare
+from sftmix.output.digest import compare
 from tests.cli_runs import cli_env, convert_command
 from tokenize_mixer.flows.worker_start import MIN_FORKED_WORKERS, START_METHOD_ENV
 

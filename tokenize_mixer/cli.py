@@ -18,15 +18,23 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, get_args
 
-from sftmix import settings
-from sftmix.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec, load_run_file
-from sftmix.console import configure_command_console
+from sftmix.config.config import (
+    DatasetEntry,
+    MixerConfig,
+    OutputSpec,
+    RunOptions,
+    TokenizerLoad,
+    TokenizerSpec,
+    load_run_file,
+)
+from sftmix.config.reference_flags import NEUTRAL_FLAGS, check_flags, transform_chain
+from sftmix.config.selection import parse_amount
 from sftmix.errors import CheckFailedError, ConfigError, MixerError, WorkerDiedError
-from sftmix.pipes import guard_std_streams, new_line_if_needed, quiet_after_stop, watch_output_pipes
-from sftmix.reference_flags import NEUTRAL_FLAGS, check_flags, transform_chain
-from sftmix.report import COMMAND_CLOCK, RunReport
-from sftmix.selection import parse_amount
-from sftmix.stopping import (
+from sftmix.output.report import COMMAND_CLOCK, RunReport
+from sftmix.runtime import settings
+from sftmix.runtime.console import configure_command_console
+from sftmix.runtime.pipes import guard_std_streams, new_line_if_needed, quiet_after_stop, watch_output_pipes
+from sftmix.runtime.stopping import (
     EXIT_API_LOST,
     EXIT_CANCELLED,
     EXIT_WORKERS_DIED,
@@ -39,8 +47,7 @@ from sftmix.stopping import (
     record_stop,
     set_stop_note,
 )
-from sftmix.tokenizer_load import TokenizerLoad
-from sftmix.watchdog import arm_watchdog
+from sftmix.runtime.watchdog import arm_watchdog
 
 logger = logging.getLogger("sftmix")
 
@@ -519,9 +526,9 @@ def _log_handlers_writing_to(stream: Any, instead: Any) -> Iterator[None]:
 def _write_tokenizer_only(mixer: MixerConfig) -> int:
     """--tokenizer_config_only: OUTPUT_DIR/tokenizer/ (the tokenizer with the chat template the run would
     use) and nothing else, as the reference writes it; an existing tokenizer/ is never replaced."""
-    from sftmix.plan import resolve_tokenizer
-    from sftmix.storage import is_remote, writer_tag
-    from sftmix.tokenizer_facts import write_tokenizer_dir
+    from sftmix.planning.plan import resolve_tokenizer
+    from sftmix.runtime.storage import is_remote, writer_tag
+    from sftmix.tokenizing.tokenizer_facts import write_tokenizer_dir
 
     if is_remote(mixer.output.path):
         raise ConfigError("--tokenizer_config_only writes to a local --output_dir only")
@@ -541,11 +548,12 @@ def _write_tokenizer_only(mixer: MixerConfig) -> int:
 
 
 def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
-    from sftmix.output_dir import check_output_free, paths_to_protect, refuse_different_settings
-    from sftmix.plan import check_inputs
-    from sftmix.roots import check_allowed_roots
-    from sftmix.slices import SLICE_FORMAT_VERSION
-    from sftmix.up_to_date import UpToDate, may_be_up_to_date, mixer_recipe, remember_inputs, up_to_date
+    from sftmix.assembly.up_to_date import UpToDate, may_be_up_to_date, remember_inputs, up_to_date
+    from sftmix.output.output_dir import check_output_free, paths_to_protect, refuse_different_settings
+    from sftmix.planning.plan import check_inputs
+    from sftmix.planning.recipe import mixer_recipe
+    from sftmix.planning.roots import check_allowed_roots
+    from sftmix.tokenizing.slices import SLICE_FORMAT_VERSION
     from tokenize_mixer.flows.runtime import prefect_api, remove_abandoned_private_dirs
 
     remove_abandoned_private_dirs()  # (a command killed outright could not remove its own)
@@ -565,7 +573,7 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
         """The plan, whose user errors end the command before a flow run exists, and whether it finds
         the output up to date (then no flow run either). ``early``: what the slices of a large file
         are handed while the plan still reads it."""
-        from sftmix.plan import prepare_plan
+        from sftmix.planning.plan import prepare_plan
         from tokenize_mixer.flows.head_start import plan_ahead
 
         prepare_plan(mixer, run)
@@ -623,7 +631,7 @@ def _say_up_to_date(report: RunReport) -> int:
 
 def _configure_logging(verbose: bool) -> None:
     configure_command_console(verbose)
-    # (websockets' DEBUG lines are frames and headers: noise, and secrets were it not for sftmix.redaction)
+    # (websockets' DEBUG lines are frames and headers: noise, and secrets were it not for sftmix.runtime.redaction)
     for name in (
         "httpx",
         "httpcore",
@@ -645,7 +653,7 @@ def _inspect(args: argparse.Namespace) -> int:
     from rich.text import Text
     from tokenizers import Tokenizer
 
-    from sftmix.inspect_output import find_document, load_document, segments
+    from sftmix.check.inspect_output import find_document, load_document, segments
 
     index = args.doc
     if index is None:
@@ -664,7 +672,7 @@ def _inspect(args: argparse.Namespace) -> int:
         f"{source}; {doc.tokens.shape[0]} tokens, {int(doc.mask.sum())} trainable"
     )
     if args.against:
-        from sftmix.inspect_output import (
+        from sftmix.check.inspect_output import (
             BOTH,
             ONLY_HERE,
             ONLY_THERE,
@@ -772,13 +780,13 @@ def _main(args: argparse.Namespace) -> int:
                 mixer = mixer.model_copy(update={"output": out})
             return _run_flow(mixer, run_options(args, rf.run))
         if args.command == "plan":
-            from sftmix.plan import build_plan
+            from sftmix.planning.plan import build_plan
 
             rf = load_run_file(args.config)
             sys.stdout.write(build_plan(rf.mixer, run_options(args, rf.run)).summary() + "\n")
             return 0
         if args.command == "compare":
-            from sftmix.digest import compare
+            from sftmix.output.digest import compare
 
             result = compare(args.a, args.b)
             sys.stdout.write(result.render() + "\n")
@@ -786,7 +794,7 @@ def _main(args: argparse.Namespace) -> int:
         if args.command == "inspect":
             return _inspect(args)
         if args.command == "check":
-            from sftmix.check import check_output
+            from sftmix.check.findings import check_output
 
             result = check_output(args.output, args.sequence_length, long_doc_strategy=args.long_doc_strategy)
             sys.stdout.write(result.render(template_diff=args.template_diff) + "\n")
@@ -794,13 +802,13 @@ def _main(args: argparse.Namespace) -> int:
                 Path(args.json).write_text(result.to_json(), encoding="utf-8")
             return result.exit_code
         if args.command == "report":
-            from sftmix.report_page import write_report
+            from sftmix.check.report_page import write_report
 
             png, md = write_report(args.output, args.out)
             sys.stdout.write(f"wrote {png} and {md}\n")
             return 0
         if args.command == "digest":
-            from sftmix.digest import digests_json
+            from sftmix.output.digest import digests_json
 
             text = digests_json(args.output)
             if args.out:

@@ -1,7 +1,7 @@
 """The ``tokenize-mixer`` command's first step, before anything heavy is imported: from here on a stop (a
 Ctrl-C, a SIGTERM, a closed pipe) at any moment ends the command with its one line and exit code, never
 a traceback from inside an import, and a recorded stop ends it within seconds even if a thread is
-wedged (:func:`sftmix.stopping.arm_watchdog`).
+wedged (:func:`sftmix.runtime.stopping.arm_watchdog`).
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.
 
 import sys  # noqa: E402
 
-from sftmix.pipes import guard_std_streams  # noqa: E402 (the clock starts first)
-from sftmix.processes import STOP_SIGNALS  # noqa: E402
-from sftmix.stopping import (  # noqa: E402
+from sftmix.runtime.pipes import guard_std_streams  # noqa: E402 (the clock starts first)
+from sftmix.runtime.processes import STOP_SIGNALS  # noqa: E402
+from sftmix.runtime.stopping import (  # noqa: E402
     RUN_STOP_NOTE,
     RunStopped,
     exit_now,
     install_signal_handlers,
     set_stop_note,
 )
-from sftmix.watchdog import arm_watchdog  # noqa: E402
+from sftmix.runtime.watchdog import arm_watchdog  # noqa: E402
 
 
 def entry() -> None:

@@ -1,6 +1,6 @@
 """Print, as JSON, what transformers' AutoTokenizer chooses a tokenizer class from, as the installed
 transformers has it: run in the reference's locked environment (transformers 5.4.0) this is
-``sftmix/data/reference_tokenizer_classes.json`` (tests/test_reference_env.py checks it is)."""
+``sftmix/tokenizing/data/reference_tokenizer_classes.json`` (tests/test_reference_env.py checks it is)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,491 @@
+"""From slice manifests to the final shards: global order first, then a streamed scatter.
+
+The order (kept rows per dataset in selection order, concatenated in mixer order, shuffled with
+``numpy.random.default_rng(seed).permutation``, cut to ``num_examples``) needs only the slices' row
+records, read through their memory maps: what the tail holds per output document is one 40-byte record
+(:data:`DOCUMENT_DTYPE`) and its start and end (about 90 bytes a document at the peak, measured in
+bench/results). Tokens are then copied by window or slice into the parts at precomputed offsets, so the
+tokens in memory are bounded by a window or a slice, not by the dataset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sftmix.check.findings import CheckReport
+from sftmix.config.selection import selection_indices
+from sftmix.errors import ChecksumError, DatasetError
+from sftmix.output.hf_output import remove_olmo_parts, write_hf_parquet
+from sftmix.output.olmo_format import (
+    MASK_PART,
+    TOKENS_PART,
+    PartSet,
+    dataset_statistics,
+    part_tokens,
+    write_boundaries,
+    write_statistics,
+)
+from sftmix.output.part_writing import (
+    CACHE_SAMPLE,
+    SliceJob,
+    SyncBehind,
+    WindowJob,
+    WritingStopped,
+    WrittenParts,
+    cached_share,
+    plan_window,
+    run_bounded,
+    worker_processes,
+    write_slice,
+    write_window,
+)
+from sftmix.planning.plan import DatasetPlan, Plan
+from sftmix.runtime import settings
+from sftmix.runtime.parallel import available_cpus
+from sftmix.runtime.storage import storage_errors, temp_name
+from sftmix.tokenizing.labels import DROP_REASONS, RowStatus
+from sftmix.tokenizing.slices import SliceManifest, load_slice_rows, slice_dir
+from sftmix.tokenizing.tokenizer_facts import write_tokenizer_dir
+
+logger = logging.getLogger(__name__)
+
+DOCUMENTS_FILE = "documents.npy"
+DOC_DTYPE = np.dtype([("dataset", "<i4"), ("row", "<i8"), ("start", "<i8"), ("length", "<i8")])
+
+
+@dataclass
+class DatasetTally:
+    name: str
+    selected: int = 0
+    kept: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class AssembleResult:
+    documents: int
+    tokens: int
+    trainable_tokens: int
+    untrainable_documents: int  # written with an all-zero mask (drop_untrainable off)
+    parts: int
+    statistics: dict[str, Any]
+    tallies: list[DatasetTally]
+    documents_path: str
+    written_seconds: float = 0.0  # from the start until every part was written
+    checked: CheckReport | None = None  # the check made while the parts were written
+
+
+#: An output document as the tail needs it, in output order: 40 bytes, the one array that grows with the
+#: output's documents while it is written (the slices' row records are read through their memory maps).
+DOCUMENT_DTYPE = np.dtype(
+    [
+        ("dataset", "<i4"),
+        ("slice", "<i4"),
+        ("row", "<i8"),
+        ("offset", "<i8"),
+        ("length", "<i8"),
+        ("trainable", "<i8"),
+    ]
+)
+
+
+def _dataset_documents(
+    plan: Plan, manifests: list[SliceManifest], d: DatasetPlan
+) -> tuple[np.ndarray, DatasetTally]:
+    """A dataset's kept documents in selection order (:data:`DOCUMENT_DTYPE`) and its tally. Of its rows
+    only the source row and status are copied (9 bytes a row); the rest is read for kept documents only,
+    slice by slice from the row records' memory maps, each mapped only while it is read (a live map holds
+    a file descriptor: a dataset may have tens of thousands of slices)."""
+
+    def records(k: int) -> np.ndarray:
+        return load_slice_rows(plan.context.work_dir, manifests[d.slices[k]])
+
+    rows, statuses = [], []
+    for k in range(len(d.slices)):
+        r = records(k)
+        rows.append(np.array(r["row"], dtype=np.int64))
+        statuses.append(np.array(r["status"], dtype=np.int8))
+        del r
+    first = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum([r.shape[0] for r in rows], out=first[1:])
+    row = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+    status = np.concatenate(statuses) if statuses else np.zeros(0, np.int8)
+    del rows, statuses
+    sel = selection_indices(d.n_rows, d.target)
+    pos = np.searchsorted(row, sel)
+    if pos.size and (pos.max() >= row.shape[0] or not np.array_equal(row[pos], sel)):
+        raise ChecksumError(f"dataset {d.name!r}: slice checkpoints do not cover the selected rows; rerun")
+    del row, sel
+    chosen = status[pos]
+    del status
+    kept = pos[chosen == RowStatus.KEPT]
+    tally = DatasetTally(name=d.name, selected=int(pos.size), kept=int(kept.size))
+    for code, count in zip(*np.unique(chosen[chosen != RowStatus.KEPT], return_counts=True), strict=True):
+        tally.dropped[DROP_REASONS[RowStatus(int(code))]] += int(count)
+    del pos, chosen
+    if tally.kept == 0:
+        raise DatasetError(
+            d.name,
+            f"no rows left after tokenization ({tally.selected} selected, dropped: {dict(tally.dropped)})",
+        )
+    docs = np.empty(kept.shape[0], dtype=DOCUMENT_DTYPE)
+    docs["dataset"] = d.index
+    owner = np.searchsorted(first, kept, side="right") - 1  # which of the dataset's slices
+    by_owner = np.argsort(owner, kind="stable")
+    bounds = np.searchsorted(owner[by_owner], np.arange(len(d.slices) + 1))
+    for k in range(len(d.slices)):
+        group = by_owner[bounds[k] : bounds[k + 1]]
+        if not group.size:
+            continue
+        local = kept[group] - first[k]
+        r = records(k)
+        docs["slice"][group] = d.slices[k]
+        for name in ("row", "offset", "length", "trainable"):
+            docs[name][group] = r[name][local]
+        del r
+    return docs, tally
+
+
+def global_order(plan: Plan, manifests: list[SliceManifest]) -> tuple[np.ndarray, list[DatasetTally]]:
+    """Every output document in output order (:data:`DOCUMENT_DTYPE`): kept rows per dataset in selection
+    order, concatenated in mixer order, shuffled, cut to ``num_examples``."""
+    found = [_dataset_documents(plan, manifests, d) for d in plan.datasets]
+    tallies = [t for _, t in found]
+    every = np.concatenate([docs for docs, _ in found]) if found else np.zeros(0, DOCUMENT_DTYPE)
+    del found
+    perm = np.random.default_rng(plan.mixer.shuffle_seed).permutation(every.shape[0])
+    n = plan.mixer.num_examples
+    if n > 0:
+        if n > perm.shape[0]:
+            logger.warning(
+                "num_examples=%d but only %d rows were kept: writing all of them", n, perm.shape[0]
+            )
+        perm = perm[:n]
+    # (gathered as opaque records: numpy copies each whole, where a structured gather goes field by
+    # field, 4-7x slower at 450k documents)
+    records = np.ascontiguousarray(every).view(f"V{DOCUMENT_DTYPE.itemsize}")
+    return records[perm].view(DOCUMENT_DTYPE), tallies
+
+
+#: Tokens of the output gathered at once (per worker: a window's tokens and mask in memory).
+WINDOW = 1 << 22
+#: Windows gathered at once; ``None``: every CPU this process may use.
+ASSEMBLE_THREADS: int | None = None
+#: From this many tokens the output is written by worker processes (threads would share one GIL for the
+#: loop over documents), below it on threads (starting processes costs more than it saves); the
+#: environment's ``TOKENIZE_MIXER_PROCESSES_FROM_TOKENS`` sets it (the fault soak writes small outputs so).
+PROCESSES_FROM_TOKENS = 16 * WINDOW
+PROCESSES_FROM_ENV = settings.PROCESSES_FROM_TOKENS.name
+#: How the parts are written: ``window``, ``slice``, or ``None``: by what the page cache holds.
+ASSEMBLE_BY: str | None = None
+#: The share of sampled documents in the page cache from which the output is written by window.
+CACHED_ENOUGH = 0.9
+
+
+def assemble(
+    plan: Plan,
+    manifests: list[SliceManifest],
+    staging: Path,
+    documents_path: Path,
+    check: Callable[..., CheckReport] | None = None,
+) -> AssembleResult:
+    """Write parts, boundaries and statistics for ``plan`` into ``staging``. ``check`` (an OLMo-core
+    output only) checks the staging while the parts are written, each chunk once it is written."""
+    with storage_errors(f"cannot write the output (staged in {staging.parent})"):
+        return _assemble(plan, manifests, staging, documents_path, check)
+
+
+def _assemble(
+    plan: Plan,
+    manifests: list[SliceManifest],
+    staging: Path,
+    documents_path: Path,
+    check: Callable[..., CheckReport] | None,
+) -> AssembleResult:
+    started = time.perf_counter()
+    docs, tallies = global_order(plan, manifests)
+    lengths = docs["length"]
+    ends = np.cumsum(lengths, dtype=np.int64)
+    starts = ends - lengths
+    total = int(ends[-1]) if ends.size else 0
+    dtype = np.dtype(plan.context.token_dtype)
+    per_part = part_tokens(dtype)
+    n_parts = len(range(0, total, per_part))
+    olmo = plan.mixer.output.format == "olmo"
+    parts = PartSet(staging, total, dtype, per_part)
+    written = WrittenParts()
+    # What does not need the parts is written beside them, and the check follows the writers.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="assemble-beside") as beside:
+        besides = beside.submit(
+            _beside_the_parts,
+            plan,
+            docs,
+            tallies,
+            starts,
+            ends,
+            staging,
+            documents_path,
+            n_parts,
+            written,
+            olmo,
+            check if olmo else None,
+        )
+        # What the check has read leaves the page cache once durable. Without the check, the digests
+        # (or another format's writer) read the parts after they are written: their pages stay.
+        followed = written if olmo and check is not None else None
+        sync = SyncBehind(parts.files, written=followed, itemsize=dtype.itemsize)
+        try:
+            _write_parts(plan, manifests, docs, starts, ends, staging, dtype, per_part, written, sync)
+        except BaseException:
+            written.stop()  # the check stops at its next chunk; what is beside ends its step
+            sync.close()
+            parts.close(sync=False)
+            with contextlib.suppress(BaseException):
+                besides.result()
+            raise
+        written.complete()
+        sync.close()
+        parts.close()
+        written_seconds = time.perf_counter() - started
+        stats, checked = besides.result()
+    if not olmo:
+        pack_to = plan.mixer.max_seq_length if plan.mixer.output.packing != "none" else None
+        stats["hf_output"] = write_hf_parquet(staging, starts, lengths, dtype, per_part, pack_to)
+        remove_olmo_parts(staging)
+        write_statistics(staging, stats)
+    return AssembleResult(
+        documents=int(docs.shape[0]),
+        tokens=total,
+        trainable_tokens=int(docs["trainable"].sum()),
+        untrainable_documents=int((docs["trainable"] == 0).sum()),
+        parts=n_parts,
+        statistics=stats,
+        tallies=tallies,
+        documents_path=str(documents_path),
+        written_seconds=round(written_seconds, 3),
+        checked=checked,
+    )
+
+
+def _beside_the_parts(
+    plan: Plan,
+    docs: np.ndarray,
+    tallies: list[DatasetTally],
+    starts: np.ndarray,
+    ends: np.ndarray,
+    staging: Path,
+    documents_path: Path,
+    n_parts: int,
+    written: WrittenParts,
+    olmo: bool,
+    check: Callable[..., CheckReport] | None,
+) -> tuple[dict[str, Any], CheckReport | None]:
+    """Boundaries, the tokenizer, the document map and (``olmo``: an OLMo-core output's) statistics:
+    they need only the document table; then ``check``, which reads each chunk of the parts once it is
+    written."""
+    steps = (
+        lambda: write_boundaries(
+            staging, starts, ends, part_tokens(np.dtype(plan.context.token_dtype)), n_parts
+        ),
+        lambda: write_tokenizer_dir(
+            plan.context.tokenizer_key(),
+            plan.context.template_text,
+            staging / "tokenizer",
+        ),
+        lambda: _write_documents(documents_path, docs, starts),
+    )
+    documents_path.parent.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+        if written.stopped:
+            raise WritingStopped("the output's parts were not written to the end")
+        step()
+    stats = _statistics(plan, docs, tallies, int(ends[-1]) if ends.size else 0)
+    if olmo:
+        write_statistics(staging, stats)  # (before the check, which reads them)
+    return stats, None if check is None else check(written=written)
+
+
+def _write_parts(
+    plan: Plan,
+    manifests: list[SliceManifest],
+    docs: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    staging: Path,
+    dtype: np.dtype,
+    per_part: int,
+    written: WrittenParts,
+    sync: SyncBehind,
+) -> None:
+    """The parts, written on every core (``sftmix.output.part_writing``): by window while the slices are in the
+    page cache, else slice by slice (sequential reads of a disk). By window, ``written`` follows the
+    windows done in order; by slice, every part is written only at the end. ``sync`` makes what is
+    written durable behind the writers."""
+    total = int(ends[-1]) if ends.size else 0
+    slice_dirs = [str(slice_dir(plan.context.work_dir, m.key)) for m in manifests]
+    part_files = [
+        (str(staging / TOKENS_PART.format(k)), str(staging / MASK_PART.format(k)))
+        for k in range(len(range(0, total, per_part)))
+    ]
+    how = ASSEMBLE_BY or _way_to_write(docs, slice_dirs, dtype)
+    if how == "window":
+
+        def window(lo: int, hi: int) -> WindowJob:
+            part, at = divmod(lo, per_part)
+            found = plan_window(lo, hi, starts, ends, docs["slice"], docs["offset"], slice_dirs)
+            return WindowJob(lo, hi, at, *part_files[part], dtype.str, *found)
+
+        windows = [
+            (lo, min(lo + WINDOW, total, k + per_part))
+            for k in range(0, total, per_part)
+            for lo in range(k, min(k + per_part, total), WINDOW)
+        ]
+        count, fn = len(windows), write_window
+
+        def jobs() -> Iterator[Any]:
+            return (window(*w) for w in windows)
+
+        def done(job: WindowJob) -> None:
+            written.advance(job.lo // per_part, job.at + job.hi - job.lo)
+            sync.wrote([job.lo // per_part], (job.hi - job.lo) * (dtype.itemsize + 1))
+
+    else:
+        by_slice = np.lexsort((docs["offset"], docs["slice"]))  # each slice's documents in its order
+        ids, first = np.unique(docs["slice"][by_slice], return_index=True)
+        bounds = list(
+            zip(ids.tolist(), first.tolist(), [*first[1:].tolist(), by_slice.shape[0]], strict=True)
+        )
+
+        def one_slice(sid: int, a: int, b: int) -> SliceJob:
+            group = by_slice[a:b]
+            return SliceJob(
+                slice_dirs[sid],
+                dtype.str,
+                per_part,
+                part_files,
+                docs["offset"][group],
+                starts[group],
+                docs["length"][group],
+            )
+
+        count, fn = len(bounds), write_slice
+
+        def jobs() -> Iterator[Any]:
+            return (one_slice(*g) for g in bounds)
+
+        every_part = range(len(part_files))
+
+        def done(job: SliceJob) -> None:
+            sync.wrote(every_part, int(job.n.sum()) * (dtype.itemsize + 1))
+
+    workers = max(1, min(count, ASSEMBLE_THREADS or available_cpus()))
+    logger.debug("writing %d tokens by %s on %d workers", total, how, workers)
+    if workers > 1 and total >= int(settings.PROCESSES_FROM_TOKENS.get() or PROCESSES_FROM_TOKENS):
+        try:
+            with worker_processes(workers) as pool:
+                run_bounded(pool, fn, jobs(), 2 * workers, done)
+            return
+        except BrokenProcessPool:
+            # A worker died (the OOM killer, a kill): a job writes the same bytes at the same places
+            # however often it runs, so the parts are written again, on threads.
+            logger.warning("a worker process writing the output died; writing the output again on threads")
+    with ThreadPoolExecutor(max_workers=workers) as threads:
+        run_bounded(threads, fn, jobs(), 2 * workers, done)
+
+
+def _way_to_write(docs: np.ndarray, slice_dirs: list[str], dtype: np.dtype) -> str:
+    """``window`` when the page cache holds (nearly) every sampled document's tokens, else ``slice``."""
+    if not docs.shape[0]:
+        return "window"
+    sample = np.unique(np.linspace(0, docs.shape[0] - 1, CACHE_SAMPLE).astype(np.int64))
+    share = cached_share(
+        [os.path.join(slice_dirs[i], "tokens.npy") for i in docs["slice"][sample].tolist()],
+        (docs["offset"][sample] * dtype.itemsize).tolist(),
+    )
+    return "window" if share is not None and share >= CACHED_ENOUGH else "slice"
+
+
+def _write_documents(path: Path, docs: np.ndarray, starts: np.ndarray) -> None:
+    """The run's document map (:data:`DOC_DTYPE`, ``np.save``'s format), filled in place through a memory
+    map: not one more array of every document in memory."""
+    staging = temp_name(path)
+    out = np.lib.format.open_memmap(staging, mode="w+", dtype=DOC_DTYPE, shape=(docs.shape[0],))
+    for name in ("dataset", "row", "length"):
+        out[name] = docs[name]
+    out["start"] = starts
+    out.flush()
+    del out
+    os.replace(staging, path)
+
+
+def _statistics(plan: Plan, docs: np.ndarray, tallies: list[DatasetTally], total: int) -> dict:
+    pre: dict[str, dict[str, Any]] = {}
+    for d, t in zip(plan.datasets, tallies, strict=True):
+        pre[d.name] = {
+            "dataset_split": d.split,
+            "initial_instances": d.target,
+            "final_instances": t.kept,
+            "instances_filtered": d.target - t.kept,
+            "frac_or_num_samples": d.amount,
+            "original_dataset_size": d.n_rows,
+            "is_upsampled": d.upsampled,
+            "upsampling_factor": d.target / d.n_rows if d.n_rows > 0 else 1.0,
+        }
+    # per dataset by its index (numpy over every document), then by name in order of first appearance
+    which, n = docs["dataset"], len(plan.datasets)
+    by_index = [
+        np.bincount(which, minlength=n).tolist(),
+        _sum_by(which, docs["length"], n),
+        _sum_by(which, docs["trainable"], n),
+        np.bincount(which[docs["trainable"] == 0], minlength=n).tolist(),
+    ]
+    counts: Counter[str] = Counter()
+    tokens: Counter[str] = Counter()
+    trainable: Counter[str] = Counter()
+    filtered: Counter[str] = Counter()
+    seen: list[str] = []
+    present, first = np.unique(which, return_index=True)
+    for i in present[np.argsort(first, kind="stable")].tolist():
+        name = plan.datasets[i].name
+        if name not in counts:
+            seen.append(name)
+        counts[name] += by_index[0][i]
+        tokens[name] += by_index[1][i]
+        trainable[name] += by_index[2][i]
+        filtered[name] += by_index[3][i]
+    total_trainable = int(docs["trainable"].sum())
+    return dataset_statistics(
+        output_dir=str(Path(plan.mixer.output.path)),
+        tokenizer=plan.mixer.tokenizer.name_or_path,
+        max_seq_length=plan.mixer.max_seq_length,
+        chat_template=plan.mixer.tokenizer.chat_template,
+        pre=pre,
+        order=seen,
+        counts=counts,
+        tokens=tokens,
+        trainable=trainable,
+        filtered=filtered,
+        total_instances=int(docs.shape[0]),
+        total_tokens=total,
+        total_trainable=total_trainable,
+        num_filtered=int((docs["trainable"] == 0).sum()),
+    )
+
+
+def _sum_by(which: np.ndarray, values: np.ndarray, n: int) -> list[int]:
+    """``values`` summed per index in ``which``, exactly (int64, not bincount's float weights)."""
+    sums = np.zeros(n, dtype=np.int64)
+    np.add.at(sums, which, values.astype(np.int64))
+    return sums.tolist()

@@ -1,0 +1,602 @@
+"""The configuration a user writes: one place to read every knob.
+
+These pydantic models are what ``tokenize-mixer run CONFIG.yaml`` reads and what the Prefect UI shows
+as the flow's parameter form, so every field carries a description and its constraints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from sftmix.config.byte_settings import NO_BYTES, ChangesBytes
+from sftmix.config.form import blank_is_none, form_schema, lift_advanced
+from sftmix.config.selection import Amount, amount_text, parse_amount
+from sftmix.errors import ConfigError
+from sftmix.runtime import settings
+
+#: Every name of the reference's ``CHAT_TEMPLATES``, carried byte for byte (``sftmix/tokenizing/templates/<name>.jinja``),
+#: in the reference's order. ``olmo_old`` is the same text as ``olmo`` under its own name.
+NAMED_TEMPLATES = (
+    "simple_concat_with_space",
+    "simple_concat_with_new_line",
+    "simple_chat",
+    "assistant_message_only",
+    "zephyr",
+    "olmo",
+    "tulu",
+    "tulu_thinker",
+    "tulu_thinker_r1_style",
+    "olmo_old",
+    "olmo_thinker",
+    "olmo_thinker_no_think_7b",
+    "olmo_thinker_remove_intermediate_thinking",
+    "olmo_thinker_no_think_sft_tokenization",
+    "olmo_thinker_rlzero",
+    "olmo_thinker_code_rlzero",
+    "r1_simple_chat",
+    "r1_simple_chat_postpend_think",
+    "r1_simple_chat_postpend_think_orz_style",
+    "r1_simple_chat_postpend_think_tool_vllm",
+    "qwen_instruct_user_boxed_math",
+)
+
+#: How a tokenizer is built: as the reference's transformers 5.4.0 builds it, or as its files say
+#: (:mod:`sftmix.tokenizing.tokenizer_load`).
+TokenizerLoad = Literal["reference", "files"]
+
+#: What the UI form accepts as an amount: a whole number, or a number with a '.'.
+AMOUNT_PATTERN = r"^\s*(\d+|\d*\.\d+|\d+\.\d*)\s*$"
+
+#: The form's choice for the tokenizer's own chat_template (configs may also write 'tokenizer' or leave it out).
+TOKENIZERS_OWN = "the tokenizer's own"
+
+#: Optional text and lists: an empty form field means "not set".
+OptionalText = Annotated[str | None, BeforeValidator(blank_is_none)]
+OptionalList = Annotated[list[str] | None, BeforeValidator(blank_is_none)]
+
+
+class DatasetEntry(BaseModel):
+    """One dataset of the mixer and how much of it to take."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        title="Dataset",
+        json_schema_extra=form_schema(),
+    )
+
+    path: Annotated[str, ChangesBytes()] = Field(
+        title="Dataset",
+        description="A Hugging Face hub name (allenai/tulu-3-sft-mixture), a local .jsonl or .parquet file, or a "
+        "gs:// path. It is recorded as typed in dataset_statistics.json. From the UI, a relative path is read "
+        "from the worker's directory (where `prefect worker start` runs): give an absolute one.",
+    )
+    amount: Annotated[
+        float | int,
+        # Text in JSON and in the UI form: a JSON number loses 3.0 vs 3, which is a fraction vs a count.
+        PlainSerializer(amount_text, return_type=str, when_used="json"),
+        WithJsonSchema({"type": "string", "pattern": AMOUNT_PATTERN, "default": "1.0"}),
+        ChangesBytes(),
+    ] = Field(
+        default=1.0,
+        title="Amount",
+        description='How much of the dataset to take. With a decimal point it is a share of its rows: "1.0" all of '
+        'them, "0.25" a random quarter, "3.0" every row three times. A whole number is a count of rows: "100".',
+        json_schema_extra={"default": "1.0"},
+    )
+    split: Annotated[str, ChangesBytes()] = Field(
+        default="train", title="Split", description="The dataset's split to read."
+    )
+    revision: Annotated[OptionalText, ChangesBytes()] = Field(
+        default=None,
+        title="Hub revision",
+        description="A branch, tag or commit of a hub dataset, to pin it; empty for the latest.",
+    )
+    format: Annotated[Literal["auto", "messages", "alpaca", "sharegpt"], ChangesBytes()] = Field(
+        default="auto",
+        title="Row layout",
+        description="auto: told from the columns. messages: a list of role/content messages. alpaca: "
+        "instruction, input, output and system columns. sharegpt: conversations of from/value turns.",
+    )
+    messages_key: Annotated[OptionalText, ChangesBytes()] = Field(
+        default=None,
+        min_length=1,
+        title="Messages column",
+        description="The column that holds the messages, when it is not called 'messages'; empty for 'messages'.",
+    )
+
+    @field_validator("amount", mode="before")
+    @classmethod
+    def _parse_amount(cls, value: object) -> Amount:
+        try:
+            return parse_amount(value)  # type: ignore[arg-type]
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+
+class TokenizerSpec(BaseModel):
+    """Which tokenizer and chat template render the conversations."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        title="Tokenizer",
+        json_schema_extra=form_schema(
+            advanced=(
+                "revision",
+                "load",
+                "add_bos",
+                "encoder",
+                "unknown_template",
+                "unrendered_data",
+                "literal_special_tokens",
+            ),
+            title="More tokenizer options",
+            description="Rarely changed: the defaults suit most runs.",
+        ),
+    )
+
+    # (in slice keys as the tokenizer's fingerprint, with revision and load)
+    name_or_path: Annotated[str, ChangesBytes()] = Field(
+        title="Tokenizer",
+        description="A hub name (allenai/OLMo-2-1124-7B) or a local directory with tokenizer.json, as "
+        "transformers' AutoTokenizer takes it.",
+    )
+    # (in slice keys as the template's sha256, with chat_template_file and add_bos)
+    chat_template: Annotated[OptionalText, ChangesBytes()] = Field(
+        default=None,
+        title="Chat template",
+        description="How conversations become text: one of the reference's 21 named templates (tokenize-mixer "
+        "carries them), or the template the tokenizer ships with.",
+        # The form offers the choices; configs may also write 'tokenizer' or a path to a .jinja file.
+        json_schema_extra={"enum": [TOKENIZERS_OWN, *NAMED_TEMPLATES], "default": TOKENIZERS_OWN},
+    )
+    chat_template_file: Annotated[OptionalText, ChangesBytes()] = Field(
+        default=None,
+        title="Chat template file",
+        description="Or a path to a .jinja file with your own template; it replaces the choice above, which "
+        "must then stay at the tokenizer's own. Empty for none.",
+    )
+    revision: Annotated[OptionalText, ChangesBytes()] = Field(
+        default=None,
+        title="Hub revision",
+        description="A branch, tag or commit of a hub tokenizer, to pin it; empty for the latest.",
+    )
+    load: Annotated[TokenizerLoad, ChangesBytes(unrecorded=True)] = Field(
+        default="reference",
+        title="Tokenizer loading",
+        description="reference: build the tokenizer as the reference's transformers 5.4.0 does, which for some "
+        "tokenizers replaces the pre-tokenizer or normalizer its tokenizer.json names (the run warns before any "
+        "work when that changes ids). files: tokenize as the tokenizer's own files say (tokenizer.json as it "
+        "is); the output then differs from the reference's wherever the two differ.",
+    )
+    add_bos: Annotated[bool, ChangesBytes()] = Field(
+        default=False,
+        title="Add the BOS token",
+        description="Put the tokenizer's bos token before each conversation (the reference's --add_bos).",
+    )
+    encoder: Annotated[Literal["auto", "hf", "fast"], NO_BYTES] = Field(
+        default="auto",
+        title="Encoder",
+        description="What makes the token ids. auto: a fast encoder (fastokens or tiktoken) where it is proven "
+        "to give the tokenizer's exact ids (the run logs the proof), else the tokenizers library. hf: always "
+        "the tokenizers library. fast: the fast encoder, or refuse the run.",
+    )
+    unknown_template: Annotated[Literal["error", "fallback"], NO_BYTES] = Field(
+        default="error",
+        title="Unknown template names",
+        description="error: a template name tokenize-mixer does not know fails the run. fallback: use the "
+        "tokenizer's own template with a loud warning, as the reference does (what `convert` uses).",
+    )
+    unrendered_data: Annotated[Literal["warn", "error"], NO_BYTES] = Field(
+        default="warn",
+        title="Data the template never renders",
+        description="A message field or role in the rows (tool_calls, a tool role, ...) that the chat template "
+        "leaves out of its text. warn: say so and convert, as the reference does (the model trains without "
+        "it). error: refuse the run before any work.",
+    )
+    literal_special_tokens: Annotated[
+        Literal["keep", "split", "drop"], ChangesBytes(slices=True, unkeyed=True, unrecorded=True)
+    ] = Field(
+        default="keep",
+        title="Special tokens written in the data",
+        description="Text in the rows that spells a special token (a literal <|im_end|> in an answer). keep: "
+        "the tokenizer reads it as that special token, as the reference does (the model learns to emit it "
+        "mid-answer). split: read it as plain text; the template's own special tokens stay special. drop: "
+        "skip such rows, counted.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _form_shape(cls, data: object) -> object:
+        data = lift_advanced(data, "tokenizer")
+        if isinstance(data, dict) and data.get("chat_template") == TOKENIZERS_OWN:
+            data = {**data, "chat_template": None}
+        return data
+
+    @model_validator(mode="after")
+    def _one_template(self) -> TokenizerSpec:
+        if self.chat_template_file is not None:
+            if self.chat_template is not None:
+                raise ValueError(
+                    f"give a chat template or a chat template file, not both ({self.chat_template!r} and "
+                    f"{self.chat_template_file!r}): set the template to {TOKENIZERS_OWN!r} to use the file"
+                )
+            # one way to say it everywhere (statistics, recipes, the plan): the path is the template
+            if not self.chat_template_file.endswith(".jinja"):
+                raise ValueError(f"a chat template file is a .jinja file, not {self.chat_template_file!r}")
+            self.chat_template, self.chat_template_file = self.chat_template_file, None
+        return self
+
+
+class OutputSpec(BaseModel):
+    """Where the shards go and how they are laid out."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        title="Output",
+        json_schema_extra=form_schema(
+            advanced=("token_dtype_rule", "packing"),
+            title="More output options",
+            description="Rarely changed: the defaults suit most runs.",
+        ),
+    )
+
+    path: Annotated[str, NO_BYTES] = Field(
+        title="Output directory",
+        description="A local directory, or a gs://bucket/prefix. It is recorded in dataset_statistics.json. "
+        "From the UI, a relative path is the worker's directory's (where `prefect worker start` runs): give "
+        "an absolute one.",
+    )
+    overwrite: Annotated[bool, NO_BYTES] = Field(
+        default=False,
+        title="Replace different shards",
+        description="Off: a run into a directory that holds shards made from other settings or data is refused "
+        "before any work. On: those shards are replaced.",
+    )
+    format: Annotated[Literal["olmo", "hf_parquet"], ChangesBytes()] = Field(
+        default="olmo",
+        title="Format",
+        description="olmo: OLMo-core token and label parts, the reference's layout. hf_parquet: data/*.parquet "
+        "with input_ids, labels (-100 = no loss) and attention_mask, for TRL and transformers' Trainer.",
+    )
+    # (in slice keys as the dtype it chooses)
+    token_dtype_rule: Annotated[Literal["vocab_size", "largest_id"], ChangesBytes()] = Field(
+        default="vocab_size",
+        title="Token dtype rule",
+        description="vocab_size: the token dtype follows the tokenizer's vocab_size, as in the reference (an id "
+        "that does not fit fails the run). largest_id: added tokens count too.",
+    )
+    packing: Annotated[Literal["none", "best_fit_decreasing"], ChangesBytes()] = Field(
+        default="none",
+        title="Packing",
+        description="hf_parquet only: pack documents into sequences of the max sequence length (best-fit "
+        "decreasing), position_ids restarting at each document. OLMo-core packs the olmo format itself.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _form_shape(cls, data: object) -> object:
+        return lift_advanced(data, "output")
+
+    @model_validator(mode="after")
+    def _packing_needs_hf(self) -> OutputSpec:
+        if self.packing != "none" and self.format != "hf_parquet":
+            raise ValueError("packing applies to format hf_parquet; OLMo-core packs the olmo format itself")
+        return self
+
+
+class MixerConfig(BaseModel):
+    """A mixer: datasets with amounts, a tokenizer and template, a max length and where to write."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        title="Mixer",
+        json_schema_extra=form_schema(
+            advanced=(
+                "shuffle_seed",
+                "num_examples",
+                "mask",
+                "mask_thinking",
+                "mask_tool_calls",
+                "mask_tool_outputs",
+                "spans",
+                "drop_untrainable",
+                "on_bad_row",
+            ),
+            title="Masks, filters and shuffle",
+            description="Which tokens are trained on and which rows are kept. The defaults make the reference's "
+            "output.",
+        ),
+    )
+
+    # (each slice's key holds its own dataset's rows, layout and data)
+    datasets: Annotated[list[DatasetEntry], ChangesBytes()] = Field(
+        min_length=1,
+        title="Datasets",
+        description="The datasets to mix, in order: their rows are shuffled together, and this order names "
+        "them in the output's statistics.",
+    )
+    tokenizer: Annotated[TokenizerSpec, ChangesBytes()] = Field(title="Tokenizer and chat template")
+    max_seq_length: Annotated[int | None, ChangesBytes(slices=True)] = Field(
+        default=None,
+        gt=0,
+        title="Max sequence length",
+        description="Cut each conversation to at most this many tokens (it is kept, not dropped). Empty: no limit.",
+    )
+    output: Annotated[OutputSpec, ChangesBytes()] = Field(title="Output")
+    shuffle_seed: Annotated[int, ChangesBytes()] = Field(
+        default=42, ge=0, title="Shuffle seed", description="The seed of the shuffle of all kept rows."
+    )
+    num_examples: Annotated[int, ChangesBytes()] = Field(
+        default=0,
+        ge=0,
+        title="Number of rows",
+        description="Keep only the first this many rows after the shuffle; 0 keeps all.",
+    )
+    mask: Annotated[
+        Literal["assistant", "last_turn", "all", "generation_tags"], ChangesBytes(slices=True, unkeyed=True)
+    ] = Field(
+        default="assistant",
+        title="Trained tokens",
+        description="assistant: every assistant turn, as the reference. last_turn: only the final assistant "
+        "turn. all: every token. generation_tags: the text the template marks with {% generation %}, as "
+        "transformers' return_assistant_tokens_mask.",
+    )
+    mask_thinking: Annotated[bool, ChangesBytes(slices=True, unkeyed=True)] = Field(
+        default=False,
+        title="Do not train on thinking",
+        description="Beyond the reference, opt-in: assistant text from <think> through </think> (tags "
+        "included; a </think> with no <think> in the turn counts from the turn's start, an unclosed <think> "
+        "runs to the turn's end) is not trained on; the model still sees it. With mask: last_turn, only the "
+        "final answer is trained on.",
+    )
+    mask_tool_calls: Annotated[bool, ChangesBytes(slices=True, unkeyed=True)] = Field(
+        default=False,
+        title="Do not train on tool calls",
+        description="Beyond the reference, opt-in: what the template renders for an assistant message's "
+        "tool calls (its function_calls or tool_calls field), tags included, is not trained on; the rest of "
+        "the turn is.",
+    )
+    mask_tool_outputs: Annotated[bool, ChangesBytes(slices=True, unkeyed=True)] = Field(
+        default=False,
+        title="Do not train on tool outputs",
+        description="Beyond the reference, opt-in: the content of tool results (roles tool, environment, "
+        "ipython) is not trained on; only changes anything with mask: all (the assistant masks never train "
+        "on them).",
+    )
+    spans: Annotated[Literal["reference", "exact"], ChangesBytes(slices=True, unkeyed=True)] = Field(
+        default="reference",
+        title="Assistant spans",
+        description="reference: the reference's rule, byte for byte; it drops rows whose spans it cannot "
+        "verify (a third of ShareGPT chats under olmo: those that open with an assistant turn). exact: beyond "
+        "the reference, each assistant message's own characters through the end of its turn; such rows are "
+        "kept and counted in the run report.",
+    )
+    drop_untrainable: Annotated[bool, ChangesBytes(slices=True, unkeyed=True)] = Field(
+        default=True,
+        title="Drop rows with nothing to train on",
+        description="On, as the reference: a row with no trained token (its assistant text cut away, or spans "
+        "the reference rule cannot verify) is dropped and counted. Off: it is kept with an all-zero mask.",
+    )
+    on_bad_row: Annotated[Literal["error", "skip"], ChangesBytes(recipe=False, slices=True)] = Field(
+        default="error",
+        title="Malformed rows",
+        description="error: a malformed row (bad messages, a template error, a line of a .jsonl that is not a "
+        "row) fails the run, naming its dataset and row (FILE:LINE for a line). skip: it is skipped and counted "
+        "with its reason in the run report.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _form_shape(cls, data: object) -> object:
+        return lift_advanced(data, "mixer")
+
+    @model_validator(mode="after")
+    def _packing_needs_a_length(self) -> MixerConfig:
+        if self.output.packing != "none" and self.max_seq_length is None:
+            raise ValueError("output.packing needs max_seq_length (the length of the packed sequences)")
+        return self
+
+
+class RunOptions(BaseModel):
+    """How to run: where checkpoints live, slice size, parallelism, validation."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        title="Run options",
+        json_schema_extra=form_schema(
+            advanced=(
+                "runner",
+                "slice_rows",
+                "slice_bytes",
+                "dask_address",
+                "slice_deployment",
+                "batch_slices",
+                "allowed_roots",
+            ),
+            title="Slices, runners and allowed paths",
+            description="How big slices are, where they run, and which paths a run may touch. Rarely changed.",
+        ),
+    )
+
+    work_dir: OptionalText = Field(
+        default=None,
+        title="Work directory",
+        description="Where finished slices are kept, so a rerun redoes only what did not finish: a local "
+        "directory, or a gs://bucket/prefix every worker reaches. Empty: $TOKENIZE_MIXER_WORK_DIR or the user "
+        "cache directory (the worker's, from the UI). Deleting it means starting cold.",
+    )
+    workers: int | None = Field(
+        default=None,
+        gt=0,
+        title="Workers",
+        description="Worker processes. Empty: one per CPU this run may use.",
+    )
+    check: Literal["report", "strict", "off"] = Field(
+        default="report",
+        title="Check before publishing",
+        description="Reads the shards once more before they are published, as `tokenize-mixer check` does. "
+        "report: its findings go to the run report and the UI. strict: any finding fails the run and nothing "
+        "is published. off: no check.",
+    )
+    reference: OptionalText = Field(
+        default=None,
+        title="Reference output",
+        description="An output directory or a digests JSON file the shards must match byte for byte; a "
+        "mismatch fails the run. Empty: none.",
+    )
+    force: bool = Field(
+        default=False,
+        title="Rebuild an up-to-date output",
+        description="Make and publish the output again even when it already holds this run's shards (the "
+        "same recipe and inputs, every file as published); finished slices are still reused.",
+    )
+    force_recache: bool = Field(
+        default=False,
+        title="Recompute every slice",
+        description="Ignore finished slices and compute them again, replacing them.",
+    )
+    disable_cache: bool = Field(
+        default=False,
+        title="Keep no slices",
+        description="Neither reuse nor keep finished slices: they go to a scratch directory removed after the run.",
+    )
+    runner: Literal["auto", "process", "thread", "dask", "work_pool"] = Field(
+        default="auto",
+        title="Runner",
+        description="auto: a process pool when there is enough work for several workers, else in this process. "
+        "process: a process pool on this machine. dask: a Dask cluster (the scheduler address below, or a "
+        "local cluster of the workers above). work_pool: batches of slices as runs of the slice deployment "
+        "below, on whichever machines serve its work pool (needs a gs:// work directory). thread: in this "
+        "process, for debugging.",
+    )
+    slice_rows: int | None = Field(
+        default=None,
+        gt=0,
+        title="Rows per slice",
+        description="Source rows in each slice (one task per slice). Empty: about the bytes per slice below.",
+    )
+    slice_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        title="Bytes per slice",
+        description="Source bytes in each slice when rows per slice is empty: small enough to balance the "
+        "workers, large enough that orchestration costs little. Empty: by the whole mixture's size, 4 MiB "
+        "up to 2 GiB of data, doubling to at most 64 MiB so that a mixture makes at most ~512 slices (one "
+        "Prefect API core dispatches ~25 task runs a second). It does not depend on the number of workers, "
+        "so finished slices are reused whatever the parallelism. A local JSON Lines file of several 10 MiB "
+        "batches is cut into whole batches (the nearest number of them, at least one).",
+    )
+    dask_address: OptionalText = Field(
+        default=None,
+        title="Dask scheduler address",
+        description="Runner dask: the scheduler of an existing cluster (tcp://host:8786); its workers need "
+        "tokenize-mixer installed and the work directory in reach. Empty: a local cluster.",
+    )
+    slice_deployment: str = Field(
+        default="tokenize-slices/cpu",
+        title="Slice deployment",
+        description="Runner work_pool: the deployment of the tokenize-slices flow that runs each batch.",
+    )
+    batch_slices: int = Field(
+        default=16,
+        gt=0,
+        title="Slices per batch",
+        description="Runner work_pool: slices per batch (one run of the slice deployment).",
+    )
+    allowed_roots: OptionalList = Field(
+        default=None,
+        title="Allowed roots",
+        description="Absolute local directories and gs://bucket/prefix URLs that every path this run reads or "
+        "writes must lie in: dataset files, a local tokenizer, a .jinja template, the output (strictly below a "
+        "root), the work directory and the reference; hub names are not paths. Empty: no narrowing. A worker "
+        "that sets TOKENIZE_MIXER_ALLOWED_ROOTS bounds every run, and these may only narrow it.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _form_shape(cls, data: object) -> object:
+        return lift_advanced(data, "run")
+
+
+def user_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME``, else ``~/.cache``."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"))
+
+
+def cache_subdir(name: str) -> Path:
+    """``$XDG_CACHE_HOME/tokenize-mixer/NAME``: what a machine keeps across runs and work directories
+    (encoder proofs, tokenizer facts, schemas), each made again where it is missing."""
+    return user_cache_dir() / "tokenize-mixer" / name
+
+
+def default_work_dir() -> Path:
+    """``$TOKENIZE_MIXER_WORK_DIR``, else the user cache directory."""
+    env = settings.WORK_DIR.get()
+    if env:
+        return Path(env).expanduser()
+    return user_cache_dir() / "tokenize-mixer"
+
+
+def local_mirror(remote_work_dir: str) -> Path:
+    """Where this machine keeps its copies of a remote work directory's files (slices it reads, the
+    datasets cache, staging)."""
+    tag = hashlib.sha256(remote_work_dir.rstrip("/").encode("utf-8")).hexdigest()[:16]
+    return default_work_dir() / "mirrors" / tag
+
+
+class RunFile(BaseModel):
+    """The file ``tokenize-mixer run`` reads: a mixer plus optional run options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mixer: MixerConfig
+    run: RunOptions = Field(default_factory=RunOptions)
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    """One line per problem, naming the field, instead of pydantic's wall of text."""
+    lines = [f"invalid configuration in {source}:"]
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"  {where}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def load_run_file(path: str | os.PathLike[str]) -> RunFile:
+    """Read a YAML or JSON config. A file with top-level ``datasets`` is a bare mixer."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {p}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(
+            f"config {p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {p} must be a mapping with 'mixer' (and optionally 'run')")
+    if "datasets" in data:
+        data = {"mixer": data}
+    try:
+        return RunFile.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, str(p))) from None

@@ -1,0 +1,264 @@
+"""Digest an output and compare two (sha256 of each artifact, as run_report.json lists them).
+
+Token and label parts hash as bytes, ``.csv.gz`` after decompression (gzip headers hold a timestamp),
+``dataset_statistics.json`` without ``timestamp``/``output_directory`` dumped with sorted keys. The
+human report, ``tokenizer/``, ``run_report.json`` and temporary files are skipped. On a mismatch the
+first differing byte is mapped to its part offset, document, and (when the run left its document map)
+dataset and row.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from sftmix.errors import ConfigError
+from sftmix.output.olmo_format import BOUNDS_PART, STATS_JSON, STATS_TXT
+from sftmix.runtime.parallel import available_cpus
+from sftmix.runtime.storage import (
+    is_remote,
+    is_temp,
+    join_url,
+    open_npy,
+    read_remote_bytes,
+    remote_fs,
+    sha256_stream,
+)
+
+DIGESTS_FORMAT = "tokenize-mixer-digests/1"
+RUN_REPORT = "run_report.json"
+#: Written last when publishing to an object store: the output is complete exactly when it exists.
+OUTPUT_MANIFEST = "tokenize_mixer_manifest.json"
+SKIPPED = {STATS_TXT, RUN_REPORT, OUTPUT_MANIFEST, "tokenizer", "report.png", "report.md"}
+
+
+def artifact_digest(path: Path) -> str:
+    return stream_digest(path.name, lambda: open(path, "rb"))
+
+
+def stream_digest(name: str, open_binary: Callable[[], BinaryIO]) -> str:
+    """The digest of one artifact, read once from whatever ``open_binary`` opens."""
+    with open_binary() as raw:
+        if name == STATS_JSON:
+            stats = json.loads(raw.read().decode("utf-8"))
+            stats.pop("timestamp", None)
+            stats.pop("output_directory", None)
+            return hashlib.sha256(json.dumps(stats, sort_keys=True).encode("utf-8")).hexdigest()
+        if name.endswith(".gz"):
+            with gzip.open(raw, "rb") as fh:
+                return sha256_stream(fh)
+        return sha256_stream(raw)
+
+
+def counts_in_digests(name: str) -> bool:
+    return name not in SKIPPED and not is_temp(name) and not name.startswith(".")
+
+
+def is_shard(name: str) -> bool:
+    """Whether an output-relative path is part of the digests (reports and the tokenizer copy are not)."""
+    return counts_in_digests(name.rsplit("/", 1)[-1]) and ("/" not in name or name.startswith("data/"))
+
+
+def digested_files(directory: str | Path) -> list[Path]:
+    """The files of an output that its digests cover, in the digests' order."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise ConfigError(f"{root} is not a directory")
+    files = [p for p in sorted(root.iterdir()) if counts_in_digests(p.name) and p.is_file()]
+    data = root / "data"  # the hf_parquet layout keeps its shards one level down
+    if data.is_dir():
+        files += [p for p in sorted(data.iterdir()) if counts_in_digests(p.name) and p.is_file()]
+    return files
+
+
+def output_digests(directory: str | Path) -> dict[str, str]:
+    root = Path(directory)
+    files = digested_files(root)
+    return dict(
+        zip((p.relative_to(root).as_posix() for p in files), in_parallel(artifact_digest, files), strict=True)
+    )
+
+
+def in_parallel(fn: Callable[[Path], str], paths: list[Path]) -> list[str]:
+    """``fn`` over files on threads, results in order: hashing and gzip release the GIL, so an output of
+    many parts is read on every core instead of one (each file is still read in bounded chunks)."""
+    if len(paths) <= 1:
+        return [fn(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(len(paths), available_cpus())) as pool:
+        return list(pool.map(fn, paths))
+
+
+def read_output_manifest(url: str) -> dict | None:
+    """The manifest object of a published remote output, or ``None`` (absent or unreadable)."""
+    data = read_remote_bytes(join_url(url, OUTPUT_MANIFEST))
+    if data is None:
+        return None
+    try:
+        manifest = json.loads(data)
+    except ValueError:
+        return None
+    return manifest if isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) else None
+
+
+def remote_output_digests(url: str) -> dict[str, str]:
+    """Digests of a published remote output, read from its objects; only a complete output (its
+    manifest object present, every listed object there) is digested."""
+    manifest = read_output_manifest(url)
+    if manifest is None:
+        raise ConfigError(
+            f"{url} holds no complete output: no {OUTPUT_MANIFEST} (nothing published there, or a publish "
+            "is under way or was interrupted)"
+        )
+    fs = remote_fs(url)
+    digests = {}
+    for name in sorted(manifest["files"]):
+        if not is_shard(name):
+            continue
+        try:
+            digests[name] = stream_digest(name, lambda n=name: fs.open(join_url(url, n), "rb"))
+        except FileNotFoundError:
+            raise ConfigError(f"{url}: {name} is listed in {OUTPUT_MANIFEST} but missing") from None
+    return digests
+
+
+def digests_json(directory: str | Path) -> str:
+    """The digests of an output as the JSON that ``compare`` and ``--reference`` accept."""
+    files = remote_output_digests(str(directory)) if is_remote(directory) else output_digests(directory)
+    return json.dumps({"format": DIGESTS_FORMAT, "files": files}, indent=2, sort_keys=True) + "\n"
+
+
+def load_digests(source: str | Path) -> tuple[dict[str, str], Path | None]:
+    """Digests of a directory, or of a digests JSON; also the directory when there is one."""
+    if is_remote(source):
+        return remote_output_digests(str(source)), None
+    p = Path(source)
+    if p.is_dir():
+        return output_digests(p), p
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{p} is neither an output directory nor a digests JSON: {exc}") from None
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, dict):
+        raise ConfigError(f"{p} is not a digests JSON (no 'files' mapping)")
+    return files, None
+
+
+@dataclass
+class Difference:
+    name: str
+    status: str  # OK, DIFF, ONLY_A, ONLY_B
+    detail: str = ""
+
+
+@dataclass
+class Comparison:
+    items: list[Difference] = field(default_factory=list)
+
+    @property
+    def matches(self) -> bool:
+        return all(i.status == "OK" for i in self.items)
+
+    def render(self) -> str:
+        lines = [f"{i.status:<6} {i.name}" + (f"  {i.detail}" if i.detail else "") for i in self.items]
+        lines.append("outputs match" if self.matches else "outputs DIFFER")
+        return "\n".join(lines)
+
+
+def _first_difference(a: Path, b: Path) -> int | None:
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        offset = 0
+        while True:
+            ba, bb = fa.read(1 << 20), fb.read(1 << 20)
+            if ba != bb:
+                n = min(len(ba), len(bb))
+                diff = np.flatnonzero(np.frombuffer(ba[:n], np.uint8) != np.frombuffer(bb[:n], np.uint8))
+                return offset + (int(diff[0]) if diff.size else n)
+            if not ba:
+                return None
+            offset += len(ba)
+
+
+def _part_index(name: str) -> int | None:
+    stem = name.rsplit("_part_", 1)
+    if len(stem) != 2:
+        return None
+    try:
+        return int(stem[1].split(".")[0])
+    except ValueError:
+        return None
+
+
+def locate(directory: Path, part: int, token: int) -> str:
+    """Which document (and, when the run left its document map, dataset and row) holds a token."""
+    g = token + sum(
+        (directory / f"labels_mask_part_{k:04d}.npy").stat().st_size
+        for k in range(part)
+        if (directory / f"labels_mask_part_{k:04d}.npy").exists()
+    )
+    where = f"token {token} of part {part} (global token {g})"
+    mapped = _dataset_row(directory, g)
+    if mapped:
+        return where + mapped
+    bounds = directory / BOUNDS_PART.format(part)
+    if bounds.exists():
+        with gzip.open(bounds, "rt") as fh:
+            for j, line in enumerate(fh):
+                start, end = (int(x) for x in line.split(","))
+                if start <= token < end:
+                    return where + f", document {j} of the part (tokens {start}-{end})"
+    return where
+
+
+def _dataset_row(directory: Path, global_token: int) -> str:
+    try:
+        data = json.loads((directory / RUN_REPORT).read_text(encoding="utf-8"))
+        documents = open_npy(data["documents_file"])
+        doc = int(np.searchsorted(documents["start"], global_token, side="right")) - 1
+        rec = documents[doc]
+        name = data["datasets"][int(rec["dataset"])]
+        return f", document {doc}: dataset {name!r}, row {int(rec['row'])}"
+    except (OSError, KeyError, ValueError, IndexError, TypeError):
+        return ""
+
+
+def compare(a: str | Path, b: str | Path, digests_a: dict[str, str] | None = None) -> Comparison:
+    """``digests_a``: the digests of directory ``a``, when they are known already."""
+    da, dir_a = (digests_a, Path(a)) if digests_a is not None else load_digests(a)
+    db, dir_b = load_digests(b)
+    result = Comparison()
+    for name in sorted(set(da) | set(db)):
+        if name not in db:
+            result.items.append(Difference(name, "ONLY_A"))
+        elif name not in da:
+            result.items.append(Difference(name, "ONLY_B"))
+        elif da[name] == db[name]:
+            result.items.append(Difference(name, "OK"))
+        else:
+            result.items.append(Difference(name, "DIFF", _explain(name, dir_a, dir_b)))
+    return result
+
+
+def _explain(name: str, dir_a: Path | None, dir_b: Path | None) -> str:
+    if dir_a is None or dir_b is None or not name.endswith(".npy"):
+        return ""
+    offset = _first_difference(dir_a / name, dir_b / name)
+    if offset is None:
+        return ""
+    part = _part_index(name)
+    if part is None:
+        return f"first differing byte at offset {offset}"
+    mask = dir_a / f"labels_mask_part_{part:04d}.npy"
+    tokens = dir_a / f"token_ids_part_{part:04d}.npy"
+    itemsize = 1
+    if name.startswith("token_ids") and mask.exists() and mask.stat().st_size:
+        itemsize = max(1, tokens.stat().st_size // mask.stat().st_size)
+    return f"first differing byte at offset {offset}: " + locate(dir_a, part, offset // itemsize)

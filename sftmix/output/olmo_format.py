@@ -1,0 +1,263 @@
+"""The OLMo-core layout: raw token/label parts, .csv.gz document boundaries, statistics files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sftmix.runtime.parallel import available_cpus
+from sftmix.runtime.storage import pwrite_all, reserve_file
+
+PART_BYTES = 1024**3
+TOKENS_PART = "token_ids_part_{:04d}.npy"
+MASK_PART = "labels_mask_part_{:04d}.npy"
+BOUNDS_PART = "token_ids_part_{:04d}.csv.gz"
+STATS_JSON = "dataset_statistics.json"
+STATS_TXT = "dataset_statistics.txt"
+#: gzip level of the boundary files: their bytes are hashed after decompression (any level reads the
+#: same), and level 1 compresses a part's lines ~18x faster than ``gzip.open``'s 9 for ~1.4x the size
+#: (0.02 against 0.39 s, 0.80 against 0.56 MB for 112,530 lines; a part's ids are 1 GiB).
+BOUNDS_GZIP_LEVEL = 1
+
+
+def part_tokens(dtype: np.dtype) -> int:
+    """Tokens per part: the reference splits purely by count, 1 GiB of ids per part."""
+    return PART_BYTES // np.dtype(dtype).itemsize
+
+
+def part_spans(offset: int, n: int, per_part: int) -> Iterator[tuple[int, int, int, int]]:
+    """The pieces of global tokens ``[offset, offset + n)``: (part, offset in part, offset in the range,
+    length), cut where a part ends."""
+    done = 0
+    while done < n:
+        k, local = divmod(offset + done, per_part)
+        take = min(n - done, per_part - local)
+        yield k, local, done, take
+        done += take
+
+
+class PartSet:
+    """Token and mask parts written at precomputed global offsets with ``pwrite``: the pages go to the
+    page cache and not into this process's resident memory (a map written through would hold a whole
+    part's pages resident until closed), so assembling a large output keeps memory flat."""
+
+    def __init__(self, directory: Path, total_tokens: int, dtype: np.dtype, per_part: int) -> None:
+        self.per_part = per_part
+        self.dtype = np.dtype(dtype)
+        self.tokens: list[int] = []
+        self.masks: list[int] = []
+        for k, start in enumerate(range(0, total_tokens, per_part)):
+            n = min(per_part, total_tokens - start)
+            for files, path, nbytes in (
+                (self.tokens, directory / TOKENS_PART.format(k), n * self.dtype.itemsize),
+                (self.masks, directory / MASK_PART.format(k), n),
+            ):
+                reserve_file(path, nbytes)
+                files.append(os.open(path, os.O_WRONLY))
+
+    def files(self, part: int) -> tuple[int, int]:
+        """The open token and mask files of ``part``."""
+        return self.tokens[part], self.masks[part]
+
+    def write(self, offset: int, tokens: np.ndarray, mask: np.ndarray) -> None:
+        tokens = np.ascontiguousarray(tokens, dtype=self.dtype)
+        mask = np.ascontiguousarray(mask, dtype=np.uint8)
+        for k, local, done, take in part_spans(offset, tokens.shape[0], self.per_part):
+            _write_at(self.tokens[k], tokens[done : done + take], local * self.dtype.itemsize)
+            _write_at(self.masks[k], mask[done : done + take], local)
+
+    def close(self, sync: bool = True) -> None:
+        """Make the parts durable (as a map's flush would; ``sync=False`` on the way out of an error)
+        and close them."""
+        try:
+            for fd in (*self.tokens, *self.masks) if sync else ():
+                os.fsync(fd)
+        finally:
+            for fd in (*self.tokens, *self.masks):
+                os.close(fd)
+            self.tokens.clear()
+            self.masks.clear()
+
+
+def _write_at(fd: int, data: np.ndarray, position: int) -> None:
+    pwrite_all(fd, memoryview(data).cast("B"), position)
+
+
+def read_boundaries(path: Path) -> np.ndarray:
+    """A part's ``token_ids_part_*.csv.gz`` as an (n, 2) array of (start, end) token offsets."""
+    return parse_boundaries(gzip.decompress(path.read_bytes()))
+
+
+def parse_boundaries(text: bytes) -> np.ndarray:
+    """The decompressed ``start,end`` lines as an (n, 2) array (a ``ValueError`` when they are not)."""
+    return np.array(text.replace(b",", b" ").split(), dtype=np.int64).reshape(-1, 2)
+
+
+def write_boundaries(
+    directory: Path, doc_starts: np.ndarray, doc_ends: np.ndarray, per_part: int, n_parts: int
+) -> None:
+    """One ``start,end`` line per document overlapping each part, clipped to it (no header); parts on
+    threads (gzip releases the GIL)."""
+    with ThreadPoolExecutor(max_workers=max(1, min(n_parts, available_cpus(), 8))) as pool:
+        for done in [
+            pool.submit(_write_part_boundaries, directory, doc_starts, doc_ends, per_part, k)
+            for k in range(n_parts)
+        ]:
+            done.result()
+
+
+def _write_part_boundaries(
+    directory: Path, doc_starts: np.ndarray, doc_ends: np.ndarray, per_part: int, k: int
+) -> None:
+    lo, hi = k * per_part, (k + 1) * per_part
+    first = int(np.searchsorted(doc_ends, lo, side="right"))
+    last = int(np.searchsorted(doc_starts, hi, side="left"))
+    starts = np.maximum(doc_starts[first:last], lo) - lo
+    ends = np.minimum(doc_ends[first:last], hi) - lo
+    keep = ends > starts
+    starts, ends = starts[keep], ends[keep]
+    # No name and no time in the header: the same boundaries give the same bytes, run after run.
+    with (
+        open(directory / BOUNDS_PART.format(k), "wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=BOUNDS_GZIP_LEVEL, mtime=0) as fh,
+    ):
+        for a in range(0, starts.shape[0], 100_000):
+            lines = zip(starts[a : a + 100_000].tolist(), ends[a : a + 100_000].tolist(), strict=True)
+            fh.write("".join(f"{s},{e}\n" for s, e in lines).encode())
+
+
+def dataset_statistics(
+    *,
+    output_dir: str,
+    tokenizer: str,
+    max_seq_length: int | None,
+    chat_template: str | None,
+    pre: dict[str, dict[str, Any]],
+    order: list[str],
+    counts: dict[str, int],
+    tokens: dict[str, int],
+    trainable: dict[str, int],
+    filtered: dict[str, int],
+    total_instances: int,
+    total_tokens: int,
+    total_trainable: int,
+    num_filtered: int,
+) -> dict[str, Any]:
+    """The reference's ``dataset_statistics.json`` object, key for key and float for float."""
+    merged = []
+    for name in order:
+        p = pre.get(name, {})
+        merged.append(
+            {
+                "dataset_name": name,
+                "dataset_split": p.get("dataset_split", "unknown"),
+                "initial_instances": p.get("initial_instances", "N/A"),
+                "instances_after_transformation": p.get("final_instances", "N/A"),
+                "instances_filtered_during_transformation": p.get("instances_filtered", "N/A"),
+                "frac_or_num_samples": p.get("frac_or_num_samples"),
+                "original_dataset_size": p.get("original_dataset_size"),
+                "is_upsampled": p.get("is_upsampled", False),
+                "upsampling_factor": p.get("upsampling_factor", 1.0),
+                "final_instances_in_output": counts[name],
+                "final_tokens_in_output": tokens[name],
+                "final_trainable_tokens_in_output": trainable[name],
+                "instances_filtered_after_tokenization": filtered[name],
+                "avg_tokens_per_instance": tokens[name] / counts[name] if counts[name] > 0 else 0,
+                "percentage_of_total_tokens": (tokens[name] / total_tokens * 100) if total_tokens > 0 else 0,
+                "percentage_of_total_instances": (counts[name] / total_instances * 100)
+                if total_instances > 0
+                else 0,
+            }
+        )
+    return {
+        "timestamp": datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
+        "output_directory": output_dir,
+        "configuration": {
+            "tokenizer": tokenizer,
+            "max_sequence_length": max_seq_length,
+            "chat_template": chat_template,
+        },
+        "per_dataset_statistics": merged,
+        "overall_statistics": {
+            "total_datasets": len(order),
+            "total_instances": total_instances,
+            "total_tokens": total_tokens,
+            "trainable_tokens": total_trainable,
+            "trainable_percentage": (total_trainable / total_tokens * 100) if total_tokens > 0 else 0,
+            "instances_filtered": num_filtered,
+            "average_sequence_length": total_tokens / total_instances if total_instances > 0 else 0,
+        },
+    }
+
+
+def statistics_text(stats: dict[str, Any]) -> str:
+    """The human-readable report the reference writes next to the JSON."""
+    cfg, overall = stats["configuration"], stats["overall_statistics"]
+    out = [
+        "Dataset Statistics Report\n",
+        "=" * 80 + "\n",
+        f"Generated: {stats['timestamp']}\n",
+        f"Output Directory: {stats['output_directory']}\n\n",
+        "Configuration:\n",
+        "-" * 40 + "\n",
+        f"- Tokenizer: {cfg['tokenizer']}\n",
+        f"- Max Sequence Length: {cfg['max_sequence_length']}\n",
+        f"- Chat Template: {cfg['chat_template']}\n\n",
+        "Per-Dataset Statistics:\n",
+        "=" * 80 + "\n",
+    ]
+    for s in stats["per_dataset_statistics"]:
+        out += [
+            f"\nDataset: {s['dataset_name']}\n",
+            f"- Split: {s['dataset_split']}\n",
+            "\nPre-transformation:\n",
+            f"  - Instances loaded: {s.get('initial_instances', 'N/A')}\n",
+            f"  - Instances after transformation: {s.get('instances_after_transformation', 'N/A')}\n",
+            f"  - Instances filtered during transformation: {s.get('instances_filtered_during_transformation', 'N/A')}\n",
+        ]
+        amount = s.get("frac_or_num_samples")
+        if amount is not None:
+            label = "Sampling fraction" if isinstance(amount, float) else "Sample count"
+            out.append(f"  - {label}: {amount}\n")
+        if s.get("is_upsampled", False):
+            out += [
+                f"  - Original dataset size: {s.get('original_dataset_size', 'N/A')}\n",
+                f"  - Upsampling factor: {s.get('upsampling_factor', 1.0):.2f}x\n",
+                f"  - Upsampled to: {s.get('instances_after_transformation', 'N/A')} instances\n",
+            ]
+        out += [
+            "\nFinal output statistics (after shuffling):\n",
+            f"  - Instances in output: {s['final_instances_in_output']:,}\n",
+            f"  - Total tokens: {s['final_tokens_in_output']:,}\n",
+            f"  - Trainable tokens: {s['final_trainable_tokens_in_output']:,}\n",
+            f"  - Instances with no labels: {s['instances_filtered_after_tokenization']}\n",
+            f"  - Average tokens per instance: {s['avg_tokens_per_instance']:.1f}\n",
+            f"  - Percentage of total tokens: {s['percentage_of_total_tokens']:.1f}%\n",
+            f"  - Percentage of total instances: {s['percentage_of_total_instances']:.1f}%\n",
+        ]
+    out += [
+        "\n" + "=" * 80 + "\n",
+        "Overall Statistics:\n",
+        "=" * 80 + "\n",
+        f"- Total datasets: {overall['total_datasets']}\n",
+        f"- Total instances: {overall['total_instances']:,}\n",
+        f"- Total tokens: {overall['total_tokens']:,}\n",
+        f"- Trainable tokens: {overall['trainable_tokens']:,} ",
+        f"({overall['trainable_percentage']:.1f}%)\n",
+        f"- Instances filtered out: {overall['instances_filtered']}\n",
+        f"- Average sequence length: {overall['average_sequence_length']:.1f}\n",
+    ]
+    return "".join(out)
+
+
+def write_statistics(directory: Path, stats: dict[str, Any]) -> None:
+    (directory / STATS_JSON).write_text(json.dumps(stats, indent=2), encoding="utf-8")
+    (directory / STATS_TXT).write_text(statistics_text(stats), encoding="utf-8")

@@ -1,0 +1,274 @@
+"""The short report every run ends with: printed, and written as ``run_report.json``."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class _CommandClock:
+    """When the command that runs the flow in this process started (set by the CLI; ``None`` when a
+    Prefect worker started the flow), so the report can give the whole command's time."""
+
+    started: float | None = None
+
+
+COMMAND_CLOCK = _CommandClock()
+
+
+#: ``RunReport.publish`` of a run that found the output already holding its shards and rewrote nothing.
+UP_TO_DATE = "up to date"
+
+#: Why a row is dropped, in words (the keys are the reasons in run_report.json and the statistics).
+DROP_WORDS = {
+    "assistant_span_unverified": "the reference's check that an assistant turn's tokens start at and cover "
+    "its text failed (most often a chat that opens with an assistant turn); the reference drops these "
+    "too, and `spans: exact` keeps them",
+    "no_trainable_tokens": "no assistant token is left to train on (no assistant turn, or all of it past "
+    "max_seq_length)",
+    "bad_row": "malformed and skipped (on_bad_row: skip); run_report.json names examples",
+}
+
+
+def drop_lines(selected: int, dropped: dict[str, int], indent: str = "    ") -> list[str]:
+    """One line per drop reason: the count, its share of the rows and the reason in words."""
+    return [
+        f"{indent}{n:,} ({100 * n / max(selected, 1):.1f}%) {reason}: {DROP_WORDS.get(reason, reason)}"
+        for reason, n in sorted(dropped.items(), key=lambda kv: -kv[1])
+        if n
+    ]
+
+
+class DatasetReport(BaseModel):
+    name: str
+    selected: int
+    kept: int
+    dropped: dict[str, int]
+
+
+class Validation(BaseModel):
+    reference: str
+    matches: bool
+    details: str
+
+
+class RunReport(BaseModel):
+    output_dir: str
+    publish: str = ""
+    published_at: str | None = Field(
+        None,
+        description="When the output was published (UTC): by this run, or, for a run that found it up to "
+        "date, by the run that made it.",
+    )
+    slices_total: int
+    slices_computed: int
+    slices_reused: int
+    slices_rechecked: int = Field(
+        0, description="Cached slices whose files failed their digest and were recomputed."
+    )
+    rows_in: int
+    rows_kept: int
+    rows_dropped: dict[str, int]
+    datasets: list[str]
+    per_dataset: list[DatasetReport]
+    documents: int
+    rows_kept_by_exact_spans: int = Field(
+        0, description="Source rows kept with spans: exact that the reference's span rule would have dropped."
+    )
+    untrainable_documents: int = Field(
+        0, description="Documents with no trainable token, kept because drop_untrainable is off."
+    )
+    tokens: int
+    trainable_tokens: int
+    parts: int
+    token_dtype: str
+    wall_seconds: float = Field(description="The flow, from its start to the published output.")
+    command_seconds: float | None = Field(
+        None, description="The whole CLI command, the temporary Prefect API's start-up included."
+    )
+    first_slice_seconds: float | None = Field(
+        None,
+        description="When the first slice this command tokenized began, from the command's start: slices "
+        "begin while the temporary Prefect API starts, and while the plan still reads a large file.",
+    )
+    plan_seconds: float = Field(
+        0.0, description="The flow's plan: the output checks and planning, from the flow's start."
+    )
+    tokenize_seconds: float
+    assemble_seconds: float = Field(
+        0.0, description="Writing the shards from the slices, in the output's order."
+    )
+    verify_seconds: float = Field(
+        0.0,
+        description="The output's check and digests (one read of it) and the comparison with a reference.",
+    )
+    tokens_per_second: float = Field(
+        description="Tokens of the slices computed in this run / tokenize_seconds (0 when every slice was reused)."
+    )
+    steady_seconds: float = Field(
+        0.0, description="First slice start to last slice end, over the slices computed in this run."
+    )
+    steady_tokens_per_second: float = Field(
+        0.0, description="Tokens of the slices computed / steady_seconds."
+    )
+    digests: dict[str, str]
+    drop_examples: list[dict] = Field(
+        default_factory=list, description="Up to 20 dropped or skipped rows: dataset, row, reason, detail."
+    )
+    validation: Validation | None = None
+    check_findings: list[dict] | None = Field(
+        None,
+        description="What `tokenize-mixer check` found in the output before it was published (run.check).",
+    )
+    check_notes: list[str] | None = Field(
+        None, description="What the check measured besides findings: OLMo-core fit, template drift."
+    )
+    template_drift: dict | None = Field(
+        None,
+        description="The chat template used against the tokenizer's own: shipped none, same or differs "
+        "(with a unified diff excerpt).",
+    )
+    documents_file: str = Field(
+        description="The run's document map (each document's dataset and row), which `tokenize-mixer report` "
+        "and `inspect` read: in the work directory, so it lasts as long as that does."
+    )
+    warnings: list[str] = Field(default_factory=list)
+    unrendered: list[str] = Field(
+        default_factory=list,
+        description="Message fields and roles in the sample rows that the chat template never renders.",
+    )
+    unrendered_rows: list[str] = Field(
+        default_factory=list,
+        description="The rows holding each unrendered field or role, counted by the slices over every row.",
+    )
+    tokenizer_load: str = Field(
+        "reference",
+        description="How the tokenizer was built: as the reference's transformers 5.4.0 does, or as its files say.",
+    )
+    tokenizer_load_note: str | None = Field(
+        None,
+        description="Where the reference builds the tokenizer otherwise than its own files say, what it replaces "
+        "and the share of sampled rows whose ids change.",
+    )
+    literal_special_tokens: str = Field(
+        "keep", description="How text in the rows that spells a special token was read: keep, split or drop."
+    )
+    rows_spelling_special_tokens: int = Field(
+        0, description="Rows kept whose text spells a special token, read as plain text (split)."
+    )
+    time: str = Field(
+        "",
+        description="The times above in words: command_seconds is the whole command (the temporary Prefect "
+        "API's start-up included), wall_seconds the flow alone.",
+    )
+
+    def time_line(self) -> str:
+        if self.publish == UP_TO_DATE:
+            total = self.command_seconds if self.command_seconds is not None else self.wall_seconds
+            return (
+                f"{total:.1f} s: the output checked against this run's inputs; nothing tokenized or written"
+            )
+        tail = max(self.wall_seconds - self.plan_seconds - self.tokenize_seconds, 0.0)
+        parts = []
+        if self.command_seconds is not None:
+            began = (
+                f" (the first slice began at {self.first_slice_seconds:.1f} s)"
+                if self.first_slice_seconds is not None
+                else ""
+            )
+            parts.append(f"{self.command_seconds - self.wall_seconds:.1f} s start-up{began}")
+        parts.append(f"{self.plan_seconds:.1f} s planning")
+        parts.append(
+            f"{self.tokenize_seconds:.1f} s tokenizing ({self.tokens_per_second:,.0f} tokens/s)"
+            if self.tokens_per_second
+            else f"{self.tokenize_seconds:.1f} s checking reused slices"
+        )
+        if self.assemble_seconds or self.verify_seconds:
+            parts.append(
+                f"{tail:.1f} s writing the output ({self.assemble_seconds:.1f} s assembling, "
+                f"{self.verify_seconds:.1f} s checking; publishing follows)"
+            )
+        else:
+            parts.append(f"{tail:.1f} s assembling, validating and checking (publishing follows)")
+        total = self.command_seconds if self.command_seconds is not None else self.wall_seconds
+        return f"{total:.1f} s: " + ", ".join(parts)
+
+    def render(self) -> str:
+        if self.publish == UP_TO_DATE:
+            head = [
+                f"output      {self.output_dir} (up to date: published {self.published_at} from this run's "
+                "recipe, every file as published; nothing was rewritten, --force makes it again)"
+            ]
+        else:
+            head = [
+                f"output      {self.output_dir} ({self.publish})",
+                f"slices      {self.slices_total:,} total: {self.slices_computed:,} computed, "
+                f"{self.slices_reused:,} reused"
+                + (
+                    f", {self.slices_rechecked:,} recomputed after a failed check"
+                    if self.slices_rechecked
+                    else ""
+                ),
+            ]
+        lines = [
+            *head,
+            *self._template_lines(),
+            *self._rows_lines(),
+            *(f"unrendered  {line}" for line in [*self.unrendered, *self.unrendered_rows]),
+            *(
+                [f"tokenizer   {self.tokenizer_load_note.removeprefix('tokenizer ')}"]
+                if self.tokenizer_load_note
+                else []
+            ),
+            *self._literal_lines(),
+            f"documents   {self.documents:,} in {self.parts:,} part(s), {self.tokens:,} tokens "
+            f"({self.trainable_tokens:,} trainable), dtype {self.token_dtype}",
+            "time        " + self.time_line(),
+        ]
+        if self.validation is not None:
+            verdict = "MATCHES" if self.validation.matches else "DIFFERS"
+            lines.append(f"reference   {self.validation.reference}: {verdict}")
+        return "\n".join(lines)
+
+    def _literal_lines(self) -> list[str]:
+        """What literal_special_tokens did, where it is not the reference's way."""
+        if self.literal_special_tokens == "split":
+            return [
+                f"literal     {self.rows_spelling_special_tokens:,} kept row(s) spell a special token, read as "
+                "text (literal_special_tokens: split)"
+            ]
+        if self.literal_special_tokens == "drop":
+            n = self.rows_dropped.get("literal_special_token", 0)
+            return [
+                f"literal     {n:,} row(s) spelling a special token dropped (literal_special_tokens: drop)"
+            ]
+        return []
+
+    def _template_lines(self) -> list[str]:
+        """The chat template the rows were rendered with, where it came from (an unknown name that fell back
+        to the tokenizer's own says so here too), and whether the tokenizer ships the same one."""
+        if not self.template_drift:
+            return []
+        drift = self.template_drift
+        shipped = {
+            "same": "the tokenizer's own",
+            "differs": "differs from the tokenizer's own",
+            "none": "the tokenizer ships none",
+        }.get(str(drift.get("shipped")), "")
+        sha = str(drift.get("used_sha256", ""))[:12]
+        return [f"template    {drift.get('source')} (sha256 {sha}; {shipped})"]
+
+    def _rows_lines(self) -> list[str]:
+        """Rows in, kept and dropped; then, per dataset with drops, each reason in words with its share."""
+        dropped = sum(self.rows_dropped.values())
+        line = f"rows        {self.rows_in:,} in, {self.rows_kept:,} kept"
+        if self.untrainable_documents:
+            line += f" ({self.untrainable_documents:,} with no trainable token)"
+        line += f", {dropped:,} dropped" + (" (why, per dataset, below)" if dropped else "")
+        lines = [line]
+        for d in self.per_dataset:
+            if not any(d.dropped.values()):
+                continue
+            share = 100 * d.kept / max(d.selected, 1)
+            lines.append(f"  {d.name}: {d.selected:,} in, {d.kept:,} kept ({share:.1f}%)")
+            lines += drop_lines(d.selected, d.dropped)
+        return lines
