@@ -4,7 +4,7 @@
     python bench/task_overhead.py --tasks 500 --workers 4
 
 Runs empty task runs (a persisted JSON result each, like a slice's manifest) on the flow's own
-process pool (``flows.pool.ProcessPool``, warm workers) under the command's temporary Prefect API,
+process pool (``flows.workers.pool.ProcessPool``, warm workers) under the command's temporary Prefect API,
 and prints the CPU each process spent per task run, measured from ``/proc`` around the batch. From
 that, the dispatch ceiling: how many task runs per second one core of the API server, and the flow
 process, can carry. A run whose slices take *s* seconds on *W* workers needs *W / s* task runs per
@@ -32,7 +32,7 @@ def measure(tasks: int, workers: int) -> dict:
     import psutil
     from prefect import flow, task
 
-    from tokenize_mixer.flows.pool import process_pool
+    from tokenize_mixer.flows.workers.pool import process_pool
 
     @task(persist_result=True, result_serializer="json", cache_policy=None)
     def empty(i: int) -> dict:
@@ -76,7 +76,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
     os.environ.pop("PREFECT_API_URL", None)  # the command's own temporary API, as a user gets it
-    from tokenize_mixer.flows.runtime import prefect_api
+    from tokenize_mixer.flows.api.runtime import prefect_api
 
     with prefect_api():
         r = measure(args.tasks, args.workers)

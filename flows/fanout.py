@@ -30,8 +30,10 @@ from sftmix.tokenizing.slices import (
     push_worker_tokenizer,
     verify_slices,
 )
-from tokenize_mixer.flows.head_start import HeadStart, take_head_start
-from tokenize_mixer.flows.pool import (
+from tokenize_mixer.flows.api.watch import StopCheck
+from tokenize_mixer.flows.progress import BOARD, SliceProgress
+from tokenize_mixer.flows.workers.head_start import HeadStart, take_head_start
+from tokenize_mixer.flows.workers.pool import (
     finished_slices,
     pool_size,
     pool_stalled,
@@ -41,8 +43,6 @@ from tokenize_mixer.flows.pool import (
     was_running,
     worker_died,
 )
-from tokenize_mixer.flows.progress import BOARD, SliceProgress
-from tokenize_mixer.flows.watch import StopCheck
 from tokenize_mixer.tasks.tokenize import slice_task_for
 
 RunnerFactory = Callable[[int], Any]
@@ -78,7 +78,7 @@ def _dask_runner(run: RunOptions, workers: int):
 #: that kills its worker by itself (one row needing more memory than there is) is then named.
 SUSPECT_AFTER_DEATHS = 2
 
-#: A run whose pools stop handing back results (:func:`flows.pool.pool_stalled`) this many times fails.
+#: A run whose pools stop handing back results (:func:`flows.workers.pool.pool_stalled`) this many times fails.
 MAX_STALLS = 3
 
 
@@ -149,7 +149,7 @@ def _run_batch(
             _collect(pending, finished, state, watch, lost, waiting, submit, runner)
         except BaseException:
             if isinstance(runner, ThreadPoolTaskRunner):  # its exit would run every queued slice first
-                for fut in pending:  # (a process pool's workers are killed instead: flows.pool)
+                for fut in pending:  # (a process pool's workers are killed instead: flows.workers.pool)
                     with contextlib.suppress(Exception):
                         fut.wrapped_future.cancel()
             raise

@@ -284,7 +284,7 @@ class SliceProgress:
     ) -> None:
         from prefect.artifacts import create_progress_artifact
 
-        from tokenize_mixer.flows.watch import no_retries
+        from tokenize_mixer.flows.api.watch import no_retries
 
         self.total = len(specs)
         BOARD.begin(specs, keep, work_dir)
@@ -341,7 +341,7 @@ class SliceProgress:
             return
         from prefect.artifacts import update_progress_artifact
 
-        from tokenize_mixer.flows.watch import no_retries
+        from tokenize_mixer.flows.api.watch import no_retries
 
         try:
             with no_retries():  # an API that does not answer at once: skip this update, not wait

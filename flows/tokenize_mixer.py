@@ -35,9 +35,9 @@ from sftmix.runtime.stopping import EXIT_CANCELLED, RunStopped, first_stop, foll
 from sftmix.runtime.storage import atomic_write_bytes, is_remote, remove_tree
 from sftmix.tokenizing.templates import template_drift
 from sftmix.tokenizing.tokenizer_facts import tokenizer_facts
+from tokenize_mixer.flows.api.watch import StopCheck, no_retries, report_crashed
 from tokenize_mixer.flows.artifacts import publish_artifacts, report_markdown
 from tokenize_mixer.flows.fanout import run_slice_specs
-from tokenize_mixer.flows.watch import StopCheck, no_retries, report_crashed
 from tokenize_mixer.tasks.assemble import assemble_output
 from tokenize_mixer.tasks.plan import plan_mixer
 from tokenize_mixer.tasks.publish import publish_output
@@ -47,7 +47,7 @@ from tokenize_mixer.tasks.validate import validate_output
 def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
     """The plan's slices, on this run's pool or, for ``runner: work_pool``, as batch runs elsewhere."""
     if run.runner == "work_pool":
-        from tokenize_mixer.flows.work_pool import run_on_work_pool
+        from tokenize_mixer.flows.workers.work_pool import run_on_work_pool
 
         return run_on_work_pool(plan, run)
     return run_slice_specs(plan.slices, plan.context, run)

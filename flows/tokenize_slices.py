@@ -15,8 +15,8 @@ from sftmix.errors import MixerError
 from sftmix.planning.roots import check_slices_allowed
 from sftmix.runtime.stopping import EXIT_CANCELLED, RunStopped, follow_supervisor
 from sftmix.tokenizing.slices import SliceSpec, TokenizeContext, context_here
+from tokenize_mixer.flows.api.watch import report_crashed
 from tokenize_mixer.flows.fanout import run_slice_specs
-from tokenize_mixer.flows.watch import report_crashed
 
 
 @flow(name="tokenize-slices", validate_parameters=True)

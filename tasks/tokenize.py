@@ -56,7 +56,7 @@ def tokenize_slice_task(spec: SliceSpec, ctx: TokenizeContext, reuse: bool = Tru
 
 
 def tokenize_ahead(spec: SliceSpec, ctx: TokenizeContext) -> dict:
-    """A slice tokenized before its task run exists (``flows.head_start``): the task's own work, whose
+    """A slice tokenized before its task run exists (``flows.workers.head_start``): the task's own work, whose
     checkpoint the task run then finds."""
     return tokenize_slice(spec, ctx, reuse=True).model_dump()
 

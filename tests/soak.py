@@ -43,7 +43,7 @@ from sftmix.runtime import settings
 from sftmix.sources.jsonl import BATCH_BYTES
 from tests.cli_runs import left_in_shm, semaphores
 from tests.hub_emulator import DECLARED_CARD, LOADED_CARD, PLAIN_CARD, HubEmulator
-from tokenize_mixer.flows.runtime import PRIVATE_DIR_PREFIX
+from tokenize_mixer.flows.api.runtime import PRIVATE_DIR_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

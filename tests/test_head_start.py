@@ -1,4 +1,4 @@
-"""Slices tokenized while the Prefect API starts (``flows.head_start``): the flow takes over the same
+"""Slices tokenized while the Prefect API starts (``flows.workers.head_start``): the flow takes over the same
 pool, every slice is still a task run with its persisted result, nothing is tokenized twice, and the
 bytes are those of a run without a head start."""
 
@@ -20,8 +20,8 @@ from sftmix.errors import DatasetError
 from sftmix.output.digest import compare
 from sftmix.planning.plan import build_plan
 from sftmix.sources import jsonl
-from tokenize_mixer.flows import head_start
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
+from tokenize_mixer.flows.workers import head_start
 
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT / "examples"))

@@ -62,4 +62,11 @@ def test_every_package_installs():
     finds it on disk, so only a built wheel would tell)."""
     setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "sftmix").rglob("__init__.py")}
+    for folder in ("flows", "tasks"):
+        on_disk |= {
+            ".".join(("tokenize_mixer", *p.parent.relative_to(ROOT).parts))
+            for p in (ROOT / folder).rglob("__init__.py")
+        }
     assert on_disk <= set(setup["packages"])
+    mapping = setup["package-dir"]
+    assert all((ROOT / mapping[p]).is_dir() for p in setup["packages"] if p.startswith("tokenize_mixer."))

@@ -527,8 +527,8 @@ def test_a_file_that_changes_while_its_row_groups_are_hashed_is_one_clear_error(
 @pytest.mark.slow
 def test_slices_begun_while_row_groups_are_hashed_are_the_flows(prefect_api, tmp_path):
     from sftmix.output.digest import compare
-    from tokenize_mixer.flows import head_start
     from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
+    from tokenize_mixer.flows.workers import head_start
 
     path = tmp_path / "chats.parquet"
     pq.write_table(pa.Table.from_pylist(_rows(3000)), path, row_group_size=250)

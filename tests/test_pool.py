@@ -1,4 +1,4 @@
-"""The flow's process pool (flows.pool) with real worker processes."""
+"""The flow's process pool (flows.workers.pool) with real worker processes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenize_mixer.flows.pool import WorkerCallInterrupted, pool_stalled, process_pool
+from tokenize_mixer.flows.workers.pool import WorkerCallInterrupted, pool_stalled, process_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def test_a_broken_pool_ends_at_once_with_its_other_workers_killed():
 POISONED_QUEUE = """
 import os, signal, time
 from concurrent.futures import wait
-from tokenize_mixer.flows.pool import WorkerCallInterrupted, pool_stalled, process_pool
+from tokenize_mixer.flows.workers.pool import WorkerCallInterrupted, pool_stalled, process_pool
 
 pool = process_pool(2)
 with pool:
@@ -98,8 +98,8 @@ def test_the_collector_hands_back_the_slices_of_a_pool_whose_management_thread_e
     from prefect import flow
 
     from sftmix.tokenizing.slices import SliceSpec
+    from tokenize_mixer.flows.api.watch import StopCheck
     from tokenize_mixer.flows.fanout import _collect, _Slices
-    from tokenize_mixer.flows.watch import StopCheck
 
     specs = [
         SliceSpec(
@@ -138,7 +138,7 @@ def _task_settings() -> tuple[int, bool]:
 
 @pytest.mark.slow
 def test_each_task_in_a_worker_runs_with_the_settings_of_its_submission(prefect_api):
-    """A worker validates the flow's settings once, not per task run (``flows.pool._settle_settings``),
+    """A worker validates the flow's settings once, not per task run (``flows.workers.pool._settle_settings``),
     and still gives every task the settings it was submitted with, when they change between tasks."""
     from prefect import flow, task
     from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings

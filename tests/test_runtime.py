@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = textwrap.dedent(
     """
     import sys, httpx
-    import tokenize_mixer.flows.runtime as runtime
+    import tokenize_mixer.flows.api.runtime as runtime
 
     if sys.argv[1] == "broken":  # a Prefect whose server no longer starts the way we launch it
         import subprocess
@@ -176,7 +176,7 @@ def _private_dirs(tmp_path: Path) -> list[str]:
 
 
 def runtime_module():
-    from tokenize_mixer.flows import runtime
+    from tokenize_mixer.flows.api import runtime
 
     return runtime
 

@@ -18,7 +18,7 @@ import pytest
 
 from sftmix.output.digest import compare
 from tests.cli_runs import assert_rerun_resumes, cli_env, convert_command, left_in_shm, semaphores
-from tokenize_mixer.flows.worker_start import START_METHOD_ENV
+from tokenize_mixer.flows.workers.worker_start import START_METHOD_ENV
 
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
@@ -34,7 +34,7 @@ SPAWNED = {START_METHOD_ENV: "spawn"}
 
 
 def command(data: Path, work: Path, out: Path, workers: int = 2) -> list[str]:
-    """The workers are forked from the command's fork server (flows.worker_start); run with ``SPAWNED``
+    """The workers are forked from the command's fork server (flows.workers.worker_start); run with ``SPAWNED``
     in the environment, they are spawned."""
     return convert_command(data, work, out, 500, "--runner", "process", "--workers", str(workers))
 
@@ -95,7 +95,7 @@ class Run:
 
     def workers(self, forked: bool) -> list[int]:
         """The pool's worker processes: spawned by the command, or forked by its fork server (the one
-        child of the command that runs multiprocessing's fork server, flows.worker_start)."""
+        child of the command that runs multiprocessing's fork server, flows.workers.worker_start)."""
         if not forked:
             return self.children("spawn_main", descendants=False)
         (server,) = self.children("multiprocessing.forkserver", descendants=False)
@@ -183,7 +183,7 @@ def test_a_signal_stops_the_run_cleanly_and_a_rerun_resumes(chats, tmp_path, how
 
 
 def test_a_signal_while_the_api_starts_stops_the_head_start(chats, tmp_path):
-    """Slices are tokenized while the temporary API starts (flows.head_start). A fresh Prefect home makes
+    """Slices are tokenized while the temporary API starts (flows.workers.head_start). A fresh Prefect home makes
     that start long (the server creates its database first), as on a user's first run."""
     data, expected = chats
     work, out = tmp_path / "work", tmp_path / "out"
@@ -317,7 +317,7 @@ def test_a_cancel_through_the_api_stops_the_run_without_publishing(chats, tmp_pa
 
 def test_a_lost_prefect_server_stops_the_run(chats, tmp_path):
     """Server mode: the run was given a server (PREFECT_API_URL), which dies mid-run."""
-    from tokenize_mixer.flows.runtime import TemporaryServer
+    from tokenize_mixer.flows.api.runtime import TemporaryServer
 
     data, expected = chats
     work, out = tmp_path / "work", tmp_path / "out"
@@ -569,7 +569,7 @@ import os, signal, sys
 from multiprocessing import resource_tracker
 which = sys.argv[1]
 if which == "slices":
-    from tokenize_mixer.flows.pool import process_pool
+    from tokenize_mixer.flows.workers.pool import process_pool
     pool = process_pool(1)
     pool.__enter__()
 else:

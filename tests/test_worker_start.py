@@ -1,4 +1,4 @@
-"""The command forks its workers from a server that imported their modules once (flows.worker_start);
+"""The command forks its workers from a server that imported their modules once (flows.workers.worker_start);
 the bytes are those of Prefect's spawned workers, and the server is gone with the command."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from sftmix.output.digest import compare
 from tests.cli_runs import cli_env, convert_command
-from tokenize_mixer.flows.worker_start import MIN_FORKED_WORKERS, START_METHOD_ENV
+from tokenize_mixer.flows.workers.worker_start import MIN_FORKED_WORKERS, START_METHOD_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -78,7 +78,7 @@ def test_the_fork_server_imports_what_workers_use_and_no_more():
     plan's Arrow and tokenizer files never uses; Prefect's collections (prefect-dask: all of Dask) each
     worker would import at its first task."""
     probe = (
-        "import sys, tokenize_mixer.flows.worker_preload; "
+        "import sys, tokenize_mixer.flows.workers.worker_preload; "
         "print(sorted(m for m in ('transformers', 'datasets', 'pandas', 'torch', 'prefect_dask') if m in sys.modules))"
     )
     done = subprocess.run(

@@ -554,7 +554,7 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
     from sftmix.planning.recipe import mixer_recipe
     from sftmix.planning.roots import check_allowed_roots
     from sftmix.tokenizing.slices import SLICE_FORMAT_VERSION
-    from tokenize_mixer.flows.runtime import prefect_api, remove_abandoned_private_dirs
+    from tokenize_mixer.flows.api.runtime import prefect_api, remove_abandoned_private_dirs
 
     remove_abandoned_private_dirs()  # (a command killed outright could not remove its own)
     # The flow checks these again; here they fail fast, before a Prefect API starts.
@@ -574,7 +574,7 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
         the output up to date (then no flow run either). ``early``: what the slices of a large file
         are handed while the plan still reads it."""
         from sftmix.planning.plan import prepare_plan
-        from tokenize_mixer.flows.head_start import plan_ahead
+        from tokenize_mixer.flows.workers.head_start import plan_ahead
 
         prepare_plan(mixer, run)
         plan = plan_ahead(mixer, run, early)
@@ -586,17 +586,17 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
     def prepare() -> None:
         """While the API starts: the plan (unless made before), then the head start where it applies:
         tokenizing begins while the API is still starting."""
-        from tokenize_mixer.flows.head_start import begin_head_start, early_start
+        from tokenize_mixer.flows.workers.head_start import begin_head_start, early_start
 
         if not planned:
             plan_and_check(early_start(run))
         if planned[0] is not None:
             begin_head_start(mixer, run, planned[0])
 
-    from tokenize_mixer.flows.head_start import head_start_scope
+    from tokenize_mixer.flows.workers.head_start import head_start_scope
 
     if _one_run_per_process:
-        from tokenize_mixer.flows.worker_start import fork_workers_from_server, start_worker_server
+        from tokenize_mixer.flows.workers.worker_start import fork_workers_from_server, start_worker_server
 
         fork_workers_from_server()
         start_worker_server(mixer, run)

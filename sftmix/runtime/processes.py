@@ -44,7 +44,7 @@ def follow_parent(poll_seconds: float = 1.0) -> None:
 
 
 def _release_fork_server() -> None:
-    """In a worker forked by multiprocessing's fork server (``flows.worker_start``), whose parent is that
+    """In a worker forked by multiprocessing's fork server (``flows.workers.worker_start``), whose parent is that
     server: close the worker's copy of the command's end of the server's pipe. The server ends when
     that pipe has no writer left, so it ends with the command, and the worker follows it; each forked
     process gets a copy (to start processes through the server itself, which a worker never does),

@@ -1,6 +1,6 @@
 """Tokenizing while the temporary Prefect API starts, so its seconds of start-up are not idle cores.
 
-A command without a Prefect server starts one (``flows.runtime``); until it answers, no flow or task
+A command without a Prefect server starts one (``flows.api.runtime``); until it answers, no flow or task
 run can exist. The plan does not need it: once the plan is known, the head start opens the run's
 process pool and gives its workers the slices the flow would run last. When the flow reaches its
 fan-out it takes over that same pool (:func:`take_head_start`): slices the head start finished are
@@ -39,7 +39,7 @@ class HeadStart:
     file's first ones while the plan still reads the rest (:func:`early_start`)."""
 
     def __init__(self, ctx: TokenizeContext, workers: int) -> None:
-        from tokenize_mixer.flows.pool import process_pool
+        from tokenize_mixer.flows.workers.pool import process_pool
 
         self.started_at = time.time()
         self.ctx = ctx
@@ -145,7 +145,7 @@ def begin_head_start(mixer: MixerConfig, run: RunOptions, plan: Plan | None = No
     to the flow's own plan."""
     if not _applies(run):
         return
-    from tokenize_mixer.flows.pool import pool_size, run_order, slices_to_compute
+    from tokenize_mixer.flows.workers.pool import pool_size, run_order, slices_to_compute
 
     if plan is None:
         try:

@@ -32,8 +32,8 @@ from sftmix.tokenizing.slices import (
     read_manifest,
     verify_slices,
 )
-from tokenize_mixer.flows.pool import run_order
-from tokenize_mixer.flows.watch import StopCheck
+from tokenize_mixer.flows.api.watch import StopCheck
+from tokenize_mixer.flows.workers.pool import run_order
 
 #: A slice whose batch ended Crashed this many times fails the run.
 MAX_LOSSES = 3

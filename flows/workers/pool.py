@@ -5,10 +5,10 @@
 - A worker that dies (the OOM killer's SIGKILL) breaks a ``ProcessPoolExecutor`` and fails every
   slice in flight with ``BrokenProcessPool``; :func:`worker_died` tells those failures apart so the
   flow can rebuild the pool and retry them. The broken pool's other workers are killed.
-- A pool started ahead of the flow (``flows.head_start``) is handed to it already running.
+- A pool started ahead of the flow (``flows.workers.head_start``) is handed to it already running.
 - Each worker keeps one Prefect client for all its task runs (:class:`_ClientKeepingExecutor`).
 - In the command, workers are forked from a server that imported their modules once
-  (``flows.worker_start``), not spawned as fresh interpreters that each import them.
+  (``flows.workers.worker_start``), not spawned as fresh interpreters that each import them.
 
 Also here: which slices still need computing, in which order, and on how many workers.
 """
@@ -30,8 +30,7 @@ from sftmix.config.config import RunOptions
 from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.processes import start_resource_tracker, stop_signals_blocked
 from sftmix.tokenizing.slices import SliceManifest, SliceSpec, TokenizeContext, read_manifest
-
-from .worker_start import start_method
+from tokenize_mixer.flows.workers.worker_start import start_method
 
 #: Below this many rows to tokenize, worker start-up (imports, tokenizer load) costs more than it saves.
 SMALL_JOB_ROWS = 2000
@@ -174,7 +173,7 @@ class _ClientKeepingExecutor:
 
 class ProcessPool(ProcessPoolTaskRunner):
     def __enter__(self) -> ProcessPool:
-        if self._started:  # begun ahead of the flow (flows.head_start): its workers are already busy
+        if self._started:  # begun ahead of the flow (flows.workers.head_start): its workers are already busy
             return self
         start_resource_tracker()  # (before the executor's first semaphore starts one that SIGHUP kills)
         super().__enter__()

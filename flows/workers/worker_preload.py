@@ -1,5 +1,5 @@
 """What a tokenizing worker imports before and during its first slice, imported once by the server that
-the command's workers are forked from (``flows.worker_start``), so that each worker starts with it
+the command's workers are forked from (``flows.workers.worker_start``), so that each worker starts with it
 instead of importing it again.
 
 Only what a worker of the command imports, taken from the modules a spawned worker holds after its
@@ -9,7 +9,7 @@ tokenizers library, pyarrow, and the flow's modules (the task's functions are pi
 Not transformers or datasets (the command imports them only for a tokenizer or a file it has not
 seen before: :mod:`sftmix.tokenizing.tokenizer_facts`): a worker reads the plan's Arrow files and the plan's
 tokenizer file, and importing the two cost the server 1.2-1.5 s of CPU, competing with the API's start
-on a small machine. ``flows.worker_start`` adds datasets for a mixer that names a
+on a small machine. ``flows.workers.worker_start`` adds datasets for a mixer that names a
 dataset the plan may not convert. Also imported: what the command's module imports, since each worker
 runs that module again as its main module (not ``tokenize_mixer.cli`` itself: runpy warns when
 ``python -m tokenize_mixer.cli`` finds it imported already)."""
@@ -26,8 +26,8 @@ import sftmix.config.config  # noqa: F401
 import sftmix.config.reference_flags  # noqa: F401
 import sftmix.config.selection  # noqa: F401
 import sftmix.output.report  # noqa: F401
-import tokenize_mixer.flows.pool  # noqa: F401
 import tokenize_mixer.flows.tokenize_mixer  # noqa: F401
+import tokenize_mixer.flows.workers.pool  # noqa: F401
 import tokenize_mixer.tasks.tokenize  # noqa: F401
 
 load_prefect_collections()

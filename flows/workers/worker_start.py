@@ -25,9 +25,9 @@ if TYPE_CHECKING:
     from sftmix.config.config import MixerConfig, RunOptions
 
 #: What the fork server imports for its workers: what a worker needs before its first slice.
-WORKER_PRELOAD = ["tokenize_mixer.flows.worker_preload"]
+WORKER_PRELOAD = ["tokenize_mixer.flows.workers.worker_preload"]
 
-#: Below this much local input a run is not expected to use worker processes (``flows.pool``'s
+#: Below this much local input a run is not expected to use worker processes (``flows.workers.pool``'s
 #: ``SMALL_JOB_ROWS``), so the command does not start their server ahead of the plan.
 SMALL_INPUT_BYTES = 4 << 20
 
