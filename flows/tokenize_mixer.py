@@ -118,7 +118,7 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
     if (done := up_to_date(mixer, run)) is not None:  # the inputs' stamps say so: no plan needed
         return _nothing_to_do(done, started)
     plan = _call(plan_mixer, mixer, run)
-    for line in plan.summary().splitlines():
+    for line in plan.summary(warnings=False).splitlines():  # (its warnings were said as it found them)
         logger.info(line)
     refuse_different_output(mixer.output.path, mixer.output.overwrite, plan.recipe())
     if (done := up_to_date(mixer, run, plan.recipe())) is not None:

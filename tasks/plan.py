@@ -15,10 +15,30 @@ from sftmix.planning.plan import Plan, build_plan
 from sftmix.runtime import settings
 from tokenize_mixer.tasks import fail_cleanly
 
+#: The plan the command made while the API started, for the flow run it starts next in this process.
+_handed: dict[str, Plan] = {}
+
+
+def _plan_key(mixer: MixerConfig, run: RunOptions) -> str:
+    return mixer.model_dump_json() + run.model_dump_json()
+
+
+def hand_to_flow(mixer: MixerConfig, run: RunOptions, plan: Plan | None) -> None:
+    """Give the flow run the command starts next the plan made ahead of it (``None``: forget it), so the
+    plan is made once per command and what it found is said once."""
+    _handed.clear()
+    if plan is not None:
+        _handed[_plan_key(mixer, run)] = plan
+
 
 @task(name="plan", cache_policy=NO_CACHE, persist_result=False)
 @fail_cleanly
 def plan_mixer(mixer: MixerConfig, run: RunOptions) -> Plan:
+    handed = _handed.pop(_plan_key(mixer, run), None)
+    _handed.clear()
+    if handed is not None:
+        handed.made_ahead = True
+        return handed
     with core_lines_in_run_logs():
         return build_plan(mixer, run)
 

@@ -582,6 +582,7 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
             remember_inputs(mixer.output.path, plan.recipe(), plan.inputs)
             raise UpToDate(done)  # no API (or it stops); no flow run
         planned.append(plan)
+        hand_to_flow(mixer, run, plan)
 
     def prepare() -> None:
         """While the API starts: the plan (unless made before), then the head start where it applies:
@@ -594,6 +595,7 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
             begin_head_start(mixer, run, planned[0])
 
     from tokenize_mixer.flows.workers.head_start import head_start_scope
+    from tokenize_mixer.tasks.plan import hand_to_flow
 
     if _one_run_per_process:
         from tokenize_mixer.flows.workers.worker_start import fork_workers_from_server, start_worker_server
@@ -611,6 +613,8 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
             state = tokenize_mixer(mixer=mixer, run=run, return_state=True)
     except UpToDate as done:
         return _say_up_to_date(done.report)
+    finally:
+        hand_to_flow(mixer, run, None)
     if state.is_cancelled() or state.is_cancelling():
         raise record_stop(RunStopped("cancelled through the Prefect API", EXIT_CANCELLED))
     result = state.result(raise_on_failure=False)

@@ -119,6 +119,7 @@ def run_report(
         token_dtype=plan.context.token_dtype,
         wall_seconds=0.0,
         plan_seconds=plan_seconds,
+        plan_ahead_seconds=plan.seconds if plan.made_ahead else None,
         tokenize_seconds=round(outcome.seconds, 3),
         tokens_per_second=_throughput(outcome),
         steady_seconds=outcome.steady_seconds,

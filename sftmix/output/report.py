@@ -93,6 +93,11 @@ class RunReport(BaseModel):
     plan_seconds: float = Field(
         0.0, description="The flow's plan: the output checks and planning, from the flow's start."
     )
+    plan_ahead_seconds: float | None = Field(
+        None,
+        description="Where the command made the plan while the Prefect API started (part of its start-up, "
+        "then handed to the flow): how long that took.",
+    )
     tokenize_seconds: float
     assemble_seconds: float = Field(
         0.0, description="Writing the shards from the slices, in the output's order."
@@ -170,13 +175,22 @@ class RunReport(BaseModel):
         tail = max(self.wall_seconds - self.plan_seconds - self.tokenize_seconds, 0.0)
         parts = []
         if self.command_seconds is not None:
-            began = (
-                f" (the first slice began at {self.first_slice_seconds:.1f} s)"
-                if self.first_slice_seconds is not None
-                else ""
-            )
+            within = [
+                *(
+                    [f"{self.plan_ahead_seconds:.1f} s of it planning"]
+                    if self.plan_ahead_seconds is not None
+                    else []
+                ),
+                *(
+                    [f"the first slice began at {self.first_slice_seconds:.1f} s"]
+                    if self.first_slice_seconds is not None
+                    else []
+                ),
+            ]
+            began = f" ({'; '.join(within)})" if within else ""
             parts.append(f"{self.command_seconds - self.wall_seconds:.1f} s start-up{began}")
-        parts.append(f"{self.plan_seconds:.1f} s planning")
+        if self.plan_ahead_seconds is None or self.command_seconds is None:
+            parts.append(f"{self.plan_seconds:.1f} s planning")
         parts.append(
             f"{self.tokenize_seconds:.1f} s tokenizing ({self.tokens_per_second:,.0f} tokens/s)"
             if self.tokens_per_second
@@ -213,7 +227,9 @@ class RunReport(BaseModel):
             *head,
             *self._template_lines(),
             *self._rows_lines(),
-            *(f"unrendered  {line}" for line in [*self.unrendered, *self.unrendered_rows]),
+            *(
+                f"unrendered  {line}" for line in self.unrendered_rows or self.unrendered
+            ),  # counted, or sampled
             *(
                 [f"tokenizer   {self.tokenizer_load_note.removeprefix('tokenizer ')}"]
                 if self.tokenizer_load_note

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -121,6 +122,8 @@ class Plan(BaseModel):
     tokenizer_load_note: str | None = None  # (also in warnings) the reference's tokenizer is not its files'
     inputs: dict | None = None  # the input files' stamps, taken before the plan read them (up_to_date)
     slicing: str = ""  # how the slices were sized, in words (the summary's)
+    seconds: float = 0.0  # how long making it took
+    made_ahead: bool = False  # made by the command while the Prefect API started, and handed to the flow
 
     def recipe(self) -> dict[str, Any]:
         """Everything the output's bytes follow from (and nothing they do not: run options, the
@@ -135,7 +138,8 @@ class Plan(BaseModel):
             "token_dtype": self.context.token_dtype,
         }
 
-    def summary(self) -> str:
+    def summary(self, warnings: bool = True) -> str:
+        """The plan in lines; ``warnings=False`` leaves out what the plan logged as it found it."""
         m = self.mixer
         lines = [
             f"tokenizer   {m.tokenizer.name_or_path} (fingerprint {self.tokenizer_fingerprint[:12]})",
@@ -153,7 +157,7 @@ class Plan(BaseModel):
                 f"{d.index:>3}  {d.name:<40} {d.split:<8} {d.amount!s:>8} {d.n_rows:>9} {d.target:>9} {len(d.slices):>6}"
             )
         lines.append(f"\n{len(self.slices)} slices" + (f", {self.slicing}" if self.slicing else ""))
-        for w in self.warnings:
+        for w in self.warnings if warnings else []:
             lines.append(f"warning: {w}")
         return "\n".join(lines)
 
@@ -1311,6 +1315,7 @@ def _cut(
 def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = None) -> Plan:
     """The plan. ``early`` is handed each slice of a large JSON Lines file as soon as it is cut, while the
     plan still reads the rest of the file (the same slices the plan returns)."""
+    started = time.perf_counter()
     inputs = input_record(mixer)  # first: a file that changes while the plan reads it will not match
     forget_builders()
     work_dir, remote = _work_dir(run)
@@ -1379,6 +1384,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
         unrendered=[line for d in opened for line in d.left_out],
         inputs=inputs,
         slicing=_slicing(run, data_bytes, slices),
+        seconds=round(time.perf_counter() - started, 3),
     )
 
 
