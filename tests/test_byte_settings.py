@@ -1,5 +1,5 @@
-"""Each setting declares how it reaches the output's bytes (sftmix/config/byte_settings.py); the recipe and the
-slices' keys derive from the declarations, as they were before the declarations (existing outputs stay up
+"""Each setting declares how it reaches the output's bytes (sftmix/config/byte_settings.py); the recipe, the
+slices' keys and ``convert``'s flags (sftmix/config/command_flags.py) derive from the declarations, as they were before the declarations (existing outputs stay up
 to date and existing slices are reused), and an option added with a declaration recomputes its slices."""
 
 from __future__ import annotations
@@ -7,12 +7,13 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import pytest
 from pydantic import BaseModel, Field
 
-from sftmix.config.byte_settings import ChangesBytes, declaration, keyed, recorded
+from sftmix.config.byte_settings import ChangesBytes, declaration, for_slices, keyed, recorded
+from sftmix.config.command_flags import Flag, flags, with_flags
 from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.planning.plan import build_plan
 
@@ -149,3 +150,59 @@ def test_a_new_byte_changing_option_recomputes_its_slices(tmp_path):
     assert recorded(WithKnob(**{**_mixer().model_dump(), "knob": 1}))["knob"] == 1
     assert "knob" not in recorded(WithKnob(**_mixer().model_dump()))
     assert all(a != b for a, b in itertools.combinations([plain[0], on[0], again[0]], 2))
+
+
+class WithFlaggedKnob(MixerConfig):
+    """A throwaway option with a command-line flag, declared as a new one would be."""
+
+    knob: Annotated[Literal["low", "high"], ChangesBytes(slices=True, unkeyed=True), Flag()] = Field(
+        default="low", description="How loud."
+    )
+
+
+def test_a_flag_is_derived_from_the_setting_it_sets():
+    """``convert``'s flags for mixer settings come from the fields: choices, default, help and where the
+    value goes; left out, a setting keeps its default."""
+    (knob,) = [s for s in flags(WithFlaggedKnob) if s.name == "knob"]
+    assert knob.path == ("knob",) and knob.choices == ("low", "high") and knob.default == "low"
+    assert knob.help == "How loud."
+    assert with_flags({}, {"knob": "high", "other": 1}, WithFlaggedKnob) == {"knob": "high"}
+    assert with_flags({}, {"knob": None}, WithFlaggedKnob) == {}
+    load = next(s for s in flags(MixerConfig) if s.path == ("tokenizer", "load"))
+    assert load.name == "tokenizer_load" and load.choices == ("reference", "files")
+
+
+def test_convert_sets_every_flagged_setting():
+    from tokenize_mixer.cli import build_parser, mixer_from_convert_args
+
+    base = ["convert", "--dataset_mixer_list", "a.jsonl", "1.0", "--tokenizer_name_or_path", "tok"]
+    base += ["--output_dir", "out"]
+    plain = mixer_from_convert_args(build_parser().parse_args(base))
+    assert plain.mask_thinking is False and plain.tokenizer.literal_special_tokens == "keep"
+    given = mixer_from_convert_args(
+        build_parser().parse_args(
+            [*base, "--mask-thinking", "--literal_special_tokens", "split", "--tokenizer_load", "files"]
+            + ["--overwrite", "--spans", "exact", "--mask_tool_calls", "false"]
+        )
+    )
+    assert given.mask_thinking is True and given.mask_tool_calls is False and given.spans == "exact"
+    assert given.tokenizer.literal_special_tokens == "split" and given.tokenizer.load == "files"
+    assert given.output.overwrite is True
+    for spec in flags(MixerConfig):  # every one reaches its field
+        value = "true" if spec.boolean else spec.choices[-1]  # type: ignore[index]
+        mixer = mixer_from_convert_args(build_parser().parse_args([*base, f"--{spec.name}", value]))
+        inner: Any = mixer
+        for key in spec.path:
+            inner = getattr(inner, key)
+        assert inner == (True if spec.boolean else value), spec
+
+
+def test_the_slice_workers_are_handed_every_setting_their_slices_follow_from():
+    """``slices=True`` settings reach the workers by name (``for_slices`` into ``TokenizeContext``): each one
+    needs a field there, or the workers would tokenize without it while the slice keys hold it."""
+    from sftmix.tokenizing.slices import TokenizeContext
+
+    handed = for_slices(_mixer(mask_thinking=True, literal_special_tokens="drop"))
+    assert set(handed) <= set(TokenizeContext.model_fields), set(handed) - set(TokenizeContext.model_fields)
+    assert handed["mask_thinking"] is True and handed["literal_special_tokens"] == "drop"
+    assert set(keyed(_mixer())) <= set(handed)

@@ -318,7 +318,7 @@ def test_same_ids_and_offsets_on_random_text(name, engine):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("name", ["dolma2", "tiny", "llama3"])
+@pytest.mark.parametrize("name", ["dolma2", "tiny", pytest.param("llama3", marks=pytest.mark.full)])
 def test_the_fast_path_itself_is_compared(name, engine):
     """Texts handed to the library would compare equal trivially: on these, dolma2 and the tiny
     tokenizer hand over none, Llama-3 only texts with one of its few unproven tokens."""
@@ -442,6 +442,7 @@ GEMMA3_TURNS = (
 )
 
 
+@pytest.mark.full  # (the loop has both on random text and DeepSeek-V3's chat tokens)
 @settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     convs=st.lists(conversation, min_size=1, max_size=5),
@@ -772,7 +773,7 @@ def test_deepseek_v3_has_segment_cuts_and_takes_the_fast_path_on_its_chat_tokens
     assert boundaries is not None and rust.token_to_id("<｜User｜>") in boundaries.ids
 
 
-@pytest.mark.parametrize("name", ["dolma2", "tiny", "llama3"])
+@pytest.mark.parametrize("name", ["dolma2", "tiny", pytest.param("llama3", marks=pytest.mark.full)])
 def test_decode_matches_the_library(name):
     """Any ids, split multi-byte characters and added tokens included: the same text (and the same
     replacement characters for bytes that are not UTF-8)."""
@@ -825,7 +826,7 @@ def test_the_default_run_on_llama3_uses_the_fast_encoder(tmp_path):
     assert _plan_of_chats(tmp_path, llama3_dir(), "q{i} é 😀", "a{i}").context.encoder == "fast"
 
 
-@pytest.mark.parametrize("name", ["deepseek-v3", "gemma3"])
+@pytest.mark.parametrize("name", ["deepseek-v3", pytest.param("gemma3", marks=pytest.mark.full)])
 def test_the_default_run_on_deepseek_v3_and_gemma3_uses_the_fast_encoder(tmp_path, name):
     """As transformers loads them: proven (the plan's log would say which part refused it), checked on the
     run's sample rows."""

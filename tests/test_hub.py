@@ -277,6 +277,7 @@ def test_a_stop_while_a_hub_file_downloads_ends_the_run_and_a_rerun_gives_the_lo
     assert differ == ["dataset_statistics.json"], result.render()  # (it names the dataset)
 
 
+@pytest.mark.full
 def test_a_hub_dataset_an_online_run_read_is_converted_offline_from_the_hub_cache(tmp_path):
     """``datasets`` never prepared the dataset (the plan read its files itself), so its loader has
     nothing under ``HF_HUB_OFFLINE``; the rerun reads the files the online plan found, from the hub

@@ -122,6 +122,7 @@ def run(mode: str, **extra_env: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.full  # (the loop has the command launching its own and serving a flow)
 def test_temporary_api_serves_a_flow():
     proc = run("ok")
     assert proc.returncode == 0, proc.stderr[-3000:]

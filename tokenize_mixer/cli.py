@@ -16,15 +16,13 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
+from sftmix.config.command_flags import FlagSpec, flags, with_flags
 from sftmix.config.config import (
     DatasetEntry,
     MixerConfig,
-    OutputSpec,
     RunOptions,
-    TokenizerLoad,
-    TokenizerSpec,
     load_run_file,
 )
 from sftmix.config.reference_flags import NEUTRAL_FLAGS, check_flags, transform_chain
@@ -214,47 +212,28 @@ def _beyond_the_reference(conv: argparse.ArgumentParser) -> None:
         f"warning, as the reference does (fallback, the default), or refuse the run (error; also "
         f"{UNKNOWN_TEMPLATE_ENV}=error)",
     )
-    _flag(
-        conv,
-        "unrendered_data",
-        choices=["warn", "error"],
-        default="warn",
-        help="a message field or role in the rows that the chat template never renders (tool_calls, a tool "
-        "role, ...): say so and convert, as the reference does (warn), or refuse the run before any work "
-        "(error)",
-    )
-    _flag(
-        conv,
-        "literal_special_tokens",
-        choices=["keep", "split", "drop"],
-        default="keep",
-        help="text in the rows that spells a special token (a literal <|im_end|> in an answer): read it as the "
-        "special token, as the reference does (keep), as plain text while the template's own stay special "
-        "(split), or skip such rows, counted (drop)",
-    )
-    _flag(
-        conv,
-        "encoder",
-        choices=["auto", "hf", "fast"],
-        default="auto",
-        help="BPE encoder: a fast one (fastokens or tiktoken) where proven the same tokenizer (auto), the "
-        "tokenizers library (hf), or the fast one or refuse (fast)",
-    )
-    _flag(
-        conv,
-        "tokenizer_load",
-        choices=list(get_args(TokenizerLoad)),
-        default="reference",
-        help=TokenizerSpec.model_fields["load"].description,
-    )
-    _flag(conv, "overwrite", action="store_true", help="replace an output directory holding different shards")
-    _flag(
-        conv,
-        "on_bad_row",
-        choices=["error", "skip"],
-        default="error",
-        help="fail on a malformed row (or a .jsonl line that is not a row), naming it, or skip and count it",
-    )
+    for spec in flags(MixerConfig):
+        _setting_flag(conv, spec)
+
+
+def _setting_flag(parser: argparse.ArgumentParser, spec: FlagSpec) -> None:
+    """A flag derived from the setting it sets (:mod:`sftmix.config.command_flags`): left out, the
+    setting keeps its default."""
+    default = str(spec.default).lower() if spec.boolean else spec.default
+    help_text = f"{spec.help} (default {default})".replace("%", "%%")
+    if spec.boolean:
+        _flag(
+            parser,
+            spec.name,
+            type=_bool,
+            nargs="?",
+            const=True,
+            default=None,
+            metavar="true|false",
+            help=help_text,
+        )
+    else:
+        _flag(parser, spec.name, choices=spec.choices, default=None, help=help_text)
 
 
 def _run_parser(sub: _Subcommands) -> None:
@@ -384,29 +363,24 @@ def mixer_from_convert_args(args: argparse.Namespace) -> MixerConfig:
     elif len(splits) != len(names):
         raise ConfigError(f"--dataset_mixer_list_splits has {len(splits)} splits for {len(names)} datasets")
     chain = transform_chain(args.dataset_transform_fn)
-    return MixerConfig(
-        datasets=[
+    data = {
+        "datasets": [
             DatasetEntry(path=n, amount=a, split=s) for n, a, s in zip(names, amounts, splits, strict=True)
         ],
-        mask=chain.mask,
-        drop_untrainable=chain.drop_untrainable,
-        tokenizer=TokenizerSpec(
-            name_or_path=args.tokenizer_name_or_path,
-            revision=args.tokenizer_revision,
-            chat_template=args.chat_template_name,
-            add_bos=args.add_bos,
-            unknown_template=args.unknown_template,
-            unrendered_data=args.unrendered_data,
-            literal_special_tokens=args.literal_special_tokens,
-            encoder=args.encoder,
-            load=args.tokenizer_load,
-        ),
-        max_seq_length=args.max_seq_length,
-        shuffle_seed=args.shuffle_seed,
-        num_examples=args.num_examples,
-        on_bad_row=args.on_bad_row,
-        output=OutputSpec(path=args.output_dir, overwrite=args.overwrite),
-    )
+        **chain.settings,
+        "tokenizer": {
+            "name_or_path": args.tokenizer_name_or_path,
+            "revision": args.tokenizer_revision,
+            "chat_template": args.chat_template_name,
+            "add_bos": args.add_bos,
+            "unknown_template": args.unknown_template,
+        },
+        "max_seq_length": args.max_seq_length,
+        "shuffle_seed": args.shuffle_seed,
+        "num_examples": args.num_examples,
+        "output": {"path": args.output_dir},
+    }
+    return MixerConfig.model_validate(with_flags(data, vars(args), MixerConfig))
 
 
 def run_options(args: argparse.Namespace, base: RunOptions | None = None) -> RunOptions:

@@ -77,6 +77,19 @@ def _recorded(model: type[BaseModel], dumped: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def for_slices(settings: BaseModel) -> dict[str, Any]:
+    """Every setting a slice's tokens follow from (declared ``slices=True``; nested ones' too, by name), with
+    its value: what the slice workers are handed (:class:`sftmix.tokenizing.slices.TokenizeContext`)."""
+    out: dict[str, Any] = {}
+    for name, info in type(settings).model_fields.items():
+        inner, many = _nested(info)
+        if inner is not None and not many:
+            out.update(for_slices(getattr(settings, name)))
+        elif _declared(type(settings), name).slices:
+            out[name] = getattr(settings, name)
+    return out
+
+
 def keyed(settings: BaseModel) -> dict[str, Any]:
     """The settings every slice's key holds (by name, nested ones' too), as their values are dumped."""
     out: dict[str, Any] = {}

@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from sftmix.config.byte_settings import NO_BYTES, ChangesBytes
+from sftmix.config.command_flags import Flag
 from sftmix.config.form import blank_is_none, form_schema, lift_advanced
 from sftmix.config.selection import Amount, amount_text, parse_amount
 from sftmix.errors import ConfigError
@@ -177,7 +178,7 @@ class TokenizerSpec(BaseModel):
         title="Hub revision",
         description="A branch, tag or commit of a hub tokenizer, to pin it; empty for the latest.",
     )
-    load: Annotated[TokenizerLoad, ChangesBytes(unrecorded=True)] = Field(
+    load: Annotated[TokenizerLoad, ChangesBytes(unrecorded=True), Flag("tokenizer_load")] = Field(
         default="reference",
         title="Tokenizer loading",
         description="reference: build the tokenizer as the reference's transformers 5.4.0 does, which for some "
@@ -190,7 +191,7 @@ class TokenizerSpec(BaseModel):
         title="Add the BOS token",
         description="Put the tokenizer's bos token before each conversation (the reference's --add_bos).",
     )
-    encoder: Annotated[Literal["auto", "hf", "fast"], NO_BYTES] = Field(
+    encoder: Annotated[Literal["auto", "hf", "fast"], NO_BYTES, Flag()] = Field(
         default="auto",
         title="Encoder",
         description="What makes the token ids. auto: a fast encoder (fastokens or tiktoken) where it is proven "
@@ -203,7 +204,7 @@ class TokenizerSpec(BaseModel):
         description="error: a template name tokenize-mixer does not know fails the run. fallback: use the "
         "tokenizer's own template with a loud warning, as the reference does (what `convert` uses).",
     )
-    unrendered_data: Annotated[Literal["warn", "error"], NO_BYTES] = Field(
+    unrendered_data: Annotated[Literal["warn", "error"], NO_BYTES, Flag()] = Field(
         default="warn",
         title="Data the template never renders",
         description="A message field or role in the rows (tool_calls, a tool role, ...) that the chat template "
@@ -211,7 +212,7 @@ class TokenizerSpec(BaseModel):
         "it). error: refuse the run before any work.",
     )
     literal_special_tokens: Annotated[
-        Literal["keep", "split", "drop"], ChangesBytes(slices=True, unkeyed=True, unrecorded=True)
+        Literal["keep", "split", "drop"], ChangesBytes(slices=True, unkeyed=True, unrecorded=True), Flag()
     ] = Field(
         default="keep",
         title="Special tokens written in the data",
@@ -263,7 +264,7 @@ class OutputSpec(BaseModel):
         "From the UI, a relative path is the worker's directory's (where `prefect worker start` runs): give "
         "an absolute one.",
     )
-    overwrite: Annotated[bool, NO_BYTES] = Field(
+    overwrite: Annotated[bool, NO_BYTES, Flag()] = Field(
         default=False,
         title="Replace different shards",
         description="Off: a run into a directory that holds shards made from other settings or data is refused "
@@ -358,7 +359,7 @@ class MixerConfig(BaseModel):
         "turn. all: every token. generation_tags: the text the template marks with {% generation %}, as "
         "transformers' return_assistant_tokens_mask.",
     )
-    mask_thinking: Annotated[bool, ChangesBytes(slices=True, unkeyed=True)] = Field(
+    mask_thinking: Annotated[bool, ChangesBytes(slices=True, unkeyed=True), Flag()] = Field(
         default=False,
         title="Do not train on thinking",
         description="Beyond the reference, opt-in: assistant text from <think> through </think> (tags "
@@ -366,21 +367,21 @@ class MixerConfig(BaseModel):
         "runs to the turn's end) is not trained on; the model still sees it. With mask: last_turn, only the "
         "final answer is trained on.",
     )
-    mask_tool_calls: Annotated[bool, ChangesBytes(slices=True, unkeyed=True)] = Field(
+    mask_tool_calls: Annotated[bool, ChangesBytes(slices=True, unkeyed=True), Flag()] = Field(
         default=False,
         title="Do not train on tool calls",
         description="Beyond the reference, opt-in: what the template renders for an assistant message's "
         "tool calls (its function_calls or tool_calls field), tags included, is not trained on; the rest of "
         "the turn is.",
     )
-    mask_tool_outputs: Annotated[bool, ChangesBytes(slices=True, unkeyed=True)] = Field(
+    mask_tool_outputs: Annotated[bool, ChangesBytes(slices=True, unkeyed=True), Flag()] = Field(
         default=False,
         title="Do not train on tool outputs",
         description="Beyond the reference, opt-in: the content of tool results (roles tool, environment, "
         "ipython) is not trained on; only changes anything with mask: all (the assistant masks never train "
         "on them).",
     )
-    spans: Annotated[Literal["reference", "exact"], ChangesBytes(slices=True, unkeyed=True)] = Field(
+    spans: Annotated[Literal["reference", "exact"], ChangesBytes(slices=True, unkeyed=True), Flag()] = Field(
         default="reference",
         title="Assistant spans",
         description="reference: the reference's rule, byte for byte; it drops rows whose spans it cannot "
@@ -394,7 +395,7 @@ class MixerConfig(BaseModel):
         description="On, as the reference: a row with no trained token (its assistant text cut away, or spans "
         "the reference rule cannot verify) is dropped and counted. Off: it is kept with an all-zero mask.",
     )
-    on_bad_row: Annotated[Literal["error", "skip"], ChangesBytes(recipe=False, slices=True)] = Field(
+    on_bad_row: Annotated[Literal["error", "skip"], ChangesBytes(recipe=False, slices=True), Flag()] = Field(
         default="error",
         title="Malformed rows",
         description="error: a malformed row (bad messages, a template error, a line of a .jsonl that is not a "

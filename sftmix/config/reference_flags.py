@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from sftmix.errors import ConfigError
 
@@ -21,10 +22,9 @@ LAST_TURN = "last_turn_tulu_tokenize_and_truncate_v1"
 
 @dataclass(frozen=True)
 class Chain:
-    """What a ``--dataset_transform_fn`` chain means for the mixer."""
+    """What a ``--dataset_transform_fn`` chain means for the mixer: the mixer settings it sets."""
 
-    mask: str
-    drop_untrainable: bool
+    settings: dict[str, Any]
     warning: str | None = None
 
 
@@ -36,10 +36,10 @@ _LAST_TURN_WARNING = (
 
 #: Every SFT chain the reference's convert script runs (or is meant to run), and its meaning here.
 CHAINS: dict[tuple[str, ...], Chain] = {
-    (TOKENIZE, FILTER): Chain("assistant", drop_untrainable=True),
-    (TOKENIZE,): Chain("assistant", drop_untrainable=False),
-    (LAST_TURN, FILTER): Chain("last_turn", drop_untrainable=True, warning=_LAST_TURN_WARNING),
-    (LAST_TURN,): Chain("last_turn", drop_untrainable=False, warning=_LAST_TURN_WARNING),
+    (TOKENIZE, FILTER): Chain({"mask": "assistant", "drop_untrainable": True}),
+    (TOKENIZE,): Chain({"mask": "assistant", "drop_untrainable": False}),
+    (LAST_TURN, FILTER): Chain({"mask": "last_turn", "drop_untrainable": True}, _LAST_TURN_WARNING),
+    (LAST_TURN,): Chain({"mask": "last_turn", "drop_untrainable": False}, _LAST_TURN_WARNING),
 }
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
-from sftmix.config.byte_settings import keyed
+from sftmix.config.byte_settings import for_slices, keyed
 from sftmix.config.config import (
     DatasetEntry,
     MixerConfig,
@@ -71,7 +71,14 @@ from sftmix.sources.formats import (
 from sftmix.sources.growing import final_name
 from sftmix.sources.spill import Spill, forget_spills, spill_group
 from sftmix.tokenizing.encoders import same_encodings
-from sftmix.tokenizing.slices import SLICE_FORMAT_VERSION, SliceSpec, TokenizeContext, encoding_for, rows_of
+from sftmix.tokenizing.slices import (
+    SLICE_FORMAT_VERSION,
+    SliceSpec,
+    TokenizeContext,
+    encoding_for,
+    rows_of,
+    workers_context,
+)
 from sftmix.tokenizing.templates import (
     ChatRenderer,
     ResolvedTemplate,
@@ -84,7 +91,6 @@ from sftmix.tokenizing.tokenizer import (
     TokenizerKey,
     ids_changed,
     load_worker_tokenizer,
-    save_split_worker_tokenizer,
     tokenizer_path_problem,
 )
 from sftmix.tokenizing.tokenizer_facts import TokenizerFacts, tokenizer_facts, worker_tokenizer_file
@@ -1243,31 +1249,19 @@ def _context(
     remote: str | None,
 ) -> TokenizeContext:
     """What every slice of the run shares (the workers' copy of the tokenizer written once, here)."""
-    ctx = TokenizeContext(
+    return workers_context(
+        for_slices(mixer),
         tokenizer=tk.name_or_path,
         tokenizer_revision=tk.revision,
         tokenizer_load=tk.load,
         tokenizer_file=worker_tokenizer_file(tk, work_dir / "tokenizers"),
         template_text=template.text,
-        max_seq_length=mixer.max_seq_length,
         token_dtype=dtype,
         work_dir=str(work_dir),
         remote_work_dir=remote,
         datasets_cache=str(work_dir / "datasets-cache"),
-        on_bad_row=mixer.on_bad_row,
-        mask=mixer.mask,
-        mask_thinking=mixer.mask_thinking,
-        mask_tool_calls=mixer.mask_tool_calls,
-        mask_tool_outputs=mixer.mask_tool_outputs,
-        drop_untrainable=mixer.drop_untrainable,
-        spans=mixer.spans,
         template_source=template.source,
-        literal_special_tokens=mixer.tokenizer.literal_special_tokens,
     )
-    if ctx.literal_special_tokens == "split":
-        assert ctx.tokenizer_file is not None
-        ctx.tokenizer_file = save_split_worker_tokenizer(ctx.tokenizer_file, template.text)
-    return ctx
 
 
 def _cut(

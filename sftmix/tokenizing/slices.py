@@ -81,6 +81,7 @@ from sftmix.tokenizing.tokenizer import (
     load_hf_tokenizer,
     load_worker_tokenizer,
     rust_tokenizer,
+    save_split_worker_tokenizer,
     segment_boundaries,
     special_tokens,
 )
@@ -132,6 +133,17 @@ class TokenizeContext(BaseModel):
     def tokenizer_key(self) -> TokenizerKey:
         """The run's tokenizer, loaded as the plan loaded it."""
         return TokenizerKey.of(self.tokenizer, self.tokenizer_revision, self.tokenizer_load)
+
+
+def workers_context(settings: dict[str, Any], **found: Any) -> TokenizeContext:
+    """What every slice shares: the mixer's slice settings (:func:`sftmix.config.byte_settings.for_slices`,
+    each a field here by its name) and what the plan found. Spelled special tokens read as text need the
+    workers' tokenizer with the template's own renamed (written once, beside the workers' copy)."""
+    ctx = TokenizeContext(**settings, **found)
+    if ctx.literal_special_tokens == "split":
+        assert ctx.tokenizer_file is not None
+        ctx.tokenizer_file = save_split_worker_tokenizer(ctx.tokenizer_file, ctx.template_text)
+    return ctx
 
 
 class SliceSpec(BaseModel):
