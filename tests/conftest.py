@@ -1,16 +1,55 @@
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from sftmix.runtime import settings as product_settings
 from tests import tiers
-from tests.sharegpt import ensure_golden_sample
-from tests.tokenizer_fixtures import GOLDEN, ensure_dolma2
+
+#: Variables the suite itself reads (``.ci/run`` sets the first; the soak's seed is chosen by a person).
+SUITE_OWN = ("TOKENIZE_MIXER_BROWSER_TEST", "TOKENIZE_MIXER_SOAK_SEED")
+
+#: Prefixes of what the libraries we run read from the environment: Prefect's settings (its API, its
+#: profile), the Hugging Face hub's, datasets' and transformers' (offline modes, caches, endpoints, tokens).
+LIBRARY_PREFIXES = ("PREFECT_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "DATASETS_")
+
+#: Single variables the product or its libraries read: telemetry opt-out, the GCS client's.
+LIBRARY_VARIABLES = ("DO_NOT_TRACK", "STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS")
+
+
+def scrub_environment(profiles: Path) -> None:
+    """The suite's environment is its own, whatever the caller's shell exports (a cluster's
+    ``HF_HUB_OFFLINE=1``, a configured Prefect server, a ``TOKENIZE_MIXER_WORK_DIR``): every product setting
+    (``sftmix.runtime.settings``) and every library variable is cleared, then the suite's choices set; Prefect
+    reads an empty profiles file (its default profile), not the caller's. Done before any test module
+    imports a library that reads its variables once; the processes tests start inherit it."""
+    ours = {s.name for s in product_settings.ALL}
+    for name in list(os.environ):
+        library = name.startswith(LIBRARY_PREFIXES) or name in LIBRARY_VARIABLES
+        if (name in ours or library or name.startswith("TOKENIZE_MIXER_")) and name not in SUITE_OWN:
+            del os.environ[name]
+    profiles.parent.mkdir(parents=True, exist_ok=True)
+    profiles.write_text("")
+    os.environ["PREFECT_PROFILES_PATH"] = str(profiles)
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+    os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+
+
+_scrubbed = Path(tempfile.mkdtemp(prefix="tokenize-mixer-tests-"))
+atexit.register(shutil.rmtree, _scrubbed, ignore_errors=True)
+scrub_environment(_scrubbed / "profiles.toml")
+# (after the scrub: these import libraries that read the environment once)
+from tests.sharegpt import ensure_golden_sample  # noqa: E402
+from tests.tokenizer_fixtures import GOLDEN, ensure_dolma2  # noqa: E402
 
 # The commands the tests start get the signal dispositions of a terminal's foreground job, whatever
 # started the tests (a shell's background job ignores SIGINT; nohup ignores SIGHUP, which the command
@@ -18,9 +57,6 @@ from tests.tokenizer_fixtures import GOLDEN, ensure_dolma2
 signal.signal(signal.SIGINT, signal.default_int_handler)
 if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
-
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -488,5 +488,7 @@ def test_the_committed_class_tables_are_transformers_5_4s(reference_python, tmp_
         capture_output=True, text=True, env=venv_env(TRANSFORMERS_VERBOSITY="error"), cwd=tmp_path, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    committed = Path(__file__).parent.parent / "sftmix" / "data" / "reference_tokenizer_classes.json"
+    committed = (
+        Path(__file__).parent.parent / "sftmix" / "tokenizing" / "data" / "reference_tokenizer_classes.json"
+    )
     assert json.loads(done.stdout) == json.loads(committed.read_text(encoding="utf-8"))
