@@ -224,6 +224,7 @@ def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_pa
         assert differ == {"dataset_statistics.json"}  # which names the dataset file: another path here
 
 
+@pytest.mark.full
 def test_chunks_of_one_part_checked_at_once_find_what_one_chunk_finds(prefect_api, tmp_path, monkeypatch):
     """An output of one part is read in chunks on threads (as many as the check may use): the same
     findings, document numbers and totals as one chunk, and as the chunks one after another."""

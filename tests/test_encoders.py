@@ -292,11 +292,14 @@ def assert_same(rust: Tokenizer, fast: FastEncoder, texts: list[str]) -> None:
 
 #: The default engine in the quick loop, the other in the full suite (each random-text run is minutes).
 ENGINES_QUICK_FIRST = [ENGINES[0], pytest.param(ENGINES[1], marks=pytest.mark.slow)]
+#: Both engines in the full run; the first (the default where installed) in the quick loop.
+ENGINES_LOOP_FIRST = [ENGINES[0], *(pytest.param(e, marks=pytest.mark.full) for e in ENGINES[1:])]
 
 
 #: The tokenizers whose random-text run is in the quick loop (byte-level BPE, SentencePiece-style, a
-#: normalizer, a large vocabulary); every one in the full suite.
-QUICK_TOKENIZERS = ("dolma2", "qwen2-nfc", "mistral-v3", "gemma3")
+#: normalizer; DeepSeek-V3 and Gemma 3, the large vocabularies, in their own loop tests); every one in the
+#: full suite.
+QUICK_TOKENIZERS = ("dolma2", "qwen2-nfc", "mistral-v3")
 
 
 @pytest.mark.parametrize("engine", ENGINES_QUICK_FIRST)
@@ -317,7 +320,7 @@ def test_same_ids_and_offsets_on_random_text(name, engine):
     assert_same(rust, fast, ["", " ", "\r\n", *added_texts(rust), "".join(added_texts(rust))])
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", ENGINES_LOOP_FIRST)
 @pytest.mark.parametrize("name", ["dolma2", "tiny", pytest.param("llama3", marks=pytest.mark.full)])
 def test_the_fast_path_itself_is_compared(name, engine):
     """Texts handed to the library would compare equal trivially: on these, dolma2 and the tiny
@@ -331,7 +334,7 @@ def test_the_fast_path_itself_is_compared(name, engine):
         assert not fast.unsafe
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", ENGINES_LOOP_FIRST)
 def test_a_text_with_an_unproven_token_goes_to_the_library(engine):
     rust, fast = encoders("llama3", engine)
     token = min(fast.unsafe)
@@ -341,7 +344,7 @@ def test_a_text_with_an_unproven_token_goes_to_the_library(engine):
     assert fast.fallbacks == before + 1 and list(enc.ids) == rust.encode(text, add_special_tokens=False).ids
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", ENGINES_LOOP_FIRST)
 def test_an_nfc_normalizer_leaves_only_texts_in_nfc_to_the_fast_path(engine):
     """Qwen's NFC normalizer changes nothing in a text already in NFC: those are encoded fast (and equal);
     a text it would change (a decomposed accent, the Angstrom sign) goes to the library."""
@@ -362,7 +365,7 @@ def test_offsets_of_a_token_that_ends_inside_a_character():
     assert char_offsets("abc", np.array([2, 1])).tolist() == [[0, 2], [2, 3]]
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", ENGINES_LOOP_FIRST)
 @pytest.mark.parametrize("name", ["dolma2", "tiny", "llama3"])
 def test_piecewise_encodes_match(name, engine):
     """The engine's cut-at-added-token encodes (sftmix/tokenizing/segments.py) give the same tokens and offsets."""
@@ -382,7 +385,7 @@ def test_piecewise_encodes_match(name, engine):
     assert results[0] == results[1]
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", ENGINES_LOOP_FIRST)
 def test_label_masks_match_on_multi_turn_chats(engine):
     rust, fast = encoders("dolma2", engine)
     renderer = ChatRenderer(
@@ -642,7 +645,9 @@ def test_sentencepiece_needs_fastokens(monkeypatch):
         analyse(_mistral_json())
 
 
-@pytest.mark.parametrize("name", SENTENCEPIECE)
+@pytest.mark.parametrize(  # (the loop has Gemma 3 on random text)
+    "name", [pytest.param(n, marks=pytest.mark.full) if n == "gemma3" else n for n in SENTENCEPIECE]
+)
 def test_sentencepiece_marks_and_offsets_where_the_library_does(name):
     """The marker before a run (the first only, or every one; not after an added token with ``first``, nor
     before a space or the text's own marker with Metaspace), its offsets on the run's first character even
@@ -725,6 +730,7 @@ def test_encoder_fast_refuses_before_work_and_auto_falls_back(tmp_path, caplog):
     assert plan("hf").context.encoder == "hf"
 
 
+@pytest.mark.full
 def test_the_fastest_installed_engine_is_the_default_and_one_can_be_chosen(monkeypatch):
     """fastokens is a dependency where it has wheels (pyproject.toml): there it is the default, proven for
     every pattern the tests compare; TOKENIZE_MIXER_FAST_ENGINE picks one, and a typo is refused."""

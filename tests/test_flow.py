@@ -47,7 +47,16 @@ def test_edits_recompute_only_what_they_touch(prefect_api, tmp_path):
     assert third["slices_computed"] == third["slices_total"]
 
 
-@pytest.mark.parametrize("damage", ["flip_byte", "truncate", "delete_manifest", "delete_result_record"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "flip_byte",
+        *(
+            pytest.param(d, marks=pytest.mark.full)
+            for d in ("truncate", "delete_manifest", "delete_result_record")
+        ),
+    ],
+)
 def test_damaged_checkpoint_is_recomputed_not_trusted(prefect_api, tmp_path, damage):
     run = RunOptions(work_dir=str(tmp_path / "work"), slice_rows=40, runner="thread")
     tokenize_mixer(mixer=demo_mixer(EXAMPLES / "data", tmp_path / "o1"), run=run)

@@ -323,6 +323,7 @@ def test_a_fraction_below_one_is_counted_before_any_slice_is_cut(large, tmp_path
     assert not early and plan.datasets[0].target == 3_800
 
 
+@pytest.mark.full  # (the loop has the plain head start taken over by the flow)
 def test_slices_begun_while_the_plan_reads_a_large_file_are_the_flows(prefect_api, large, tmp_path):
     jsonl._SCANS.clear()
     mixer = _mixer(large, tmp_path / "out")

@@ -323,7 +323,7 @@ def test_a_hub_dataset_an_online_run_read_is_converted_offline_from_the_hub_cach
 @pytest.mark.parametrize(
     ("suffix", "card"),
     [
-        (".jsonl", PLAIN_CARD),
+        pytest.param(".jsonl", PLAIN_CARD, marks=pytest.mark.full),  # (the loop reads hub files by batch)
         pytest.param(".jsonl.gz", PLAIN_CARD, marks=pytest.mark.full),
         pytest.param(".jsonl", DECLARED_CARD, marks=pytest.mark.slow, id="declared"),
     ],
@@ -376,7 +376,7 @@ def test_a_hub_dataset_of_json_lines_files_is_read_by_batch_online_and_offline(t
         assert result.matches, result.render()
 
 
-@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+@pytest.mark.parametrize("suffix", [".jsonl", pytest.param(".jsonl.gz", marks=pytest.mark.full)])
 def test_a_hub_dataset_of_json_lines_files_is_cut_into_slices_while_its_files_download(tmp_path, suffix):
     """JSON Lines files download in the background, each read as it lands (a compressed one, as soon as
     its copy is decompressed): the first slice is handed on before the last file has landed, and the
