@@ -41,9 +41,8 @@ class StopCheck:
         return max(0.05, min(self.every, self._api_ok_at + self.grace + 0.05 - time.monotonic()))
 
     def check(self, force: bool = False) -> None:
-        stop = (
-            look_for_stop()
-        )  # recorded by a thread that noticed it, or noticed now (sftmix.runtime.stopping)
+        # recorded by a thread that noticed it, or noticed now (sftmix.runtime.stopping)
+        stop = look_for_stop()
         if stop is not None:
             raise stop
         now = time.monotonic()

@@ -8,6 +8,7 @@ reuse a slice). One declaration a setting, so a new option cannot change bytes w
 from __future__ import annotations
 
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +45,7 @@ def _declared(model: type[BaseModel], name: str) -> ChangesBytes:
     return found
 
 
-def _nested(info: FieldInfo) -> tuple[type[BaseModel] | None, bool]:
+def nested_model(info: FieldInfo) -> tuple[type[BaseModel] | None, bool]:
     """The settings model a field holds, and whether it holds a list of them."""
     kind = info.annotation
     if typing.get_origin(kind) is list:
@@ -69,7 +70,7 @@ def _recorded(model: type[BaseModel], dumped: dict[str, Any]) -> dict[str, Any]:
         declared = _declared(model, name)
         if not declared.recipe or (declared.unrecorded and dumped[name] == _default(model, name)):
             continue
-        inner, many = _nested(info)
+        inner, many = nested_model(info)
         value = dumped[name]
         if inner is not None and value is not None:
             value = [_recorded(inner, v) for v in value] if many else _recorded(inner, value)
@@ -77,28 +78,29 @@ def _recorded(model: type[BaseModel], dumped: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _sliced(settings: BaseModel) -> Iterator[tuple[BaseModel, str, ChangesBytes]]:
+    """Each setting declared ``slices=True`` in ``settings`` and the models it holds (not lists of them),
+    with the model that holds it and its declaration."""
+    for name, info in type(settings).model_fields.items():
+        declared = _declared(type(settings), name)
+        inner, many = nested_model(info)
+        if inner is not None and not many:
+            yield from _sliced(getattr(settings, name))
+        elif declared.slices:
+            yield settings, name, declared
+
+
 def for_slices(settings: BaseModel) -> dict[str, Any]:
     """Every setting a slice's tokens follow from (declared ``slices=True``; nested ones' too, by name), with
     its value: what the slice workers are handed (:class:`sftmix.tokenizing.slices.TokenizeContext`)."""
-    out: dict[str, Any] = {}
-    for name, info in type(settings).model_fields.items():
-        inner, many = _nested(info)
-        if inner is not None and not many:
-            out.update(for_slices(getattr(settings, name)))
-        elif _declared(type(settings), name).slices:
-            out[name] = getattr(settings, name)
-    return out
+    return {name: getattr(owner, name) for owner, name, _ in _sliced(settings)}
 
 
 def keyed(settings: BaseModel) -> dict[str, Any]:
     """The settings every slice's key holds (by name, nested ones' too), as their values are dumped."""
     out: dict[str, Any] = {}
-    dumped = settings.model_dump(mode="json")
-    for name, info in type(settings).model_fields.items():
-        declared = _declared(type(settings), name)
-        inner, many = _nested(info)
-        if inner is not None and not many:
-            out.update(keyed(getattr(settings, name)))
-        elif declared.slices and not (declared.unkeyed and dumped[name] == _default(type(settings), name)):
-            out[name] = dumped[name]
+    for owner, name, declared in _sliced(settings):
+        value = owner.model_dump(mode="json", include={name})[name]
+        if not (declared.unkeyed and value == _default(type(owner), name)):
+            out[name] = value
     return out

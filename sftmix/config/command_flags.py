@@ -11,6 +11,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from sftmix.config.byte_settings import nested_model
+
 
 @dataclass(frozen=True)
 class Flag:
@@ -35,11 +37,6 @@ def _flag_of(info: FieldInfo) -> Flag | None:
     return next((m for m in info.metadata if isinstance(m, Flag)), None)
 
 
-def _nested(info: FieldInfo) -> type[BaseModel] | None:
-    annotation = info.annotation
-    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-
-
 def _choices(info: FieldInfo) -> tuple[str, ...] | None:
     args = typing.get_args(info.annotation) if typing.get_origin(info.annotation) is typing.Literal else ()
     return tuple(str(a) for a in args) or None
@@ -49,8 +46,8 @@ def flags(model: type[BaseModel], path: tuple[str, ...] = ()) -> list[FlagSpec]:
     """Every flag declared in ``model`` and the models it nests, in declaration order."""
     found: list[FlagSpec] = []
     for name, info in model.model_fields.items():
-        inner = _nested(info)
-        if inner is not None:
+        inner, many = nested_model(info)
+        if inner is not None and not many:
             found += flags(inner, (*path, name))
             continue
         flag = _flag_of(info)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import cache, lru_cache
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from types import BuiltinMethodType
 from typing import Any
@@ -38,15 +39,19 @@ logger = logging.getLogger(__name__)
 TOKENIZER_TEMPLATE = "tokenizer"
 
 
+def _carried(name: str) -> Traversable:
+    return resources.files(__package__).joinpath("templates", f"{name}.jinja")
+
+
 def named_template_file(name: str) -> str:
     """Where a template we carry is installed (its ``.jinja`` file in our package's ``templates/``)."""
-    return str(resources.files(__package__).joinpath("templates", f"{name}.jinja"))
+    return str(_carried(name))
 
 
 @cache
 def named_template(name: str) -> str:
     """The exact text of a template we carry."""
-    return resources.files(__package__).joinpath("templates", f"{name}.jinja").read_text(encoding="utf-8")
+    return _carried(name).read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=1)
