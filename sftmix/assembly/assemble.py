@@ -51,7 +51,8 @@ from sftmix.output.part_writing import (
     write_slice,
     write_window,
 )
-from sftmix.planning.plan import DatasetPlan, Plan
+from sftmix.planning.plan import Plan
+from sftmix.planning.readers.reader import DatasetPlan
 from sftmix.runtime import settings
 from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.storage import storage_errors, temp_name

@@ -1,0 +1,160 @@
+"""A dataset's JSON Lines files as the plan finds them: where they are (a file, a directory's or hub
+dataset's files, a pinned ``gs://`` object, a compressed file's copy), how they are counted, and how
+their batches are cut into slices (whole batches, so each is parsed once)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sftmix.config.config import DatasetEntry
+from sftmix.errors import DatasetError
+from sftmix.planning.readers.reader import Rows, dataset_error
+from sftmix.runtime.read_progress import ReadProgress
+from sftmix.runtime.storage import is_remote
+from sftmix.sources import jsonl, parquet, pinned
+from sftmix.sources.dataset import JsonFiles, copies_of, json_data_files, local_builder, localize
+from sftmix.sources.downloads import closed_on_error
+
+
+def local_copy(entry: DatasetEntry, datasets_cache: str) -> str:
+    """The file the plan reads: the entry's own path; a ``gs://`` JSON Lines or Parquet object's pinned
+    generation (:func:`sftmix.sources.pinned.pin`); for another ``gs://`` object, this machine's copy of it in the
+    cache ``datasets`` would read it from (fetched once per object generation). (A compressed JSON Lines
+    file's copy: :func:`compressed_file`.)"""
+    if jsonl.reads_remote(entry.path, entry.split) or parquet.reads_remote(entry.path, entry.split):
+        return pinned.pin(entry.path)  # read in place, by byte range
+    whole = is_remote(entry.path) and local_builder(entry.path) is not None and entry.split.strip() == "train"
+    return localize(entry.path, datasets_cache) if whole else entry.path
+
+
+def counted_jsonl(entry: DatasetEntry, datasets_cache: str) -> jsonl.JsonlLayout | None:
+    """The batches of a JSON Lines file, or of a hub dataset's (or a directory's) JSON Lines files, read
+    by batch (:mod:`sftmix.sources.jsonl`); else ``None``."""
+    path = entry.path
+    try:
+        if local_builder(entry.path) is None and not is_remote(entry.path):
+            files = json_data_files(entry.path, entry.split, entry.revision, datasets_cache)
+            if files is None:
+                return None
+            # (files still downloading, or decompressed as they are read: those lines say how far)
+            total = 0 if files.downloads or files.copies else sum(files.sizes)
+            with ReadProgress(entry.path, total) as progress:
+                layout = scanned_files(files, entry.path, progress.batch_read)
+        elif jsonl.reads_decompressed(entry.path, entry.split):  # counted as its copy is written
+            files = compressed_file(entry, datasets_cache)
+            with closed_on_error(files), ReadProgress(entry.path, files.sizes[0]) as progress:
+                layout = jsonl.scan_file(files.follow(0), progress.batch_read)
+        else:
+            path = local_copy(entry, datasets_cache)
+            if not jsonl.applies(path, entry.split):
+                return None
+            with ReadProgress(entry.path, pinned.size_of(path)) as progress:
+                layout = jsonl.scan(path, progress.batch_read)
+    except DatasetError as exc:
+        raise dataset_error(entry, exc) from None
+    if layout is None or not layout.n_rows or not layout.columns:
+        return None  # no rows, or only empty objects: datasets' path says why
+    return layout
+
+
+def batches_per_slice(slice_bytes: int) -> int:
+    """The whole batches a slice of a file of several batches holds: about ``slice_bytes`` of them, at
+    least one (so each batch is parsed by one slice). Larger slices mean fewer task runs: Prefect's
+    per-task-run cost caps how many a run can dispatch per second, whatever the cores."""
+    return max(1, round(slice_bytes / jsonl.BATCH_BYTES))
+
+
+def slice_is_full(taken: list[jsonl.JsonlBatch], slice_bytes: int) -> bool:
+    """Whether ``taken``, consecutive batches, make a slice: :func:`batches_per_slice` of one file's, or
+    of several files' (their last batches short) ``slice_bytes`` or a little more. The rule both the plan
+    that counts first and the one that cuts as it counts follow."""
+    if any(b.path for b in taken):
+        return sum(b.end - b.offset for b in taken) >= slice_bytes
+    return len(taken) >= batches_per_slice(slice_bytes)
+
+
+def _slice_runs(batches: list[jsonl.JsonlBatch], slice_bytes: int) -> list[list[jsonl.JsonlBatch]]:
+    """Consecutive batches cut into slices by :func:`slice_is_full` (the last, whatever is left)."""
+    runs: list[list[jsonl.JsonlBatch]] = [[]]
+    for batch in batches:
+        if slice_is_full(runs[-1], slice_bytes):
+            runs.append([])
+        runs[-1].append(batch)
+    return [run for run in runs if run]
+
+
+def batch_groups(layout: jsonl.JsonlLayout, selected: np.ndarray | None, slice_bytes: int) -> list[Rows]:
+    """(start, end, subset) per slice of a file read by batch: whole batches (:func:`batches_per_slice`),
+    so each batch is parsed once; a file of one batch (small) is cut into slices of about
+    ``slice_bytes``, each parsing it. The batches of several files (their last ones short) are taken
+    until they hold about ``slice_bytes``."""
+    batches = [b for b in layout.batches if b.rows]
+    if len(layout.batches) == 1:
+        pieces, runs = max(1, -(-layout.size // slice_bytes)), [batches]
+    else:
+        pieces, runs = 1, _slice_runs(batches, slice_bytes)
+    groups: list[Rows] = []
+    for taken in runs:
+        lo, hi = taken[0].first_row, taken[-1].first_row + taken[-1].rows
+        if selected is None:
+            rows = np.arange(lo, hi)
+        else:
+            rows = selected[np.searchsorted(selected, lo) : np.searchsorted(selected, hi)]
+        for part in np.array_split(rows, min(pieces, len(rows))) if len(rows) else []:
+            start, end = int(part[0]), int(part[-1]) + 1
+            groups.append((start, end, None if selected is None else part.tolist()))
+    return groups
+
+
+def scanned_files(
+    files: JsonFiles, name: str, on_batch: jsonl.BatchListener | None = None, threads: int | None = None
+) -> jsonl.JsonlLayout | None:
+    """:func:`sftmix.sources.jsonl.scan_files` of ``files``, each read as it lands; a refusal or a stop stops
+    their downloads, as does a dataset ``datasets`` reads instead (it downloads the files itself)."""
+    with closed_on_error(files):
+        layout = jsonl.scan_files(files.paths, name, on_batch, threads, files.follow, files.declared)
+    if layout is None:
+        files.close()
+    return layout
+
+
+def streamed_files(entry: DatasetEntry, datasets_cache: str) -> JsonFiles | None:
+    """The file (or pinned ``gs://`` object), or a hub dataset's (or a directory's) files, whose slices
+    can be cut while they are read: JSON Lines of several batches whose every row is selected whatever
+    their count (a fraction of 1.0 or more). Its slices are its batches (or, with ``slice_rows``, that
+    many rows of a batch), so each is cut once its batch is counted. ``None`` for any other dataset."""
+    if not isinstance(entry.amount, float) or entry.amount < 1.0:
+        return None
+    if jsonl.reads_decompressed(entry.path, entry.split):  # its copy read as it is written
+        files = compressed_file(entry, datasets_cache)
+        with closed_on_error(files):
+            small = files.sizes[0] <= jsonl.BATCH_BYTES
+        if small:
+            files.close()  # (read whole, as before)
+            return None
+        return files
+    if local_builder(entry.path) is None and not is_remote(entry.path):
+        files = json_data_files(entry.path, entry.split, entry.revision, datasets_cache)
+        if files is None or not files.paths:
+            return None
+        here = files.downloads is None and files.copies is None
+        if here and not all(jsonl.applies(f, "train") for f in files.paths):  # (each a file: 'train')
+            return None  # (a file still to land or be decompressed is asked then: the scan reads none)
+        with closed_on_error(files):
+            small = sum(files.sizes) <= jsonl.BATCH_BYTES
+        if small:
+            files.close()
+            return None
+        return files
+    path = pinned.pin(entry.path) if jsonl.reads_remote(entry.path, entry.split) else entry.path
+    if jsonl.applies(path, entry.split) and pinned.size_of(path) > jsonl.BATCH_BYTES:
+        return JsonFiles([path])
+    return None
+
+
+def compressed_file(entry: DatasetEntry, datasets_cache: str) -> JsonFiles:
+    """A compressed JSON Lines file (or pinned ``gs://`` object), its copy made (or being made, shared
+    with the plan made ahead of the plan) in the datasets cache: :meth:`JsonFiles.follow` reads it as it
+    is written."""
+    path = pinned.pin(entry.path)
+    return JsonFiles([path], None, copies_of(entry.path, [path], datasets_cache, None))

@@ -1,0 +1,329 @@
+"""What every reader of the plan implements and shares: a dataset opened (what it holds, its sample),
+then cut into slices (each a content key over the rows it reads), its fingerprint counted.
+
+A reader holds only what differs between formats: where the rows are, how they are counted and hashed,
+and where a slice's boundaries fall. Selecting rows by the entry's amount, keying a slice, naming a
+dataset's file in an error and handing slices on as they are cut are done here, once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+from pydantic import BaseModel
+
+from sftmix.config.config import DatasetEntry, RunOptions
+from sftmix.config.selection import selected_source_rows, selection_problem, small_count_warning
+from sftmix.errors import DatasetError
+from sftmix.runtime.parallel import available_cpus
+from sftmix.runtime.storage import is_remote
+from sftmix.sources import jsonl, pinned
+from sftmix.sources.dataset import local_builder
+from sftmix.sources.formats import MESSAGES_KEY, Conversation, detect_format
+from sftmix.tokenizing.slices import SliceSpec, TokenizeContext
+
+logger = logging.getLogger(__name__)
+
+#: Rows of each dataset that the plan encodes with both encoders before trusting the fast one.
+SAMPLE_ROWS = 32
+#: While its slices begin, a large file is read by one thread per this many CPUs.
+SCAN_SHARE = 8
+
+#: A slice's rows: ``[start, end)``, or the listed subset of it.
+Rows = tuple[int, int, list[int] | None]
+
+
+class DatasetPlan(BaseModel):
+    index: int
+    name: str
+    split: str
+    amount: float | int
+    n_rows: int
+    target: int
+    fingerprint: str
+    slices: list[int]
+
+    @property
+    def upsampled(self) -> bool:
+        return self.target > self.n_rows
+
+
+def digest(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def rows_key(start: int, end: int, subset: list[int] | None) -> dict:
+    return {"rows": [start, end], "subset": None if subset is None else digest(subset)}
+
+
+def batch_data(schema_b64: str, batches: list[jsonl.JsonlBatch]) -> str:
+    """The data a slice of a JSON Lines file reads: its batches' bytes and the columns they are cast to."""
+    return digest([schema_b64, [[b.offset, b.end, b.sha256] for b in batches]])
+
+
+@dataclass
+class Planning:
+    """What every reader is handed: the run, where the plan works, the key every slice shares, the
+    machine's memory and, as the plan goes, the rows selected before this dataset and the slices' size."""
+
+    run: RunOptions
+    work_dir: Path
+    shared_key: dict
+    ctx: TokenizeContext
+    memory: int | None
+    selected_total: int = 0  # rows the datasets before this one select
+    slice_bytes: int = 0  # known once every dataset is opened
+
+    @property
+    def datasets_cache(self) -> str:
+        return str(self.work_dir / "datasets-cache")
+
+    def spec(self, dataset: Opened, rows: Rows, data: str, est_bytes: int, **where: Any) -> SliceSpec:
+        """A slice of ``dataset`` reading ``rows`` (``data``: what they hold), keyed by its content."""
+        start, end, subset = rows
+        layout = (
+            {}
+            if (dataset.row_format, dataset.messages_key) == ("messages", MESSAGES_KEY)
+            else {"row_format": [dataset.row_format, dataset.messages_key]}
+        )
+        entry = dataset.entry
+        return SliceSpec(
+            key=digest({**self.shared_key, **rows_key(start, end, subset), **layout, "data": data}),
+            index=-1,  # numbered once every dataset's slices are cut, in mixer order
+            dataset_index=dataset.index,
+            dataset=entry.path,
+            split=entry.split,
+            revision=entry.revision,
+            row_format=dataset.row_format,
+            messages_key=dataset.messages_key,
+            row_start=start,
+            row_end=end,
+            rows=subset,
+            est_bytes=est_bytes,
+            **where,
+        )
+
+    def check_selection(self, entry: DatasetEntry, n_rows: int, target: int) -> None:
+        """Refuse an amount that selects no rows, or more than this machine can assemble."""
+        if target == 0:
+            raise DatasetError(entry.path, f"amount {entry.amount} of {n_rows} rows selects no rows")
+        total = self.selected_total + target
+        if (problem := selection_problem(entry.amount, n_rows, target, total, self.memory)) is not None:
+            raise DatasetError(entry.path, problem)
+
+    def sampled_rows(self, n_rows: int, selected: np.ndarray | None) -> Rows:
+        """The rows a dataset's sample reads: its first selected rows, up to :data:`SAMPLE_ROWS` and no
+        more than its first slice holds."""
+        limit = min(SAMPLE_ROWS, self.run.slice_rows or SAMPLE_ROWS)
+        if selected is None:
+            return 0, min(n_rows, limit), None
+        return row_groups(n_rows, selected[:limit], limit)[0]
+
+
+@dataclass
+class Opened:
+    """A dataset opened by a reader: enough to sample its rows; ``plan`` and ``specs`` once its slices
+    are cut (a streamed file's only while it is read, after every dataset is opened)."""
+
+    index: int
+    entry: DatasetEntry
+    reader: Reader
+    held: Any = None  # what its reader keeps between opening and cutting it
+    sampled: SliceSpec | None = None  # whose first rows are the dataset's sample
+    plan: DatasetPlan | None = None
+    specs: list[SliceSpec] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)  # what the template does not render, in words
+    probes: list[str] = field(default_factory=list)
+    samples: list[Conversation] = field(default_factory=list)
+    row_format: str = "messages"
+    messages_key: str = MESSAGES_KEY
+    selected: np.ndarray | None = None  # its rows selected by its amount (``None``: every row, once)
+    nbytes: int = 0  # its data's size, as the mixture's size counts it (the slices' size)
+
+    def counted(self, n_rows: int, target: int, fingerprint: str) -> None:
+        """Its plan, once its rows are counted (slices numbered in mixer order later)."""
+        entry = self.entry
+        self.plan = DatasetPlan(
+            index=self.index,
+            name=entry.path,
+            split=entry.split,
+            amount=entry.amount,
+            n_rows=n_rows,
+            target=target,
+            fingerprint=fingerprint,
+            slices=[],
+        )
+
+
+class Reader(Protocol):
+    """One way the plan reads a dataset. ``open`` returns ``None`` for a dataset it does not read (the
+    next reader is asked); ``cut`` makes its slices, handing each on as it is cut where it can, counts
+    its rows and fingerprint (``dataset.plan``), and says how many slices it has (some may be handed on
+    later); ``ahead`` does the slow part of ``open`` before the plan (while the API starts)."""
+
+    def ahead(self, entry: DatasetEntry, datasets_cache: str) -> bool: ...
+
+    def open(self, index: int, entry: DatasetEntry, at: Planning) -> Opened | None: ...
+
+    def cut(self, dataset: Opened, at: Planning, hand_on: HandOn) -> int: ...
+
+
+class HandOn:
+    """Slices cut while a dataset's files are read: numbered in mixer order from ``first_index`` and each
+    handed to ``early`` (the head start) as soon as it is cut, after the slices of the datasets before it
+    that became ready meanwhile (``unfinished``); ``early`` is dropped at its first failure (the flow then
+    runs the slice itself)."""
+
+    def __init__(
+        self,
+        dataset: Opened,
+        first_index: int,
+        ctx: TokenizeContext,
+        early: Callable[[SliceSpec, TokenizeContext], None] | None,
+        unfinished: Unfinished,
+    ):
+        self.dataset, self.first_index, self.ctx, self.early = dataset, first_index, ctx, early
+        self.unfinished = unfinished
+        self.made: list[SliceSpec] = []
+
+    def reading_threads(self) -> int | None:
+        """Threads that read the files: beside slices that already run on every core, a few, well ahead
+        of them (a worker takes seconds per slice; a thread reads one in milliseconds); else all."""
+        return None if self.early is None else max(1, available_cpus() // SCAN_SHARE)
+
+    def __call__(self, spec: SliceSpec) -> None:
+        self.unfinished.poll()
+        spec.index = self.first_index + len(self.made)
+        spec.unrendered = self.dataset.probes
+        self.made.append(spec)
+        if self.early is not None:
+            try:
+                self.early(spec, self.ctx)
+            except Exception as exc:  # (the flow runs the slice itself)
+                logger.debug("no early start for %s: %s: %s", spec.describe(), type(exc).__name__, exc)
+                self.early = None
+
+
+class Unfinished:
+    """Parquet datasets whose spills are still being written when their row groups are all hashed: the
+    plan cuts the datasets after them meanwhile (their spills run beside it, and the cores take the later
+    datasets' slices), handing on their slices as the spills' rows are written (:meth:`poll`, on the
+    plan's thread whenever it hands on a slice), and waits for the rest once every dataset is cut.
+
+    A failure met in :meth:`poll` is raised by :meth:`check`, once the dataset being cut is: raised
+    where it is met, the later dataset's reader would take it for its own."""
+
+    def __init__(self) -> None:
+        self._left: list[Callable[[bool], None]] = []
+        self._polling = False
+        self._failed: DatasetError | None = None
+
+    def add(self, hand_on_ready: Callable[[bool], None]) -> None:
+        self._left.append(hand_on_ready)
+
+    def poll(self) -> None:
+        if self._polling or self._failed is not None:  # (a slice they hand on polls again)
+            return
+        self._polling = True
+        try:
+            for hand_on_ready in self._left:
+                hand_on_ready(False)
+        except DatasetError as exc:
+            self._failed = exc
+        finally:
+            self._polling = False
+
+    def check(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+
+    def finish(self) -> None:
+        """Each one's slices handed on, in mixer order, as its rows are written; its spills landed."""
+        self.check()
+        self._polling = True  # (they come in order now)
+        while self._left:
+            self._left.pop(0)(True)
+
+
+def row_groups(n_rows: int, selected: np.ndarray | None, slice_rows: int) -> list[Rows]:
+    """(start, end, subset) per slice: fixed ranges over all rows, or groups of the selected subset."""
+    if selected is None:
+        return [(a, min(a + slice_rows, n_rows), None) for a in range(0, n_rows, slice_rows)]
+    groups: list[Rows] = []
+    for a in range(0, len(selected), slice_rows):
+        chunk = selected[a : a + slice_rows].tolist()
+        groups.append((chunk[0], chunk[-1] + 1, chunk))
+    return groups
+
+
+def format_of(entry: DatasetEntry, columns: Any) -> tuple[str, str]:
+    """The entry's row format and messages column, from its columns (or refused, naming the dataset)."""
+    try:
+        return detect_format(columns, entry.messages_key, entry.format)
+    except ValueError as exc:
+        raise DatasetError(entry.path, str(exc)) from None
+
+
+def selected_rows(entry: DatasetEntry, n_rows: int, target: int, warnings: list[str]) -> np.ndarray | None:
+    """The rows the entry's amount selects (``None``: every row, once), with the reference's warning for
+    a small count that was probably meant as a fraction (:func:`small_count_warning`)."""
+    if (w := small_count_warning(entry.path, entry.amount, n_rows)) is not None:
+        warnings.append(w)
+        logger.warning(w)
+    return selected_source_rows(n_rows, target)
+
+
+def bad_lines_warning(
+    entry: DatasetEntry, on_bad_row: str, bad_lines: tuple[jsonl.BadLine, ...]
+) -> str | None:
+    """The plan's words for the lines of a file that are not rows: its error, or a warning (skip)."""
+    if not bad_lines:
+        return None
+    if on_bad_row == "error":
+        raise bad_lines[0].error(entry.path, more=len(bad_lines) - 1)
+    n, lines = len(bad_lines), ", ".join(b.place for b in bad_lines[:10])
+    w = (
+        f"{entry.path}: {n:,} line{'s' if n != 1 else ''} that {'are' if n != 1 else 'is'} not a row "
+        f"(line{'s' if n != 1 else ''} {lines}{', ...' if n > 10 else ''}) will be skipped "
+        "(on_bad_row: skip), with any more the slices find"
+    )
+    logger.warning(w)
+    return w
+
+
+def dataset_error(entry: DatasetEntry, exc: DatasetError) -> DatasetError:
+    """``exc`` said of the mixer's dataset ``entry``; where one of the dataset's several files (a hub
+    dataset's, or a directory's) is what is wrong, the reason names it, so the user knows which to fix."""
+    file = _file_of(entry, exc.dataset)
+    if file is None or file in exc.reason:
+        return DatasetError(entry.path, exc.reason)
+    return DatasetError(entry.path, f"{file}: {exc.reason}")
+
+
+_HUB_CACHE_COPY = re.compile(r".*/snapshots/[0-9a-f]{40}/(.+)")
+
+
+def _file_of(entry: DatasetEntry, path: str) -> str | None:
+    """``path`` as one of the files of hub dataset (or directory) ``entry``: its path there (a hub file at
+    a commit, the hub cache's copy of one, a file in the directory); ``None`` for the dataset itself or a
+    single file's copy (its name says it)."""
+    if path == entry.path or local_builder(entry.path) is not None or is_remote(entry.path):
+        return None
+    if (name := pinned.hub_file_name(path)) is not None:
+        return name
+    if (copy := _HUB_CACHE_COPY.fullmatch(path.replace(os.sep, "/"))) is not None:
+        return copy.group(1)
+    folder = os.path.abspath(entry.path)
+    if os.path.isdir(folder) and os.path.abspath(path).startswith(folder + os.sep):
+        return os.path.relpath(path, folder)
+    return None

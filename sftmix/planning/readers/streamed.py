@@ -1,0 +1,147 @@
+"""The reader of a JSON Lines dataset whose slices are cut while it is read: a large file (or a pinned
+``gs://`` object, a compressed file's copy as it is written, a directory's or hub dataset's files) whose
+every row is selected whatever its count. Each slice is handed on as soon as its batches are counted, so
+tokenizing begins while the plan still reads the rest."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sftmix.config.config import DatasetEntry
+from sftmix.config.selection import selection_problem, target_rows
+from sftmix.errors import DatasetError
+from sftmix.planning.readers.jsonl_files import scanned_files, slice_is_full, streamed_files
+from sftmix.planning.readers.reader import (
+    HandOn,
+    Opened,
+    Planning,
+    bad_lines_warning,
+    batch_data,
+    dataset_error,
+    format_of,
+)
+from sftmix.planning.readers.whole import read_whole_instead
+from sftmix.sources import jsonl
+from sftmix.sources.dataset import JsonFiles
+from sftmix.sources.downloads import closed_on_error
+from sftmix.sources.growing import final_name
+
+
+def _files(dataset: Opened) -> JsonFiles:
+    assert isinstance(dataset.held, JsonFiles)
+    return dataset.held
+
+
+def _source_path(dataset: Opened) -> str:
+    """What a streamed dataset's slices name as their file: the file, or the dataset of several files."""
+    files = _files(dataset)
+    return final_name(files.follow(0)) if len(files.paths) == 1 else dataset.entry.path
+
+
+def _source(dataset: Opened, schema_b64: str, batches: list[jsonl.JsonlBatch]) -> jsonl.JsonlSource:
+    """What a slice of a streamed dataset reads: ``batches``, cast to the features ``schema_b64``."""
+    declared = _files(dataset).declared is not None
+    return jsonl.JsonlSource(
+        path=_source_path(dataset), schema_b64=schema_b64, batches=batches, declared=declared
+    )
+
+
+class StreamedReader:
+    def ahead(self, entry: DatasetEntry, datasets_cache: str) -> bool:
+        return streamed_files(entry, datasets_cache) is not None  # (read by the plan as it goes)
+
+    def open(self, index: int, entry: DatasetEntry, at: Planning) -> Opened | None:
+        """Opened from its first batch; ``None`` for any other dataset (or one whose selection, estimated
+        from its first batch, might be refused: it is counted first)."""
+        try:
+            if (files := streamed_files(entry, at.datasets_cache)) is None:
+                return None
+            with closed_on_error(files):
+                dataset = self._opened(index, entry, at, files)
+        except DatasetError as exc:
+            raise dataset_error(entry, exc) from None
+        if dataset is None:
+            files.close()  # (counted first: read again, as they land)
+        return dataset
+
+    def _opened(self, index: int, entry: DatasetEntry, at: Planning, files: JsonFiles) -> Opened | None:
+        first = files.follow(0)
+        head = jsonl.first_batch(first, files.declared)
+        if head is None:
+            return None
+        batch, schema_b64 = head
+        columns = jsonl.schema_names(schema_b64)
+        if not batch.rows or not columns:
+            return None
+        nbytes = sum(files.sizes)
+        estimate = round(nbytes * batch.rows / max(1, batch.end - batch.offset))
+        target = target_rows(entry.amount, estimate)
+        if selection_problem(entry.amount, estimate, target, 2 * target, at.memory) is not None:
+            return None  # (near a limit: counted first, so that a refusal comes before any work)
+        row_format, messages_key = format_of(entry, columns)
+        dataset = Opened(
+            index, entry, self, held=files, row_format=row_format, messages_key=messages_key, nbytes=nbytes
+        )
+        if len(files.paths) > 1:  # (each batch names its file)
+            batch = batch.model_copy(update={"path": final_name(first)})
+        source = _source(dataset, schema_b64, [batch])
+        rows = (0, min(batch.rows, at.run.slice_rows or batch.rows), None)  # the first slice's rows
+        dataset.sampled = at.spec(dataset, rows, batch_data(schema_b64, [batch]), 0, jsonl=source)
+        return dataset
+
+    def cut(self, dataset: Opened, at: Planning, hand_on: HandOn) -> int:
+        """Its slices (whole batches, or ``slice_rows`` rows of one), each handed on as soon as its batches
+        are counted; the file is then a dataset like any other (or, found not to be JSON Lines pyarrow
+        reads after all, is read whole)."""
+        entry, run = dataset.entry, at.run
+        waiting: list[jsonl.JsonlBatch] = []  # counted batches of the next slice
+
+        def cut(batches: list[jsonl.JsonlBatch], schema_b64: str) -> None:
+            source = _source(dataset, schema_b64, batches)
+            data = batch_data(schema_b64, batches)
+            lo, hi = batches[0].first_row, batches[-1].first_row + batches[-1].rows
+            nbytes, per = sum(b.end - b.offset for b in batches), run.slice_rows or hi - lo
+            for start in range(lo, hi, per):
+                end = min(start + per, hi)
+                size = round(nbytes * (end - start) / (hi - lo))
+                hand_on(at.spec(dataset, (start, end, None), data, size, jsonl=source))
+
+        def counted(batch: jsonl.JsonlBatch, schema_b64: str) -> None:
+            if not batch.rows:
+                return
+            waiting.append(batch)
+            if run.slice_rows or slice_is_full(waiting, at.slice_bytes):  # (slice_rows: one batch's rows)
+                cut(waiting[:], schema_b64)
+                waiting.clear()
+
+        try:
+            layout = self._scanned(dataset, counted, hand_on)
+        except DatasetError as exc:
+            raise dataset_error(entry, exc) from None
+        if layout is not None and waiting:  # the file's last batches
+            cut(waiting, layout.schema_b64)
+        if layout is None or not layout.n_rows or not layout.columns:
+            return read_whole_instead(dataset, at)
+        if (w := bad_lines_warning(entry, at.ctx.on_bad_row, layout.bad_lines)) is not None:
+            dataset.warnings.append(w)
+        target = target_rows(entry.amount, layout.n_rows)
+        at.check_selection(entry, layout.n_rows, target)
+        dataset.specs = hand_on.made
+        dataset.counted(layout.n_rows, target, layout.fingerprint)
+        return len(dataset.specs)
+
+    @staticmethod
+    def _scanned(dataset: Opened, counted: jsonl.BatchListener, hand_on: HandOn) -> jsonl.JsonlLayout | None:
+        """Its files read, ``counted`` called with each batch as it is counted."""
+        entry, files = dataset.entry, _files(dataset)
+        if len(files.paths) > 1:
+            return scanned_files(files, entry.path, counted, hand_on.reading_threads())
+        with closed_on_error(files):  # (its batches name no file)
+            layout = jsonl.scan_file(files.follow(0), counted, hand_on.reading_threads(), files.declared)
+        file = jsonl.lines_of(entry.path, _source_path(dataset))  # (as its slices name them)
+        if layout is not None and layout.bad_lines and file != entry.path:  # (a directory's one file)
+            layout = replace(layout, bad_lines=tuple(replace(b, file=file) for b in layout.bad_lines))
+        return layout
+
+
+STREAMED = StreamedReader()
