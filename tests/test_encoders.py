@@ -477,7 +477,7 @@ def assert_same_rows(rust, fast, renderer, convs, max_len, drop) -> None:
             lambda ids: rust.decode(ids, skip_special_tokens=False),
             max_len,
             boundaries_of(rust),
-            drop_untrainable=drop,
+            skip_untrainable=drop,
         )
         rows.append(
             [

@@ -70,3 +70,19 @@ def test_every_package_installs():
     assert on_disk <= set(setup["packages"])
     mapping = setup["package-dir"]
     assert all((ROOT / mapping[p]).is_dir() for p in setup["packages"] if p.startswith("tokenize_mixer."))
+
+
+def test_no_function_is_over_100_lines():
+    """A function that reads at once: the core, the tasks, the flows and the command line (issue 70)."""
+    import ast
+
+    long = []
+    for folder in ("sftmix", "flows", "tasks", "tokenize_mixer"):
+        for module in sorted((ROOT / folder).rglob("*.py")):
+            tree = ast.parse(module.read_text(encoding="utf-8"))
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    continue
+                if (lines := node.end_lineno - node.lineno + 1) > 100:  # type: ignore[operator]
+                    long.append(f"{module.relative_to(ROOT)}: {node.name} ({lines} lines)")
+    assert long == []

@@ -100,7 +100,7 @@ def test_split_reads_spelled_tokens_as_text_and_the_templates_as_tokens(
         )
     ]
     report = json.loads((split / "run_report.json").read_text())
-    assert (report["literal_special_tokens"], report["rows_spelling_special_tokens"]) == ("split", 2)
+    assert report["literal"] == {"mode": "split", "spelled_rows": 2}
     trained = [f for f in check_output(keep, 4096).findings if "train special token" in f.what]
     assert trained and all("literal_special_tokens split reads it as text" in f.what for f in trained)
 
@@ -148,3 +148,20 @@ def test_the_setting_changes_the_recipe_only_when_it_is_not_the_references():
 
     assert "literal_special_tokens" not in recipe("keep")  # recipes written before the setting still match
     assert recipe("split")["literal_special_tokens"] == "split"
+
+
+def test_the_check_reads_how_a_run_read_spelled_tokens_from_old_and_new_reports():
+    """A run report written before ``literal`` kept its two fields at the top: the check reads both."""
+    from sftmix.tokenizing.literal_tokens import LiteralReport
+
+    old = {"literal_special_tokens": "split", "rows_spelling_special_tokens": 3}
+    new = {"literal": {"mode": "split", "spelled_rows": 3}}
+    assert (
+        LiteralReport.of_report(old)
+        == LiteralReport.of_report(new)
+        == LiteralReport(mode="split", spelled_rows=3)
+    )
+    assert LiteralReport.of_report({}) == LiteralReport()
+    assert LiteralReport.of_report(new).lines(0) == [
+        "literal     3 kept row(s) spell a special token, read as text (literal_special_tokens: split)"
+    ]

@@ -79,7 +79,7 @@ class AssembleResult:
     documents: int
     tokens: int
     trainable_tokens: int
-    untrainable_documents: int  # written with an all-zero mask (drop_untrainable off)
+    untrainable_documents: int  # kept, written with an all-zero mask (UNTRAINABLE_KEPT)
     parts: int
     statistics: dict[str, Any]
     tallies: list[DatasetTally]

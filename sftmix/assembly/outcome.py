@@ -15,7 +15,7 @@ from sftmix.check.findings import CheckReport, check_output
 from sftmix.config.config import RunOptions
 from sftmix.output.report import DatasetReport, RunReport, Validation
 from sftmix.planning.plan import Plan
-from sftmix.tokenizing.slices import SliceManifest
+from sftmix.tokenizing.slices import SliceManifest, literal_report
 from sftmix.tokenizing.unrendered import counted_lines
 
 #: Examples of dropped rows a report keeps.
@@ -75,10 +75,7 @@ def check_for(
         published=run.check != "strict",
         unrendered=plan.unrendered,
         tokenizer_load_note=plan.tokenizer_load_note or "",
-        literal=(
-            plan.context.literal_special_tokens,
-            sum(m.spelled_special_tokens for m in outcome.manifests),
-        ),
+        literal=literal_report(plan.context, outcome.manifests),
     )
 
 
@@ -135,8 +132,7 @@ def run_report(
         unrendered_rows=_unrendered_rows(plan, manifests),
         tokenizer_load=plan.context.tokenizer_load,
         tokenizer_load_note=plan.tokenizer_load_note,
-        literal_special_tokens=plan.context.literal_special_tokens,
-        rows_spelling_special_tokens=sum(m.spelled_special_tokens for m in manifests),
+        literal=literal_report(plan.context, manifests),
     )
 
 

@@ -35,6 +35,8 @@ from sftmix.output.olmo_format import BOUNDS_PART, MASK_PART, STATS_JSON, TOKENS
 from sftmix.output.part_writing import WrittenParts
 from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.storage import open_npy, pread_into
+from sftmix.tokenizing.literal_tokens import LiteralReport
+from sftmix.tokenizing.slices import UNTRAINABLE_KEPT
 
 #: Tokens read at once per part: bounded memory whatever the part size (about 15 MiB of arrays per chunk
 #: in flight, a few per thread).
@@ -197,7 +199,7 @@ def check_output(
     published: bool = True,
     unrendered: list[str] | None = None,
     written: WrittenParts | None = None,
-    literal: tuple[str, int] | None = None,
+    literal: LiteralReport | None = None,
     tokenizer_load_note: str | None = None,
 ) -> CheckReport:
     """``digests=False`` skips hashing the files again and ``token_dtype`` gives the dtype otherwise read
@@ -273,7 +275,7 @@ def check_output(
     names = dataset_names or report_json.get("datasets") or []
     where = _document_namer(mapped, names, published)
     _integrity_findings(result, whole, report_json.get("digests"))
-    _mask_findings(result, whole, special, where, literal or _literal_of(report_json))
+    _mask_findings(result, whole, special, where, literal or LiteralReport.of_report(report_json))
     _fit_findings_of(result, whole, where, sequence_length, max_seq_length)
     shares = np.concatenate([f.trainable_share for f in facts]) if facts else np.zeros(0, np.float32)
     _share_outliers(result, shares, mapped, names, where)
@@ -333,43 +335,24 @@ def _integrity_findings(result: CheckReport, whole: _PartFacts, recorded: Any) -
         )
 
 
-def _literal_of(report_json: dict[str, Any]) -> tuple[str, int]:
-    """How the run read the rows' spelled special tokens, and how many kept rows spell one."""
-    return (
-        str(report_json.get("literal_special_tokens") or "keep"),
-        int(report_json.get("rows_spelling_special_tokens") or 0),
-    )
-
-
 def _mask_findings(
     result: CheckReport,
     whole: _PartFacts,
     special: dict[int, str],
     where: Callable[[int], str],
-    literal: tuple[str, int],
+    literal: LiteralReport,
 ) -> None:
     """Documents with nothing to train on, and special tokens trained inside trainable text."""
     result.add(
         "masks",
-        "documents with no trainable token (kept: drop_untrainable is off)",
+        UNTRAINABLE_KEPT,
         whole.empty.count,
         "documents",
         [where(d) for d in whole.empty.examples],
         INFORMATION,
     )
-    mode, spelled = literal
-    remedy = (
-        "; where the rows spell it, literal_special_tokens split reads it as text, drop skips the row"
-        if mode == "keep"
-        else ""
-    )
-    result.add(
-        "masks",
-        "rows that spell a special token, read as plain text (literal_special_tokens: split)",
-        spelled if mode == "split" else 0,
-        "rows",
-        severity=INFORMATION,
-    )
+    remedy = literal.remedy()
+    result.add("masks", literal.SPELLED, literal.spelled_count(), "rows", severity=INFORMATION)
     for tok_id, docs in sorted(whole.special_trained.items()):
         result.add(
             "masks",

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from sftmix.tokenizing.literal_tokens import LiteralReport
+from sftmix.tokenizing.slices import UNTRAINABLE_KEPT
+
 
 class _CommandClock:
     """When the command that runs the flow in this process started (set by the CLI; ``None`` when a
@@ -74,9 +77,7 @@ class RunReport(BaseModel):
     rows_kept_by_exact_spans: int = Field(
         0, description="Source rows kept with spans: exact that the reference's span rule would have dropped."
     )
-    untrainable_documents: int = Field(
-        0, description="Documents with no trainable token, kept because drop_untrainable is off."
-    )
+    untrainable_documents: int = Field(0, description=UNTRAINABLE_KEPT)
     tokens: int
     trainable_tokens: int
     parts: int
@@ -154,11 +155,8 @@ class RunReport(BaseModel):
         description="Where the reference builds the tokenizer otherwise than its own files say, what it replaces "
         "and the share of sampled rows whose ids change.",
     )
-    literal_special_tokens: str = Field(
-        "keep", description="How text in the rows that spells a special token was read: keep, split or drop."
-    )
-    rows_spelling_special_tokens: int = Field(
-        0, description="Rows kept whose text spells a special token, read as plain text (split)."
+    literal: LiteralReport = Field(
+        default_factory=LiteralReport, description="What the run did with special tokens its rows spell."
     )
     time: str = Field(
         "",
@@ -235,7 +233,7 @@ class RunReport(BaseModel):
                 if self.tokenizer_load_note
                 else []
             ),
-            *self._literal_lines(),
+            *self.literal.lines(self.rows_dropped.get("literal_special_token", 0)),
             f"documents   {self.documents:,} in {self.parts:,} part(s), {self.tokens:,} tokens "
             f"({self.trainable_tokens:,} trainable), dtype {self.token_dtype}",
             "time        " + self.time_line(),
@@ -244,20 +242,6 @@ class RunReport(BaseModel):
             verdict = "MATCHES" if self.validation.matches else "DIFFERS"
             lines.append(f"reference   {self.validation.reference}: {verdict}")
         return "\n".join(lines)
-
-    def _literal_lines(self) -> list[str]:
-        """What literal_special_tokens did, where it is not the reference's way."""
-        if self.literal_special_tokens == "split":
-            return [
-                f"literal     {self.rows_spelling_special_tokens:,} kept row(s) spell a special token, read as "
-                "text (literal_special_tokens: split)"
-            ]
-        if self.literal_special_tokens == "drop":
-            n = self.rows_dropped.get("literal_special_token", 0)
-            return [
-                f"literal     {n:,} row(s) spelling a special token dropped (literal_special_tokens: drop)"
-            ]
-        return []
 
     def _template_lines(self) -> list[str]:
         """The chat template the rows were rendered with, where it came from (an unknown name that fell back

@@ -32,7 +32,7 @@ class RowStatus(IntEnum):
     NO_TRAINABLE = 1
     SPAN_UNVERIFIED = 2
     BAD_ROW = 3
-    LITERAL_SPECIAL = 4  # literal_special_tokens drop: the row spells a special token
+    LITERAL_SPECIAL = 4  # the row spells a special token, dropped (sftmix.tokenizing.literal_tokens)
 
 
 #: Why a row was dropped, as shown in statistics and reports.
@@ -65,7 +65,7 @@ class TokenizedRow:
     status: RowStatus
     detail: str | None = None
     reference_drops: bool = False  # kept by exact spans; the reference's rule would drop it
-    spelled: bool = False  # its text spells a special token, read as text (literal_special_tokens split)
+    spelled: bool = False  # its text spells a special token, read as text (sftmix.tokenizing.literal_tokens)
 
 
 class _SpanFailure(Exception):
@@ -114,7 +114,7 @@ class LabelMasker:
         boundaries: SegmentBoundaries | None = None,
         mode: str = "assistant",
         spans: str = "reference",
-        drop_untrainable: bool = False,
+        skip_untrainable: bool = False,
         policy: MaskPolicy | None = None,
         skeletons: SkeletonStore | None = None,
         drop_early: bool = True,
@@ -128,6 +128,7 @@ class LabelMasker:
         (and system prompt, where the template adds one), and the check fails there in nearly every
         such row (2,163 of 2,206 in ShareGPT's first 6,000 under ``olmo``). Those are checked first
         whatever this says.
+        ``skip_untrainable``: a row with nothing to train is dropped, so it needs no tokens.
         ``restore``: the render's text as the reference's span check compares it with the rows, where the
         template's special tokens were renamed (``sftmix.tokenizing.literal_tokens``)."""
         self.renderer = renderer
@@ -140,7 +141,7 @@ class LabelMasker:
         self.spans = spans
         self.policy = policy or MaskPolicy()
         # rows that will be dropped need no tokens; with exact spans any row may be kept
-        self.drop_untrainable = drop_untrainable and spans != "exact"
+        self.skip_untrainable = skip_untrainable and spans != "exact"
         self.drop_early = drop_early
         self.prefixes = PrefixRenders(renderer.render, store=skeletons)
         self.encoder = PrefixEncoder(encode_batch, boundaries)
@@ -167,13 +168,13 @@ class LabelMasker:
                 pending.append(found)
             else:
                 char_spans[i] = found
-        if pending and self.drop_untrainable and self.boundaries is not None:
+        if pending and self.skip_untrainable and self.boundaries is not None:
             early = pending if self.drop_early else [p for p in pending if p.headers[0] is None]
             if early:
                 self._drop_early(conversations, rendered, encs, results, early)
                 pending = [p for p in pending if results[p.row].status == RowStatus.KEPT]
         todo = [
-            i for i, row in enumerate(results) if row.status == RowStatus.KEPT or not self.drop_untrainable
+            i for i, row in enumerate(results) if row.status == RowStatus.KEPT or not self.skip_untrainable
         ]
         self.encoder.grow([encs[i] for i in todo], [self.max_len] * len(todo))
         spanned = []

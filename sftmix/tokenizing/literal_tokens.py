@@ -18,15 +18,21 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, Field
+
+from sftmix.sources.formats import RowFormatError
 
 #: The first character names are drawn from (U+100000, Supplementary Private Use Area-B).
 FIRST_NAME = 0x100000
 #: The settings, the reference's first.
 MODES = ("keep", "split", "drop")
+#: The tokenizer setting that chooses among them, as a person's messages name it.
+SETTING = "literal_special_tokens"
 
 
 @dataclass(frozen=True)
@@ -128,3 +134,95 @@ def _alternation(texts: dict[str, str]) -> re.Pattern[str] | None:
     if not texts:
         return None
     return re.compile("|".join(re.escape(t) for t in sorted(texts, key=len, reverse=True)))
+
+
+@dataclass(frozen=True)
+class LiteralRule:
+    """What the setting looks for in a row: a special token's text (drop: the row is skipped; split: the
+    row is counted), and for split a character given to the template's own special tokens (the row would
+    read as them)."""
+
+    pattern: re.Pattern[str] | None  # the special tokens' texts
+    drops: bool
+    reserved: re.Pattern[str] | None = None  # split's names of the template's tokens
+
+    def read(self, strings: Any) -> str | None:
+        """Why the row is dropped (drop), or the special token it spells (split; ``None``: none); a row
+        holding a name of the template's tokens is refused (``RowFormatError``)."""
+        found = literals_in(strings, self.pattern)
+        if found is not None and self.drops:
+            return f"it spells the special token {found!r} ({SETTING}: drop)"
+        if (name := literals_in(strings, self.reserved)) is not None:
+            raise RowFormatError(
+                f"it holds U+{ord(name):X}, a character {SETTING} split gives to the template's own special tokens"
+            )
+        return found
+
+
+def literal_rule(mode: str, names: Renaming | None, specials: Callable[[], list[str]]) -> LiteralRule | None:
+    """The rule of ``mode`` for a tokenizer (``names``: split's renaming; ``specials``: its special
+    added tokens' texts, asked for drop); ``None`` where rows are read as the reference reads them."""
+    if mode == "split" and names is not None:
+        return LiteralRule(
+            specials_pattern([*names.names, *names.unnamed]),
+            False,
+            specials_pattern(list(names.names.values())),
+        )
+    if mode == "drop":
+        pattern = specials_pattern(specials())
+        return None if pattern is None else LiteralRule(pattern, drops=True)
+    return None
+
+
+def cannot_rename(token: str) -> str:
+    """Why split cannot run with this tokenizer: the library gives a renamed token another id."""
+    return (
+        f"{SETTING} split cannot rename the template's special token {token!r} in this tokenizer (the "
+        "tokenizers library gives the renamed token another id); keep or drop work"
+    )
+
+
+class LiteralReport(BaseModel):
+    """What the run did with special tokens spelled in its rows: in the run report, and the check's."""
+
+    mode: str = Field(
+        "keep", description="How text in the rows that spells a special token was read: keep, split or drop."
+    )
+    spelled_rows: int = Field(
+        0, description="Rows kept whose text spells a special token, read as plain text (split)."
+    )
+
+    @classmethod
+    def of_report(cls, report: dict[str, Any]) -> LiteralReport:
+        """From a run report's JSON (one written before this model kept the two at its top)."""
+        if isinstance(found := report.get("literal"), dict):
+            return cls.model_validate(found)
+        return cls(
+            mode=str(report.get(SETTING) or "keep"),
+            spelled_rows=int(report.get("rows_spelling_special_tokens") or 0),
+        )
+
+    def lines(self, dropped: int) -> list[str]:
+        """The run summary's words, where the rows were not read the reference's way (``dropped``: rows
+        dropped for spelling one)."""
+        if self.mode == "split":
+            return [
+                f"literal     {self.spelled_rows:,} kept row(s) spell a special token, read as text ({SETTING}: split)"
+            ]
+        if self.mode == "drop":
+            return [f"literal     {dropped:,} row(s) spelling a special token dropped ({SETTING}: drop)"]
+        return []
+
+    #: The check's finding for rows read as text.
+    SPELLED: ClassVar[str] = f"rows that spell a special token, read as plain text ({SETTING}: split)"
+
+    def remedy(self) -> str:
+        """What the check adds to a special token trained inside trainable text."""
+        return (
+            f"; where the rows spell it, {SETTING} split reads it as text, drop skips the row"
+            if self.mode == "keep"
+            else ""
+        )
+
+    def spelled_count(self) -> int:
+        return self.spelled_rows if self.mode == "split" else 0

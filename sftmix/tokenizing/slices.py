@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -70,7 +69,7 @@ from sftmix.tokenizing.labels import (
     RowStatus,
     TokenizedRow,
 )
-from sftmix.tokenizing.literal_tokens import Renaming, literals_in, specials_pattern
+from sftmix.tokenizing.literal_tokens import LiteralReport, LiteralRule, Renaming, literal_rule
 from sftmix.tokenizing.prefix_renders import SkeletonStore
 from sftmix.tokenizing.segments import SegmentBoundaries
 from sftmix.tokenizing.templates import ChatRenderer
@@ -213,7 +212,7 @@ class SliceManifest(BaseModel):
     )
     spelled_special_tokens: int = Field(
         0,
-        description="Rows kept whose text spells a special token, read as text (literal_special_tokens split).",
+        description="Rows kept whose text spells a special token, read as text (split: sftmix.tokenizing.literal_tokens).",
     )
     unrendered_rows: dict[str, int] | None = Field(
         None,
@@ -364,6 +363,10 @@ def _save_npy(path: Path, array: np.ndarray) -> FileDigest:
     return FileDigest(bytes=path.stat().st_size, sha256=sha256_file(path))
 
 
+#: Documents with no trainable token that the run kept, in the words of its report and its check.
+UNTRAINABLE_KEPT = "documents with no trainable token (kept: drop_untrainable is off)"
+
+
 def _masker(ctx: TokenizeContext) -> LabelMasker:
     """One masker per worker process and run settings: its template and pasted-prefix shapes are
     reused by every slice the process tokenizes, and the shapes' skeletons by every process of the
@@ -388,7 +391,7 @@ class WorkerEncoding:
     special_tokens: dict[str, str]
     boundaries: SegmentBoundaries | None
     fast: FastEncoder | None
-    renaming: Renaming | None = None  # literal_special_tokens split (sftmix.tokenizing.literal_tokens)
+    renaming: Renaming | None = None  # split's (sftmix.tokenizing.literal_tokens)
 
     def encode_batch(self, texts: list[str]) -> list:
         if self.fast is not None:
@@ -458,7 +461,7 @@ def _cached_masker(
     max_seq_length: int | None,
     mask: str,
     spans: str = "reference",
-    drop_untrainable: bool = False,
+    skip_untrainable: bool = False,
     policy: MaskPolicy | None = None,
     skeleton_dir: str | None = None,
 ) -> LabelMasker:
@@ -479,7 +482,7 @@ def _cached_masker(
         boundaries=encoding.boundaries,
         mode=mask,
         spans=spans,
-        drop_untrainable=drop_untrainable,
+        skip_untrainable=skip_untrainable,
         policy=policy,
         skeletons=store,
         drop_early=encoding.fast is None,
@@ -499,43 +502,22 @@ def _bad_row(spec: SliceSpec, row: int, reason: str) -> BadRowError:
     return BadRowError(spec.dataset, row, reason, row_line(spec.dataset, spec.split, row))
 
 
-@dataclass(frozen=True)
-class LiteralRule:
-    """What ``literal_special_tokens`` looks for in a row: a special token's text (drop: the row is
-    skipped; split: the row is counted), and for split a character given to the template's own special
-    tokens (the row would read as them)."""
-
-    pattern: re.Pattern[str] | None  # the special tokens' texts
-    drops: bool
-    reserved: re.Pattern[str] | None = None  # split's names of the template's tokens
-
-    def found(self, row: Any) -> str | None:
-        return literals_in(row, self.pattern)
-
-    def reserved_in(self, row: Any) -> str | None:
-        return literals_in(row, self.reserved)
-
-
 @lru_cache(maxsize=4)
 def _literal_rule_of(encoding: WorkerEncoding, mode: str) -> LiteralRule | None:
-    if mode == "split" and encoding.renaming is not None:
-        names = encoding.renaming
-        return LiteralRule(
-            specials_pattern([*names.names, *names.unnamed]),
-            False,
-            specials_pattern(list(names.names.values())),
-        )
-    if mode == "drop":
-        added = encoding.rust.get_added_tokens_decoder().values()
-        pattern = specials_pattern([t.content for t in added if t.special])
-        return None if pattern is None else LiteralRule(pattern, drops=True)
-    return None
+    added = lambda: [t.content for t in encoding.rust.get_added_tokens_decoder().values() if t.special]  # noqa: E731
+    return literal_rule(mode, encoding.renaming, added)
 
 
 def _literal_rule(ctx: TokenizeContext) -> LiteralRule | None:
     if ctx.literal_special_tokens == "keep":
         return None
     return _literal_rule_of(encoding_for(ctx), ctx.literal_special_tokens)
+
+
+def literal_report(ctx: TokenizeContext, manifests: Sequence[SliceManifest]) -> LiteralReport:
+    """What the run did with special tokens its rows spell (the run report's, the check's)."""
+    spelled = sum(m.spelled_special_tokens for m in manifests)
+    return LiteralReport(mode=ctx.literal_special_tokens, spelled_rows=spelled)
 
 
 def _tokenize_batch(
@@ -565,23 +547,13 @@ def _tokenize_batch(
             convs[j] = conv = conversation_from_row(record, spec.row_format, spec.messages_key)  # type: ignore[arg-type]
             if holding is not None:
                 holding.update(p for p in spec.unrendered if holds(conv.messages, p))
-            if literal is not None:
-                strings = (conv.messages, conv.tools)
-                found = literal.found(strings)
-                if found is not None and literal.drops:
+            if literal is not None and (found := literal.read((conv.messages, conv.tools))) is not None:
+                if literal.drops:
                     results[j] = TokenizedRow(
-                        np.zeros(0, np.int64),
-                        np.zeros(0, np.uint8),
-                        RowStatus.LITERAL_SPECIAL,
-                        f"it spells the special token {found!r} (literal_special_tokens: drop)",
+                        np.zeros(0, np.int64), np.zeros(0, np.uint8), RowStatus.LITERAL_SPECIAL, found
                     )
                     del convs[j]
-                elif (name := literal.reserved_in(strings)) is not None:
-                    raise RowFormatError(
-                        f"it holds U+{ord(name):X}, a character literal_special_tokens split gives to the "
-                        "template's own special tokens"
-                    )
-                elif found is not None:
+                else:
                     spelled.add(j)
         except RowFormatError as exc:
             convs.pop(j, None)

@@ -32,7 +32,7 @@ from sftmix.tokenizing.encoders import (
     unpack_vocabulary,
     vocabulary,
 )
-from sftmix.tokenizing.literal_tokens import Renaming, renaming
+from sftmix.tokenizing.literal_tokens import Renaming, cannot_rename, renaming
 from sftmix.tokenizing.segments import SegmentBoundaries
 from sftmix.tokenizing.tokenizer_load import (
     TokenizerLoad,
@@ -276,7 +276,7 @@ class WorkerTokenizer:
     fast: FastAnalysis | str
     vocab: tuple[dict[bytes, int], dict[str, int]] | None = None  # tiktoken's, where proven
     backend_json: str | None = None  # the Rust tokenizer's JSON (what the fast engine reads)
-    renaming: Renaming | None = None  # literal_special_tokens split: the template's tokens renamed
+    renaming: Renaming | None = None  # split's: the template's tokens renamed (literal_tokens)
 
 
 class LazyTokenizer:
@@ -367,7 +367,7 @@ def load_worker_tokenizer(path: str) -> WorkerTokenizer:
 
 
 def save_split_worker_tokenizer(worker_file: str, template_text: str) -> str:
-    """The worker tokenizer of ``worker_file`` for ``literal_special_tokens: split`` with this template
+    """The worker tokenizer of ``worker_file`` for reading spelled special tokens as text with this template
     (``sftmix.tokenizing.literal_tokens``), written (once) beside it; returns its path."""
     from tokenizers import Tokenizer
 
@@ -388,10 +388,7 @@ def save_split_worker_tokenizer(worker_file: str, template_text: str) -> str:
     ids = {t["content"]: t["id"] for t in backend.get("added_tokens") or []}
     moved = [text for text, name in found.names.items() if rust.token_to_id(name) != ids[text]]
     if moved:
-        raise ConfigError(
-            f"literal_special_tokens split cannot rename the template's special token {moved[0]!r} in this "
-            "tokenizer (the tokenizers library gives the renamed token another id); keep or drop work"
-        )
+        raise ConfigError(cannot_rename(moved[0]))
     try:
         proven: FastAnalysis | str = analyse(renamed)
     except Unproven as exc:
