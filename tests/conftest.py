@@ -69,6 +69,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     tiers.FULL = bool(config.getoption("--full"))
+    if not tiers.FULL:  # the loop's properties draw the same examples each run (tests/tiers.py)
+        from hypothesis import settings
+
+        settings.register_profile("loop", derandomize=True)
+        settings.load_profile("loop")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -160,7 +160,7 @@ def test_a_hub_dataset_is_planned_while_its_files_download(tmp_path):
     assert plan["uncached_rows"] == plan["rows"]  # read by range from the hub
 
 
-@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+@pytest.mark.parametrize("kind", ["parquet", pytest.param("jsonl", marks=pytest.mark.full)])  # (jsonl: below)
 def test_a_download_that_fails_is_one_clear_error(tmp_path, kind):
     repo, files = (_repo(tmp_path / "repo"), FILES) if kind == "parquet" else _json_repo(tmp_path / "repo")
     with HubEmulator(repo, REPO) as hub:
@@ -495,7 +495,9 @@ def test_a_hub_datasets_compressed_files_are_decompressed_as_each_lands(tmp_path
     assert [json.loads(x) for c in copies for x in Path(c).read_text().splitlines()] == rows
 
 
-@pytest.mark.parametrize("kind", ["parquet", "jsonl.gz"])
+@pytest.mark.parametrize(
+    "kind", [pytest.param("parquet", marks=pytest.mark.full), "jsonl.gz"]
+)  # (parquet: above)
 def test_a_hub_file_cut_short_is_named(tmp_path, kind):
     """One file of a hub dataset of several cut short (an upload that stopped): the error names the
     dataset and that file, so the user knows which to fix."""
@@ -570,7 +572,9 @@ def test_a_hub_dataset_datasets_loads_is_downloaded_first_as_the_plans_are(tmp_p
     assert json.loads(out) == _rows(240)
 
 
-@pytest.mark.parametrize("stopped", ["after its card", "before datasets converted it"])
+@pytest.mark.parametrize(
+    "stopped", ["after its card", pytest.param("before datasets converted it", marks=pytest.mark.full)]
+)
 def test_offline_a_hub_dataset_the_cache_holds_only_part_of_is_one_clear_error(tmp_path, stopped):
     """An online run stopped after its first download leaves the hub cache holding part of the dataset
     (or, for one the datasets library loads, every file but not the library's converted copy); an

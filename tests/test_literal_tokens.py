@@ -71,7 +71,7 @@ def _oracle(rows: list[dict], template: str) -> dict[int, list[int]]:
     return out
 
 
-@pytest.mark.parametrize("template", ["olmo", "tulu"])
+@pytest.mark.parametrize("template", ["tulu", pytest.param("olmo", marks=pytest.mark.full)])
 @pytest.mark.parametrize("encoder", ["auto", pytest.param("hf", marks=pytest.mark.full)])
 def test_split_reads_spelled_tokens_as_text_and_the_templates_as_tokens(
     prefect_api, tmp_path, template, encoder

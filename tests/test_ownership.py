@@ -59,6 +59,7 @@ def test_a_file_dropped_into_our_output_is_never_deleted(tmp_path):
     assert _publish(out, tmp_path, b"\x02", overwrite=True) == "overwritten"
 
 
+@pytest.mark.full  # (a whole demo run; the loop has the marker's other tests)
 def test_the_report_written_into_an_output_stays_replaceable(demo_output, tmp_path):
     write_report(demo_output)
     marker = json.loads((demo_output / OUTPUT_MARKER).read_text())
