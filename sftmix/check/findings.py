@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from sftmix.check.olmo_fit import STRATEGIES, OlmoCoreFit
+from sftmix.config.config import UNTRAINABLE_KEPT
 from sftmix.errors import ConfigError
 from sftmix.output.digest import RUN_REPORT, artifact_digest, digested_files
 from sftmix.output.olmo_format import BOUNDS_PART, MASK_PART, STATS_JSON, TOKENS_PART, parse_boundaries
@@ -36,7 +37,6 @@ from sftmix.output.part_writing import WrittenParts
 from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.storage import open_npy, pread_into
 from sftmix.tokenizing.literal_tokens import LiteralReport
-from sftmix.tokenizing.slices import UNTRAINABLE_KEPT
 
 #: Tokens read at once per part: bounded memory whatever the part size (about 15 MiB of arrays per chunk
 #: in flight, a few per thread).

@@ -302,6 +302,11 @@ class OutputSpec(BaseModel):
         return self
 
 
+#: Documents with no trainable token that a run kept (``drop_untrainable`` off), in its report's and
+#: its check's words.
+UNTRAINABLE_KEPT = "documents with no trainable token (kept: drop_untrainable is off)"
+
+
 class MixerConfig(BaseModel):
     """A mixer: datasets with amounts, a tokenizer and template, a max length and where to write."""
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from sftmix.config.config import UNTRAINABLE_KEPT
 from sftmix.tokenizing.literal_tokens import LiteralReport
-from sftmix.tokenizing.slices import UNTRAINABLE_KEPT
 
 
 class _CommandClock:

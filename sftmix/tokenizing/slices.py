@@ -363,10 +363,6 @@ def _save_npy(path: Path, array: np.ndarray) -> FileDigest:
     return FileDigest(bytes=path.stat().st_size, sha256=sha256_file(path))
 
 
-#: Documents with no trainable token that the run kept, in the words of its report and its check.
-UNTRAINABLE_KEPT = "documents with no trainable token (kept: drop_untrainable is off)"
-
-
 def _masker(ctx: TokenizeContext) -> LabelMasker:
     """One masker per worker process and run settings: its template and pasted-prefix shapes are
     reused by every slice the process tokenizes, and the shapes' skeletons by every process of the
