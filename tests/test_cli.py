@@ -213,7 +213,19 @@ def test_convert_validates_against_the_reference_and_compare_locates_a_differenc
     assert proc.returncode == 1
     assert "DIFF   token_ids_part_0000.npy" in proc.stdout
     assert f"offset {500 * 4}" in proc.stdout and "token 500 of part 0" in proc.stdout
+    assert "outputs DIFFER in tokens; masks and boundaries are identical" in proc.stdout
     assert "dataset 'data/" in proc.stdout and "row" in proc.stdout
+
+    renamed = tmp_path / "renamed"  # a dataset named otherwise: what a trainer reads is the same
+    shutil.copytree(out, renamed)
+    for name in ("dataset_statistics.json", "dataset_statistics.txt"):
+        text = (renamed / name).read_text(encoding="utf-8")
+        (renamed / name).write_text(text.replace(case["args"][1], "elsewhere.jsonl"), encoding="utf-8")
+    proc = cli("compare", str(renamed), str(out), check=False)
+    assert proc.returncode == 1
+    assert proc.stdout.rstrip().endswith(
+        "outputs DIFFER in statistics; tokens, masks and boundaries are identical"
+    ), proc.stdout
 
 
 def test_convert_accepts_hyphenated_flags_and_reports_errors_without_traceback(tmp_path):

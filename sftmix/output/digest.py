@@ -159,6 +159,25 @@ class Difference:
     detail: str = ""
 
 
+#: What an output's files hold, as a comparison's verdict names them (the first whose test a name passes).
+KINDS: tuple[tuple[str, Callable[[str], bool]], ...] = (
+    ("tokens", lambda name: name.startswith("token_ids_part_") and name.endswith(".npy")),
+    ("masks", lambda name: name.startswith("labels_mask_part_")),
+    ("boundaries", lambda name: name.endswith(".csv.gz")),
+    ("statistics", lambda name: name.startswith("dataset_statistics")),
+)
+#: What a trainer reads of an OLMo-core output.
+TRAINED = ("tokens", "masks", "boundaries")
+
+
+def kind_of(name: str) -> str:
+    return next((kind for kind, holds in KINDS if holds(name)), "other files")
+
+
+def _words(kinds: list[str]) -> str:
+    return kinds[0] if len(kinds) == 1 else ", ".join(kinds[:-1]) + " and " + kinds[-1]
+
+
 @dataclass
 class Comparison:
     items: list[Difference] = field(default_factory=list)
@@ -167,9 +186,20 @@ class Comparison:
     def matches(self) -> bool:
         return all(i.status == "OK" for i in self.items)
 
+    def verdict(self) -> str:
+        """Which kinds of file differ, and which of what a trainer reads are identical: two outputs that
+        differ only in a dataset's name in the statistics read as that."""
+        kinds = [*(kind for kind, _ in KINDS), "other files"]
+        differ = [k for k in kinds if any(kind_of(i.name) == k and i.status != "OK" for i in self.items)]
+        if not differ:
+            return "outputs match"
+        present = {kind_of(i.name) for i in self.items}
+        same = [k for k in TRAINED if k in present and k not in differ]
+        return f"outputs DIFFER in {_words(differ)}" + (f"; {_words(same)} are identical" if same else "")
+
     def render(self) -> str:
         lines = [f"{i.status:<6} {i.name}" + (f"  {i.detail}" if i.detail else "") for i in self.items]
-        lines.append("outputs match" if self.matches else "outputs DIFFER")
+        lines.append(self.verdict())
         return "\n".join(lines)
 
 
