@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -76,6 +77,10 @@ def test_demo_runs_and_an_identical_rerun_reuses_everything(tmp_path):
 
     plan = cli("plan", "examples/mixer.yaml", "--work_dir", str(work)).stdout
     assert "examples/data/general.jsonl" in plan and "slices" in plan
+    # the size line estimates the output's tokens from the sampled rows: the run made within a tenth of it
+    estimated = int(re.search(r"^size +~([\d,]+) tokens in 283 rows", plan, re.M).group(1).replace(",", ""))  # type: ignore[union-attr]
+    made = json.loads((out / "run_report.json").read_text())["tokens"]
+    assert abs(estimated - made) <= made / 10, (estimated, made)
 
     # one amount changed, into the same output: refused before any slice is tokenized, naming the change
     changed = tmp_path / "changed.yaml"
@@ -407,7 +412,6 @@ def _on_a_terminal(*args: str, columns: int = 120) -> tuple[int, str]:
     """The command with stdin, stdout and stderr on a pseudo-terminal (as a person runs it): its exit code
     and what the terminal received, escape sequences removed."""
     import pty
-    import re
     import select
 
     master, slave = pty.openpty()
@@ -440,8 +444,6 @@ def _on_a_terminal(*args: str, columns: int = 120) -> tuple[int, str]:
 @pytest.mark.slow
 def test_log_lines_print_above_the_bar_never_glued_to_it(tmp_path):
     """On a terminal the live bar owns its line: every log line starts a line of its own."""
-    import re
-
     code, screen = _on_a_terminal(
         "run", "examples/mixer.yaml", "--output_dir", str(tmp_path / "out"), "--work_dir", str(tmp_path / "w")
     )

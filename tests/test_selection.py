@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from sftmix.config.selection import (
+    large_upsample_warning,
     parse_amount,
     selected_source_rows,
     selection_indices,
@@ -24,6 +25,13 @@ def test_parse_amount_dot_means_fraction(text, value):
 def test_parse_amount_rejects(bad):
     with pytest.raises(ConfigError):
         parse_amount(bad)
+
+
+def test_an_upsampling_of_a_hundred_times_or_more_is_warned_about_with_its_rows():
+    assert large_upsample_warning("d", 99.0, 21, 2_079) is None
+    said = large_upsample_warning("d", 100000.0, 21, 2_100_000)
+    assert said is not None and "repeats each of its 21 rows about 100,000 times (2,100,000 rows" in said
+    assert large_upsample_warning("d", 1.0, 0, 0) is None
 
 
 def test_target_rows_matches_the_reference_rule():

@@ -109,6 +109,21 @@ def small_count_warning(name: str, amount: Amount, n_rows: int) -> str | None:
     return None
 
 
+#: Repeats of each row from which the plan warns of an upsampling (``100000.0`` for ``1.0`` is a typo
+#: that makes a hundred thousand copies of a dataset).
+LARGE_UPSAMPLE = 100
+
+
+def large_upsample_warning(name: str, amount: Amount, n_rows: int, target: int) -> str | None:
+    """An amount that repeats each row :data:`LARGE_UPSAMPLE` times or more, in words with its rows."""
+    if n_rows <= 0 or target < LARGE_UPSAMPLE * n_rows:
+        return None
+    return (
+        f"dataset {name!r}: amount {amount} repeats each of its {n_rows:,} rows about {target // n_rows:,} "
+        f"times ({target:,} rows in the output; the plan's size line estimates its tokens and bytes)"
+    )
+
+
 def extra_rows(n_rows: int, target: int) -> np.ndarray:
     """The ``target % n_rows`` rows drawn without replacement after the full passes."""
     k = target % n_rows if n_rows else 0

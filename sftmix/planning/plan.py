@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel
 
 from sftmix.config.byte_settings import for_slices, keyed
@@ -114,6 +115,19 @@ class Plan(BaseModel):
             "token_dtype": self.context.token_dtype,
         }
 
+    def size_line(self) -> str:
+        """What the run will make, estimated from the sampled rows: tokens, and bytes of slices (each
+        row once) and of output (each selected row; tokens and masks)."""
+        per_token = np.dtype(self.context.token_dtype).itemsize + 1
+        tokens = sum(d.estimated_tokens() for d in self.datasets)
+        distinct = sum(d.estimated_tokens(distinct=True) for d in self.datasets)
+        rows = sum(d.target for d in self.datasets)
+        return (
+            f"size        ~{tokens:,} tokens in {rows:,} rows (estimated from up to {SAMPLE_ROWS} sampled rows a "
+            f"dataset): ~{_size(distinct * per_token)} of slices in the work dir, ~{_size(tokens * per_token)} "
+            "of output"
+        )
+
     def summary(self, warnings: bool = True) -> str:
         """The plan in lines; ``warnings=False`` leaves out what the plan logged as it found it."""
         m = self.mixer
@@ -133,9 +147,17 @@ class Plan(BaseModel):
                 f"{d.index:>3}  {d.name:<40} {d.split:<8} {d.amount!s:>8} {d.n_rows:>9} {d.target:>9} {len(d.slices):>6}"
             )
         lines.append(f"\n{len(self.slices)} slices" + (f", {self.slicing}" if self.slicing else ""))
+        lines.append(self.size_line())
         for w in self.warnings if warnings else []:
             lines.append(f"warning: {w}")
         return "\n".join(lines)
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:,.1f} {unit}"
+    return f"{nbytes / 1e3:,.1f} kB"
 
 
 #: Bytes per slice when the run leaves them to the tool: the smallest of these that cuts the mixture into
@@ -289,6 +311,18 @@ def _load_note(tk: TokenizerKey, facts: TokenizerFacts, texts: list[str]) -> str
 
 
 _SAID: set[str] = set()
+
+
+def _tokens_per_row(ctx: TokenizeContext, rendered: list[list[str]], max_len: int | None) -> list[float]:
+    """Each dataset's sampled rows' tokens on average, cut at the max length: the plan's size estimate
+    (the rows a run drops, and what a mask leaves out, are not known before the work)."""
+    rust = encoding_for(ctx).rust
+    means = []
+    for texts in rendered:
+        lengths = [len(e.ids) for e in rust.encode_batch(texts, add_special_tokens=False)] if texts else []
+        lengths = [min(n, max_len) if max_len else n for n in lengths]
+        means.append(sum(lengths) / len(lengths) if lengths else 0.0)
+    return means
 
 
 def _rendered(renderer: ChatRenderer, samples: list[Conversation]) -> list[str]:
@@ -469,12 +503,16 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
         at.selected_total = sum(d.plan.target for d in opened if d.plan is not None)
         opened.append(dataset := _opened(index, entry, at))
         _probed(dataset, at, mixer.tokenizer, renderer, template)
-    texts = _rendered(renderer, [c for d in opened for c in d.samples])  # the sample rows, rendered once
+    rendered = [_rendered(renderer, d.samples) for d in opened]  # the sample rows, rendered once
+    texts = [text for texts in rendered for text in texts]
     load_note = _load_note(tk, facts, texts)
     ctx.encoder = choose_encoder(mixer.tokenizer, tk, ctx, texts)
+    tokens_per_row = _tokens_per_row(ctx, rendered, mixer.max_seq_length)
     data_bytes = sum(d.nbytes for d in opened)
     at.slice_bytes = slice_bytes_for(run, data_bytes)
     datasets, slices = _cut(opened, at, early)
+    for d, tokens in zip(datasets, tokens_per_row, strict=True):
+        d.tokens_per_row = tokens
     release_mapped_data(datasets_too=True)  # every row was read to fingerprint it; workers map their own
     jsonl.release()
     parquet.release()

@@ -22,7 +22,12 @@ import numpy as np
 from pydantic import BaseModel
 
 from sftmix.config.config import DatasetEntry, RunOptions
-from sftmix.config.selection import selected_source_rows, selection_problem, small_count_warning
+from sftmix.config.selection import (
+    large_upsample_warning,
+    selected_source_rows,
+    selection_problem,
+    small_count_warning,
+)
 from sftmix.errors import DatasetError
 from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.storage import is_remote
@@ -51,10 +56,16 @@ class DatasetPlan(BaseModel):
     target: int
     fingerprint: str
     slices: list[int]
+    tokens_per_row: float = 0.0  # its sampled rows' tokens on average, cut at the max length (an estimate)
 
     @property
     def upsampled(self) -> bool:
         return self.target > self.n_rows
+
+    def estimated_tokens(self, distinct: bool = False) -> int:
+        """Tokens its rows make in the output (``distinct``: in its slices, each row tokenized once)."""
+        rows = min(self.target, self.n_rows) if distinct else self.target
+        return round(rows * self.tokens_per_row)
 
 
 def digest(obj: object) -> str:
@@ -151,8 +162,12 @@ class Opened:
     nbytes: int = 0  # its data's size, as the mixture's size counts it (the slices' size)
 
     def counted(self, n_rows: int, target: int, fingerprint: str) -> None:
-        """Its plan, once its rows are counted (slices numbered in mixer order later)."""
+        """Its plan, once its rows are counted (slices numbered in mixer order later); an upsampling
+        of each row a hundred times or more is said as it is found."""
         entry = self.entry
+        if (w := large_upsample_warning(entry.path, entry.amount, n_rows, target)) is not None:
+            self.warnings.append(w)
+            logger.warning(w)
         self.plan = DatasetPlan(
             index=self.index,
             name=entry.path,
