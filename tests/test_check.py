@@ -390,3 +390,29 @@ def test_special_tokens_found_among_candidates_as_on_every_token():
         docs = np.searchsorted(ends, lo + at, side="right")
         expected = {int(i): np.unique(docs[t[at] == i]).tolist() for i in np.unique(t[at]).tolist()}
         assert {k: v.tolist() for k, v in facts.special_trained.items()} == expected
+
+
+def test_the_summary_says_what_changes_training(tmp_path):
+    """Documents the max length cut (their EOS with them) are in the command's summary, a line each
+    finding, not only an information line in the log (issue 71)."""
+    from tests.test_cli import cli
+
+    rows = [chat(f"question {i}?", "a long answer " * (2 + i * 4)) for i in range(12)]
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = cli(
+        "convert",
+        "--dataset_mixer_list", str(data), "1.0",
+        "--tokenizer_name_or_path", str(EXAMPLES / "tokenizer"),
+        "--chat_template_name", "olmo",
+        "--max_seq_length", "160",
+        "--output_dir", str(tmp_path / "out"),
+        "--work_dir", str(tmp_path / "work"),
+    )  # fmt: skip
+    report = json.loads((tmp_path / "out" / "run_report.json").read_text())
+    [cut] = [
+        f for f in report["check_findings"] if f["what"].startswith("documents truncated at max_seq_length")
+    ]
+    said = [line for line in proc.stdout.splitlines() if line.startswith("training")]
+    assert said == [f"training    [fit] {cut['what']}: {cut['count']:,} documents"], proc.stdout
+    assert report["training"] == [said[0].removeprefix("training    ")]

@@ -64,11 +64,12 @@ class Finding:
     examples: list[Any] = field(default_factory=list)
     unit: str = ""  # what ``count`` counts (documents, parts, tokens ...); empty for a single fact
     severity: str = CHANGES_TRAINING
+    in_summary: bool = False  # said in a run's summary (what changes training, not said there otherwise)
 
-    def line(self) -> str:
+    def line(self, examples: bool = True) -> str:
         """The finding in one line, its count in words: ``[fit] ...: 3 documents (e.g. document 4)``."""
         counted = f": {self.count:,} {self.unit}" if self.unit else ""
-        example = f" (e.g. {', '.join(map(str, self.examples))})" if self.examples else ""
+        example = f" (e.g. {', '.join(map(str, self.examples))})" if self.examples and examples else ""
         return f"[{self.kind}] {self.what}{counted}{example}"
 
     def console_line(self) -> str:
@@ -114,16 +115,24 @@ class CheckReport:
         unit: str,
         examples: list[Any] | None = None,
         severity: str | None = None,
+        summary: bool | None = None,
     ) -> None:
         """A finding of ``count`` ``unit`` (plural: documents, parts, tokens ...), when there are any;
-        integrity findings are broken, the others change training unless ``severity`` says otherwise."""
+        integrity findings are broken, the others change training unless ``severity`` says otherwise.
+        ``summary``: whether a run's summary says it (default: unless it is for information only)."""
         if count:
             if count == 1 and unit.endswith("s"):
                 unit = unit[:-1]
             severity = severity or (BROKEN if kind == "integrity" else CHANGES_TRAINING)
+            said = severity != INFORMATION if summary is None else summary
             self.findings.append(
-                Finding(kind, what, int(count), list(examples or [])[:EXAMPLES], unit, severity)
+                Finding(kind, what, int(count), list(examples or [])[:EXAMPLES], unit, severity, said)
             )
+
+    def summary_lines(self) -> list[str]:
+        """What a run's summary says of the check: each finding that changes training (or breaks the
+        output), and the documents the settings cut, a line each without examples (the log has them)."""
+        return [f.line(examples=False) for f in self.findings if f.in_summary]
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "clean": self.clean, "exit_code": self.exit_code}, indent=2)
@@ -238,10 +247,11 @@ def check_output(
         len(left_out),
         "items",
         list(left_out),
+        summary=False,  # (the summary's unrendered line counts the rows)
     )
     if tokenizer_load_note is None:
         tokenizer_load_note = report_json.get("tokenizer_load_note") or ""
-    result.add("tokenizer", tokenizer_load_note, 1 if tokenizer_load_note else 0, "")
+    result.add("tokenizer", tokenizer_load_note, 1 if tokenizer_load_note else 0, "", summary=False)
     if vocab is None:
         result.add("integrity", "tokenizer/ is missing or unreadable", 1, "")
     elif vocab - 1 > np.iinfo(dtype).max:
@@ -396,6 +406,7 @@ def _fit_findings_of(
         "documents",
         [where(d) for d in whole.truncated_no_eos.examples],
         INFORMATION,
+        summary=True,  # (the settings asked for it, and it changes what is trained)
     )
     if sequence_length is not None:
         result.add(

@@ -125,6 +125,11 @@ class RunReport(BaseModel):
         None,
         description="What `tokenize-mixer check` found in the output before it was published (run.check).",
     )
+    training: list[str] = Field(
+        default_factory=list,
+        description="What the check found that changes training (and documents cut at max_seq_length), a line "
+        "each, as the summary says them.",
+    )
     check_notes: list[str] | None = Field(
         None, description="What the check measured besides findings: OLMo-core fit, template drift."
     )
@@ -236,6 +241,7 @@ class RunReport(BaseModel):
             *self.literal.lines(self.rows_dropped.get("literal_special_token", 0)),
             f"documents   {self.documents:,} in {self.parts:,} part(s), {self.tokens:,} tokens "
             f"({self.trainable_tokens:,} trainable), dtype {self.token_dtype}",
+            *(f"training    {line}" for line in self.training),
             "time        " + self.time_line(),
         ]
         if self.validation is not None:
