@@ -13,14 +13,19 @@ from sftmix.output.digest import compare
 ROOT = Path(__file__).parent.parent
 
 
-def convert_command(data: Path, work: Path, out: Path, slice_rows: int, *extra: str) -> list[str]:
-    """``tokenize-mixer convert`` of ``data`` with the demo tokenizer and the olmo template."""
+def convert_args(data: Path, work: Path, out: Path, *extra: str, max_seq_length: int = 256) -> list[str]:
+    """The arguments of ``tokenize-mixer convert`` of ``data`` with the demo tokenizer and the olmo template."""
     return [
-        sys.executable, "-m", "tokenize_mixer.cli", "convert", "--dataset_mixer_list", str(data), "1.0",
+        "convert", "--dataset_mixer_list", str(data), "1.0",
         "--tokenizer_name_or_path", str(ROOT / "examples" / "tokenizer"), "--chat_template_name", "olmo",
-        "--max_seq_length", "256", "--work_dir", str(work), "--output_dir", str(out),
-        "--slice_rows", str(slice_rows), *extra,
+        "--max_seq_length", str(max_seq_length), "--work_dir", str(work), "--output_dir", str(out), *extra,
     ]  # fmt: skip
+
+
+def convert_command(data: Path, work: Path, out: Path, slice_rows: int, *extra: str) -> list[str]:
+    """``tokenize-mixer convert`` of ``data`` (:func:`convert_args`), ``slice_rows`` rows a slice."""
+    command = [sys.executable, "-m", "tokenize_mixer.cli"]
+    return [*command, *convert_args(data, work, out, "--slice_rows", str(slice_rows), *extra)]
 
 
 def semaphores(pid: int) -> set[int]:

@@ -395,20 +395,13 @@ def test_special_tokens_found_among_candidates_as_on_every_token():
 def test_the_summary_says_what_changes_training(tmp_path):
     """Documents the max length cut (their EOS with them) are in the command's summary, a line each
     finding, not only an information line in the log (issue 71)."""
+    from tests.cli_runs import convert_args
     from tests.test_cli import cli
 
     rows = [chat(f"question {i}?", "a long answer " * (2 + i * 4)) for i in range(12)]
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    proc = cli(
-        "convert",
-        "--dataset_mixer_list", str(data), "1.0",
-        "--tokenizer_name_or_path", str(EXAMPLES / "tokenizer"),
-        "--chat_template_name", "olmo",
-        "--max_seq_length", "160",
-        "--output_dir", str(tmp_path / "out"),
-        "--work_dir", str(tmp_path / "work"),
-    )  # fmt: skip
+    proc = cli(*convert_args(data, tmp_path / "work", tmp_path / "out", max_seq_length=160))
     report = json.loads((tmp_path / "out" / "run_report.json").read_text())
     [cut] = [
         f for f in report["check_findings"] if f["what"].startswith("documents truncated at max_seq_length")

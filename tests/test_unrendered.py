@@ -148,20 +148,13 @@ def test_the_slices_count_every_row_that_holds_it(prefect_api, tmp_path):
 def test_the_command_says_a_finding_once_as_found_once_checked_once_summed_up(tmp_path):
     """The command plans while its API starts and hands that plan to the flow: the plan's finding is
     logged once, the check finds it once and the summary counts it once (not four times: issue 70)."""
+    from tests.cli_runs import convert_args
     from tests.test_cli import cli
 
     rows = [{"messages": TOOL_CHAT} for _ in range(8)]
     data = tmp_path / "tools.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    proc = cli(
-        "convert",
-        "--dataset_mixer_list", str(data), "1.0",
-        "--tokenizer_name_or_path", str(EXAMPLES / "tokenizer"),
-        "--chat_template_name", "olmo",
-        "--max_seq_length", "256",
-        "--output_dir", str(tmp_path / "out"),
-        "--work_dir", str(tmp_path / "work"),
-    )  # fmt: skip
+    proc = cli(*convert_args(data, tmp_path / "work", tmp_path / "out"))
     logged = [line for line in proc.stderr.splitlines() if "'tool_calls'" in line]
     summed = [line for line in proc.stdout.splitlines() if "'tool_calls'" in line]
     assert len(logged) == 2 and len(summed) == 1, proc.stderr + proc.stdout

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import jinja2
@@ -120,6 +121,7 @@ def _render(renderer: ChatRenderer, messages: list[dict[str, Any]], tools: Any) 
         return None
 
 
+@lru_cache(maxsize=8)  # (said with each finding: the template is parsed once)
 def what_it_reads(template_text: str) -> str:
     """The message fields and roles a template's text names, in words: ``it renders role, content and
     function_calls; roles system, user, assistant and environment``."""
