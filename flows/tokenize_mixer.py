@@ -28,6 +28,7 @@ from sftmix.output.digest import RUN_REPORT
 from sftmix.output.output_dir import check_output_free, paths_to_protect, refuse_different_output
 from sftmix.output.publish import staging_dir
 from sftmix.output.report import COMMAND_CLOCK, RunReport
+from sftmix.planning.free_space import refuse_short_disk
 from sftmix.planning.plan import Plan
 from sftmix.planning.roots import check_allowed_roots
 from sftmix.runtime.console import SUMMARY_LOG
@@ -124,6 +125,7 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
     if (done := up_to_date(mixer, run, plan.recipe())) is not None:
         remember_inputs(mixer.output.path, plan.recipe(), plan.inputs)
         return _nothing_to_do(done, started)
+    refuse_short_disk(plan)
     plan_seconds = round(time.perf_counter() - started, 3)
     documents = _documents_path(plan)
     scratch = None

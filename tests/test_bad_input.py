@@ -353,8 +353,9 @@ def test_a_selection_that_cannot_be_assembled_in_memory_is_refused(here, capsys,
 
 
 def bad_row_error(here: Path, path: str) -> BadRowError:
-    plan = build_plan(mixer(here, (path, 1.0)), RunOptions(work_dir=str(here / f"w-{Path(path).name}")))
+    """The error for the file's bad row: the plan's, where its sample holds the row, else its slice's."""
     with pytest.raises(BadRowError) as exc:
+        plan = build_plan(mixer(here, (path, 1.0)), RunOptions(work_dir=str(here / f"w-{Path(path).name}")))
         for spec in plan.slices:
             tokenize_slice(spec, plan.context)
     return exc.value
@@ -372,8 +373,8 @@ def test_a_bad_row_of_a_jsonl_file_names_its_line(here):
     )
     (here / "d.jsonl").write_text(text, encoding="utf-8")
     exc = bad_row_error(here, "d.jsonl")
-    assert (
-        str(exc) == "dataset 'd.jsonl', row 2 (0-based; line 5 of the file): message 0 has no 'role' string"
+    assert str(exc).startswith(
+        "dataset 'd.jsonl', row 2 (0-based; line 5 of the file): message 0 has no 'role' string"
     )
     assert (exc.row, exc.line) == (2, 5)
     again = pickle.loads(pickle.dumps(exc))  # crosses worker processes whole
@@ -391,9 +392,8 @@ def test_a_bad_row_without_lines_says_rows_count_from_zero(here):
     exc = bad_row_error(here, "d.parquet")
     assert str(exc).startswith("dataset 'd.parquet', row 3 (0-based): ") and exc.line is None
     (here / "d.json").write_text(json.dumps([GOOD, BAD, GOOD], indent=1), encoding="utf-8")  # a JSON array
-    assert (
-        str(bad_row_error(here, "d.json"))
-        == "dataset 'd.json', row 1 (0-based): message 0 has no 'role' string"
+    assert str(bad_row_error(here, "d.json")).startswith(
+        "dataset 'd.json', row 1 (0-based): message 0 has no 'role' string"
     )
     assert str(BadRowError("d", 1, "bad")) == "dataset 'd', row 1 (0-based): bad"
 
@@ -471,3 +471,37 @@ def test_the_commands_first_check_says_what_the_plan_would_say(tmp_path, monkeyp
     with pytest.raises(sftmix.errors.MixerError) as planned:
         build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work")))
     assert (type(first.value), str(first.value)) == (type(planned.value), str(planned.value))
+
+
+#: A template that refuses a system turn, as Gemma's own does.
+NO_SYSTEM = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+)
+
+
+@pytest.mark.parametrize("on_bad_row", ["error", "skip"])
+def test_a_template_that_fails_on_a_sampled_row_is_refused_before_work(here, caplog, on_bad_row):
+    """Every slice would start and the first with such a row fail (``on_bad_row: error``): the plan renders
+    its sample rows and refuses, naming the row and its line, before any slice. With ``skip`` it says how many
+    of the sample will be dropped, and the plan goes on."""
+    (here / "t.jinja").write_text(NO_SYSTEM, encoding="utf-8")
+    system = {"messages": [{"role": "system", "content": "be brief"}, *GOOD["messages"]]}
+    write_jsonl(here / "d.jsonl", [*ROWS[:3], system, *ROWS[3:]])
+    config = mixer(here, ("d.jsonl", 1.0)).model_copy(update={"on_bad_row": on_bad_row})
+    config.tokenizer = TokenizerSpec(name_or_path=str(TINY), chat_template_file=str(here / "t.jinja"))
+    options = RunOptions(work_dir=str(here / "work"))
+    if on_bad_row == "error":
+        with pytest.raises(BadRowError) as refused:
+            build_plan(config, options)
+        assert str(refused.value) == (
+            "dataset 'd.jsonl', row 3 (0-based; line 4 of the file): chat template failed: TemplateError: System "
+            "role not supported (refused before any work; on_bad_row: skip drops such rows)"
+        )
+        assert not (here / "work" / "slices").exists()
+        return
+    with caplog.at_level(logging.WARNING):
+        plan = build_plan(config, options)
+    said = "d.jsonl: the chat template fails on 1 of 7 sampled rows (row 3: chat template failed: TemplateError: "
+    assert any(w.startswith(said) for w in plan.warnings) and said in caplog.text

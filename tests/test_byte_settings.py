@@ -14,7 +14,14 @@ from pydantic import BaseModel, Field
 
 from sftmix.config.byte_settings import ChangesBytes, declaration, for_slices, keyed, recorded
 from sftmix.config.command_flags import Flag, flags, with_flags
-from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import (
+    REFERENCE_PART_BYTES,
+    DatasetEntry,
+    MixerConfig,
+    OutputSpec,
+    RunOptions,
+    TokenizerSpec,
+)
 from sftmix.planning.plan import build_plan
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -78,6 +85,12 @@ def _recorded_before(m: MixerConfig) -> dict[str, Any]:
     for name, default in (("literal_special_tokens", "keep"), ("load", "reference")):
         if recipe["tokenizer"].get(name) == default:
             del recipe["tokenizer"][name]
+    for name, default in (("parts", "reference"), ("part_bytes", REFERENCE_PART_BYTES)):  # (added since)
+        if recipe["output"].get(name) == default:
+            del recipe["output"][name]
+    for dataset in recipe["datasets"]:
+        if dataset.get("max_repeats") is None:
+            dataset.pop("max_repeats", None)
     return recipe
 
 
@@ -189,12 +202,12 @@ def test_convert_sets_every_flagged_setting():
     assert given.tokenizer.literal_special_tokens == "split" and given.tokenizer.load == "files"
     assert given.output.overwrite is True
     for spec in flags(MixerConfig):  # every one reaches its field
-        value = "true" if spec.boolean else spec.choices[-1]  # type: ignore[index]
+        value = "true" if spec.boolean else "4096" if spec.whole_number else spec.choices[-1]  # type: ignore[index]
         mixer = mixer_from_convert_args(build_parser().parse_args([*base, f"--{spec.name}", value]))
         inner: Any = mixer
         for key in spec.path:
             inner = getattr(inner, key)
-        assert inner == (True if spec.boolean else value), spec
+        assert inner == (True if spec.boolean else 4096 if spec.whole_number else value), spec
 
 
 def test_the_slice_workers_are_handed_every_setting_their_slices_follow_from():

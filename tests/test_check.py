@@ -23,6 +23,7 @@ def run(
     name: str,
     slice_rows: int | None = None,
     template: str | None = "olmo",
+    output_options: dict | None = None,
     **mixer,
 ) -> Path:
     data = tmp / f"{name}.jsonl"
@@ -31,7 +32,7 @@ def run(
         {
             "datasets": [{"path": str(data), "amount": "1.0"}],
             "tokenizer": {"name_or_path": str(EXAMPLES / "tokenizer"), "chat_template": template},
-            "output": {"path": str(tmp / name)},
+            "output": {"path": str(tmp / name), **(output_options or {})},
             **mixer,
         }
     )
@@ -177,16 +178,15 @@ def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_pa
     one after another in one chunk each."""
     import sftmix.assembly.assemble
     import sftmix.check.findings
-    import sftmix.output.olmo_format
     from sftmix.output.digest import output_digests
 
-    monkeypatch.setattr(sftmix.output.olmo_format, "PART_BYTES", 1024)
     rows = [
         chat(f"question {i}?", f"answer <|im_start|>user number {i}." if i % 7 == 0 else f"answer {i}.")
         for i in range(60)
     ]
     rows += [{"messages": [{"role": "user", "content": "no answer"}]}] * 3
-    out = run(tmp_path, rows, "parts", slice_rows=8, drop_untrainable=False, shuffle_seed=3)
+    options = {"part_bytes": 1024}
+    out = run(tmp_path, rows, "parts", 8, output_options=options, drop_untrainable=False, shuffle_seed=3)
     assert (out / "token_ids_part_0005.npy").exists()
     threaded = check_output(out, 16)
     monkeypatch.setattr(sftmix.check.findings, "MAX_PART_THREADS", 1)

@@ -313,8 +313,17 @@ def test_on_bad_row_skip_counts_each_skip_with_its_reason(tmp_path):
     ]
     assert "no 'role' string" in manifest.drop_examples[0]["detail"]
     assert "chat template failed" in manifest.drop_examples[2]["detail"]
-    strict = build_plan(mixer(tmp_path, (data, 1.0)), RunOptions(work_dir=str(tmp_path / "work")))
-    assert strict.slices[0].key != plan.slices[0].key  # a skipped row never leaks into an 'error' run's cache
+    with pytest.raises(BadRowError, match=r"row 1 \(0-based; line 2 of the file\): message 0 has no 'role'"):
+        build_plan(mixer(tmp_path, (data, 1.0)), RunOptions(work_dir=str(tmp_path / "work")))  # (before work)
+    good = write_jsonl(tmp_path / "good.jsonl", [GOOD, GOOD])
+    skipping = build_plan(
+        m.model_copy(update={"datasets": mixer(tmp_path, (good, 1.0)).datasets}),
+        plan_run := RunOptions(work_dir=str(tmp_path / "work")),
+    )
+    strict = build_plan(mixer(tmp_path, (good, 1.0)), plan_run)
+    assert (
+        strict.slices[0].key != skipping.slices[0].key
+    )  # a skipped row never leaks into an 'error' run's cache
 
 
 def test_more_bad_inputs_get_a_clear_answer(tmp_path):
@@ -414,12 +423,11 @@ def test_a_file_hashed_ahead_gives_every_caller_the_same_hash_or_the_same_error(
             file_sha256(str(bad), True)
 
     lists = write_jsonl(tmp_path / "lists.jsonl", [{"messages": [{"role": "user", "content": ["a", "b"]}]}])
-    plan = build_plan(mixer(tmp_path, (lists, 1.0)), RunOptions(work_dir=str(tmp_path / "w3")))
-    with pytest.raises(
+    with pytest.raises(  # (the plan's sample holds the row: refused before work)
         BadRowError,
         match=r"row 0 \(0-based; line 1 of the file\): message 0 \(user\) has content of type list",
     ):
-        tokenize_slice(plan.slices[0], plan.context)
+        build_plan(mixer(tmp_path, (lists, 1.0)), RunOptions(work_dir=str(tmp_path / "w3")))
 
 
 @pytest.mark.full  # (the quick loop: tests/tiers.py)

@@ -96,6 +96,71 @@ def test_olmo_core_reads_our_tokens_masks_and_documents(olmo_core_python, prefec
     )
 
 
+def packed_documents(packed: list[dict], pad: int) -> Counter:
+    """The documents of packed instances, with their masks (padding left out)."""
+    found: Counter = Counter()
+    for inst in packed:
+        assert len(inst["input_ids"]) == SEQUENCE_LENGTH
+        start = 0
+        for length in inst["doc_lens"]:
+            ids = tuple(inst["input_ids"][start : start + length])
+            labels = tuple(inst["label_mask"][start : start + length])
+            start += length
+            if not (set(ids) == {pad} and not any(labels)):
+                found[(ids, labels)] += 1
+    return found
+
+
+def test_olmo_core_reads_whole_document_parts_with_every_document_whole(
+    olmo_core_python, prefect_api, tmp_path
+):
+    """Several parts of 16 KiB: in the reference's layout OLMo-core reads the document at each part boundary
+    as two (as many as ``check`` counts); in ``whole_documents`` parts it reads every document whole, exactly
+    once, with its mask, whether it finds documents in the .csv.gz files or by EOS (its default locally)."""
+    from transformers import AutoTokenizer
+
+    from sftmix.check.findings import check_output
+
+    tok = AutoTokenizer.from_pretrained(EXAMPLES / "tokenizer")
+    seen, outs = {}, {}
+    for name, options in (
+        ("one", {}),
+        ("reference", {"part_bytes": 16384}),
+        ("whole", {"parts": "whole_documents", "part_bytes": 16384}),
+    ):
+        out = outs[name] = tmp_path / name
+        mixer = MixerConfig(
+            datasets=[
+                DatasetEntry(path=str(EXAMPLES / "data" / "general.jsonl"), amount=2.0),
+                DatasetEntry(path=str(EXAMPLES / "data" / "arithmetic.jsonl"), amount=1.0),
+            ],
+            tokenizer=TokenizerSpec(name_or_path=str(EXAMPLES / "tokenizer"), chat_template="olmo"),
+            max_seq_length=SEQUENCE_LENGTH,  # (none is truncated: each ends with its EOS)
+            output=OutputSpec(path=str(out), **options),
+        )
+        report = tokenize_mixer(mixer=mixer, run=RunOptions(work_dir=str(tmp_path / "work")))
+        done = subprocess.run(
+            [
+                str(olmo_core_python), str(READER), str(out), str(tmp_path / f"olmo-{name}"), str(SEQUENCE_LENGTH),
+                str(len(tok)), str(tok.eos_token_id), str(tok.pad_token_id), report["token_dtype"],
+            ],
+            capture_output=True, text=True, env=venv_env(), cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        seen[name] = json.loads(done.stdout)
+    assert not (outs["one"] / "token_ids_part_0001.npy").exists()
+    assert (outs["whole"] / "token_ids_part_0002.npy").exists()
+    ours = Counter(documents(outs["one"], np.dtype(report["token_dtype"])))
+    for way in ("packed", "packed_by_eos"):
+        assert packed_documents(seen["whole"][way], tok.pad_token_id) == ours, way
+        assert packed_documents(seen["one"][way], tok.pad_token_id) == ours, way
+    cut = next(f.count for f in check_output(outs["reference"]).findings if "part boundary" in f.what)
+    theirs = packed_documents(seen["reference"]["packed"], tok.pad_token_id)
+    assert cut > 0 and sum(theirs.values()) == sum(ours.values()) + cut  # each cut document read as two
+    by_eos = packed_documents(seen["reference"]["packed_by_eos"], tok.pad_token_id)
+    assert sum((ours - by_eos).values()) == cut  # by EOS, the cut documents are not read whole
+
+
 COUNT_LENGTHS = (64, 128, 512)  # shorter than the longest documents (truncate/fragment differ) and longer
 
 

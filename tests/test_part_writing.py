@@ -228,7 +228,7 @@ def test_what_is_durable_and_read_leaves_the_page_cache_and_nothing_else(tmp_pat
     leave the page cache; the pages it has not read yet stay (it reads them next, not from the disk)."""
     import pytest
 
-    from sftmix.output.olmo_format import MASK_PART, TOKENS_PART, PartSet
+    from sftmix.output.olmo_format import MASK_PART, TOKENS_PART, PartLayout, PartSet
     from sftmix.output.part_writing import SyncBehind, WrittenParts
 
     tokens_name, mask_name = TOKENS_PART.format(0), MASK_PART.format(0)
@@ -246,7 +246,7 @@ def test_what_is_durable_and_read_leaves_the_page_cache_and_nothing_else(tmp_pat
     if _cached_pages(probe).any():
         pytest.skip("this file system keeps its pages (tmpfs): nothing can leave the page cache")
     mib = 1 << 20  # tokens of uint32: 4 MiB of ids, 1 MiB of mask a step
-    parts = PartSet(tmp_path, 8 * mib, np.dtype(np.uint32), 8 * mib)
+    parts = PartSet(tmp_path, PartLayout.by_count(8 * mib, 8 * mib), np.dtype(np.uint32))
     written = WrittenParts()
     for step in range(8):
         lo = step * mib

@@ -232,6 +232,8 @@ def _setting_flag(parser: argparse.ArgumentParser, spec: FlagSpec) -> None:
             metavar="true|false",
             help=help_text,
         )
+    elif spec.whole_number:
+        _flag(parser, spec.name, type=int, default=None, metavar="N", help=help_text)
     else:
         _flag(parser, spec.name, choices=spec.choices, default=None, help=help_text)
 

@@ -120,17 +120,19 @@ def _take_pending() -> HeadStart | None:
 
 
 def plan_ahead(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = None) -> Plan | None:
-    """The flow's plan and its output check, made while the API starts. A user's error (a
+    """The flow's plan and its output and disk checks, made while the API starts. A user's error (a
     :class:`~sftmix.errors.MixerError`: a dataset that cannot be opened, an output that holds other
-    shards) is raised, so that the command refuses before a flow run exists; any other error is left to
+    shards, a disk too small) is raised, so that the command refuses before a flow run exists; any other error is left to
     the flow's own plan, which meets it and reports it properly (``None``)."""
     from sftmix.errors import MixerError
     from sftmix.output.output_dir import refuse_different_output
+    from sftmix.planning.free_space import refuse_short_disk
     from sftmix.planning.plan import build_plan
 
     try:
         plan = build_plan(mixer, run, early)
         refuse_different_output(mixer.output.path, mixer.output.overwrite, plan.recipe())
+        refuse_short_disk(plan)
     except MixerError:
         raise
     except Exception as exc:

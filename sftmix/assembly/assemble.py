@@ -25,15 +25,16 @@ from typing import Any
 import numpy as np
 
 from sftmix.check.findings import CheckReport
-from sftmix.config.selection import selection_indices
+from sftmix.config.selection import TokenBudget, amount_text, budget_selection, selection_indices
 from sftmix.errors import ChecksumError, DatasetError
 from sftmix.output.hf_output import remove_olmo_parts, write_hf_parquet
 from sftmix.output.olmo_format import (
     MASK_PART,
     TOKENS_PART,
+    PartLayout,
     PartSet,
     dataset_statistics,
-    part_tokens,
+    part_layout,
     write_boundaries,
     write_statistics,
 )
@@ -72,6 +73,7 @@ class DatasetTally:
     selected: int = 0
     kept: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
+    budget: str | None = None  # what its token budget made (:func:`budget_line`)
 
 
 @dataclass
@@ -113,18 +115,26 @@ def _dataset_documents(
     def records(k: int) -> np.ndarray:
         return load_slice_rows(plan.context.work_dir, manifests[d.slices[k]])
 
-    rows, statuses = [], []
+    budget = d.amount if isinstance(d.amount, TokenBudget) else None
+    rows, statuses, counts = [], [], []
     for k in range(len(d.slices)):
         r = records(k)
         rows.append(np.array(r["row"], dtype=np.int64))
         statuses.append(np.array(r["status"], dtype=np.int8))
+        if budget is not None:  # (what a token budget counts, row by row)
+            counts.append(np.array(r["trainable" if budget.trainable else "length"], dtype=np.int64))
         del r
     first = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum([r.shape[0] for r in rows], out=first[1:])
     row = np.concatenate(rows) if rows else np.zeros(0, np.int64)
     status = np.concatenate(statuses) if statuses else np.zeros(0, np.int8)
     del rows, statuses
-    sel = selection_indices(d.n_rows, d.target)
+    if budget is None:
+        sel = selection_indices(d.n_rows, d.target)
+    else:
+        counted = np.concatenate(counts) if counts else np.zeros(0, np.int64)
+        sel, held = _budget_rows(d, budget, row, status, counted)
+        del counts, counted
     pos = np.searchsorted(row, sel)
     if pos.size and (pos.max() >= row.shape[0] or not np.array_equal(row[pos], sel)):
         raise ChecksumError(f"dataset {d.name!r}: slice checkpoints do not cover the selected rows; rerun")
@@ -156,7 +166,33 @@ def _dataset_documents(
         for name in ("row", "offset", "length", "trainable"):
             docs[name][group] = r[name][local]
         del r
+    if budget is not None:
+        made = int(docs["trainable" if budget.trainable else "length"].sum())
+        tally.budget = budget_line(d, budget, made, held)
     return docs, tally
+
+
+def _budget_rows(
+    d: DatasetPlan, budget: TokenBudget, row: np.ndarray, status: np.ndarray, counts: np.ndarray
+) -> tuple[np.ndarray, int]:
+    """A token budget's rows in selection order, from every row's tokens in the output (0 for a dropped
+    row), and the tokens its rows hold; a budget its rows cannot reach at all is refused."""
+    if row.shape[0] != d.n_rows or not np.array_equal(row, np.arange(d.n_rows)):
+        raise ChecksumError(f"dataset {d.name!r}: slice checkpoints do not cover every row; rerun")
+    tokens = np.where(status == RowStatus.KEPT, counts, 0)
+    if not tokens.any():
+        what = "trainable tokens" if budget.trainable else "tokens"
+        raise DatasetError(d.name, f"amount {budget}: no kept row has {what}")
+    return budget_selection(tokens, budget, d.max_repeats), int(tokens.sum())
+
+
+def budget_line(d: DatasetPlan, budget: TokenBudget, made: int, held: int) -> str:
+    """What a token budget made, in the summary's words: against what was asked and what the rows hold."""
+    what = "trainable tokens" if budget.trainable else "tokens"
+    line = f"{d.name}: {budget} asked, {made:,} made ({made / held:.2f}x the {held:,} {what} of its rows"
+    if d.max_repeats is not None and budget.tokens > d.max_repeats * held:
+        line += f"; cut at max_repeats {d.max_repeats:g}"
+    return line + ")"
 
 
 def global_order(plan: Plan, manifests: list[SliceManifest]) -> tuple[np.ndarray, list[DatasetTally]]:
@@ -222,10 +258,10 @@ def _assemble(
     starts = ends - lengths
     total = int(ends[-1]) if ends.size else 0
     dtype = np.dtype(plan.context.token_dtype)
-    per_part = part_tokens(dtype)
-    n_parts = len(range(0, total, per_part))
-    olmo = plan.mixer.output.format == "olmo"
-    parts = PartSet(staging, total, dtype, per_part)
+    spec = plan.mixer.output
+    layout = part_layout(spec.parts, spec.part_bytes, dtype, ends)
+    olmo = spec.format == "olmo"
+    parts = PartSet(staging, layout, dtype)
     written = WrittenParts()
     # What does not need the parts is written beside them, and the check follows the writers.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="assemble-beside") as beside:
@@ -238,7 +274,7 @@ def _assemble(
             ends,
             staging,
             documents_path,
-            n_parts,
+            layout,
             written,
             olmo,
             check if olmo else None,
@@ -248,7 +284,7 @@ def _assemble(
         followed = written if olmo and check is not None else None
         sync = SyncBehind(parts.files, written=followed, itemsize=dtype.itemsize)
         try:
-            _write_parts(plan, manifests, docs, starts, ends, staging, dtype, per_part, written, sync)
+            _write_parts(plan, manifests, docs, starts, ends, staging, dtype, layout, written, sync)
         except BaseException:
             written.stop()  # the check stops at its next chunk; what is beside ends its step
             sync.close()
@@ -263,7 +299,7 @@ def _assemble(
         stats, checked = besides.result()
     if not olmo:
         pack_to = plan.mixer.max_seq_length if plan.mixer.output.packing != "none" else None
-        stats["hf_output"] = write_hf_parquet(staging, starts, lengths, dtype, per_part, pack_to)
+        stats["hf_output"] = write_hf_parquet(staging, starts, lengths, dtype, layout, pack_to)
         remove_olmo_parts(staging)
         write_statistics(staging, stats)
     return AssembleResult(
@@ -271,7 +307,7 @@ def _assemble(
         tokens=total,
         trainable_tokens=int(docs["trainable"].sum()),
         untrainable_documents=int((docs["trainable"] == 0).sum()),
-        parts=n_parts,
+        parts=len(layout),
         statistics=stats,
         tallies=tallies,
         documents_path=str(documents_path),
@@ -288,7 +324,7 @@ def _beside_the_parts(
     ends: np.ndarray,
     staging: Path,
     documents_path: Path,
-    n_parts: int,
+    layout: PartLayout,
     written: WrittenParts,
     olmo: bool,
     check: Callable[..., CheckReport] | None,
@@ -297,9 +333,7 @@ def _beside_the_parts(
     they need only the document table; then ``check``, which reads each chunk of the parts once it is
     written."""
     steps = (
-        lambda: write_boundaries(
-            staging, starts, ends, part_tokens(np.dtype(plan.context.token_dtype)), n_parts
-        ),
+        lambda: write_boundaries(staging, starts, ends, layout),
         lambda: write_tokenizer_dir(
             plan.context.tokenizer_key(),
             plan.context.template_text,
@@ -326,7 +360,7 @@ def _write_parts(
     ends: np.ndarray,
     staging: Path,
     dtype: np.dtype,
-    per_part: int,
+    layout: PartLayout,
     written: WrittenParts,
     sync: SyncBehind,
 ) -> None:
@@ -337,21 +371,19 @@ def _write_parts(
     total = int(ends[-1]) if ends.size else 0
     slice_dirs = [str(slice_dir(plan.context.work_dir, m.key)) for m in manifests]
     part_files = [
-        (str(staging / TOKENS_PART.format(k)), str(staging / MASK_PART.format(k)))
-        for k in range(len(range(0, total, per_part)))
+        (str(staging / TOKENS_PART.format(k)), str(staging / MASK_PART.format(k))) for k in range(len(layout))
     ]
     how = ASSEMBLE_BY or _way_to_write(docs, slice_dirs, dtype)
     if how == "window":
 
-        def window(lo: int, hi: int) -> WindowJob:
-            part, at = divmod(lo, per_part)
+        def window(lo: int, hi: int, part: int) -> WindowJob:
             found = plan_window(lo, hi, starts, ends, docs["slice"], docs["offset"], slice_dirs)
-            return WindowJob(lo, hi, at, *part_files[part], dtype.str, *found)
+            return WindowJob(lo, hi, lo - layout.firsts[part], *part_files[part], dtype.str, *found)
 
         windows = [
-            (lo, min(lo + WINDOW, total, k + per_part))
-            for k in range(0, total, per_part)
-            for lo in range(k, min(k + per_part, total), WINDOW)
+            (lo, min(lo + WINDOW, end), k)
+            for k, (first, end) in enumerate(map(layout.bounds, range(len(layout))))
+            for lo in range(first, end, WINDOW)
         ]
         count, fn = len(windows), write_window
 
@@ -359,8 +391,9 @@ def _write_parts(
             return (window(*w) for w in windows)
 
         def done(job: WindowJob) -> None:
-            written.advance(job.lo // per_part, job.at + job.hi - job.lo)
-            sync.wrote([job.lo // per_part], (job.hi - job.lo) * (dtype.itemsize + 1))
+            part = layout.part_of(job.lo)
+            written.advance(part, job.at + job.hi - job.lo)
+            sync.wrote([part], (job.hi - job.lo) * (dtype.itemsize + 1))
 
     else:
         by_slice = np.lexsort((docs["offset"], docs["slice"]))  # each slice's documents in its order
@@ -374,7 +407,7 @@ def _write_parts(
             return SliceJob(
                 slice_dirs[sid],
                 dtype.str,
-                per_part,
+                layout,
                 part_files,
                 docs["offset"][group],
                 starts[group],
@@ -433,16 +466,16 @@ def _write_documents(path: Path, docs: np.ndarray, starts: np.ndarray) -> None:
 
 def _statistics(plan: Plan, docs: np.ndarray, tallies: list[DatasetTally], total: int) -> dict:
     pre: dict[str, dict[str, Any]] = {}
-    for d, t in zip(plan.datasets, tallies, strict=True):
+    for d, t in zip(plan.datasets, tallies, strict=True):  # (t.selected: d.target, or what a budget chose)
         pre[d.name] = {
             "dataset_split": d.split,
-            "initial_instances": d.target,
+            "initial_instances": t.selected,
             "final_instances": t.kept,
-            "instances_filtered": d.target - t.kept,
-            "frac_or_num_samples": d.amount,
+            "instances_filtered": t.selected - t.kept,
+            "frac_or_num_samples": amount_text(d.amount) if isinstance(d.amount, TokenBudget) else d.amount,
             "original_dataset_size": d.n_rows,
-            "is_upsampled": d.upsampled,
-            "upsampling_factor": d.target / d.n_rows if d.n_rows > 0 else 1.0,
+            "is_upsampled": t.selected > d.n_rows,
+            "upsampling_factor": t.selected / d.n_rows if d.n_rows > 0 else 1.0,
         }
     # per dataset by its index (numpy over every document), then by name in order of first appearance
     which, n = docs["dataset"], len(plan.datasets)

@@ -108,11 +108,13 @@ def run_report(
             for t in result.tallies
         ],
         documents=result.documents,
+        budgets=[t.budget for t in result.tallies if t.budget is not None],
         untrainable_documents=result.untrainable_documents,
         rows_kept_by_exact_spans=sum(m.kept_by_exact_spans for m in manifests),
         tokens=result.tokens,
         trainable_tokens=result.trainable_tokens,
         parts=result.parts,
+        whole_document_parts=plan.mixer.output.parts == "whole_documents",
         token_dtype=plan.context.token_dtype,
         wall_seconds=0.0,
         plan_seconds=plan_seconds,

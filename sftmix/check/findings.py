@@ -287,7 +287,7 @@ def check_output(
     _integrity_findings(result, whole, report_json.get("digests"))
     _mask_findings(result, whole, special, where, literal or LiteralReport.of_report(report_json))
     _fit_findings_of(result, whole, where, sequence_length, max_seq_length)
-    shares = np.concatenate([f.trainable_share for f in facts]) if facts else np.zeros(0, np.float32)
+    shares = np.concatenate(whole.shares) if whole.shares else np.zeros(0, np.float32)
     _share_outliers(result, shares, mapped, names, where)
     for entry in stats.get("per_dataset_statistics", []):
         tokens = entry.get("final_tokens_in_output") or 0
@@ -417,10 +417,18 @@ def _fit_findings_of(
             [where(d) for d in whole.long_docs.examples],
             INFORMATION,
         )
+    result.add(
+        "fit",
+        "documents cut in two by a part boundary (the reference's layout: OLMo-core reads the pieces as two "
+        "documents, or, finding documents by EOS, drops the first piece); `output.parts: whole_documents` "
+        "(--parts whole_documents) keeps every document whole",
+        whole.cut_by_parts.count,
+        "documents",
+        [where(d) for d in whole.cut_by_parts.examples],
+    )
     if result.olmo_core is not None:
-        _fit_findings(
-            result, result.olmo_core, INFORMATION if not whole.no_final_eos.count else CHANGES_TRAINING
-        )
+        unended = whole.no_final_eos.count or whole.cut_by_parts.count
+        _fit_findings(result, result.olmo_core, CHANGES_TRAINING if unended else INFORMATION)
 
 
 #: Threads that read parts and check their chunks (each holds a few chunks' arrays at a time).
@@ -458,6 +466,12 @@ class _Documents:
             self.examples += docs[: EXAMPLES - len(self.examples)].tolist()
             self.last = int(docs[-1])
 
+    def drop_last(self) -> None:
+        """The last document added is not one of these after all."""
+        if self.examples and self.examples[-1] == self.last:
+            self.examples.pop()
+        self.count -= 1
+
     def merge(self, other: _Documents, base: int) -> None:
         """A later part's (its documents numbered from ``base`` here)."""
         self.count += other.count
@@ -484,10 +498,20 @@ class _PartFacts:
     olmo_core: OlmoCoreFit | None = None
     trainable_share: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # per document
     digests: dict[str, str] = field(default_factory=dict)  # of the part's files, from the check's read
+    shares: list[np.ndarray] = field(default_factory=list)  # the later parts' trainable_share, absorbed
+    open_end: bool = False  # the last document lacks its EOS (and was not truncated): the next part goes on
+    cut_by_parts: _Documents = field(default_factory=_Documents)  # documents a part boundary cut
 
     def absorb(self, later: _PartFacts) -> None:
-        """A later part's facts, its documents numbered on from this one's."""
-        base = self.documents
+        """A later part's facts, its documents numbered on from this one's: where this one's last document
+        goes on in the later part (the reference's layout cuts it there), its two pieces are one document."""
+        cut = int(self.open_end and later.documents > 0)
+        if cut:
+            self.no_final_eos.drop_last()  # (its piece in this part has no EOS: it goes on)
+            self.cut_by_parts.add([self.documents - 1])
+        base = self.documents - cut
+        self.open_end = later.open_end
+        self.shares.append(later.trainable_share[cut:])
         if self.olmo_core is not None and later.olmo_core is not None:
             self.olmo_core.merge(later.olmo_core)
         self.uneven += later.uneven
@@ -497,7 +521,7 @@ class _PartFacts:
             getattr(self, name).merge(getattr(later, name), base)
         for tok_id, docs in later.special_trained.items():
             self.special_trained.setdefault(tok_id, _Documents()).merge(docs, base)
-        self.documents += later.documents
+        self.documents += later.documents - cut
         self.tokens += later.tokens
         self.trainable_tokens += later.trainable_tokens
 
@@ -570,6 +594,7 @@ def _check_part(
             cut = lengths[c.unended] == max_seq_length if max_seq_length else np.zeros(c.unended.size, bool)
             unended, truncated = c.unended[~cut], c.unended[cut]
             f.no_final_eos.add(unended)
+            f.open_end = f.open_end or bool(unended.size and unended[-1] == bounds.shape[0] - 1)
             f.truncated_no_eos.add(truncated)
         for tok_id, docs in c.special_trained.items():  # a document cut by chunks is one document
             f.special_trained.setdefault(tok_id, _Documents()).add(docs)

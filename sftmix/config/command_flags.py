@@ -31,6 +31,7 @@ class FlagSpec:
     help: str
     choices: tuple[str, ...] | None
     boolean: bool
+    whole_number: bool = False
 
 
 def _flag_of(info: FieldInfo) -> Flag | None:
@@ -61,6 +62,7 @@ def flags(model: type[BaseModel], path: tuple[str, ...] = ()) -> list[FlagSpec]:
                 help=info.description or "",
                 choices=_choices(info),
                 boolean=info.annotation is bool,
+                whole_number=info.annotation is int,
             )
         )
     return found

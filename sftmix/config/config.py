@@ -28,7 +28,7 @@ from pydantic import (
 from sftmix.config.byte_settings import NO_BYTES, ChangesBytes
 from sftmix.config.command_flags import Flag
 from sftmix.config.form import blank_is_none, form_schema, lift_advanced
-from sftmix.config.selection import Amount, amount_text, parse_amount
+from sftmix.config.selection import BUDGET_PATTERN, Amount, TokenBudget, amount_text, parse_amount
 from sftmix.errors import ConfigError
 from sftmix.runtime import settings
 
@@ -62,11 +62,15 @@ NAMED_TEMPLATES = (
 #: (:mod:`sftmix.tokenizing.tokenizer_load`).
 TokenizerLoad = Literal["reference", "files"]
 
-#: What the UI form accepts as an amount: a whole number, or a number with a '.'.
-AMOUNT_PATTERN = r"^\s*(\d+|\d*\.\d+|\d+\.\d*)\s*$"
+#: What the UI form accepts as an amount: a whole number, a number with a '.', or a token budget.
+AMOUNT_PATTERN = rf"^\s*(\d+|\d*\.\d+|\d+\.\d*|{BUDGET_PATTERN})\s*$"
 
 #: The form's choice for the tokenizer's own chat_template (configs may also write 'tokenizer' or leave it out).
 TOKENIZERS_OWN = "the tokenizer's own"
+
+#: Bytes of token ids in a part of the reference's output (``convert_sft_data_for_olmocore.py``): ``part_bytes``'s
+#: default.
+REFERENCE_PART_BYTES = 1024**3
 
 #: Optional text and lists: an empty form field means "not set".
 OptionalText = Annotated[str | None, BeforeValidator(blank_is_none)]
@@ -89,7 +93,7 @@ class DatasetEntry(BaseModel):
         "from the worker's directory (where `prefect worker start` runs): give an absolute one.",
     )
     amount: Annotated[
-        float | int,
+        Amount,
         # Text in JSON and in the UI form: a JSON number loses 3.0 vs 3, which is a fraction vs a count.
         PlainSerializer(amount_text, return_type=str, when_used="json"),
         WithJsonSchema({"type": "string", "pattern": AMOUNT_PATTERN, "default": "1.0"}),
@@ -98,8 +102,20 @@ class DatasetEntry(BaseModel):
         default=1.0,
         title="Amount",
         description='How much of the dataset to take. With a decimal point it is a share of its rows: "1.0" all of '
-        'them, "0.25" a random quarter, "3.0" every row three times. A whole number is a count of rows: "100".',
+        'them, "0.25" a random quarter, "3.0" every row three times. A whole number is a count of rows: "100". '
+        'In tokens (ours, not the reference\'s): "50M tokens" or "20M trainable tokens" (k, M, B) takes rows in a '
+        "seeded order until their documents hold that many, whole passes first when it exceeds the dataset; "
+        "every row is tokenized once, so changing it only assembles again.",
         json_schema_extra={"default": "1.0"},
+    )
+    max_repeats: Annotated[float | None, BeforeValidator(blank_is_none), ChangesBytes(unrecorded=True)] = (
+        Field(
+            default=None,
+            gt=0,
+            title="Most repeats (token budget)",
+            description="A token budget takes each row at most this many times (2.0: two passes over the dataset); "
+            "the run says when it cut the budget there. Empty: as many as the budget needs.",
+        )
     )
     split: Annotated[str, ChangesBytes()] = Field(
         default="train", title="Split", description="The dataset's split to read."
@@ -129,6 +145,12 @@ class DatasetEntry(BaseModel):
             return parse_amount(value)  # type: ignore[arg-type]
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
+
+    @model_validator(mode="after")
+    def _repeats_need_a_budget(self) -> DatasetEntry:
+        if self.max_repeats is not None and not isinstance(self.amount, TokenBudget):
+            raise ValueError(f'max_repeats caps a token budget ("50M tokens"), not amount {self.amount}')
+        return self
 
 
 class TokenizerSpec(BaseModel):
@@ -252,7 +274,7 @@ class OutputSpec(BaseModel):
         extra="forbid",
         title="Output",
         json_schema_extra=form_schema(
-            advanced=("token_dtype_rule", "packing"),
+            advanced=("token_dtype_rule", "packing", "parts", "part_bytes"),
             title="More output options",
             description="Rarely changed: the defaults suit most runs.",
         ),
@@ -290,10 +312,33 @@ class OutputSpec(BaseModel):
         "decreasing), position_ids restarting at each document. OLMo-core packs the olmo format itself.",
     )
 
+    parts: Annotated[Literal["reference", "whole_documents"], ChangesBytes(unrecorded=True), Flag()] = Field(
+        default="reference",
+        title="Parts",
+        description="reference: a new part every part_bytes of token ids wherever a document lies, as the "
+        "reference does; the document at each boundary is cut in two, and OLMo-core reads the pieces as two "
+        "documents (or drops the head, reading by EOS). whole_documents: each part ends at the last document "
+        "boundary within part_bytes, so every document is whole in one part (a document longer than "
+        "part_bytes gets a part of its own).",
+    )
+    part_bytes: Annotated[int, ChangesBytes(unrecorded=True), Flag()] = Field(
+        default=REFERENCE_PART_BYTES,
+        ge=8,
+        title="Part size (bytes of token ids)",
+        description="The most bytes of token ids a part holds (its label mask holds one byte a token): "
+        f"{REFERENCE_PART_BYTES:,} (1 GiB), the reference's. Smaller gives a small output several parts.",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _form_shape(cls, data: object) -> object:
         return lift_advanced(data, "output")
+
+    @model_validator(mode="after")
+    def _parts_need_olmo(self) -> OutputSpec:
+        if self.format != "olmo" and (self.parts, self.part_bytes) != ("reference", REFERENCE_PART_BYTES):
+            raise ValueError("parts and part_bytes apply to format olmo (hf_parquet writes its own shards)")
+        return self
 
     @model_validator(mode="after")
     def _packing_needs_hf(self) -> OutputSpec:

@@ -7,8 +7,10 @@ change, because every selected row's position feeds the byte-exact output.
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
 from sftmix.errors import ConfigError
 
@@ -17,40 +19,89 @@ logger = logging.getLogger(__name__)
 #: The reference seeds the extra-row draw with 42 for every dataset, whatever the shuffle seed.
 SELECTION_SEED = 42
 
-Amount = float | int
+
+class TokenBudget(BaseModel):
+    """An amount in tokens (ours; the reference has none): rows in a seeded order until the dataset's
+    documents hold ``tokens`` tokens (``trainable``: trainable tokens), whole passes first when it exceeds
+    the dataset (:func:`budget_selection`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tokens: int
+    trainable: bool = False
+
+    def __str__(self) -> str:
+        return amount_text(self)
 
 
-def parse_amount(text: str | float | int) -> Amount:
-    """``"0.5"``/``"3.0"`` is a fraction (a ``.`` makes it one), ``"100"`` is a row count."""
+Amount = float | int | TokenBudget
+
+#: A token budget as written: ``"50M tokens"``, ``"20M trainable tokens"``, ``"150k tokens"``, ``"1.5B tokens"``.
+BUDGET_PATTERN = r"(\d+(?:\.\d+)?)\s*([kKmMbB]?)\s+(trainable\s+)?tokens"
+_SCALES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9}
+
+
+def _budget(raw: str) -> TokenBudget | None:
+    found = re.fullmatch(BUDGET_PATTERN, raw.strip())
+    if found is None:
+        return None
+    number, scale, trainable = found.groups()
+    return TokenBudget(tokens=round(float(number) * _SCALES[scale.lower()]), trainable=bool(trainable))
+
+
+def parse_amount(text: str | float | int | TokenBudget) -> Amount:
+    """``"0.5"``/``"3.0"`` is a fraction (a ``.`` makes it one), ``"100"`` is a row count, ``"50M tokens"``
+    a token budget."""
     if isinstance(text, bool):
         raise ConfigError(f"amount must be a number, got {text!r}")
-    if isinstance(text, int | float):
+    if isinstance(text, int | float | TokenBudget):
         value: Amount = text
+    elif isinstance(text, dict):
+        value = TokenBudget.model_validate(text)
+    elif (budget := _budget(str(text))) is not None:
+        value = budget
     else:
         raw = str(text).strip()
         try:
             value = float(raw) if "." in raw else int(raw)
         except ValueError:
             raise ConfigError(
-                f"amount {text!r} is not a number: write a fraction with a '.' (1.0 = all rows, 3.0 = upsample 3x) "
-                "or a whole row count (100)"
+                f"amount {text!r} is not a number: write a fraction with a '.' (1.0 = all rows, 3.0 = upsample 3x), "
+                'a whole row count (100) or a token budget ("50M tokens", "20M trainable tokens")'
             ) from None
-    if not value > 0 or value != value or value == float("inf"):
+    number = value.tokens if isinstance(value, TokenBudget) else value
+    if not number > 0 or number != number or number == float("inf"):
         raise ConfigError(f"amount must be greater than 0 (got {text!r})")
     return value
 
 
 def amount_text(amount: Amount) -> str:
     """The amount as the reference's CLI would be given it: a float always with a '.', an int without.
-    JSON (and so the Prefect UI) has no 3 vs 3.0; as text, the meaning survives every round trip."""
+    JSON (and so the Prefect UI) has no 3 vs 3.0; as text, the meaning survives every round trip. A token
+    budget in the largest unit that writes it whole (``"50M tokens"``)."""
+    if isinstance(amount, TokenBudget):
+        n = amount.tokens
+        scale = next(s for s in ("b", "m", "k", "") if n % _SCALES[s] == 0)
+        unit = {"b": "B", "m": "M", "k": "k", "": ""}[scale]
+        return f"{n // _SCALES[scale]}{unit} {'trainable ' if amount.trainable else ''}tokens"
     if isinstance(amount, int):
         return str(amount)
     text = repr(float(amount))
     return text if "." in text else format(amount, "f")
 
 
+def every_row(amount: Amount) -> bool:
+    """Whether the amount selects every row of a dataset, whatever their count (so its slices can be cut
+    while its rows are counted): a fraction of 1.0 or more, or a token budget (its rows are chosen once
+    they are tokenized)."""
+    return isinstance(amount, TokenBudget) or (isinstance(amount, float) and amount >= 1.0)
+
+
 def target_rows(amount: Amount, n_rows: int) -> int:
-    """How many rows a dataset of ``n_rows`` contributes, exactly as the reference computes it."""
+    """How many rows a dataset of ``n_rows`` contributes, exactly as the reference computes it (a token
+    budget: every row is tokenized, its rows are chosen from their tokens)."""
+    if isinstance(amount, TokenBudget):
+        return n_rows
     if isinstance(amount, int) and amount > n_rows:
         return amount
     if isinstance(amount, float):
@@ -147,3 +198,21 @@ def selected_source_rows(n_rows: int, target: int) -> np.ndarray | None:
     if n_rows > 0 and target >= n_rows:
         return None
     return np.sort(extra_rows(n_rows, target))
+
+
+def budget_selection(tokens: np.ndarray, budget: TokenBudget, max_repeats: float | None = None) -> np.ndarray:
+    """Source rows of a token budget in selection order: whole passes over the rows while the budget exceeds
+    what they hold (``tokens``: each row's tokens in the output, 0 for a row the run drops), then rows in the
+    seeded order of the reference's extra-row draw (:func:`extra_rows`) until the budget is reached, so the
+    last row takes it at most one document past. ``max_repeats`` caps the budget at that many passes."""
+    n_rows, total = tokens.shape[0], int(tokens.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    want = budget.tokens if max_repeats is None else min(budget.tokens, int(max_repeats * total))
+    full, rest = divmod(want, total)
+    passes = np.tile(np.arange(n_rows, dtype=np.int64), full)
+    if rest == 0:
+        return passes
+    order = np.random.RandomState(SELECTION_SEED).permutation(n_rows).astype(np.int64)
+    reached = int(np.searchsorted(np.cumsum(tokens[order]), rest, side="left")) + 1
+    return np.concatenate([passes, order[:reached]])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sftmix.output.olmo_format import BOUNDS_PART, MASK_PART, TOKENS_PART, part_spans
+from sftmix.output.olmo_format import BOUNDS_PART, MASK_PART, TOKENS_PART, PartLayout
 
 DATA_DIR = "data"
 ROWS_PER_SHARD = 100_000
@@ -58,8 +58,8 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
 class _Parts:
     """Reads any global token range across the assembled parts."""
 
-    def __init__(self, staging: Path, dtype: np.dtype, per_part: int) -> None:
-        self.per_part = per_part
+    def __init__(self, staging: Path, dtype: np.dtype, layout: PartLayout) -> None:
+        self.layout = layout
         self.tokens, self.masks = [], []
         k = 0
         while (staging / TOKENS_PART.format(k)).exists():
@@ -69,7 +69,7 @@ class _Parts:
 
     def read(self, start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         ids, mask = [], []
-        for k, local, _, take in part_spans(start, length, self.per_part):
+        for k, local, _, take in self.layout.spans(start, length):
             ids.append(self.tokens[k][local : local + take])
             mask.append(self.masks[k][local : local + take])
         if not ids:
@@ -117,13 +117,13 @@ def write_hf_parquet(
     starts: np.ndarray,
     lengths: np.ndarray,
     dtype: np.dtype,
-    per_part: int,
+    layout: PartLayout,
     pack_to: int | None,
 ) -> dict:
     """Write ``data/*.parquet`` from the parts in ``staging``; returns its statistics."""
     import pyarrow.parquet as pq
 
-    parts = _Parts(staging, dtype, per_part)
+    parts = _Parts(staging, dtype, layout)
     rows = best_fit_decreasing(lengths, pack_to) if pack_to else [[i] for i in range(lengths.shape[0])]
     shards = max(1, math.ceil(len(rows) / ROWS_PER_SHARD))
     out = staging / DATA_DIR

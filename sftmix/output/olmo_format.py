@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sftmix.config.config import REFERENCE_PART_BYTES
 from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.storage import pwrite_all, reserve_file
 
-PART_BYTES = 1024**3
 TOKENS_PART = "token_ids_part_{:04d}.npy"
 MASK_PART = "labels_mask_part_{:04d}.npy"
 BOUNDS_PART = "token_ids_part_{:04d}.csv.gz"
@@ -28,20 +30,66 @@ STATS_TXT = "dataset_statistics.txt"
 BOUNDS_GZIP_LEVEL = 1
 
 
-def part_tokens(dtype: np.dtype) -> int:
+def part_tokens(dtype: np.dtype, part_bytes: int = REFERENCE_PART_BYTES) -> int:
     """Tokens per part: the reference splits purely by count, 1 GiB of ids per part."""
-    return PART_BYTES // np.dtype(dtype).itemsize
+    return max(1, part_bytes // np.dtype(dtype).itemsize)
 
 
-def part_spans(offset: int, n: int, per_part: int) -> Iterator[tuple[int, int, int, int]]:
-    """The pieces of global tokens ``[offset, offset + n)``: (part, offset in part, offset in the range,
-    length), cut where a part ends."""
-    done = 0
-    while done < n:
-        k, local = divmod(offset + done, per_part)
-        take = min(n - done, per_part - local)
-        yield k, local, done, take
-        done += take
+@dataclass(frozen=True)
+class PartLayout:
+    """Where each part begins in the output's tokens (``firsts``, ascending, from 0) and ends (``total``)."""
+
+    firsts: tuple[int, ...]
+    total: int
+
+    @classmethod
+    def by_count(cls, total: int, per_part: int) -> PartLayout:
+        """The reference's: a new part every ``per_part`` tokens, wherever a document lies."""
+        return cls(tuple(range(0, total, per_part)), total)
+
+    @classmethod
+    def whole_documents(cls, doc_ends: np.ndarray, per_part: int) -> PartLayout:
+        """Each part ends at the last document end within ``per_part`` tokens of its start (one document
+        longer than that: at its own end), so no document is cut."""
+        total = int(doc_ends[-1]) if doc_ends.size else 0
+        firsts, at = [], 0
+        while at < total:
+            firsts.append(at)
+            k = int(np.searchsorted(doc_ends, at + per_part, side="right")) - 1
+            if k < 0 or int(doc_ends[k]) <= at:  # the document starting here is longer than a part
+                k = int(np.searchsorted(doc_ends, at, side="right"))
+            at = int(doc_ends[k])
+        return cls(tuple(firsts), total)
+
+    def __len__(self) -> int:
+        return len(self.firsts)
+
+    def bounds(self, part: int) -> tuple[int, int]:
+        """Part ``part``'s tokens ``[lo, hi)`` in the output."""
+        return self.firsts[part], self.firsts[part + 1] if part + 1 < len(self.firsts) else self.total
+
+    def part_of(self, offset: int) -> int:
+        """The part that holds token ``offset``."""
+        return bisect.bisect_right(self.firsts, offset) - 1
+
+    def spans(self, offset: int, n: int) -> Iterator[tuple[int, int, int, int]]:
+        """The pieces of tokens ``[offset, offset + n)``: (part, offset in part, offset in the range,
+        length), cut where a part ends."""
+        done = 0
+        while done < n:
+            k = self.part_of(offset + done)
+            lo, hi = self.bounds(k)
+            take = min(n - done, hi - (offset + done))
+            yield k, offset + done - lo, done, take
+            done += take
+
+
+def part_layout(parts: str, part_bytes: int, dtype: np.dtype, doc_ends: np.ndarray) -> PartLayout:
+    """The parts of an output whose documents end at ``doc_ends`` (``output.parts`` and ``part_bytes``)."""
+    per_part = part_tokens(dtype, part_bytes)
+    if parts == "whole_documents":
+        return PartLayout.whole_documents(doc_ends, per_part)
+    return PartLayout.by_count(int(doc_ends[-1]) if doc_ends.size else 0, per_part)
 
 
 class PartSet:
@@ -49,16 +97,16 @@ class PartSet:
     page cache and not into this process's resident memory (a map written through would hold a whole
     part's pages resident until closed), so assembling a large output keeps memory flat."""
 
-    def __init__(self, directory: Path, total_tokens: int, dtype: np.dtype, per_part: int) -> None:
-        self.per_part = per_part
+    def __init__(self, directory: Path, layout: PartLayout, dtype: np.dtype) -> None:
+        self.layout = layout
         self.dtype = np.dtype(dtype)
         self.tokens: list[int] = []
         self.masks: list[int] = []
-        for k, start in enumerate(range(0, total_tokens, per_part)):
-            n = min(per_part, total_tokens - start)
+        for k in range(len(layout)):
+            lo, hi = layout.bounds(k)
             for files, path, nbytes in (
-                (self.tokens, directory / TOKENS_PART.format(k), n * self.dtype.itemsize),
-                (self.masks, directory / MASK_PART.format(k), n),
+                (self.tokens, directory / TOKENS_PART.format(k), (hi - lo) * self.dtype.itemsize),
+                (self.masks, directory / MASK_PART.format(k), hi - lo),
             ):
                 reserve_file(path, nbytes)
                 files.append(os.open(path, os.O_WRONLY))
@@ -70,7 +118,7 @@ class PartSet:
     def write(self, offset: int, tokens: np.ndarray, mask: np.ndarray) -> None:
         tokens = np.ascontiguousarray(tokens, dtype=self.dtype)
         mask = np.ascontiguousarray(mask, dtype=np.uint8)
-        for k, local, done, take in part_spans(offset, tokens.shape[0], self.per_part):
+        for k, local, done, take in self.layout.spans(offset, tokens.shape[0]):
             _write_at(self.tokens[k], tokens[done : done + take], local * self.dtype.itemsize)
             _write_at(self.masks[k], mask[done : done + take], local)
 
@@ -102,22 +150,21 @@ def parse_boundaries(text: bytes) -> np.ndarray:
 
 
 def write_boundaries(
-    directory: Path, doc_starts: np.ndarray, doc_ends: np.ndarray, per_part: int, n_parts: int
+    directory: Path, doc_starts: np.ndarray, doc_ends: np.ndarray, layout: PartLayout
 ) -> None:
     """One ``start,end`` line per document overlapping each part, clipped to it (no header); parts on
     threads (gzip releases the GIL)."""
-    with ThreadPoolExecutor(max_workers=max(1, min(n_parts, available_cpus(), 8))) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(len(layout), available_cpus(), 8))) as pool:
         for done in [
-            pool.submit(_write_part_boundaries, directory, doc_starts, doc_ends, per_part, k)
-            for k in range(n_parts)
+            pool.submit(_write_part_boundaries, directory, doc_starts, doc_ends, *layout.bounds(k), k)
+            for k in range(len(layout))
         ]:
             done.result()
 
 
 def _write_part_boundaries(
-    directory: Path, doc_starts: np.ndarray, doc_ends: np.ndarray, per_part: int, k: int
+    directory: Path, doc_starts: np.ndarray, doc_ends: np.ndarray, lo: int, hi: int, k: int
 ) -> None:
-    lo, hi = k * per_part, (k + 1) * per_part
     first = int(np.searchsorted(doc_ends, lo, side="right"))
     last = int(np.searchsorted(doc_starts, hi, side="left"))
     starts = np.maximum(doc_starts[first:last], lo) - lo
@@ -225,7 +272,13 @@ def statistics_text(stats: dict[str, Any]) -> str:
         ]
         amount = s.get("frac_or_num_samples")
         if amount is not None:
-            label = "Sampling fraction" if isinstance(amount, float) else "Sample count"
+            label = (
+                "Sampling fraction"
+                if isinstance(amount, float)
+                else "Token budget"  # (ours: the reference has none)
+                if isinstance(amount, str)
+                else "Sample count"
+            )
             out.append(f"  - {label}: {amount}\n")
         if s.get("is_upsampled", False):
             out += [

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from sftmix.errors import ChecksumError
-from sftmix.output.olmo_format import part_spans
+from sftmix.output.olmo_format import PartLayout
 from sftmix.runtime.processes import ignore_stop_signals, start_resource_tracker, stop_signals_blocked
 from sftmix.runtime.storage import npy_header, pread_into, pwrite_all
 
@@ -128,11 +128,11 @@ def write_window(job: WindowJob) -> None:
 class SliceJob:
     """The documents of one slice (``slice_dir``), written where the output's order puts them: ``src``
     token offsets in the slice (ascending), ``dst`` global token offsets, ``n`` lengths; part ``k``'s
-    token and mask files are ``part_files[k]``, of ``per_part`` tokens each."""
+    token and mask files are ``part_files[k]``, its tokens where ``layout`` says."""
 
     slice_dir: str
     dtype: str
-    per_part: int
+    layout: PartLayout
     part_files: list[tuple[str, str]]
     src: np.ndarray
     dst: np.ndarray
@@ -161,7 +161,7 @@ def write_slice(job: SliceJob) -> None:
     fds: dict[str, int] = {}
     try:
         for s, d, k in zip((job.src - lo).tolist(), job.dst.tolist(), job.n.tolist(), strict=True):
-            for part, local, done, take in part_spans(d, k, job.per_part):  # cut where a part ends
+            for part, local, done, take in job.layout.spans(d, k):  # cut where a part ends
                 tokens_file, mask_file = job.part_files[part]
                 a, b = s + done, s + done + take
                 for path, view, width in ((tokens_file, tokens, size), (mask_file, mask, 1)):

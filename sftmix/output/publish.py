@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 OUTPUT_MANIFEST_FORMAT = "tokenize-mixer-output/1"
 
 
-def _staging_parent(output: str | Path, local_root: str | Path) -> Path:
+def staging_parent(output: str | Path, local_root: str | Path) -> Path:
     return Path(local_root) / "staging" / "remote-output" if is_remote(output) else Path(output)
 
 
@@ -62,7 +62,7 @@ def staging_dir(output: str | Path, local_root: str | Path) -> Iterator[Path]:
     """A fresh, leased directory beside the output (same file system, so publishing is a rename),
     removed afterwards. A remote output is staged under ``local_root`` (the work directory). Staging
     left by runs that died is removed once its lease is provably abandoned."""
-    out = _staging_parent(output, local_root)
+    out = staging_parent(output, local_root)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_abandoned(out.parent, f".{out.name}.")
     with leased(out.parent / f".{out.name}{TMP_MARK}{uuid.uuid4().hex[:12]}") as staging:

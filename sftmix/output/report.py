@@ -81,6 +81,9 @@ class RunReport(BaseModel):
     tokens: int
     trainable_tokens: int
     parts: int
+    whole_document_parts: bool = Field(
+        False, description="The parts end at documents' ends (output.parts whole_documents), none cut."
+    )
     token_dtype: str
     wall_seconds: float = Field(description="The flow, from its start to the published output.")
     command_seconds: float | None = Field(
@@ -124,6 +127,10 @@ class RunReport(BaseModel):
     check_findings: list[dict] | None = Field(
         None,
         description="What `tokenize-mixer check` found in the output before it was published (run.check).",
+    )
+    budgets: list[str] = Field(
+        default_factory=list,
+        description="What each token budget made: tokens asked, made, and the passes over its rows.",
     )
     training: list[str] = Field(
         default_factory=list,
@@ -239,8 +246,10 @@ class RunReport(BaseModel):
                 else []
             ),
             *self.literal.lines(self.rows_dropped.get("literal_special_token", 0)),
-            f"documents   {self.documents:,} in {self.parts:,} part(s), {self.tokens:,} tokens "
+            f"documents   {self.documents:,} in {self.parts:,} part(s)"
+            f"{' of whole documents' if self.whole_document_parts else ''}, {self.tokens:,} tokens "
             f"({self.trainable_tokens:,} trainable), dtype {self.token_dtype}",
+            *(f"budget      {line}" for line in self.budgets),
             *(f"training    {line}" for line in self.training),
             "time        " + self.time_line(),
         ]

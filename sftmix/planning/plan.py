@@ -8,6 +8,7 @@ it touches.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from sftmix.config.config import (
     default_work_dir,
     local_mirror,
 )
+from sftmix.config.selection import TokenBudget, large_upsample_warning
 from sftmix.errors import ConfigError, DatasetError, TemplateError
 from sftmix.planning.readers.by_row_group import BY_ROW_GROUP
 from sftmix.planning.readers.reader import (
@@ -57,12 +59,15 @@ from sftmix.sources.formats import (
 )
 from sftmix.sources.spill import forget_spills
 from sftmix.tokenizing.encoders import same_encodings
+from sftmix.tokenizing.labels import RenderError
 from sftmix.tokenizing.slices import (
     SLICE_FORMAT_VERSION,
     SliceSpec,
     TokenizeContext,
+    bad_row_error,
     encoding_for,
     rows_of,
+    trainable_per_row,
     workers_context,
 )
 from sftmix.tokenizing.templates import (
@@ -124,13 +129,14 @@ class Plan(BaseModel):
         rows = sum(d.target for d in self.datasets)
         return (
             f"size        ~{tokens:,} tokens in {rows:,} rows (estimated from up to {SAMPLE_ROWS} sampled rows a "
-            f"dataset): ~{_size(distinct * per_token)} of slices in the work dir, ~{_size(tokens * per_token)} "
+            f"dataset): ~{size_text(distinct * per_token)} of slices in the work dir, ~{size_text(tokens * per_token)} "
             "of output"
         )
 
     def summary(self, warnings: bool = True) -> str:
         """The plan in lines; ``warnings=False`` leaves out what the plan logged as it found it."""
         m = self.mixer
+        wide = max([8, *(len(str(d.amount)) for d in self.datasets)])
         lines = [
             f"tokenizer   {m.tokenizer.name_or_path} (fingerprint {self.tokenizer_fingerprint[:12]})",
             f"template    {m.tokenizer.chat_template or '(tokenizer)'} -> {self.template_source} "
@@ -140,11 +146,12 @@ class Plan(BaseModel):
             f"work dir    {self.context.remote_work_dir or self.context.work_dir}",
             f"output      {m.output.path}",
             "",
-            f"{'#':>3}  {'dataset':<40} {'split':<8} {'amount':>8} {'rows':>9} {'selected':>9} {'slices':>6}",
+            f"{'#':>3}  {'dataset':<40} {'split':<8} {'amount':>{wide}} {'rows':>9} {'selected':>9} {'slices':>6}",
         ]
         for d in self.datasets:
             lines.append(
-                f"{d.index:>3}  {d.name:<40} {d.split:<8} {d.amount!s:>8} {d.n_rows:>9} {d.target:>9} {len(d.slices):>6}"
+                f"{d.index:>3}  {d.name:<40} {d.split:<8} {d.amount!s:>{wide}} {d.n_rows:>9} "
+                f"{('~' if isinstance(d.amount, TokenBudget) else '') + str(d.target):>9} {len(d.slices):>6}"
             )
         lines.append(f"\n{len(self.slices)} slices" + (f", {self.slicing}" if self.slicing else ""))
         lines.append(self.size_line())
@@ -153,7 +160,8 @@ class Plan(BaseModel):
         return "\n".join(lines)
 
 
-def _size(nbytes: int) -> str:
+def size_text(nbytes: int) -> str:
+    """Bytes as a person reads them (decimal units, kB to TB)."""
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
         if nbytes >= scale:
             return f"{nbytes / scale:,.1f} {unit}"
@@ -274,25 +282,29 @@ def resolve_tokenizer(spec: TokenizerSpec) -> tuple[TokenizerKey, TokenizerFacts
     return tk, facts, template
 
 
-def _sample_rows(spec: SliceSpec, datasets_cache: Path, on_bad_row: str) -> list[Conversation]:
-    """The first rows of a dataset's first slice, as conversations (malformed ones are the slices' to
-    report). A line that is not a row fails the plan where ``on_bad_row`` is error: its slice would fail
-    on it, after the work before it (every row of a dataset whose card does not declare a column)."""
+def _sample_rows(spec: SliceSpec, datasets_cache: Path, on_bad_row: str) -> list[tuple[int, Conversation]]:
+    """The first rows of a dataset's first slice, as conversations with their row numbers. A line that is
+    not a row, or a row that is not a conversation, fails the plan where ``on_bad_row`` is error: its slice
+    would fail on it, after the work before it (every row of a dataset whose card does not declare a
+    column); with ``skip`` they are the slices' to count."""
     rows = (spec.rows or list(range(spec.row_start, spec.row_end)))[:SAMPLE_ROWS]
     try:
         records = rows_of(spec, str(datasets_cache), rows)
     except DatasetError:
         return []  # the slice reports it, with its rows
     out = []
-    for record in records:
+    for row, record in zip(rows, records, strict=True):
         if isinstance(record, jsonl.BadLine):
             if on_bad_row == "error":
                 assert spec.jsonl is not None
                 raise record.error(jsonl.lines_of(spec.dataset, spec.jsonl.path))
             continue
         try:
-            out.append(conversation_from_row(record, spec.row_format, spec.messages_key))  # type: ignore[arg-type]
-        except RowFormatError:
+            out.append((row, conversation_from_row(record, spec.row_format, spec.messages_key)))  # type: ignore[arg-type]
+        except RowFormatError as exc:
+            if on_bad_row == "error":  # its slice would fail on it, after every slice has started
+                reason = f"{exc} (refused before any work; on_bad_row: skip drops such rows)"
+                raise bad_row_error(spec, row, reason) from None
             continue
     return out
 
@@ -325,14 +337,31 @@ def _tokens_per_row(ctx: TokenizeContext, rendered: list[list[str]], max_len: in
     return means
 
 
-def _rendered(renderer: ChatRenderer, samples: list[Conversation]) -> list[str]:
-    """The sample rows' full renders (a row the template cannot render is its slice's to report)."""
-    texts = []
-    for conv in samples:
+def _rendered(renderer: ChatRenderer, dataset: Opened, ctx: TokenizeContext) -> list[str]:
+    """The sample rows' full renders. A row the chat template fails on (Gemma's own refuses a system turn)
+    fails its slice where ``on_bad_row`` is error, after every slice has started: refused now, naming the
+    row. Otherwise (``skip``, or ``literal_special_tokens: drop``, which may drop the row before it is
+    rendered) said once, with how many of the sample it is."""
+    texts, failed = [], []
+    for row, conv in dataset.samples:
         try:
             texts.append(renderer.render(conv.messages, conv.tools, False))
-        except Exception:
-            continue
+        except Exception as exc:
+            failed.append((row, str(RenderError(0, exc))))
+    if not failed:
+        return texts
+    row, reason = failed[0]
+    if ctx.on_bad_row == "error" and ctx.literal_special_tokens != "drop":
+        assert dataset.sampled is not None
+        raise bad_row_error(
+            dataset.sampled, row, f"{reason} (refused before any work; on_bad_row: skip drops such rows)"
+        )
+    warning = (
+        f"{dataset.entry.path}: the chat template fails on {len(failed)} of {len(dataset.samples)} sampled rows "
+        f"(row {row}: {reason}); each such row is dropped"
+    )
+    dataset.warnings.append(warning)
+    logger.warning(warning)
     return texts
 
 
@@ -437,7 +466,7 @@ def _probed(
     said before any work, or refused (``unrendered_data: error``)."""
     assert dataset.sampled is not None
     dataset.samples = _sample_rows(dataset.sampled, Path(at.datasets_cache), at.ctx.on_bad_row)
-    for found in unrendered(renderer, dataset.samples):
+    for found in unrendered(renderer, [conv for _, conv in dataset.samples]):
         line = found.describe(dataset.entry.path, template.source, what_it_reads(template.text))
         if tokenizer.unrendered_data == "error":
             raise TemplateError(f"{line}; refused (unrendered_data: error): warn converts it anyway")
@@ -503,7 +532,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
         at.selected_total = sum(d.plan.target for d in opened if d.plan is not None)
         opened.append(dataset := _opened(index, entry, at))
         _probed(dataset, at, mixer.tokenizer, renderer, template)
-    rendered = [_rendered(renderer, d.samples) for d in opened]  # the sample rows, rendered once
+    rendered = [_rendered(renderer, d, ctx) for d in opened]  # the sample rows, rendered once
     texts = [text for texts in rendered for text in texts]
     load_note = _load_note(tk, facts, texts)
     ctx.encoder = choose_encoder(mixer.tokenizer, tk, ctx, texts)
@@ -513,6 +542,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     datasets, slices = _cut(opened, at, early)
     for d, tokens in zip(datasets, tokens_per_row, strict=True):
         d.tokens_per_row = tokens
+    _estimate_budgets(datasets, opened, at)
     release_mapped_data(datasets_too=True)  # every row was read to fingerprint it; workers map their own
     jsonl.release()
     parquet.release()
@@ -533,6 +563,28 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
         slicing=_slicing(run, data_bytes, slices),
         seconds=round(time.perf_counter() - started, 3),
     )
+
+
+def _estimate_budgets(datasets: list[DatasetPlan], opened: list[Opened], at: Planning) -> None:
+    """Each token budget's rows, estimated from its sampled rows' tokens (trainable ones through the run's
+    masker), for the plan's sizes and its refusals; the rows are chosen from their tokens once they are
+    tokenized (``selection.budget_selection``)."""
+    budgets = [d for d in datasets if isinstance(d.amount, TokenBudget)]
+    for d in budgets:
+        assert isinstance(d.amount, TokenBudget)
+        per_row = d.tokens_per_row
+        if d.amount.trainable:
+            samples = [conv for _, conv in opened[d.index].samples]
+            per_row = trainable_per_row(at.ctx, samples) or per_row
+        rows = math.ceil(d.amount.tokens / per_row) if per_row > 0 else d.n_rows
+        d.target = max(1, rows if d.max_repeats is None else min(rows, int(d.max_repeats * d.n_rows)))
+    for d in budgets:
+        entry = opened[d.index].entry
+        at.selected_total = sum(other.target for other in datasets if other is not d)
+        at.check_selection(entry, d.n_rows, d.target)
+        if (w := large_upsample_warning(entry.path, d.amount, d.n_rows, d.target)) is not None:
+            opened[d.index].warnings.append(w)
+            logger.warning(w)
 
 
 def _slicing(run: RunOptions, data_bytes: int, slices: list[SliceSpec]) -> str:

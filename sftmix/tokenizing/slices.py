@@ -379,6 +379,18 @@ def _masker(ctx: TokenizeContext) -> LabelMasker:
     )
 
 
+def trainable_per_row(ctx: TokenizeContext, conversations: list[Conversation]) -> float | None:
+    """The trainable tokens the run's masker gives each of ``conversations`` on average (none for a row it
+    drops): what a trainable token budget's plan estimates from; ``None`` where the masker fails on one."""
+    if not conversations:
+        return None
+    try:
+        rows = _masker(ctx).tokenize(conversations)
+    except RenderError:
+        return None
+    return sum(int(r.mask.sum()) for r in rows if r.status == RowStatus.KEPT) / len(rows)
+
+
 @dataclass(frozen=True, eq=False)
 class WorkerEncoding:
     """The tokenizer as a worker uses it: the library's Rust tokenizer, and the fast encoder where proven."""
@@ -490,7 +502,7 @@ def _skipped(reason: str) -> TokenizedRow:
     return TokenizedRow(np.zeros(0, np.int64), np.zeros(0, np.uint8), RowStatus.BAD_ROW, reason)
 
 
-def _bad_row(spec: SliceSpec, row: int, reason: str) -> BadRowError:
+def bad_row_error(spec: SliceSpec, row: int, reason: str) -> BadRowError:
     """The error for a malformed row, with its line when the dataset is a local JSON Lines file, or its
     file and line in a dataset of several (found by reading the file: only on this error path)."""
     if spec.jsonl is not None and (place := jsonl.row_place(spec.jsonl, row)) is not None:
@@ -554,7 +566,7 @@ def _tokenize_batch(
         except RowFormatError as exc:
             convs.pop(j, None)
             if not skip_bad:
-                raise _bad_row(spec, row, str(exc)) from None
+                raise bad_row_error(spec, row, str(exc)) from None
             results[j] = _skipped(str(exc))
     while convs:
         order = list(convs)
@@ -566,7 +578,7 @@ def _tokenize_batch(
         except RenderError as exc:
             j = order[exc.index]
             if not skip_bad:
-                raise _bad_row(spec, rows[j], str(exc)) from None
+                raise bad_row_error(spec, rows[j], str(exc)) from None
             results[j] = _skipped(str(exc))
             del convs[j]
     return [r for r in results if r is not None]

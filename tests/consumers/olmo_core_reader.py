@@ -53,6 +53,11 @@ def main() -> None:
     ).build()
     packed.prepare()
     result["packed"] = instances(packed)
+    by_eos = NumpyPackedFSLDatasetConfig(
+        **common, work_dir=str(Path(work) / "by-eos"), generate_doc_lengths=True
+    ).build()
+    by_eos.prepare()  # (documents found by EOS: OLMo-core's default for local files)
+    result["packed_by_eos"] = instances(by_eos)
     result["counts"] = {}
     for length in sys.argv[8].split(",") if len(sys.argv) > 8 else []:
         at = {**common, "sequence_length": int(length)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from sftmix.config.config import DatasetEntry
+from sftmix.config.selection import every_row
 from sftmix.errors import DatasetError
 from sftmix.planning.readers.reader import Rows, dataset_error
 from sftmix.runtime.read_progress import ReadProgress
@@ -121,9 +122,9 @@ def scanned_files(
 def streamed_files(entry: DatasetEntry, datasets_cache: str) -> JsonFiles | None:
     """The file (or pinned ``gs://`` object), or a hub dataset's (or a directory's) files, whose slices
     can be cut while they are read: JSON Lines of several batches whose every row is selected whatever
-    their count (a fraction of 1.0 or more). Its slices are its batches (or, with ``slice_rows``, that
+    their count (a fraction of 1.0 or more, a token budget). Its slices are its batches (or, with ``slice_rows``, that
     many rows of a batch), so each is cut once its batch is counted. ``None`` for any other dataset."""
-    if not isinstance(entry.amount, float) or entry.amount < 1.0:
+    if not every_row(entry.amount):
         return None
     if jsonl.reads_decompressed(entry.path, entry.split):  # its copy read as it is written
         files = compressed_file(entry, datasets_cache)

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from sftmix.config.config import DatasetEntry, RunOptions
 from sftmix.config.selection import (
+    Amount,
     large_upsample_warning,
     selected_source_rows,
     selection_problem,
@@ -51,9 +52,10 @@ class DatasetPlan(BaseModel):
     index: int
     name: str
     split: str
-    amount: float | int
+    amount: Amount
+    max_repeats: float | None = None  # (a token budget's cap)
     n_rows: int
-    target: int
+    target: int  # rows selected (a token budget: estimated from the sampled rows' tokens, chosen at assembly)
     fingerprint: str
     slices: list[int]
     tokens_per_row: float = 0.0  # its sampled rows' tokens on average, cut at the max length (an estimate)
@@ -155,7 +157,7 @@ class Opened:
     warnings: list[str] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)  # what the template does not render, in words
     probes: list[str] = field(default_factory=list)
-    samples: list[Conversation] = field(default_factory=list)
+    samples: list[tuple[int, Conversation]] = field(default_factory=list)  # sampled rows, by row number
     row_format: str = "messages"
     messages_key: str = MESSAGES_KEY
     selected: np.ndarray | None = None  # its rows selected by its amount (``None``: every row, once)
@@ -173,6 +175,7 @@ class Opened:
             name=entry.path,
             split=entry.split,
             amount=entry.amount,
+            max_repeats=entry.max_repeats,
             n_rows=n_rows,
             target=target,
             fingerprint=fingerprint,
