@@ -1,7 +1,7 @@
 """A seeded, randomized fault soak of the real command: each trial runs `tokenize-mixer convert` (or a
 deployment run on a real local Prefect stack) on a generated dataset, injects ONE fault at a drawn
 moment (a closed pipe, a signal, a killed worker or API server, a cancel, a killed `prefect worker`),
-checks the stop against README's stop table, then reruns without a fault and checks the bytes.
+checks the stop against docs/stopping.md's stop table, then reruns without a fault and checks the bytes.
 
 Why: tests/test_stopping.py stops runs at one chosen moment each; races live at the moments nobody
 chose (before the API answers, during the head start, while publishing). Drawing the moment, the kind
@@ -101,7 +101,7 @@ SIGINT_TO_GROUP = ("sigint-hub", "sigint-mixture")
 SERVER_KINDS = ("cancel", "kill-prefect-worker")
 KINDS = LOCAL_KINDS + SERVER_KINDS
 
-#: README's stop table. kill-prefect-worker has no exit code of the run: its flow run must end Crashed.
+#: docs/stopping.md's stop table. kill-prefect-worker has no exit code of the run: its flow run must end Crashed.
 EXPECTED_CODE: dict[str, int | None] = {
     "pipe-grep": 128 + signal.SIGPIPE,
     "pipe-head": 128 + signal.SIGPIPE,
@@ -582,7 +582,7 @@ class TrialRecord:
     reused: int | None = None
     finished_before_rerun: int | None = None
     tmp_left: list[str] = field(default_factory=list)  # TMPDIR entries the stopped run left (a note)
-    #: A signal sent before the command's first line ran: it met Python's own start (README).
+    #: A signal sent before the command's first line ran: it met Python's own start (docs/stopping.md).
     before_our_code: bool = False
 
     def problem(self, kind: str, text: str) -> None:
@@ -862,7 +862,7 @@ def local_env(prefect_home: Path, tmp: Path) -> dict[str, str]:
 def stop_handling_begun(pid: int) -> bool:
     """Whether the command's first line has run in ``pid``: its stop signals held back
     (``tokenize_mixer.command``) or caught by its handlers. Before that a Ctrl-C meets Python's own start
-    (a KeyboardInterrupt from inside an import: exit 1 or 130 and Python's traceback; README)."""
+    (a KeyboardInterrupt from inside an import: exit 1 or 130 and Python's traceback; docs/stopping.md)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:

@@ -1,5 +1,5 @@
 """A few minutes of the randomized fault soak (tests/soak.py): every kind of stop, drawn at moments
-nobody chose, against README's stop table. The seed is printed first and in the failure, so that
+nobody chose, against docs/stopping.md's stop table. The seed is printed first and in the failure, so that
 `TOKENIZE_MIXER_SOAK_SEED=<seed> pytest tests/test_soak.py -s` (or bench/soak.py --seed) replays it."""
 
 from __future__ import annotations

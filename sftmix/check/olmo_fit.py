@@ -8,7 +8,7 @@ A simulation of OLMo-core 3.0's two SFT dataset kinds, part file by part file as
   truncated to ``L`` (the rest dropped) or fragmented into pieces of at most ``L``, then packed into
   instances of ``L`` by best-fit decreasing; what an instance does not fill is padding.
   Its documents come either from the ``.csv.gz`` boundaries (``use_array_if_local=False``, what our
-  README tells users to set) or, OLMo-core's default for local files, from scanning for EOS: a document
+  docs/olmo-core.md tells users to set) or, OLMo-core's default for local files, from scanning for EOS: a document
   ends after each EOS and the tokens after a part's last EOS are never read.
 
 The test reads the same outputs with OLMo-core itself and compares every count.
