@@ -85,7 +85,7 @@ def _recorded_before(m: MixerConfig) -> dict[str, Any]:
     for name, default in (("literal_special_tokens", "keep"), ("load", "reference")):
         if recipe["tokenizer"].get(name) == default:
             del recipe["tokenizer"][name]
-    for name, default in (("parts", "reference"), ("part_bytes", REFERENCE_PART_BYTES)):  # (added since)
+    for name, default in (("parts", "reference"), ("part_bytes", REFERENCE_PART_BYTES), ("lineage", False)):
         if recipe["output"].get(name) == default:
             del recipe["output"][name]
     for dataset in recipe["datasets"]:

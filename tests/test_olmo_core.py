@@ -116,7 +116,8 @@ def test_olmo_core_reads_whole_document_parts_with_every_document_whole(
 ):
     """Several parts of 16 KiB: in the reference's layout OLMo-core reads the document at each part boundary
     as two (as many as ``check`` counts); in ``whole_documents`` parts it reads every document whole, exactly
-    once, with its mask, whether it finds documents in the .csv.gz files or by EOS (its default locally)."""
+    once, with its mask, whether it finds documents in the .csv.gz files or by EOS (its default locally),
+    and the lineage columns of those .csv.gz files change nothing it reads."""
     from transformers import AutoTokenizer
 
     from sftmix.check.findings import check_output
@@ -126,7 +127,7 @@ def test_olmo_core_reads_whole_document_parts_with_every_document_whole(
     for name, options in (
         ("one", {}),
         ("reference", {"part_bytes": 16384}),
-        ("whole", {"parts": "whole_documents", "part_bytes": 16384}),
+        ("whole", {"parts": "whole_documents", "part_bytes": 16384, "lineage": True}),
     ):
         out = outs[name] = tmp_path / name
         mixer = MixerConfig(

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from sftmix.check.findings import check_output
-from sftmix.output.olmo_format import BOUNDS_PART, MASK_PART, TOKENS_PART
+from sftmix.output.olmo_format import BOUNDS_PART, MASK_PART, TOKENS_PART, read_boundaries
 from tests.test_check import chat, run
 
 #: Bytes of token ids a part holds here: a few documents each.
@@ -27,8 +27,9 @@ def parts_of(out: Path) -> tuple[list[np.ndarray], list[np.ndarray], list[np.nda
     while (out / TOKENS_PART.format(k)).exists():
         tokens.append(np.fromfile(out / TOKENS_PART.format(k), dtype=dtype))
         masks.append(np.fromfile(out / MASK_PART.format(k), dtype=np.uint8))
-        text = gzip.decompress((out / BOUNDS_PART.format(k)).read_bytes()).decode()
-        bounds.append(np.array([line.split(",") for line in text.split()], dtype=np.int64).reshape(-1, 2))
+        bounds.append(
+            read_boundaries(out / BOUNDS_PART.format(k))
+        )  # (start, end): lineage's columns left out
         k += 1
     return tokens, masks, bounds
 
@@ -123,5 +124,43 @@ def test_convert_takes_the_part_settings_and_a_rerun_with_others_makes_them_agai
     said = capsys.readouterr().out
     assert "40 in 1 part(s), " in said and "0 computed, 1 reused" in said
     assert "40 in 40 part(s) of whole documents" in said
-    with pytest.raises(ValueError, match="parts and part_bytes apply to format olmo"):
+    with pytest.raises(ValueError, match="parts, part_bytes and lineage apply to format olmo"):
         OutputSpec(path=str(out), format="hf_parquet", parts="whole_documents")
+
+
+def test_lineage_names_each_documents_dataset_and_row(outputs, tmp_path):
+    """``output.lineage``: two more columns of the .csv.gz files (each piece of a cut document carries its
+    document's), which our readers, like OLMo-core's, read past; the tokens and masks are the same, and the
+    statistics name what each dataset index was read from."""
+    from tokenize_mixer.cli import main
+
+    rows = [chat(f"question {i}? " * (1 + i % 7), f"answer number {i}. " * (1 + i % 5)) for i in range(60)]
+    options = {"part_bytes": PART_BYTES, "lineage": True}
+    out = run(tmp_path, rows, "out", slice_rows=16, shuffle_seed=4, output_options=options)
+    tokens, masks, bounds = parts_of(outputs["reference"])
+    mine = parts_of(out)
+    assert all(np.array_equal(a, b) for a, b in zip(mine[0] + mine[1], tokens + masks, strict=True))
+    assert all(np.array_equal(a, b) for a, b in zip(mine[2], bounds, strict=True))  # (start, end) as before
+    report = json.loads((out / "run_report.json").read_text())
+    documents = np.load(report["documents_file"])
+    lines = [
+        np.array([line.split(",") for line in gzip.decompress(p.read_bytes()).decode().split()], np.int64)
+        for p in sorted(out.glob("token_ids_part_*.csv.gz"))
+    ]
+    assert {line.shape[1] for line in lines} == {4}
+    every = np.concatenate(lines)
+    per_part, ends = (
+        PART_BYTES // tokens[0].dtype.itemsize,
+        set((documents["start"] + documents["length"]).tolist()),
+    )
+    firsts = np.cumsum([0] + [line.shape[0] for line in lines[:-1]])  # each part's first line
+    whole = np.ones(every.shape[0], bool)  # a cut document's second piece is not another document
+    whole[[firsts[k] for k in range(1, len(lines)) if k * per_part not in ends]] = False
+    assert every.shape[0] == documents.shape[0] + findings(out)[CUT]
+    assert [tuple(x) for x in every[:, 2:][whole].tolist()] == list(
+        zip(documents["dataset"].tolist(), documents["row"].tolist(), strict=True)
+    )
+    stats = json.loads((out / "dataset_statistics.json").read_text())
+    assert stats["lineage"]["columns"] == ["start", "end", "dataset", "row"]
+    assert stats["lineage"]["datasets"][0]["dataset"] == 0 and stats["lineage"]["datasets"][0]["fingerprint"]
+    assert main(["inspect", str(out), "--doc", "3"]) == 0

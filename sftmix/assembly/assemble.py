@@ -333,7 +333,13 @@ def _beside_the_parts(
     they need only the document table; then ``check``, which reads each chunk of the parts once it is
     written."""
     steps = (
-        lambda: write_boundaries(staging, starts, ends, layout),
+        lambda: write_boundaries(
+            staging,
+            starts,
+            ends,
+            layout,
+            (docs["dataset"], docs["row"]) if plan.mixer.output.lineage else None,
+        ),
         lambda: write_tokenizer_dir(
             plan.context.tokenizer_key(),
             plan.context.template_text,
@@ -500,7 +506,7 @@ def _statistics(plan: Plan, docs: np.ndarray, tallies: list[DatasetTally], total
         trainable[name] += by_index[2][i]
         filtered[name] += by_index[3][i]
     total_trainable = int(docs["trainable"].sum())
-    return dataset_statistics(
+    stats = dataset_statistics(
         output_dir=str(Path(plan.mixer.output.path)),
         tokenizer=plan.mixer.tokenizer.name_or_path,
         max_seq_length=plan.mixer.max_seq_length,
@@ -516,6 +522,26 @@ def _statistics(plan: Plan, docs: np.ndarray, tallies: list[DatasetTally], total
         total_trainable=total_trainable,
         num_filtered=int((docs["trainable"] == 0).sum()),
     )
+    if plan.mixer.output.lineage:
+        stats["lineage"] = _lineage(plan)
+    return stats
+
+
+def _lineage(plan: Plan) -> dict[str, Any]:
+    """What ``output.lineage``'s columns name: each dataset by its index, with what it was read from."""
+    return {
+        "columns": ["start", "end", "dataset", "row"],
+        "datasets": [
+            {
+                "dataset": d.index,
+                "name": d.name,
+                "split": d.split,
+                "revision": plan.mixer.datasets[d.index].revision,
+                "fingerprint": d.fingerprint,
+            }
+            for d in plan.datasets
+        ],
+    }
 
 
 def _sum_by(which: np.ndarray, values: np.ndarray, n: int) -> list[int]:

@@ -274,7 +274,7 @@ class OutputSpec(BaseModel):
         extra="forbid",
         title="Output",
         json_schema_extra=form_schema(
-            advanced=("token_dtype_rule", "packing", "parts", "part_bytes"),
+            advanced=("token_dtype_rule", "packing", "parts", "part_bytes", "lineage"),
             title="More output options",
             description="Rarely changed: the defaults suit most runs.",
         ),
@@ -329,6 +329,14 @@ class OutputSpec(BaseModel):
         f"{REFERENCE_PART_BYTES:,} (1 GiB), the reference's. Smaller gives a small output several parts.",
     )
 
+    lineage: Annotated[bool, ChangesBytes(unrecorded=True), Flag()] = Field(
+        default=False,
+        title="Lineage",
+        description="Each document's dataset (its index in the mixer) and source row as two more columns of the "
+        ".csv.gz boundary files, and each dataset's file fingerprint (or hub revision) in dataset_statistics.json. "
+        "OLMo-core reads the first two columns only. Off: the reference's bytes.",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _form_shape(cls, data: object) -> object:
@@ -336,8 +344,11 @@ class OutputSpec(BaseModel):
 
     @model_validator(mode="after")
     def _parts_need_olmo(self) -> OutputSpec:
-        if self.format != "olmo" and (self.parts, self.part_bytes) != ("reference", REFERENCE_PART_BYTES):
-            raise ValueError("parts and part_bytes apply to format olmo (hf_parquet writes its own shards)")
+        olmo_only = (self.parts, self.part_bytes, self.lineage) != ("reference", REFERENCE_PART_BYTES, False)
+        if self.format != "olmo" and olmo_only:
+            raise ValueError(
+                "parts, part_bytes and lineage apply to format olmo (hf_parquet writes its own shards)"
+            )
         return self
 
     @model_validator(mode="after")
