@@ -39,6 +39,7 @@ from sftmix.tokenizing.tokenizer_facts import tokenizer_facts
 from tokenize_mixer.flows.api.watch import StopCheck, no_retries, report_crashed
 from tokenize_mixer.flows.artifacts import publish_artifacts, report_markdown
 from tokenize_mixer.flows.fanout import run_slice_specs
+from tokenize_mixer.flows.workers.worker_start import fork_workers_from_server, start_worker_server
 from tokenize_mixer.tasks.assemble import assemble_output
 from tokenize_mixer.tasks.plan import plan_mixer
 from tokenize_mixer.tasks.publish import publish_output
@@ -90,10 +91,16 @@ def tokenize_mixer(mixer: MixerConfig = MIXER_FORM, run: RunOptions = RUN_FORM) 
             "the Prefect worker that started this flow run",
             before_exit=functools.partial(report_crashed, flow_run_id),
         )
+        # one flow run a process, as the command's: its workers forked ready, not spawned to import again
+        fork_workers_from_server()
+        start_worker_server(mixer, run)
     try:
         try:
             with our_sigterm():
-                return _tokenize_mixer(mixer, run)
+                done = _tokenize_mixer(mixer, run)
+            if flow_run_id:
+                _send_logs_now()
+            return done
         except Exception:
             if first_stop() is not None:  # what a library made of the stop raised into it (a pydantic
                 raise first_stop() from None  # serializer wraps it in an error of its own): the stop
@@ -104,6 +111,17 @@ def tokenize_mixer(mixer: MixerConfig = MIXER_FORM, run: RunOptions = RUN_FORM) 
         if exc.exit_code == EXIT_CANCELLED:  # the run ends Cancelled, not Crashed; nothing was published
             return Cancelled(message=f"{exc.reason}; finished slices are checkpointed, nothing was published")
         raise
+
+
+def _send_logs_now() -> None:
+    """The run's last log lines (its summary) sent to the API before its final state: ``prefect deployment
+    run --watch`` stops at that state, before log lines still queued behind it."""
+    from prefect.logging.handlers import APILogWorker
+
+    try:
+        APILogWorker.drain_all(timeout=5)
+    except Exception as exc:  # (the logs go at the process's end anyway)
+        logging.getLogger(__name__).debug("could not send the logs now: %s: %s", type(exc).__name__, exc)
 
 
 def _call(task: Any, *args: Any) -> Any:

@@ -17,6 +17,7 @@ from sftmix.runtime.stopping import EXIT_CANCELLED, RunStopped, follow_superviso
 from sftmix.tokenizing.slices import SliceSpec, TokenizeContext, context_here
 from tokenize_mixer.flows.api.watch import report_crashed
 from tokenize_mixer.flows.fanout import run_slice_specs
+from tokenize_mixer.flows.workers.worker_start import fork_workers_from_server
 
 
 @flow(name="tokenize-slices", validate_parameters=True)
@@ -31,6 +32,7 @@ def tokenize_slices(
             "the Prefect worker that started this flow run",
             before_exit=functools.partial(report_crashed, flow_run_id),
         )
+        fork_workers_from_server()  # one flow run a process: its workers forked ready (flows.workers.worker_start)
     try:
         check_slices_allowed([s.dataset for s in slices], ctx.tokenizer, ctx.remote_work_dir)
         here = context_here(ctx)

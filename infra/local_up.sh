@@ -44,8 +44,12 @@ PREFECT="${PREFECT:-prefect}"
 # Server side (the server's environment only, never its command line, which `ps` shows to everyone):
 # basic auth, CSRF protection, and CORS for the UI's own origin only (the UI calls the API at
 # PREFECT_API_URL, http://127.0.0.1:PORT/api; http://localhost:PORT is the same loopback server).
+# Logs streamed out, so that `prefect deployment run --watch` shows a run's log lines (its summary) with
+# its events (Prefect's default leaves the stream off and --watch shows events only).
 PREFECT_SERVER_API_AUTH_STRING="$AUTH_STRING" \
 PREFECT_SERVER_CSRF_PROTECTION_ENABLED=true \
+PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED=true \
+PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED=true \
 PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS="http://127.0.0.1:${TOKENIZE_MIXER_PORT},http://localhost:${TOKENIZE_MIXER_PORT}" \
   setsid "$PREFECT" server start --host 127.0.0.1 --port "$TOKENIZE_MIXER_PORT" >"$PREFECT_HOME/server.log" 2>&1 &
 echo $! >"$PREFECT_HOME/server.pid"

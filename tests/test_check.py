@@ -219,7 +219,9 @@ def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_pa
         monkeypatch.setattr(sftmix.assembly.assemble, "PROCESSES_FROM_TOKENS", processes_from)
         again_dir = tmp_path / f"again-{by}-{threads}-{window}-{processes_from}"
         again_dir.mkdir()
-        again = run(again_dir, rows, "parts", slice_rows=8, drop_untrainable=False, shuffle_seed=3)
+        again = run(
+            again_dir, rows, "parts", 8, output_options=options, drop_untrainable=False, shuffle_seed=3
+        )
         differ = {k for k, v in output_digests(again).items() if output_digests(out)[k] != v}
         assert differ == {"dataset_statistics.json"}  # which names the dataset file: another path here
 

@@ -18,6 +18,7 @@ import httpx
 import pytest
 import yaml
 
+from sftmix.output.report import RunReport
 from sftmix.planning.roots import ENV as ALLOWED_ROOTS
 from tests.ports import free_port
 
@@ -223,6 +224,11 @@ def test_demo_deployment_runs_to_completion_with_the_expected_digests(server, tm
     assert_demo_bytes(tmp_path / "out")
     report = json.loads((tmp_path / "out" / "run_report.json").read_text())
     assert report["slices_computed"] == report["slices_total"]
+    # --watch shows the flow run's logs (streamed out: infra/local_up.sh) until its final state, and the
+    # run's summary lines before it (each cut where the console wraps it)
+    said = RunReport.model_validate(report).render().splitlines()
+    for line in (next(x for x in said if x.startswith(kind)) for kind in ("rows ", "documents ")):
+        assert line[:40] in proc.stdout.split("prefect.flow-run.Completed")[0], proc.stdout[-3000:]
 
 
 def test_a_changed_mixer_into_the_same_output_is_refused_in_one_line_before_any_slice(server, tmp_path):
