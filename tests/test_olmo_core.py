@@ -39,6 +39,21 @@ def documents(out: Path, dtype: np.dtype) -> list[tuple[tuple[int, ...], tuple[i
     return [(tuple(tokens[s:e].tolist()), tuple(mask[s:e].tolist())) for s, e in bounds]
 
 
+def packed_documents(packed: list[dict], pad: int) -> Counter:
+    """The documents of packed instances, with their masks (padding left out)."""
+    found: Counter = Counter()
+    for inst in packed:
+        assert len(inst["input_ids"]) == SEQUENCE_LENGTH
+        start = 0
+        for length in inst["doc_lens"]:
+            ids = tuple(inst["input_ids"][start : start + length])
+            labels = tuple(inst["label_mask"][start : start + length])
+            start += length
+            if not (set(ids) == {pad} and not any(labels)):
+                found[(ids, labels)] += 1
+    return found
+
+
 def test_olmo_core_reads_our_tokens_masks_and_documents(olmo_core_python, prefect_api, tmp_path):
     from transformers import AutoTokenizer
 
@@ -77,38 +92,13 @@ def test_olmo_core_reads_our_tokens_masks_and_documents(olmo_core_python, prefec
 
     # Packed (best-fit decreasing, boundaries read from our .csv.gz): every document of ours, whole,
     # exactly once, with its mask; the rest of each instance is padding with no loss.
-    packed_docs: Counter = Counter()
-    for inst in seen["packed"]:
-        assert len(inst["input_ids"]) == SEQUENCE_LENGTH
-        start = 0
-        for length in inst["doc_lens"]:
-            ids = tuple(inst["input_ids"][start : start + length])
-            labels = tuple(inst["label_mask"][start : start + length])
-            start += length
-            if set(ids) == {tok.pad_token_id} and not any(labels):
-                continue
-            packed_docs[(ids, labels)] += 1
+    packed_docs = packed_documents(seen["packed"], tok.pad_token_id)
     ours = documents(out, dtype)
     assert packed_docs == Counter(ours)
     assert report["documents"] == len(ours)
     print(
         f"OLMo-core: {len(fsl)} FSL instances, {len(seen['packed'])} packed instances, {len(ours)} documents"
     )
-
-
-def packed_documents(packed: list[dict], pad: int) -> Counter:
-    """The documents of packed instances, with their masks (padding left out)."""
-    found: Counter = Counter()
-    for inst in packed:
-        assert len(inst["input_ids"]) == SEQUENCE_LENGTH
-        start = 0
-        for length in inst["doc_lens"]:
-            ids = tuple(inst["input_ids"][start : start + length])
-            labels = tuple(inst["label_mask"][start : start + length])
-            start += length
-            if not (set(ids) == {pad} and not any(labels)):
-                found[(ids, labels)] += 1
-    return found
 
 
 def test_olmo_core_reads_whole_document_parts_with_every_document_whole(
