@@ -103,9 +103,8 @@ class DatasetEntry(BaseModel):
         title="Amount",
         description='How much of the dataset to take. With a decimal point it is a share of its rows: "1.0" all of '
         'them, "0.25" a random quarter, "3.0" every row three times. A whole number is a count of rows: "100". '
-        'In tokens (ours, not the reference\'s): "50M tokens" or "20M trainable tokens" (k, M, B) takes rows in a '
-        "seeded order until their documents hold that many, whole passes first when it exceeds the dataset; "
-        "every row is tokenized once, so changing it only assembles again.",
+        'A token budget (ours): "50M tokens" or "20M trainable tokens" (k, M, B) takes rows until their '
+        "documents hold that many.",
         json_schema_extra={"default": "1.0"},
     )
     max_repeats: Annotated[float | None, BeforeValidator(blank_is_none), ChangesBytes(unrecorded=True)] = (
