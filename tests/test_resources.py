@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sftmix.output.digest import compare
+from sftmix.runtime import settings
 
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
@@ -42,8 +43,9 @@ def mounts():
         subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
-def convert(data: Path, work: Path, out: Path) -> subprocess.CompletedProcess:
+def convert(data: Path, work: Path, out: Path, disk_check: str = "on") -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env[settings.DISK_CHECK.name] = disk_check
     return subprocess.run(
         [
             sys.executable, "-m", "tokenize_mixer.cli", "convert", "--dataset_mixer_list", str(data), "1.0",
@@ -76,10 +78,15 @@ def one_line_error(done: subprocess.CompletedProcess, *needles: str) -> str:
 
 
 def test_full_output_disk_keeps_checkpoints_and_publishes_nothing(tmp_path, mounts, chats):
+    """Refused before work, with the numbers; with the check off (an estimate can be low), the disk fills
+    while the output is written: the slices stay checkpointed and nothing is published."""
     work = tmp_path / "work"
     small = mounts(tmp_path / "small", "size=1m")  # the shards need ~1.8 MB
     out = small / "out"
-    line = one_line_error(convert(chats, work, out), "No space left on device", str(small))
+    refused = one_line_error(convert(chats, work, out), "not enough free disk", "~1.8 MB of output staged in")
+    print(refused)
+    assert not work.exists() or not list(work.glob("slices/*/*/manifest.json"))  # before any slice
+    line = one_line_error(convert(chats, work, out, "off"), "No space left on device", str(small))
     print(line)
     assert list(small.iterdir()) == []  # no output, no staging left behind
     finished = len(list(work.glob("slices/*/*/manifest.json")))
@@ -95,7 +102,12 @@ def test_full_output_disk_keeps_checkpoints_and_publishes_nothing(tmp_path, moun
 def test_full_work_disk_fails_cleanly_then_resumes(tmp_path, mounts, chats):
     work = mounts(tmp_path / "work", "size=1200k")  # room for some slices, not all
     out = tmp_path / "out"
-    line = one_line_error(convert(chats, work, out), "No space left on device", "cannot write the checkpoint")
+    refused = one_line_error(convert(chats, work, out), "not enough free disk", "of 8 slices to tokenize in")
+    print(refused)
+    assert not list(work.glob("slices/*/*/manifest.json"))  # refused before any slice
+    line = one_line_error(
+        convert(chats, work, out, "off"), "No space left on device", "cannot write the checkpoint"
+    )
     print(line)
     assert not out.exists()
     finished = len(list(work.glob("slices/*/*/manifest.json")))

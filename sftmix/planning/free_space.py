@@ -16,6 +16,7 @@ import numpy as np
 from sftmix.errors import StorageError
 from sftmix.output.publish import staging_parent
 from sftmix.planning.plan import Plan, size_text
+from sftmix.runtime import settings
 from sftmix.tokenizing.slices import MANIFEST, SliceSpec, slice_dir
 
 
@@ -51,7 +52,10 @@ def slices_to_make(plan: Plan) -> list[SliceSpec]:
 
 
 def refuse_short_disk(plan: Plan) -> None:
-    """A :class:`StorageError` naming the numbers where the run's estimated writes exceed a disk's free space."""
+    """A :class:`StorageError` naming the numbers where the run's estimated writes exceed a disk's free space
+    (unless ``TOKENIZE_MIXER_DISK_CHECK`` is off)."""
+    if settings.DISK_CHECK.get() == "off":
+        return
     per_token = np.dtype(plan.context.token_dtype).itemsize + 1
     per_row = {d.index: d.tokens_per_row for d in plan.datasets}
     work = Path(plan.context.work_dir)
@@ -75,5 +79,5 @@ def refuse_short_disk(plan: Plan) -> None:
             raise StorageError(
                 f"not enough free disk for this run: it will write ~{size_text(d.need)} ({', '.join(d.parts)}; "
                 f"estimated from sampled rows) where {size_text(d.free)} is free. Free space there, or set "
-                "work_dir or the output elsewhere"
+                f"work_dir or the output elsewhere ({settings.DISK_CHECK.name}=off runs it anyway)"
             )

@@ -92,6 +92,12 @@ AUTH_STRING = Setting(
     "TOKENIZE_MIXER_AUTH_STRING",
     "infra/local_up.sh's API auth string (a secret: never logged, sftmix.runtime.redaction)",
 )
+DISK_CHECK = Setting(
+    "TOKENIZE_MIXER_DISK_CHECK",
+    "on: a run whose local disks cannot hold its estimated slices and output is refused before work; off: "
+    "not checked (where the estimate from sampled rows is known to be high)",
+    "on",
+)
 
 ALL = (
     WORK_DIR,
@@ -107,4 +113,5 @@ ALL = (
     PROCESSES_FROM_TOKENS,
     CONSOLE,
     AUTH_STRING,
+    DISK_CHECK,
 )
