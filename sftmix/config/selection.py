@@ -81,9 +81,8 @@ def amount_text(amount: Amount) -> str:
     budget in the largest unit that writes it whole (``"50M tokens"``)."""
     if isinstance(amount, TokenBudget):
         n = amount.tokens
-        scale = next(s for s in ("b", "m", "k", "") if n % _SCALES[s] == 0)
-        unit = {"b": "B", "m": "M", "k": "k", "": ""}[scale]
-        return f"{n // _SCALES[scale]}{unit} {'trainable ' if amount.trainable else ''}tokens"
+        unit = next(u for u in ("B", "M", "k", "") if n % _SCALES[u.lower()] == 0)
+        return f"{n // _SCALES[unit.lower()]}{unit} {'trainable ' if amount.trainable else ''}tokens"
     if isinstance(amount, int):
         return str(amount)
     text = repr(float(amount))

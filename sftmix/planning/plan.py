@@ -282,6 +282,10 @@ def resolve_tokenizer(spec: TokenizerSpec) -> tuple[TokenizerKey, TokenizerFacts
     return tk, facts, template
 
 
+#: What a sampled row's refusal adds to the error its slice would raise.
+REFUSED_SAMPLE = " (refused before any work; on_bad_row: skip drops such rows)"
+
+
 def _sample_rows(spec: SliceSpec, datasets_cache: Path, on_bad_row: str) -> list[tuple[int, Conversation]]:
     """The first rows of a dataset's first slice, as conversations with their row numbers. A line that is
     not a row, or a row that is not a conversation, fails the plan where ``on_bad_row`` is error: its slice
@@ -303,8 +307,7 @@ def _sample_rows(spec: SliceSpec, datasets_cache: Path, on_bad_row: str) -> list
             out.append((row, conversation_from_row(record, spec.row_format, spec.messages_key)))  # type: ignore[arg-type]
         except RowFormatError as exc:
             if on_bad_row == "error":  # its slice would fail on it, after every slice has started
-                reason = f"{exc} (refused before any work; on_bad_row: skip drops such rows)"
-                raise bad_row_error(spec, row, reason) from None
+                raise bad_row_error(spec, row, f"{exc}{REFUSED_SAMPLE}") from None
             continue
     return out
 
@@ -353,9 +356,7 @@ def _rendered(renderer: ChatRenderer, dataset: Opened, ctx: TokenizeContext) -> 
     row, reason = failed[0]
     if ctx.on_bad_row == "error" and ctx.literal_special_tokens != "drop":
         assert dataset.sampled is not None
-        raise bad_row_error(
-            dataset.sampled, row, f"{reason} (refused before any work; on_bad_row: skip drops such rows)"
-        )
+        raise bad_row_error(dataset.sampled, row, f"{reason}{REFUSED_SAMPLE}")
     warning = (
         f"{dataset.entry.path}: the chat template fails on {len(failed)} of {len(dataset.samples)} sampled rows "
         f"(row {row}: {reason}); each such row is dropped"
