@@ -28,6 +28,7 @@ from sftmix.tokenizing.slices import (
     SliceSpec,
     TokenizeContext,
     push_worker_tokenizer,
+    unrecorded_over_length,
     verify_slices,
 )
 from tokenize_mixer.flows.api.watch import StopCheck
@@ -370,6 +371,7 @@ def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
         ctx.remote_work_dir,
     )
     for spec, problem in zip(checked, problems, strict=True):
+        problem = unrecorded_over_length(ctx, manifests[spec.index]) or problem  # type: ignore[arg-type]
         if problem is not None:
             logger.warning("cached slice %s is not trustworthy (%s): recomputing", spec.describe(), problem)
             stale.append(spec)

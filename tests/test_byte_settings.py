@@ -88,6 +88,8 @@ def _recorded_before(m: MixerConfig) -> dict[str, Any]:
     for name, default in (("parts", "reference"), ("part_bytes", REFERENCE_PART_BYTES), ("lineage", False)):
         if recipe["output"].get(name) == default:
             del recipe["output"][name]
+    if recipe.get("over_length_strategy") == "keep":
+        del recipe["over_length_strategy"]
     for dataset in recipe["datasets"]:
         if dataset.get("max_repeats") is None:
             dataset.pop("max_repeats", None)

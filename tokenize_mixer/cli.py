@@ -250,6 +250,9 @@ def _run_parser(sub: _Subcommands) -> None:
         default=None,
         help="replace an output directory that holds different shards (only ever a tokenize-mixer output)",
     )
+    for spec in flags(MixerConfig):  # each overrides the config's setting
+        if spec.name != "overwrite":
+            _setting_flag(run, spec)
     _run_flags(run)
 
 
@@ -738,6 +741,16 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
         raise  # not reached: exit_now ends the process
 
 
+def _with_run_flags(mixer: MixerConfig, args: argparse.Namespace) -> MixerConfig:
+    """The config's mixer with what ``run``'s flags override: ``--output_dir`` and each setting's flag."""
+    if args.output_dir:
+        mixer = mixer.model_copy(update={"output": mixer.output.model_copy(update={"path": args.output_dir})})
+    given = {spec.name for spec in flags(MixerConfig) if getattr(args, spec.name, None) is not None}
+    if not given:
+        return mixer
+    return MixerConfig.model_validate(with_flags(mixer.model_dump(mode="json"), vars(args), MixerConfig))
+
+
 def _main(args: argparse.Namespace) -> int:
     try:
         if args.command == "convert":
@@ -748,17 +761,7 @@ def _main(args: argparse.Namespace) -> int:
             return _run_flow(mixer, run_options(args))
         if args.command == "run":
             rf = load_run_file(args.config)
-            mixer = rf.mixer
-            if args.output_dir or args.overwrite is not None:
-                out = mixer.output.model_copy(
-                    update={
-                        k: v
-                        for k, v in (("path", args.output_dir), ("overwrite", args.overwrite))
-                        if v is not None
-                    }
-                )
-                mixer = mixer.model_copy(update={"output": out})
-            return _run_flow(mixer, run_options(args, rf.run))
+            return _run_flow(_with_run_flags(rf.mixer, args), run_options(args, rf.run))
         if args.command == "plan":
             from sftmix.planning.plan import build_plan
 

@@ -30,6 +30,7 @@ from sftmix.tokenizing.slices import (
     SliceSpec,
     push_worker_tokenizer,
     read_manifest,
+    unrecorded_over_length,
     verify_slices,
 )
 from tokenize_mixer.flows.api.watch import StopCheck
@@ -51,7 +52,7 @@ def run_on_work_pool(plan: Plan, run: RunOptions) -> SliceOutcome:
     todo: list[SliceSpec] = []
     for s in plan.slices:
         m = None if run.force_recache else read_manifest(ctx.work_dir, s.key, ctx.remote_work_dir)
-        if m is not None:
+        if m is not None and unrecorded_over_length(ctx, m) is None:
             done[s.index] = m
             cached.add(s.index)
         else:

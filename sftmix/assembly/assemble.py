@@ -2,7 +2,7 @@
 
 The order (kept rows per dataset in selection order, concatenated in mixer order, shuffled with
 ``numpy.random.default_rng(seed).permutation``, cut to ``num_examples``) needs only the slices' row
-records, read through their memory maps: what the tail holds per output document is one 40-byte record
+records, read through their memory maps: what the tail holds per output document is one 41-byte record
 (:data:`DOCUMENT_DTYPE`) and its start and end (about 90 bytes a document at the peak, measured in
 bench/results). Tokens are then copied by window or slice into the parts at precomputed offsets, so the
 tokens in memory are bounded by a window or a slice, not by the dataset.
@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from sftmix.assembly.over_length import TERMINATED, UNMASKED, OverLength, drop_rows, edits, outcome_line
 from sftmix.check.findings import CheckReport
 from sftmix.config.selection import TokenBudget, amount_text, budget_selection, selection_indices
 from sftmix.errors import ChecksumError, DatasetError
@@ -40,6 +41,7 @@ from sftmix.output.olmo_format import (
 )
 from sftmix.output.part_writing import (
     CACHE_SAMPLE,
+    Edits,
     SliceJob,
     SyncBehind,
     WindowJob,
@@ -58,7 +60,7 @@ from sftmix.runtime import settings
 from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.storage import storage_errors, temp_name
 from sftmix.tokenizing.labels import DROP_REASONS, RowStatus
-from sftmix.tokenizing.slices import SliceManifest, load_slice_rows, slice_dir
+from sftmix.tokenizing.slices import SliceManifest, load_over_length, load_slice_rows, slice_dir
 from sftmix.tokenizing.tokenizer_facts import write_tokenizer_dir
 
 logger = logging.getLogger(__name__)
@@ -74,6 +76,7 @@ class DatasetTally:
     kept: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     budget: str | None = None  # what its token budget made (:func:`budget_line`)
+    over_length: str | None = None  # what became of its rows longer than max_seq_length (outcome_line)
 
 
 @dataclass
@@ -90,8 +93,9 @@ class AssembleResult:
     checked: CheckReport | None = None  # the check made while the parts were written
 
 
-#: An output document as the tail needs it, in output order: 40 bytes, the one array that grows with the
+#: An output document as the tail needs it, in output order: 41 bytes, the one array that grows with the
 #: output's documents while it is written (the slices' row records are read through their memory maps).
+#: ``edit``: what over_length_strategy changes as it is written (``sftmix.assembly.over_length``).
 DOCUMENT_DTYPE = np.dtype(
     [
         ("dataset", "<i4"),
@@ -100,6 +104,7 @@ DOCUMENT_DTYPE = np.dtype(
         ("offset", "<i8"),
         ("length", "<i8"),
         ("trainable", "<i8"),
+        ("edit", "i1"),
     ]
 )
 
@@ -116,23 +121,34 @@ def _dataset_documents(
         return load_slice_rows(plan.context.work_dir, manifests[d.slices[k]])
 
     budget = d.amount if isinstance(d.amount, TokenBudget) else None
-    rows, statuses, counts = [], [], []
+    rows, statuses, counts, cut = [], [], [], []
+    seen = 0
     for k in range(len(d.slices)):
         r = records(k)
         rows.append(np.array(r["row"], dtype=np.int64))
         statuses.append(np.array(r["status"], dtype=np.int8))
         if budget is not None:  # (what a token budget counts, row by row)
             counts.append(np.array(r["trainable" if budget.trainable else "length"], dtype=np.int64))
+        cut.append((seen, load_over_length(plan.context.work_dir, manifests[d.slices[k]])))
+        seen += r.shape[0]
         del r
     first = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum([r.shape[0] for r in rows], out=first[1:])
     row = np.concatenate(rows) if rows else np.zeros(0, np.int64)
     status = np.concatenate(statuses) if statuses else np.zeros(0, np.int8)
     del rows, statuses
+    over, strategy, filtered = (
+        OverLength.of(cut),
+        plan.mixer.over_length_strategy,
+        plan.mixer.drop_untrainable,
+    )
+    drop_rows(status, over, strategy, filtered)
     if budget is None:
         sel = selection_indices(d.n_rows, d.target)
     else:
         counted = np.concatenate(counts) if counts else np.zeros(0, np.int64)
+        if budget.trainable and strategy == "drop":  # (masked whole: nothing of it is trained on)
+            counted[over.rows] = 0
         sel, held = _budget_rows(d, budget, row, status, counted)
         del counts, counted
     pos = np.searchsorted(row, sel)
@@ -145,6 +161,8 @@ def _dataset_documents(
     tally = DatasetTally(name=d.name, selected=int(pos.size), kept=int(kept.size))
     for code, count in zip(*np.unique(chosen[chosen != RowStatus.KEPT], return_counts=True), strict=True):
         tally.dropped[DROP_REASONS[RowStatus(int(code))]] += int(count)
+    if plan.mixer.max_seq_length is not None:
+        tally.over_length = outcome_line(d.name, pos, over, strategy, filtered, plan.mixer.max_seq_length)
     del pos, chosen
     if tally.kept == 0:
         raise DatasetError(
@@ -166,6 +184,8 @@ def _dataset_documents(
         for name in ("row", "offset", "length", "trainable"):
             docs[name][group] = r[name][local]
         del r
+    docs["edit"] = edits(kept, over, strategy, filtered)
+    docs["trainable"][docs["edit"] == UNMASKED] = 0
     if budget is not None:
         made = int(docs["trainable" if budget.trainable else "length"].sum())
         tally.budget = budget_line(d, budget, made, held)
@@ -380,11 +400,14 @@ def _write_parts(
         (str(staging / TOKENS_PART.format(k)), str(staging / MASK_PART.format(k))) for k in range(len(layout))
     ]
     how = ASSEMBLE_BY or _way_to_write(docs, slice_dirs, dtype)
+    changes = _edits(plan, docs["edit"], starts, ends)
     if how == "window":
 
         def window(lo: int, hi: int, part: int) -> WindowJob:
             found = plan_window(lo, hi, starts, ends, docs["slice"], docs["offset"], slice_dirs)
-            return WindowJob(lo, hi, lo - layout.firsts[part], *part_files[part], dtype.str, *found)
+            job = WindowJob(lo, hi, lo - layout.firsts[part], *part_files[part], dtype.str, *found)
+            job.edits = changes.within(lo, hi) if changes else changes
+            return job
 
         windows = [
             (lo, min(lo + WINDOW, end), k)
@@ -410,14 +433,16 @@ def _write_parts(
 
         def one_slice(sid: int, a: int, b: int) -> SliceJob:
             group = by_slice[a:b]
+            offsets, lengths = docs["offset"][group], docs["length"][group]
             return SliceJob(
                 slice_dirs[sid],
                 dtype.str,
                 layout,
                 part_files,
-                docs["offset"][group],
+                offsets,
                 starts[group],
-                docs["length"][group],
+                lengths,
+                _edits(plan, docs["edit"][group], offsets, offsets + lengths) if changes else changes,
             )
 
         count, fn = len(bounds), write_slice
@@ -443,6 +468,20 @@ def _write_parts(
             logger.warning("a worker process writing the output died; writing the output again on threads")
     with ThreadPoolExecutor(max_workers=workers) as threads:
         run_bounded(threads, fn, jobs(), 2 * workers, done)
+
+
+def _edits(plan: Plan, edit: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Edits:
+    """What over_length_strategy changes in documents ``[starts, ends)`` as they are written (``edit``: each
+    one's change), in the coordinates of ``starts`` and ``ends``."""
+    terminated, unmasked = edit == TERMINATED, edit == UNMASKED
+    if not (terminated.any() or unmasked.any()):
+        return Edits()
+    assert plan.eos_id is not None or not terminated.any()  # (the plan refuses terminate without an EOS)
+    return Edits(
+        plan.eos_id or 0,
+        ends[terminated] - 1,
+        np.stack([starts[unmasked], ends[unmasked]], axis=1),
+    )
 
 
 def _way_to_write(docs: np.ndarray, slice_dirs: list[str], dtype: np.dtype) -> str:

@@ -109,6 +109,7 @@ def run_report(
         ],
         documents=result.documents,
         budgets=[t.budget for t in result.tallies if t.budget is not None],
+        over_length=[t.over_length for t in result.tallies if t.over_length is not None],
         untrainable_documents=result.untrainable_documents,
         rows_kept_by_exact_spans=sum(m.kept_by_exact_spans for m in manifests),
         tokens=result.tokens,

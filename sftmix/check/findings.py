@@ -401,7 +401,8 @@ def _fit_findings_of(
     result.add(
         "fit",
         f"documents truncated at max_seq_length {max_seq_length}, their EOS with them (OLMo-core's default "
-        "boundaries, by EOS, join each to the next document)",
+        "boundaries, by EOS, join each to the next document; over_length_strategy terminate, "
+        "--over_length_strategy terminate, ends each one cut in trained text with a trainable EOS)",
         whole.truncated_no_eos.count,
         "documents",
         [where(d) for d in whole.truncated_no_eos.examples],

@@ -400,6 +400,17 @@ class MixerConfig(BaseModel):
         title="Max sequence length",
         description="Cut each conversation to at most this many tokens (it is kept, not dropped). Empty: no limit.",
     )
+    over_length_strategy: Annotated[
+        Literal["keep", "terminate", "drop"], ChangesBytes(unrecorded=True), Flag()
+    ] = Field(
+        default="keep",
+        title="Conversations longer than the max length",
+        description="What becomes of a conversation cut at max_seq_length (open-instruct's flag). keep: as the "
+        "reference, it loses its end, EOS included, and its cut assistant text is trained on. terminate: where "
+        "its last kept token is trained on, that token becomes EOS (still trained on), so the model learns to "
+        "stop. drop: it is not trained on at all (removed, as a row with nothing to train on). Conversations "
+        "that fit are the same under all three; changing it on a finished run tokenizes nothing again.",
+    )
     output: Annotated[OutputSpec, ChangesBytes()] = Field(title="Output")
     shuffle_seed: Annotated[int, ChangesBytes()] = Field(
         default=42, ge=0, title="Shuffle seed", description="The seed of the shuffle of all kept rows."

@@ -26,7 +26,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,34 @@ from sftmix.errors import ChecksumError
 from sftmix.output.olmo_format import PartLayout
 from sftmix.runtime.processes import ignore_stop_signals, start_resource_tracker, stop_signals_blocked
 from sftmix.runtime.storage import npy_header, pread_into, pwrite_all
+
+
+@dataclass(frozen=True)
+class Edits:
+    """What ``over_length_strategy`` changes in documents as they are written (``sftmix.assembly.over_length``),
+    in a job's own coordinates: the tokens at ``eos_at`` become ``eos``; the mask is zero over each
+    ``[start, end)`` of ``unmask`` (shape (k, 2))."""
+
+    eos: int = 0
+    eos_at: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    unmask: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))
+
+    def apply(self, tokens: np.ndarray, mask: np.ndarray, base: int = 0) -> None:
+        """Onto ``tokens`` and ``mask``, which hold the coordinates from ``base`` on."""
+        if self.eos_at.size:
+            tokens[self.eos_at - base] = self.eos
+        for start, end in (self.unmask - base).tolist():
+            mask[max(start, 0) : max(end, 0)] = 0
+
+    def within(self, lo: int, hi: int) -> Edits:
+        """Those that touch ``[lo, hi)``, moved so that ``lo`` is 0 and clipped to it (``eos_at`` and
+        ``unmask`` sorted by position)."""
+        at = self.eos_at[np.searchsorted(self.eos_at, lo) : np.searchsorted(self.eos_at, hi)]
+        ranges = self.unmask[(self.unmask[:, 1] > lo) & (self.unmask[:, 0] < hi)]
+        return Edits(self.eos, at - lo, np.clip(ranges - lo, 0, hi - lo))
+
+    def __bool__(self) -> bool:
+        return bool(self.eos_at.size or self.unmask.size)
 
 
 @dataclass
@@ -55,6 +83,7 @@ class WindowJob:
     src: np.ndarray
     dst: np.ndarray
     n: np.ndarray
+    edits: Edits = field(default_factory=Edits)  # in the window's coordinates
 
 
 def plan_window(
@@ -113,6 +142,7 @@ def fill_window(job: WindowJob) -> tuple[np.ndarray, np.ndarray]:
 def write_window(job: WindowJob) -> None:
     """Fill the window and write it into its part (the part files exist at their full size)."""
     tokens, mask = fill_window(job)
+    job.edits.apply(tokens, mask)
     for path, data, position in (
         (job.tokens_file, tokens, job.at * tokens.dtype.itemsize),
         (job.mask_file, mask, job.at),
@@ -137,6 +167,7 @@ class SliceJob:
     src: np.ndarray
     dst: np.ndarray
     n: np.ndarray
+    edits: Edits = field(default_factory=Edits)  # in the slice's token offsets
 
 
 def write_slice(job: SliceJob) -> None:
@@ -146,7 +177,7 @@ def write_slice(job: SliceJob) -> None:
         return
     dtype = np.dtype(job.dtype)
     lo, hi = int(job.src[0]), int((job.src + job.n).max())
-    arrays = []
+    read = []
     for name, item in (("tokens.npy", dtype), ("mask.npy", np.dtype(np.uint8))):
         path = os.path.join(job.slice_dir, name)
         data = np.empty(hi - lo, item)
@@ -155,8 +186,9 @@ def write_slice(job: SliceJob) -> None:
             _read_into(fd, memoryview(data).cast("B"), _data_offset(fd, path) + lo * item.itemsize, path)
         finally:
             os.close(fd)
-        arrays.append(memoryview(data).cast("B"))
-    tokens, mask = arrays
+        read.append(data)
+    job.edits.apply(read[0], read[1], lo)
+    tokens, mask = (memoryview(data).cast("B") for data in read)
     size = dtype.itemsize
     fds: dict[str, int] = {}
     try:

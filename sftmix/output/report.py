@@ -29,6 +29,7 @@ DROP_WORDS = {
     "no_trainable_tokens": "no assistant token is left to train on (no assistant turn, or all of it past "
     "max_seq_length)",
     "bad_row": "malformed and skipped (on_bad_row: skip); run_report.json names examples",
+    "over_length": "longer than max_seq_length, dropped by over_length_strategy drop",
 }
 
 
@@ -131,6 +132,10 @@ class RunReport(BaseModel):
     budgets: list[str] = Field(
         default_factory=list,
         description="What each token budget made: tokens asked, made, and the passes over its rows.",
+    )
+    over_length: list[str] = Field(
+        default_factory=list,
+        description="Per dataset, its rows longer than max_seq_length and what over_length_strategy made of them.",
     )
     training: list[str] = Field(
         default_factory=list,
@@ -250,6 +255,7 @@ class RunReport(BaseModel):
             f"{' of whole documents' if self.whole_document_parts else ''}, {self.tokens:,} tokens "
             f"({self.trainable_tokens:,} trainable), dtype {self.token_dtype}",
             *(f"budget      {line}" for line in self.budgets),
+            *(f"over length {line}" for line in self.over_length),
             *(f"training    {line}" for line in self.training),
             "time        " + self.time_line(),
         ]

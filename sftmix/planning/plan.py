@@ -91,6 +91,15 @@ from sftmix.tokenizing.unrendered import unrendered, what_it_reads
 logger = logging.getLogger(__name__)
 
 
+#: What each ``over_length_strategy`` makes of a conversation cut at ``max_seq_length``, in the plan's words.
+OVER_LENGTH_FATES = {
+    "keep": "cut without EOS, their cut end trained on, as the reference; terminate ends each with a trainable "
+    "EOS, drop removes them",
+    "terminate": "each whose cut falls in trained text ends with a trainable EOS",
+    "drop": "removed, not trained on",
+}
+
+
 class Plan(BaseModel):
     mixer: MixerConfig
     context: TokenizeContext
@@ -106,6 +115,7 @@ class Plan(BaseModel):
     slicing: str = ""  # how the slices were sized, in words (the summary's)
     seconds: float = 0.0  # how long making it took
     made_ahead: bool = False  # made by the command while the Prefect API started, and handed to the flow
+    eos_id: int | None = None  # the tokenizer's EOS (what over_length_strategy terminate writes)
 
     def recipe(self) -> dict[str, Any]:
         """Everything the output's bytes follow from (and nothing they do not: run options, the
@@ -133,6 +143,18 @@ class Plan(BaseModel):
             "of output"
         )
 
+    def over_length_lines(self) -> list[str]:
+        """Each dataset whose sampled rows run past ``max_seq_length``: the share, and what the run's
+        ``over_length_strategy`` will make of them."""
+        strategy = self.mixer.over_length_strategy
+        fate = OVER_LENGTH_FATES[strategy]
+        return [
+            f"over length ~{d.over_length_share:.0%} of {d.name}'s sampled rows are longer than max_seq_length "
+            f"{self.mixer.max_seq_length} (over_length_strategy {strategy}: {fate})"
+            for d in self.datasets
+            if d.over_length_share > 0
+        ]
+
     def summary(self, warnings: bool = True) -> str:
         """The plan in lines; ``warnings=False`` leaves out what the plan logged as it found it."""
         m = self.mixer
@@ -155,6 +177,7 @@ class Plan(BaseModel):
             )
         lines.append(f"\n{len(self.slices)} slices" + (f", {self.slicing}" if self.slicing else ""))
         lines.append(self.size_line())
+        lines += self.over_length_lines()
         for w in self.warnings if warnings else []:
             lines.append(f"warning: {w}")
         return "\n".join(lines)
@@ -328,16 +351,21 @@ def _load_note(tk: TokenizerKey, facts: TokenizerFacts, texts: list[str]) -> str
 _SAID: set[str] = set()
 
 
-def _tokens_per_row(ctx: TokenizeContext, rendered: list[list[str]], max_len: int | None) -> list[float]:
-    """Each dataset's sampled rows' tokens on average, cut at the max length: the plan's size estimate
-    (the rows a run drops, and what a mask leaves out, are not known before the work)."""
+def _tokens_per_row(
+    ctx: TokenizeContext, rendered: list[list[str]], max_len: int | None
+) -> list[tuple[float, float]]:
+    """Each dataset's sampled rows' tokens on average, cut at the max length, and the share of them longer
+    than it: the plan's estimates (the rows a run drops, and what a mask leaves out, are not known before
+    the work)."""
     rust = encoding_for(ctx).rust
-    means = []
+    found = []
     for texts in rendered:
         lengths = [len(e.ids) for e in rust.encode_batch(texts, add_special_tokens=False)] if texts else []
+        over = sum(n > max_len for n in lengths) if max_len else 0
         lengths = [min(n, max_len) if max_len else n for n in lengths]
-        means.append(sum(lengths) / len(lengths) if lengths else 0.0)
-    return means
+        n = max(len(lengths), 1)
+        found.append((sum(lengths) / n, over / n))
+    return found
 
 
 def _rendered(renderer: ChatRenderer, dataset: Opened, ctx: TokenizeContext) -> list[str]:
@@ -445,6 +473,7 @@ def _context(
         remote_work_dir=remote,
         datasets_cache=str(work_dir / "datasets-cache"),
         template_source=template.source,
+        over_length_recorded=mixer.over_length_strategy != "keep",
     )
 
 
@@ -516,6 +545,11 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
             f"mask generation_tags needs a template that marks assistant text with {{% generation %}} ... "
             f"{{% endgeneration %}}; template {template.source} has no such block"
         )
+    if mixer.over_length_strategy == "terminate" and facts.eos_id is None:
+        raise ConfigError(
+            f"over_length_strategy terminate ends a cut conversation with EOS, and tokenizer "
+            f"{mixer.tokenizer.name_or_path!r} has none (no eos_token); choose keep or drop"
+        )
     dtype = facts.token_dtype(mixer.output.token_dtype_rule)
     ctx = _context(mixer, tk, template, dtype.name, work_dir, remote)
     shared_key = {
@@ -541,8 +575,8 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     data_bytes = sum(d.nbytes for d in opened)
     at.slice_bytes = slice_bytes_for(run, data_bytes)
     datasets, slices = _cut(opened, at, early)
-    for d, tokens in zip(datasets, tokens_per_row, strict=True):
-        d.tokens_per_row = tokens
+    for d, (tokens, over) in zip(datasets, tokens_per_row, strict=True):
+        d.tokens_per_row, d.over_length_share = tokens, over
     _estimate_budgets(datasets, opened, at)
     release_mapped_data(datasets_too=True)  # every row was read to fingerprint it; workers map their own
     jsonl.release()
@@ -557,6 +591,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
         template_source=template.source,
         template_sha256=template.sha256,
         tokenizer_fingerprint=facts.fingerprint,
+        eos_id=facts.eos_id,
         warnings=[*([load_note] if load_note else []), *(w for d in opened for w in d.warnings), *left_out],
         tokenizer_load_note=load_note,
         unrendered=left_out,

@@ -33,6 +33,9 @@ class RowStatus(IntEnum):
     SPAN_UNVERIFIED = 2
     BAD_ROW = 3
     LITERAL_SPECIAL = 4  # the row spells a special token, dropped (sftmix.tokenizing.literal_tokens)
+    OVER_LENGTH = (
+        5  # cut at max_seq_length and dropped at assembly (over_length_strategy drop); never in a slice
+    )
 
 
 #: Why a row was dropped, as shown in statistics and reports.
@@ -41,6 +44,7 @@ DROP_REASONS = {
     RowStatus.SPAN_UNVERIFIED: "assistant_span_unverified",
     RowStatus.BAD_ROW: "bad_row",
     RowStatus.LITERAL_SPECIAL: "literal_special_token",
+    RowStatus.OVER_LENGTH: "over_length",
 }
 
 
@@ -66,6 +70,7 @@ class TokenizedRow:
     detail: str | None = None
     reference_drops: bool = False  # kept by exact spans; the reference's rule would drop it
     spelled: bool = False  # its text spells a special token, read as text (sftmix.tokenizing.literal_tokens)
+    truncated: bool = False  # its render has more than max_seq_length tokens (the kept ones do not cover it)
 
 
 class _SpanFailure(Exception):
@@ -150,6 +155,15 @@ class LabelMasker:
     def _cap(self, n: int) -> int:
         return n if self.max_len is None else min(n, self.max_len)
 
+    @property
+    def _reach(self) -> int | None:
+        """Tokens a kept row is encoded to: one past ``max_seq_length``, so that a render of exactly that
+        many tokens is told from a longer one (which loses its tail: ``TokenizedRow.truncated``)."""
+        return None if self.max_len is None else self.max_len + 1
+
+    def _cut(self, enc: Encoded) -> bool:
+        return self.max_len is not None and enc.length > self.max_len
+
     def tokenize(self, conversations: Sequence[Conversation]) -> list[TokenizedRow]:
         if self.mode in ("all", "generation_tags"):
             return self._tokenize_whole(conversations)
@@ -176,11 +190,12 @@ class LabelMasker:
         todo = [
             i for i, row in enumerate(results) if row.status == RowStatus.KEPT or not self.skip_untrainable
         ]
-        self.encoder.grow([encs[i] for i in todo], [self.max_len] * len(todo))
+        self.encoder.grow([encs[i] for i in todo], [self._reach] * len(todo))
         spanned = []
         for i in todo:
             row = results[i]
             row.ids = encs[i].ids[: self.max_len]
+            row.truncated = self._cut(encs[i])
             if char_spans[i] is not None and row.status == RowStatus.KEPT:
                 spanned.append(i)
             else:
@@ -326,14 +341,14 @@ class LabelMasker:
             rendered = _render_each(conversations, lambda c: self.renderer.render(c.messages, c.tools, False))
         results = []
         encs = self.encoder.start(rendered)
-        self.encoder.grow(encs, [self.max_len] * len(encs))
+        self.encoder.grow(encs, [self._reach] * len(encs))
         for i, enc in enumerate(encs):
             ids = enc.ids[: self.max_len]
             if self.mode == "generation_tags":
                 mask = _generation_mask(enc.offsets(ids.shape[0]), spans[i])
             else:
                 mask = np.ones(ids.shape[0], dtype=np.uint8)
-            results.append(TokenizedRow(ids=ids, mask=mask, status=RowStatus.KEPT))
+            results.append(TokenizedRow(ids=ids, mask=mask, status=RowStatus.KEPT, truncated=self._cut(enc)))
         if self.policy:
             _apply_policy(self.policy, self.renderer, conversations, rendered, encs, results)
         for row in results:

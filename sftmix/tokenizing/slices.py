@@ -96,6 +96,11 @@ ROW_DTYPE = np.dtype(
     [("row", "<i8"), ("offset", "<i8"), ("length", "<i8"), ("trainable", "<i8"), ("status", "<i1")]
 )
 ARTIFACTS = ("tokens.npy", "mask.npy", "rows.npy")
+#: The kept rows longer than ``max_seq_length`` (their index among the slice's row records, and whether
+#: their last kept token is trainable): what ``over_length_strategy`` changes at assembly, so a changed
+#: strategy tokenizes nothing again. Beside ``ARTIFACTS`` (whose bytes ``SLICE_FORMAT_VERSION`` pins).
+OVER_LENGTH = "over_length.npy"
+OVER_LENGTH_DTYPE = np.dtype([("index", "<i8"), ("trainable_end", "?")])
 MANIFEST = "manifest.json"
 #: The work directory's folder of template skeletons (``sftmix.tokenizing.prefix_renders.SkeletonStore``).
 SKELETONS = "skeletons"
@@ -128,6 +133,9 @@ class TokenizeContext(BaseModel):
     literal_special_tokens: str = "keep"  # (split: tokenizer_file is the renamed tokenizer)
     batch_size: int = 256
     encoder: str = "hf"  # "fast": the fast encoder, proven the same tokenizer by the plan (sftmix/tokenizing/encoders.py)
+    # Not a slice setting (every slice records its over-length rows): whether the run's over_length_strategy
+    # reads those records, so that a slice made before they were recorded is made again.
+    over_length_recorded: bool = False
 
     def tokenizer_key(self) -> TokenizerKey:
         """The run's tokenizer, loaded as the plan loaded it."""
@@ -213,6 +221,11 @@ class SliceManifest(BaseModel):
     spelled_special_tokens: int = Field(
         0,
         description="Rows kept whose text spells a special token, read as text (split: sftmix.tokenizing.literal_tokens).",
+    )
+    over_length: int | None = Field(
+        None,
+        description=f"Kept rows longer than max_seq_length, listed in {OVER_LENGTH} (None: made by a version "
+        "that did not record them; over_length_strategy terminate or drop makes such a slice again).",
     )
     unrendered_rows: dict[str, int] | None = Field(
         None,
@@ -334,6 +347,25 @@ def load_slice_rows(work_dir: str | Path, manifest: SliceManifest) -> np.ndarray
         return read_npy_of(slice_dir(work_dir, manifest.key) / "rows.npy", ROW_DTYPE)
     except (OSError, ValueError, EOFError) as exc:  # (EOFError: numpy's, for an empty file)
         raise ChecksumError(f"slice {manifest.key[:12]} ({manifest.dataset}): unreadable: {exc}") from None
+
+
+def load_over_length(work_dir: str | Path, manifest: SliceManifest) -> np.ndarray:
+    """The slice's kept rows longer than ``max_seq_length`` (:data:`OVER_LENGTH_DTYPE`); none are read
+    where the manifest counts none."""
+    if not manifest.over_length:
+        return np.zeros(0, OVER_LENGTH_DTYPE)
+    try:
+        return read_npy_of(slice_dir(work_dir, manifest.key) / OVER_LENGTH, OVER_LENGTH_DTYPE)
+    except (OSError, ValueError, EOFError) as exc:
+        raise ChecksumError(f"slice {manifest.key[:12]} ({manifest.dataset}): unreadable: {exc}") from None
+
+
+def unrecorded_over_length(ctx: TokenizeContext, manifest: SliceManifest) -> str | None:
+    """Why a finished slice cannot serve this run: it was made before its over-length rows were recorded,
+    and the run's ``over_length_strategy`` needs them."""
+    if ctx.over_length_recorded and manifest.over_length is None:
+        return "made before over-length rows were recorded (over_length_strategy needs them)"
+    return None
 
 
 def load_slice_arrays(
@@ -657,7 +689,11 @@ def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext, reuse: bool = False) -
     ctx, spec = on_this_machine(ctx, spec)
     if reuse:
         done = read_manifest(ctx.work_dir, spec.key, ctx.remote_work_dir)
-        if done is not None and verify_slice(ctx.work_dir, done, ctx.remote_work_dir) is None:
+        if (
+            done is not None
+            and unrecorded_over_length(ctx, done) is None
+            and verify_slice(ctx.work_dir, done, ctx.remote_work_dir) is None
+        ):
             return done
     try:
         return _tokenize_slice(spec, ctx)
@@ -720,6 +756,8 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
                 check_ids_fit(res.ids, dtype, f"dataset {spec.dataset!r}, {row_label(batch_rows[j])}")
                 rec["offset"] = offset
                 rec["trainable"] = int(res.mask.sum())
+                if res.truncated:
+                    tally.over_length.append((b + j, bool(res.mask[-1])))
                 token_chunks.append(res.ids.astype(dtype))
                 mask_chunks.append(res.mask.astype(np.uint8))
                 offset += res.ids.shape[0]
@@ -750,6 +788,7 @@ class _Tally:
     rescued: int = 0  # kept by exact spans where the reference's rule drops
     spelled: int = 0  # kept rows whose text spells a special token (split)
     examples: list[dict] = field(default_factory=list)
+    over_length: list[tuple[int, bool]] = field(default_factory=list)  # (row record, last token trainable)
 
 
 def _refuse_all_zero(spec: SliceSpec, ctx: TokenizeContext, rows: int, tally: _Tally) -> None:
@@ -782,6 +821,7 @@ def _checkpoint(
             "tokens.npy": _save_npy(root / "tokens.npy", tokens),
             "mask.npy": _save_npy(root / "mask.npy", mask),
             "rows.npy": _save_npy(root / "rows.npy", records),
+            OVER_LENGTH: _save_npy(root / OVER_LENGTH, np.array(tally.over_length, dtype=OVER_LENGTH_DTYPE)),
         }
     kept = records["status"] == RowStatus.KEPT
     manifest = SliceManifest(
@@ -797,6 +837,7 @@ def _checkpoint(
         untrainable_kept=dict(sorted(tally.untrainable.items())),
         kept_by_exact_spans=tally.rescued,
         spelled_special_tokens=tally.spelled,
+        over_length=len(tally.over_length),
         unrendered_rows=dict(sorted(tally.holding.items())),
         drop_examples=tally.examples,
         token_dtype=tokens.dtype.name,

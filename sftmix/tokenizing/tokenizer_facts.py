@@ -37,7 +37,7 @@ from sftmix.tokenizing.tokenizer import (
 )
 
 #: Part of every key: raise it when what is kept, or how it is made, changes.
-FACTS_VERSION = 2
+FACTS_VERSION = 3  # 3: eos_id
 
 #: Files above this size are keyed by size and modification time, not by their bytes.
 HASHED_FILE_LIMIT = 64 * 1024 * 1024
@@ -58,6 +58,7 @@ class TokenizerFacts:
     largest_id: int
     tokenizer_class: str = ""  # the class that built it (sftmix.tokenizing.tokenizer_load)
     load_changes: tuple[str, ...] = ()  # what the reference's build has in place of its files' parts
+    eos_id: int | None = None  # the id over_length_strategy terminate ends a cut row with
 
     def token_dtype(self, rule: str = "vocab_size") -> np.dtype:
         """Smallest unsigned dtype for the token parts; 'vocab_size' is the reference's rule."""
@@ -124,6 +125,7 @@ def tokenizer_facts(key: TokenizerKey) -> TokenizerFacts:
         largest_id=int(largest_token_id(tok)),
         tokenizer_class=type(tok).__name__,
         load_changes=load_changes(key),
+        eos_id=None if tok.eos_token_id is None else int(tok.eos_token_id),
     )
     if kept is not None:
         write_cache_file(kept / "facts.json", json.dumps(asdict(facts), sort_keys=True).encode("utf-8"))

@@ -59,6 +59,7 @@ class DatasetPlan(BaseModel):
     fingerprint: str
     slices: list[int]
     tokens_per_row: float = 0.0  # its sampled rows' tokens on average, cut at the max length (an estimate)
+    over_length_share: float = 0.0  # the share of its sampled rows longer than the max length
 
     @property
     def upsampled(self) -> bool:
