@@ -248,7 +248,7 @@ def _report_findings(report: RunReport, checked: CheckReport, run: RunOptions) -
     report.check_notes = checked.notes()
     findings = checked.findings
     report.check_findings = [asdict(f) for f in findings]
-    report.training = checked.summary_lines()
+    report.training = [*report.training, *checked.summary_lines()]  # (after the run's own: span losses)
     log = get_run_logger()
     for f in findings:  # what follows from the user's settings is information, not a warning
         level = {BROKEN: logging.ERROR, CHANGES_TRAINING: logging.WARNING}.get(f.severity, logging.INFO)

@@ -15,6 +15,8 @@ from sftmix.check.findings import CheckReport, check_output
 from sftmix.config.config import RunOptions
 from sftmix.output.report import DatasetReport, RunReport, Validation
 from sftmix.planning.plan import Plan
+from sftmix.planning.span_losses import span_loss_line
+from sftmix.tokenizing.labels import DROP_REASONS, RowStatus
 from sftmix.tokenizing.slices import SliceManifest, literal_report
 from sftmix.tokenizing.unrendered import counted_lines
 
@@ -79,6 +81,9 @@ def check_for(
     )
 
 
+_SPAN_DROPS = DROP_REASONS[RowStatus.SPAN_UNVERIFIED]
+
+
 def run_report(
     plan: Plan,
     outcome: SliceOutcome,
@@ -110,6 +115,11 @@ def run_report(
         documents=result.documents,
         budgets=[t.budget for t in result.tallies if t.budget is not None],
         over_length=[t.over_length for t in result.tallies if t.over_length is not None],
+        training=[
+            line
+            for t in result.tallies
+            if (line := span_loss_line(t.name, t.selected, t.dropped.get(_SPAN_DROPS, 0))) is not None
+        ],
         untrainable_documents=result.untrainable_documents,
         rows_kept_by_exact_spans=sum(m.kept_by_exact_spans for m in manifests),
         tokens=result.tokens,

@@ -24,8 +24,11 @@ UP_TO_DATE = "up to date"
 #: Why a row is dropped, in words (the keys are the reasons in run_report.json and the statistics).
 DROP_WORDS = {
     "assistant_span_unverified": "the reference's check that an assistant turn's tokens start at and cover "
-    "its text failed (most often a chat that opens with an assistant turn); the reference drops these "
-    "too, and `spans: exact` keeps them",
+    "its text failed (known causes: a chat that opens with an assistant turn; an assistant turn whose "
+    "content starts with whitespace under a template that is not prefix-stable; a template that renders "
+    "earlier turns otherwise in the whole chat, as the thinker templates that remove earlier thinking; a "
+    "tokenizer whose normalizer changes the text, NFKC); the reference drops these too, and `spans: exact` "
+    "keeps them",
     "no_trainable_tokens": "no assistant token is left to train on (no assistant turn, or all of it past "
     "max_seq_length)",
     "bad_row": "malformed and skipped (on_bad_row: skip); run_report.json names examples",

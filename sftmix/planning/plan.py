@@ -43,6 +43,7 @@ from sftmix.planning.readers.reader import (
 from sftmix.planning.readers.streamed import STREAMED
 from sftmix.planning.readers.whole import WHOLE
 from sftmix.planning.recipe import input_record, mixer_recipe
+from sftmix.planning.span_losses import span_losses
 from sftmix.runtime.parallel import memory_limit
 from sftmix.runtime.storage import is_remote, storage_errors
 from sftmix.sources import jsonl, parquet
@@ -578,6 +579,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     for d, (tokens, over) in zip(datasets, tokens_per_row, strict=True):
         d.tokens_per_row, d.over_length_share = tokens, over
     _estimate_budgets(datasets, opened, at)
+    span_losses(datasets, opened, ctx)
     release_mapped_data(datasets_too=True)  # every row was read to fingerprint it; workers map their own
     jsonl.release()
     parquet.release()

@@ -411,14 +411,22 @@ def _masker(ctx: TokenizeContext) -> LabelMasker:
     )
 
 
-def trainable_per_row(ctx: TokenizeContext, conversations: list[Conversation]) -> float | None:
-    """The trainable tokens the run's masker gives each of ``conversations`` on average (none for a row it
-    drops): what a trainable token budget's plan estimates from; ``None`` where the masker fails on one."""
+def masked_samples(ctx: TokenizeContext, conversations: list[Conversation]) -> list[TokenizedRow] | None:
+    """The run's masker over ``conversations`` (a plan's sampled rows): what the plan estimates from before
+    any work; ``None`` where there are none or the masker fails on one."""
     if not conversations:
         return None
     try:
-        rows = _masker(ctx).tokenize(conversations)
+        return _masker(ctx).tokenize(conversations)
     except RenderError:
+        return None
+
+
+def trainable_per_row(ctx: TokenizeContext, conversations: list[Conversation]) -> float | None:
+    """The trainable tokens the run's masker gives each of ``conversations`` on average (none for a row it
+    drops): what a trainable token budget's plan estimates from; ``None`` where the masker fails on one."""
+    rows = masked_samples(ctx, conversations)
+    if rows is None:
         return None
     return sum(int(r.mask.sum()) for r in rows if r.status == RowStatus.KEPT) / len(rows)
 
