@@ -21,6 +21,7 @@ from typing import BinaryIO
 import numpy as np
 
 from sftmix.errors import ConfigError
+from sftmix.output.content import Layout, differing_streams, documents_line, parts_text
 from sftmix.output.olmo_format import BOUNDS_PART, STATS_JSON, STATS_TXT
 from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.storage import (
@@ -181,6 +182,9 @@ def _words(kinds: list[str]) -> str:
 @dataclass
 class Comparison:
     items: list[Difference] = field(default_factory=list)
+    parts: str | None = None  # where the outputs' parts end elsewhere: how many each has
+    streams: list[str] = field(default_factory=list)  # then, which of tokens, masks, documents differ
+    documents: str | None = None  # where their contents first differ, by document in each
 
     @property
     def matches(self) -> bool:
@@ -193,12 +197,28 @@ class Comparison:
         differ = [k for k in kinds if any(kind_of(i.name) == k and i.status != "OK" for i in self.items)]
         if not differ:
             return "outputs match"
+        if self.parts is not None:  # read across parts: what a trainer reads, whatever the layout
+            rest = [k for k in differ if k not in TRAINED]
+            same = [k for k in ("documents", "tokens", "masks") if k not in self.streams]
+            if not self.streams:
+                head = f"same {_words(same)}; part layout differs: {self.parts}"
+            else:
+                head = f"outputs DIFFER in {_words(self.streams)}" + (
+                    f" ({_words(same)} the same)" if same else ""
+                )
+                head += f" and in part layout: {self.parts}"
+            return head + (f"; {_words(rest)} differ" if rest else "")
         present = {kind_of(i.name) for i in self.items}
         same = [k for k in TRAINED if k in present and k not in differ]
         return f"outputs DIFFER in {_words(differ)}" + (f"; {_words(same)} are identical" if same else "")
 
     def render(self) -> str:
-        lines = [f"{i.status:<6} {i.name}" + (f"  {i.detail}" if i.detail else "") for i in self.items]
+        shown = [i for i in self.items if self.parts is None or kind_of(i.name) not in TRAINED]
+        lines = [f"{i.status:<6} {i.name}" + (f"  {i.detail}" if i.detail else "") for i in shown]
+        if self.parts is not None:
+            lines.append(f"PARTS  {self.parts}: the parts end elsewhere, so they are compared across parts")
+        if self.documents is not None:
+            lines.append(self.documents)
         lines.append(self.verdict())
         return "\n".join(lines)
 
@@ -270,10 +290,23 @@ def compare(a: str | Path, b: str | Path, digests_a: dict[str, str] | None = Non
             result.items.append(Difference(name, "ONLY_A"))
         elif name not in da:
             result.items.append(Difference(name, "ONLY_B"))
-        elif da[name] == db[name]:
-            result.items.append(Difference(name, "OK"))
         else:
-            result.items.append(Difference(name, "DIFF", _explain(name, dir_a, dir_b)))
+            result.items.append(Difference(name, "OK" if da[name] == db[name] else "DIFF"))
+    layouts = None if dir_a is None or dir_b is None else (Layout.of(dir_a), Layout.of(dir_b))
+    trained = any(i.status != "OK" and kind_of(i.name) in TRAINED for i in result.items)
+    if layouts is not None and layouts[0] is not None and layouts[1] is not None and trained:
+        la, lb = layouts
+        if (
+            la.firsts[:-1] != lb.firsts[:-1]
+        ):  # a byte offset in a part means nothing where parts begin elsewhere
+            result.parts, result.streams = parts_text(la, lb), differing_streams(la, lb)
+            if result.streams:
+                result.documents = documents_line(la, lb)
+            return result
+        result.documents = documents_line(la, lb)
+    for item in result.items:
+        if item.status == "DIFF":
+            item.detail = _explain(item.name, dir_a, dir_b)
     return result
 
 
