@@ -137,6 +137,9 @@ class Board:
         self.started = time.monotonic()
         self.started_at = time.time()
         self.recent: deque[tuple[float, int, int, int]] = deque()  # (when, bytes, tokens, rows) computed
+        self.partial: dict[int, float] = {}  # running slices' input bytes done, as their workers note them
+        self.computed = 0  # input bytes of the slices computed (not reused) so far
+        self.samples: deque[tuple[float, float]] = deque()  # (when, bytes computed, running slices' too)
         self.work_dir = work_dir
         self.generation = getattr(self, "generation", 0) + 1
         self._watching = 0  # the generation whose manifest watcher runs
@@ -173,7 +176,7 @@ class Board:
             self.generation += 1
 
     def _watch(self, generation: int, specs: list[SliceSpec]) -> None:
-        from sftmix.tokenizing.slices import read_manifest, slice_dir
+        from sftmix.tokenizing.slices import read_manifest, read_progress, slice_dir
 
         todo = {s.index: s for s in specs}
         earlier: dict[int, tuple[int, int]] = {}  # index -> (inode, mtime) of an earlier run's manifest
@@ -183,9 +186,12 @@ class Board:
             for index, spec in list(todo.items()):
                 if self.generation != generation:
                     return
+                root = slice_dir(self.work_dir or "", spec.key)
                 try:
-                    st = (slice_dir(self.work_dir or "", spec.key) / "manifest.json").stat()
+                    st = (root / "manifest.json").stat()
                 except OSError:
+                    if (share := read_progress(root, self.started_at)) is not None:
+                        self._running(spec, share)
                     continue
                 if earlier.get(index) == (st.st_ino, st.st_mtime_ns):
                     continue
@@ -199,19 +205,38 @@ class Board:
                     continue
                 self.finished(spec, m.rows, m.tokens, reused=False)
                 del todo[index]
+            self._sample()
             time.sleep(1.0)
+
+    def _running(self, spec: SliceSpec, share: float) -> None:
+        """A running slice's worker has done ``share`` of its rows: the bar and the time left move before it
+        ends (a slice of a large file runs for minutes)."""
+        with self._lock:
+            if spec.index not in self.seen:
+                self.partial[spec.index] = share * spec.est_bytes
+
+    def _sample(self) -> None:
+        """The bytes done now, running slices' shares with them: what the time left is measured from."""
+        with self._lock:
+            now = time.monotonic()
+            self.samples.append((now, self.computed + sum(self.partial.values())))
+            while self.samples and self.samples[0][0] < now - WINDOW:
+                self.samples.popleft()
+        self._tell()
 
     def finished(self, spec: SliceSpec, rows: int, tokens: int, reused: bool) -> None:
         with self._lock:
             if self.plan.get(spec.index, (None,))[0] != spec.key or spec.index in self.seen:
                 return
             self.seen.add(spec.index)
+            self.partial.pop(spec.index, None)
             self.rows += rows
             self.tokens += tokens
             self.bytes_done += spec.est_bytes
             if reused:
                 self.reused += 1
             else:
+                self.computed += spec.est_bytes
                 self.recent.append((time.monotonic(), spec.est_bytes, tokens, rows))
         self._tell()
 
@@ -233,7 +258,12 @@ class Board:
             tokens = sum(r[2] for r in self.recent) / span
             rows = sum(r[3] for r in self.recent) / span
             bytes_total = sum(b for _, b in self.plan.values())
-            left = (bytes_total - self.bytes_done) / nbytes if nbytes > 0 else None
+            done = self.bytes_done + int(sum(self.partial.values()))
+            if len(self.samples) >= 2 and self.samples[-1][0] - self.samples[0][0] >= 2.0:
+                (t0, b0), (t1, b1) = self.samples[0], self.samples[-1]
+                if b1 > b0:  # the running slices' notes with the ended ones: a rate before any has ended
+                    nbytes = (b1 - b0) / (t1 - t0)
+            left = (bytes_total - done) / nbytes if nbytes > 0 else None
             return ProgressFacts(
                 done=len(self.seen),
                 total=len(self.plan),
@@ -241,7 +271,7 @@ class Board:
                 failed=self.failed,
                 rows=self.rows,
                 tokens=self.tokens,
-                bytes_done=self.bytes_done,
+                bytes_done=done,
                 bytes_total=bytes_total,
                 elapsed=now - self.started,
                 tokens_per_second=tokens,

@@ -74,6 +74,29 @@ TAIL = 3000
 #: the output's directory changed within this many seconds of the kill.
 PUBLISHING_AT_THE_KILL = 0.1
 
+#: The output's layouts and row fates a trial on the generated dataset may be drawn with (half the trials
+#: keep the reference's), each with its own expected output made once by a plain run: the convert flags,
+#: and the amount its dataset is given. A rerun after the stop must give that output's bytes.
+LAYOUTS: dict[str, tuple[tuple[str, ...], str]] = {
+    "reference": ((), "1.0"),
+    "whole-documents": (("--parts", "whole_documents", "--part_bytes", "262144"), "1.0"),
+    "lineage": (("--lineage",), "1.0"),
+    "budget": ((), "600k tokens"),
+    "terminate": (("--over_length_strategy", "terminate"), "1.0"),
+    "drop": (("--over_length_strategy", "drop"), "1.0"),
+}
+#: Kinds whose trials draw a layout (the others' inputs or patterns are their own).
+LAYOUT_KINDS = (
+    "sigint-group",
+    "sigterm",
+    "sighup-group",
+    "kill-worker",
+    "kill-api-early",
+    "kill-api-late",
+    "sigterm-tail",
+    "sigterm-rerun",
+)
+
 PIPE_KINDS = ("pipe-grep", "pipe-head")
 LOCAL_KINDS = (
     *PIPE_KINDS,
@@ -813,12 +836,16 @@ def said_changed(line: str, data: Path, change: str) -> bool:
     return "changed" in line or cut_short or cut_stream
 
 
-def convert_argv(data: Path | str | Mixture, work: Path, out: Path, slicing: Sequence[str] = ()) -> list[str]:
-    """A mixture is sliced as ``slicing`` says (by default the mixture's own size); one dataset, by rows."""
+def convert_argv(
+    data: Path | str | Mixture, work: Path, out: Path, slicing: Sequence[str] = (), layout: str = "reference"
+) -> list[str]:
+    """A mixture is sliced as ``slicing`` says (by default the mixture's own size); one dataset, by rows,
+    in one of :data:`LAYOUTS`."""
+    flags, amount = LAYOUTS[layout]
     if isinstance(data, Mixture):
         mixer = data.mixer_list()
     else:
-        mixer, slicing = [str(data), "1.0"], ("--slice_rows", str(SLICE_ROWS))
+        mixer, slicing = [str(data), amount], ("--slice_rows", str(SLICE_ROWS), *flags)
     return [
         str(COMMAND), "convert", "--dataset_mixer_list", *mixer,
         "--tokenizer_name_or_path", str(ROOT / "examples" / "tokenizer"), "--chat_template_name", "olmo",
@@ -1277,6 +1304,26 @@ class Soak:
             start += TAIL_IN_PROCESSES
         return rng, start
 
+    def draw_layout(self, rec: TrialRecord) -> str:
+        """The trial's layout (:data:`LAYOUTS`; a generator of its own: the other draws are those of older
+        soaks)."""
+        if rec.kind not in LAYOUT_KINDS:
+            return "reference"
+        rng = random.Random(f"{self.seed}/{rec.index}/{rec.kind}/layout")
+        return "reference" if rng.random() < 0.5 else rng.choice([k for k in LAYOUTS if k != "reference"])
+
+    def _layout_expected(self, layout: str, env: dict[str, str], tdir: Path) -> Path:
+        """The generated dataset's output in ``layout``, made once by a plain run."""
+        expected = self.root / f"expected-layout-{layout}"
+        if not expected.exists():
+            started = time.monotonic()
+            argv = convert_argv(self.data, tdir / "layout-work", expected, layout=layout)
+            run = subprocess.run(argv, env=env, cwd=tdir, capture_output=True, timeout=300)
+            if run.returncode != 0:
+                raise RuntimeError(f"the {layout} layout's run failed:\n{run.stderr.decode()[-TAIL:]}")
+            self.walls[expected] = time.monotonic() - started
+        return expected
+
     def early_or_any(self, rng: random.Random, wall: float | None = None) -> float:
         """A moment in a run of ``wall`` seconds (the baseline's where none is given), one draw in five in
         its first half second."""
@@ -1358,9 +1405,10 @@ class Soak:
             for hub in self.hubs.values():
                 hub.flaky.clear()  # (what an earlier trial's stop left)
         slicing = rng.choice(MIXTURE_SLICINGS) if rec.kind == "sigint-mixture" else ()
-        argv = convert_argv(data, work, out, slicing)
+        layout = self.draw_layout(rec)
+        argv = convert_argv(data, work, out, slicing, layout)
         env = self._env(rec, tdir / "tmp", str(data))
-        expected = None
+        expected = None if layout == "reference" else self._layout_expected(layout, env, tdir)
         if rec.kind == "sigint-hub":  # (its statistics name the dataset; made with a cache of its own)
             expected = self._version_expected(data, "", {**env, "HF_HOME": str(self.root / "hf-home")}, tdir)
             rec.fault = f"{HUB_KINDS[str(data)]}, "
@@ -1419,6 +1467,8 @@ class Soak:
             cmd = Command(self.reaper, argv, env, tdir)
             wall = base.wall if expected is None else self.walls.get(expected, base.wall)
             fault_at = self._inject(rec, rng, cmd, out, wall)
+        if layout != "reference":
+            rec.fault = f"layout {layout}, {rec.fault}"
         self._judge_stop(rec, cmd, fault_at, out, tdir)
         if kind in RERUN_KINDS:
             self._judge_published_kept(rec, out, published_id, forced="--force" in argv)

@@ -78,6 +78,7 @@ def test_rare_options_are_grouped_last_in_each_section(schema):
         "datasets",
         "tokenizer",
         "max_seq_length",
+        "over_length_strategy",
         "output",
         "advanced",
     ]

@@ -4,6 +4,7 @@ bytes are those of a run without a head start."""
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import random
@@ -158,9 +159,13 @@ def test_a_large_files_slices_are_cut_while_the_plan_reads_it(large, tmp_path, s
     plan = build_plan(mixer, run, lambda spec, ctx: early.append((spec.key, spec.index, _read_whole(large))))
     assert [(key, index) for key, index, _ in early] == [(s.key, s.index) for s in plan.slices]
     batches = jsonl.scan(str(large)).batches
-    assert len(plan.slices) == sum(
-        -(-b.rows // (slice_rows or b.rows)) for b in batches
-    )  # none across batches
+    firsts = [b.first_row for b in batches]
+    for s in plan.slices:  # none across batches
+        assert bisect.bisect_right(firsts, s.row_start) == bisect.bisect_right(firsts, s.row_end - 1)
+    if slice_rows:
+        assert len(plan.slices) == sum(-(-b.rows // slice_rows) for b in batches)
+    else:  # (a small mixture's batches are cut finer: two slices a worker, sftmix.planning.plan.slice_bytes_for)
+        assert len(plan.slices) >= max(len(batches), 2 * 2)
     assert not early[0][2]  # the first slice was handed over before the file was read whole
     assert plan.datasets[0].n_rows == 7_600
     # the same plan from the scan made before, and as a plan that is not handed its slices early
@@ -364,15 +369,20 @@ def test_left_to_the_tool_a_larger_dataset_has_larger_slices(large, tmp_path, mo
     or after a count. Here at most 2 slices a mixture, so this ~25 MiB file gets the 16 MiB tier."""
     from sftmix.planning import plan as planning
 
-    assert [planning.slice_bytes_for(RunOptions(), n << 20) for n in (1, 2048, 2049, 10_000, 10**6)] == [
+    two = RunOptions(workers=2)
+    assert [planning.slice_bytes_for(two, n << 20) for n in (1, 12, 17, 2048, 2049, 10_000, 10**6)] == [
+        256 << 10,  # a small mixture is cut finer, down to 256 KiB, until each worker has two slices
+        2 << 20,
         4 << 20,
         4 << 20,
         8 << 20,
         32 << 20,
         64 << 20,
     ]
+    assert planning.slice_bytes_for(RunOptions(workers=64), 200 << 20) == 1 << 20
     assert planning.slice_bytes_for(RunOptions(slice_bytes=123), 10**12) == 123
     monkeypatch.setattr(planning, "AUTO_SLICES", 2)
+    monkeypatch.setattr(planning, "SLICES_PER_WORKER", 0)  # (the tiers alone)
     assert 16 << 20 < large.stat().st_size <= 32 << 20  # above 2 x 8 MiB, within 2 x 16 MiB
     streamed, counted = _mixer(large, tmp_path / "a"), _mixer(large, tmp_path / "b")
     counted.datasets[0].amount = 10_000
@@ -395,6 +405,7 @@ def test_left_to_the_tool_the_slices_follow_the_whole_mixtures_size(large, tmp_p
     from sftmix.planning import plan as planning
 
     monkeypatch.setattr(planning, "AUTO_SLICES", 2)
+    monkeypatch.setattr(planning, "SLICES_PER_WORKER", 0)  # (the tiers alone)
     other = tmp_path / "other.jsonl"
     shutil.copyfile(large, other)
     alone = build_plan(_mixer(large, tmp_path / "a"), RunOptions(work_dir=str(tmp_path / "w1")))

@@ -64,6 +64,10 @@ def test_by_index_and_clear_errors(output, capsys):
     assert "there is no document 100000" in capsys.readouterr().err
     assert main(["inspect", str(output), "--dataset", "nope.jsonl"]) == 2
     assert "no dataset 'nope.jsonl'" in capsys.readouterr().err
+    by_index = inspect(capsys, str(output), "--dataset", "0", "--row", "5")  # as the lineage columns name it
+    assert by_index == inspect(capsys, str(output), "--dataset", "general.jsonl", "--row", "5")
+    assert main(["inspect", str(output), "--dataset", "7"]) == 2
+    assert "(datasets by index: 0: " in capsys.readouterr().err
 
 
 def test_report_draws_lengths_trainable_fraction_and_shares(output, tmp_path, capsys):

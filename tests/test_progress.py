@@ -109,6 +109,34 @@ def test_an_earlier_runs_manifest_is_not_counted_until_this_run_writes_its_own(t
     assert _counted_by_the_watcher(board) == (1, 0, 700)
 
 
+def test_a_running_slice_moves_the_bar_and_the_time_left_before_it_ends(tmp_path):
+    """A worker notes its rows as it goes (sftmix.tokenizing.slices.note_progress): the share of the input and
+    the time left move while no slice has ended; a note from an earlier run counts for nothing."""
+    import os
+    import time
+
+    from sftmix.tokenizing.slices import PROGRESS, note_progress, slice_dir
+
+    stale = slice_dir(tmp_path, "k1")
+    note_progress(stale, 90, 100)
+    os.utime(stale / PROGRESS, (time.time() - 3600,) * 2)
+    board, specs = Board(), [_spec(0, est_bytes=1000), _spec(1, est_bytes=1000)]
+    board.begin(specs, work_dir=str(tmp_path))
+    root = slice_dir(tmp_path, "k0")
+    note_progress(root, 25, 100)
+    time.sleep(2.5)
+    note_progress(root, 50, 100)
+    deadline = time.monotonic() + 10
+    while board.facts().bytes_done < 500 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    facts = board.facts()
+    assert (facts.done, facts.bytes_done, facts.fraction) == (0, 500, 0.25)
+    assert facts.seconds_left is not None and facts.left().startswith("about ")
+    board.finished(specs[0], rows=10, tokens=100, reused=False)
+    assert board.facts().bytes_done == 1000  # (its note no longer counts once it is done)
+    board.stop_watching()
+
+
 @pytest.mark.slow
 def test_the_console_shows_summary_lines_not_a_line_per_slice(tmp_path):
     proc = cli(

@@ -77,6 +77,7 @@ def test_kept_facts_and_files_are_the_loaded_tokenizers(cache, tmp_path, monkeyp
         largest_id=largest_token_id(tok),
         tokenizer_class=type(tok).__name__,
         load_changes=load_changes(key),
+        eos_id=tok.eos_token_id,
     )
     save_tokenizer(key, template, tmp_path / "transformers")
     assert tokenizer_facts(key) == oracle  # made, and kept

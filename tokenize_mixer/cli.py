@@ -275,7 +275,10 @@ def _output_parsers(sub: _Subcommands) -> None:
     ins = sub.add_parser("inspect", help="decode a written document with its trainable tokens highlighted")
     ins.add_argument("output", help="an output directory")
     ins.add_argument("--doc", type=int, help="document index in output order (default: the first)")
-    ins.add_argument("--dataset", help="the first document of this dataset (its path, or file name)")
+    ins.add_argument(
+        "--dataset",
+        help="the first document of this dataset (its path, file name, or index in the mixer as the lineage columns give it)",
+    )
     ins.add_argument("--row", type=int, help="with or without --dataset: the document of this source row")
     ins.add_argument(
         "--against",

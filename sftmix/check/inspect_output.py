@@ -84,7 +84,8 @@ def _name_source(out: Path, doc: Document) -> None:
 
 
 def find_document(output: str | Path, dataset: str | None, row: int | None) -> int:
-    """The index of the first document of ``dataset`` (and source ``row``, when given)."""
+    """The index of the first document of ``dataset`` (its name, file name, or index in the mixer, as the
+    lineage columns give it) and source ``row``, when given."""
     out = Path(output)
     mapped = _document_map(out)
     if mapped is None:
@@ -95,8 +96,11 @@ def find_document(output: str | Path, dataset: str | None, row: int | None) -> i
     wanted = np.ones(documents.shape[0], dtype=bool)
     if dataset is not None:
         matches = [i for i, n in enumerate(names) if n == dataset or Path(n).name == dataset]
+        if not matches and dataset.isdigit() and int(dataset) < len(names):
+            matches = [int(dataset)]  # the dataset's index in the mixer, as the lineage columns give it
         if not matches:
-            raise ConfigError(f"no dataset {dataset!r} in {out} (datasets: {', '.join(names)})")
+            listed = ", ".join(f"{i}: {n}" for i, n in enumerate(names))
+            raise ConfigError(f"no dataset {dataset!r} in {out} (datasets by index: {listed})")
         wanted &= np.isin(documents["dataset"], matches)
     if row is not None:
         wanted &= documents["row"] == row

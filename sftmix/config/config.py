@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from sftmix.config.byte_settings import NO_BYTES, ChangesBytes
+from sftmix.config.byte_settings import NO_BYTES, ChangesBytes, nested_model
 from sftmix.config.command_flags import Flag
 from sftmix.config.form import blank_is_none, form_schema, lift_advanced
 from sftmix.config.selection import BUDGET_PATTERN, Amount, TokenBudget, amount_text, parse_amount
@@ -642,13 +642,34 @@ class RunFile(BaseModel):
     run: RunOptions = Field(default_factory=RunOptions)
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
-    """One line per problem, naming the field, instead of pydantic's wall of text."""
+def format_validation_error(exc: ValidationError, source: str, model: type[BaseModel] = RunFile) -> str:
+    """One line per problem, naming the field, instead of pydantic's wall of text; a key the model does not
+    have, with the fields it has that are closest to it."""
     lines = [f"invalid configuration in {source}:"]
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append(f"  {where}: {err['msg']}")
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden" and err["loc"]:
+            msg = f"unknown setting{_closest_field(model, err['loc'])}"
+        lines.append(f"  {where}: {msg}")
     return "\n".join(lines)
+
+
+def _closest_field(model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
+    """``; did you mean 'max_seq_length'?`` for a mistyped key at ``loc`` (its last item) of ``model``, with
+    the fields of the model that holds it; nothing where none is close."""
+    import difflib
+
+    holder: type[BaseModel] | None = model
+    for key in loc[:-1]:
+        if isinstance(key, int) or holder is None:
+            continue  # (an index into a list of models)
+        info = holder.model_fields.get(key)
+        holder = None if info is None else nested_model(info)[0]
+    if holder is None:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(holder.model_fields), n=2, cutoff=0.6)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
 def load_run_file(path: str | os.PathLike[str]) -> RunFile:

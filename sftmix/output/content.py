@@ -22,7 +22,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from sftmix.output.olmo_format import BOUNDS_PART, MASK_PART, STATS_JSON, TOKENS_PART
+from sftmix.output.olmo_format import BOUNDS_PART, MASK_PART, RUN_REPORT, STATS_JSON, TOKENS_PART
 from sftmix.runtime.storage import open_npy
 
 CHUNK = 1 << 20
@@ -181,7 +181,7 @@ class Source:
 def document_at(layout: Layout, token: int) -> Source:
     """The document holding global ``token``: from the run's document map where it is still there, else the
     boundaries (with their lineage columns, when written)."""
-    mapped = _from_document_map(layout.directory, token)
+    mapped = document_map_source(layout.directory, token)
     if mapped is not None:
         return mapped
     names = _lineage_names(layout.directory)
@@ -201,9 +201,8 @@ def document_at(layout: Layout, token: int) -> Source:
     )
 
 
-def _from_document_map(directory: Path, token: int) -> Source | None:
-    from sftmix.output.digest import RUN_REPORT
-
+def document_map_source(directory: Path, token: int) -> Source | None:
+    """The document holding global ``token``, by the run's document map (``None`` where it is gone)."""
     try:
         report = json.loads((directory / RUN_REPORT).read_text(encoding="utf-8"))
         documents = open_npy(report["documents_file"])

@@ -21,21 +21,25 @@ from typing import BinaryIO
 import numpy as np
 
 from sftmix.errors import ConfigError
-from sftmix.output.content import Layout, differing_streams, documents_line, parts_text
-from sftmix.output.olmo_format import BOUNDS_PART, STATS_JSON, STATS_TXT
+from sftmix.output.content import (
+    Layout,
+    differing_streams,
+    document_map_source,
+    documents_line,
+    parts_text,
+)
+from sftmix.output.olmo_format import BOUNDS_PART, RUN_REPORT, STATS_JSON, STATS_TXT
 from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.storage import (
     is_remote,
     is_temp,
     join_url,
-    open_npy,
     read_remote_bytes,
     remote_fs,
     sha256_stream,
 )
 
 DIGESTS_FORMAT = "tokenize-mixer-digests/1"
-RUN_REPORT = "run_report.json"
 #: Written last when publishing to an object store: the output is complete exactly when it exists.
 OUTPUT_MANIFEST = "tokenize_mixer_manifest.json"
 SKIPPED = {STATS_TXT, RUN_REPORT, OUTPUT_MANIFEST, "tokenizer", "report.png", "report.md"}
@@ -269,15 +273,8 @@ def locate(directory: Path, part: int, token: int) -> str:
 
 
 def _dataset_row(directory: Path, global_token: int) -> str:
-    try:
-        data = json.loads((directory / RUN_REPORT).read_text(encoding="utf-8"))
-        documents = open_npy(data["documents_file"])
-        doc = int(np.searchsorted(documents["start"], global_token, side="right")) - 1
-        rec = documents[doc]
-        name = data["datasets"][int(rec["dataset"])]
-        return f", document {doc}: dataset {name!r}, row {int(rec['row'])}"
-    except (OSError, KeyError, ValueError, IndexError, TypeError):
-        return ""
+    mapped = document_map_source(directory, global_token)
+    return "" if mapped is None else f", {mapped.place}"
 
 
 def compare(a: str | Path, b: str | Path, digests_a: dict[str, str] | None = None) -> Comparison:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from sftmix.config.config import REFERENCE_PART_BYTES
+from sftmix.errors import ConfigError
 from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.storage import pwrite_all, reserve_file
 
@@ -24,10 +25,38 @@ MASK_PART = "labels_mask_part_{:04d}.npy"
 BOUNDS_PART = "token_ids_part_{:04d}.csv.gz"
 STATS_JSON = "dataset_statistics.json"
 STATS_TXT = "dataset_statistics.txt"
+#: What a run made, beside its output (``sftmix.output.report.RunReport``).
+RUN_REPORT = "run_report.json"
 #: gzip level of the boundary files: their bytes are hashed after decompression (any level reads the
 #: same), and level 1 compresses a part's lines ~18x faster than ``gzip.open``'s 9 for ~1.4x the size
 #: (0.02 against 0.39 s, 0.80 against 0.56 MB for 112,530 lines; a part's ids are 1 GiB).
 BOUNDS_GZIP_LEVEL = 1
+
+
+#: Parts an output may have: their names have four digits, and OLMo-core pairs token and mask parts by
+#: their sorted names.
+MAX_PARTS = 10_000
+
+
+def part_bytes_problem(
+    part_bytes: int, dtype: np.dtype, max_seq_length: int | None, tokens: int
+) -> str | None:
+    """Why ``output.part_bytes`` cannot serve an output of about ``tokens`` tokens, or ``None``: parts smaller
+    than one ``max_seq_length`` document, or more parts than four-digit names sort."""
+    itemsize = np.dtype(dtype).itemsize
+    if max_seq_length is not None and part_bytes < max_seq_length * itemsize:
+        return (
+            f"output.part_bytes {part_bytes:,} holds {part_tokens(dtype, part_bytes):,} token ids ({np.dtype(dtype).name}), "
+            f"fewer than one document of max_seq_length {max_seq_length:,}: give at least {max_seq_length * itemsize:,}"
+        )
+    parts = -(-tokens * itemsize // part_bytes)
+    if parts > MAX_PARTS - 1:
+        least = -(-tokens * itemsize // (MAX_PARTS - 1))
+        return (
+            f"output.part_bytes {part_bytes:,} would cut the output's ~{tokens:,} tokens into ~{parts:,} parts, "
+            f"past the {MAX_PARTS - 1:,} that four-digit part names hold in order: give at least {least:,}"
+        )
+    return None
 
 
 def part_tokens(dtype: np.dtype, part_bytes: int = REFERENCE_PART_BYTES) -> int:
@@ -88,8 +117,13 @@ def part_layout(parts: str, part_bytes: int, dtype: np.dtype, doc_ends: np.ndarr
     """The parts of an output whose documents end at ``doc_ends`` (``output.parts`` and ``part_bytes``)."""
     per_part = part_tokens(dtype, part_bytes)
     if parts == "whole_documents":
-        return PartLayout.whole_documents(doc_ends, per_part)
-    return PartLayout.by_count(int(doc_ends[-1]) if doc_ends.size else 0, per_part)
+        layout = PartLayout.whole_documents(doc_ends, per_part)
+    else:
+        layout = PartLayout.by_count(int(doc_ends[-1]) if doc_ends.size else 0, per_part)
+    if len(layout) >= MAX_PARTS:  # (the plan refuses what its estimate foresees; this is what was made)
+        total = int(doc_ends[-1]) if doc_ends.size else 0
+        raise ConfigError(part_bytes_problem(part_bytes, dtype, None, total) or f"{len(layout):,} parts")
+    return layout
 
 
 class PartSet:

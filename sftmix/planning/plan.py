@@ -29,6 +29,7 @@ from sftmix.config.config import (
 )
 from sftmix.config.selection import TokenBudget, large_upsample_warning
 from sftmix.errors import ConfigError, DatasetError, TemplateError
+from sftmix.output.olmo_format import part_bytes_problem
 from sftmix.planning.readers.by_row_group import BY_ROW_GROUP
 from sftmix.planning.readers.reader import (
     SAMPLE_ROWS,
@@ -44,7 +45,7 @@ from sftmix.planning.readers.streamed import STREAMED
 from sftmix.planning.readers.whole import WHOLE
 from sftmix.planning.recipe import input_record, mixer_recipe
 from sftmix.planning.span_losses import span_losses
-from sftmix.runtime.parallel import memory_limit
+from sftmix.runtime.parallel import available_cpus, memory_limit
 from sftmix.runtime.storage import is_remote, storage_errors
 from sftmix.sources import jsonl, parquet
 from sftmix.sources.dataset import (
@@ -196,6 +197,9 @@ def size_text(nbytes: int) -> str:
 #: at most ``AUTO_SLICES`` slices (the largest one beyond that).
 AUTO_SLICE_BYTES = (4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20)
 AUTO_SLICES = 512
+#: A mixture too small to give each worker this many slices of the smallest tier above is cut finer.
+SLICES_PER_WORKER = 2
+SMALLEST_SLICE_BYTES = 256 << 10
 
 
 def slice_bytes_for(run: RunOptions, nbytes: int) -> int:
@@ -208,7 +212,13 @@ def slice_bytes_for(run: RunOptions, nbytes: int) -> int:
     grows a little keeps its slices."""
     if run.slice_bytes is not None:
         return run.slice_bytes
-    return next((b for b in AUTO_SLICE_BYTES if nbytes <= b * AUTO_SLICES), AUTO_SLICE_BYTES[-1])
+    tier = next((b for b in AUTO_SLICE_BYTES if nbytes <= b * AUTO_SLICES), AUTO_SLICE_BYTES[-1])
+    # A small mixture is cut finer, down to SMALLEST_SLICE_BYTES, until each worker gets two slices: two
+    # 10 MiB batches of a 17 MB file were two slices, so two workers did it all and a stop kept nothing.
+    enough = SLICES_PER_WORKER * (run.workers or available_cpus())
+    while tier > SMALLEST_SLICE_BYTES and nbytes < tier * enough:
+        tier //= 2
+    return tier
 
 
 def _work_dir_path(run: RunOptions) -> Path:
@@ -579,6 +589,12 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     for d, (tokens, over) in zip(datasets, tokens_per_row, strict=True):
         d.tokens_per_row, d.over_length_share = tokens, over
     _estimate_budgets(datasets, opened, at)
+    if mixer.output.format == "olmo":
+        tokens = sum(d.estimated_tokens() for d in datasets)
+        if (
+            problem := part_bytes_problem(mixer.output.part_bytes, dtype, mixer.max_seq_length, tokens)
+        ) is not None:
+            raise ConfigError(problem)
     span_losses(datasets, opened, ctx)
     release_mapped_data(datasets_too=True)  # every row was read to fingerprint it; workers map their own
     jsonl.release()

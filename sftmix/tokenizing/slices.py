@@ -12,6 +12,7 @@ it and checks the digests before trusting it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -51,6 +52,7 @@ from sftmix.runtime.storage import (
     read_remote_bytes,
     sha256_file,
     storage_errors,
+    temp_name,
     upload_file,
     write_remote_bytes,
 )
@@ -102,6 +104,11 @@ ARTIFACTS = ("tokens.npy", "mask.npy", "rows.npy")
 OVER_LENGTH = "over_length.npy"
 OVER_LENGTH_DTYPE = np.dtype([("index", "<i8"), ("trainable_end", "?")])
 MANIFEST = "manifest.json"
+#: A running slice's rows done so far (``{"rows": n, "of": total}``), for the run's progress
+#: (``flows.progress``): rewritten at most every ``PROGRESS_SECONDS`` while it is tokenized, gone before its
+#: manifest is written. A view only: never fsynced, and never a reason to fail the slice.
+PROGRESS = "progress.json"
+PROGRESS_SECONDS = 1.0
 #: The work directory's folder of template skeletons (``sftmix.tokenizing.prefix_renders.SkeletonStore``).
 SKELETONS = "skeletons"
 
@@ -733,7 +740,11 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
     records["row"] = rows
     tally = _Tally(holding=Counter({p: 0 for p in spec.unrendered}))
     offset = 0
+    noted = time.monotonic()
     for b in range(0, len(rows), ctx.batch_size):
+        if b and time.monotonic() - noted >= PROGRESS_SECONDS:
+            noted = time.monotonic()
+            note_progress(slice_dir(ctx.work_dir, spec.key), b, len(rows))
         batch_rows = rows[b : b + ctx.batch_size]
         try:
             raw = rows_of(spec, ctx.datasets_cache, batch_rows)
@@ -799,6 +810,33 @@ class _Tally:
     over_length: list[tuple[int, bool]] = field(default_factory=list)  # (row record, last token trainable)
 
 
+def note_progress(root: Path, rows: int, of: int) -> None:
+    """Say that ``rows`` of the slice's ``of`` rows are tokenized (:data:`PROGRESS`)."""
+    final = root / PROGRESS
+    tmp = temp_name(final)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(json.dumps({"rows": rows, "of": of}).encode("utf-8"))
+        os.replace(tmp, final)
+    except OSError as exc:
+        logger.debug("cannot note the progress of %s: %s", root, exc)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def read_progress(root: Path, since: float) -> float | None:
+    """The share of a running slice's rows done, as its worker last noted it at or after ``since`` (epoch
+    seconds: an earlier run's note says nothing of this one); ``None`` where there is none."""
+    path = root / PROGRESS
+    try:
+        if path.stat().st_mtime < since:
+            return None
+        noted = json.loads(path.read_bytes())
+        return min(1.0, int(noted["rows"]) / max(1, int(noted["of"])))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _refuse_all_zero(spec: SliceSpec, ctx: TokenizeContext, rows: int, tally: _Tally) -> None:
     """A large slice of which no row has a trainable token points at a broken template."""
     no_trainable = DROP_REASONS[RowStatus.NO_TRAINABLE]
@@ -824,6 +862,8 @@ def _checkpoint(
     root = slice_dir(ctx.work_dir, spec.key)
     where = f"cannot write the checkpoint of {spec.describe()} (work directory {ctx.work_dir})"
     with storage_errors(where):
+        with contextlib.suppress(FileNotFoundError):
+            (root / PROGRESS).unlink()  # (ours: the slice's progress while it ran)
         remove_abandoned_temps(root)  # a worker killed while writing this slice left them
         files = {
             "tokens.npy": _save_npy(root / "tokens.npy", tokens),

@@ -74,6 +74,23 @@ def slice_is_full(taken: list[jsonl.JsonlBatch], slice_bytes: int) -> bool:
     return len(taken) >= batches_per_slice(slice_bytes)
 
 
+def batch_pieces(taken: list[jsonl.JsonlBatch], slice_bytes: int) -> int:
+    """Into how many slices ``taken`` (one slice's batches) is cut: a batch larger than ``slice_bytes`` (a
+    small mixture's, cut fine) into about ``slice_bytes`` each, every one parsing the batch; else one."""
+    if len(taken) != 1:
+        return 1
+    return max(1, -(-(taken[0].end - taken[0].offset) // slice_bytes))
+
+
+def row_pieces(lo: int, hi: int, rows: np.ndarray | None, pieces: int) -> list[Rows]:
+    """Rows ``[lo, hi)`` (or the selected ``rows`` of them) in ``pieces`` slices of nearly equal rows."""
+    chosen = np.arange(lo, hi) if rows is None else rows
+    out: list[Rows] = []
+    for part in np.array_split(chosen, min(pieces, len(chosen))) if len(chosen) else []:
+        out.append((int(part[0]), int(part[-1]) + 1, None if rows is None else part.tolist()))
+    return out
+
+
 def _slice_runs(batches: list[jsonl.JsonlBatch], slice_bytes: int) -> list[list[jsonl.JsonlBatch]]:
     """Consecutive batches cut into slices by :func:`slice_is_full` (the last, whatever is left)."""
     runs: list[list[jsonl.JsonlBatch]] = [[]]
@@ -86,24 +103,21 @@ def _slice_runs(batches: list[jsonl.JsonlBatch], slice_bytes: int) -> list[list[
 
 def batch_groups(layout: jsonl.JsonlLayout, selected: np.ndarray | None, slice_bytes: int) -> list[Rows]:
     """(start, end, subset) per slice of a file read by batch: whole batches (:func:`batches_per_slice`),
-    so each batch is parsed once; a file of one batch (small) is cut into slices of about
-    ``slice_bytes``, each parsing it. The batches of several files (their last ones short) are taken
+    so each batch is parsed once; a batch larger than ``slice_bytes`` (a small file's, or a small
+    mixture's) is cut into slices of about ``slice_bytes``, each parsing it (:func:`batch_pieces`). The batches of several files (their last ones short) are taken
     until they hold about ``slice_bytes``."""
     batches = [b for b in layout.batches if b.rows]
-    if len(layout.batches) == 1:
-        pieces, runs = max(1, -(-layout.size // slice_bytes)), [batches]
-    else:
-        pieces, runs = 1, _slice_runs(batches, slice_bytes)
+    runs = [batches] if len(layout.batches) == 1 else _slice_runs(batches, slice_bytes)
     groups: list[Rows] = []
     for taken in runs:
         lo, hi = taken[0].first_row, taken[-1].first_row + taken[-1].rows
-        if selected is None:
-            rows = np.arange(lo, hi)
-        else:
-            rows = selected[np.searchsorted(selected, lo) : np.searchsorted(selected, hi)]
-        for part in np.array_split(rows, min(pieces, len(rows))) if len(rows) else []:
-            start, end = int(part[0]), int(part[-1]) + 1
-            groups.append((start, end, None if selected is None else part.tolist()))
+        pieces = batch_pieces(taken, slice_bytes)
+        rows = (
+            None
+            if selected is None
+            else selected[np.searchsorted(selected, lo) : np.searchsorted(selected, hi)]
+        )
+        groups += row_pieces(lo, hi, rows, pieces)
     return groups
 
 

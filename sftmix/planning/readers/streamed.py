@@ -10,7 +10,13 @@ from dataclasses import replace
 from sftmix.config.config import DatasetEntry
 from sftmix.config.selection import selection_problem, target_rows
 from sftmix.errors import DatasetError
-from sftmix.planning.readers.jsonl_files import scanned_files, slice_is_full, streamed_files
+from sftmix.planning.readers.jsonl_files import (
+    batch_pieces,
+    row_pieces,
+    scanned_files,
+    slice_is_full,
+    streamed_files,
+)
 from sftmix.planning.readers.reader import (
     HandOn,
     Opened,
@@ -100,9 +106,12 @@ class StreamedReader:
             source = _source(dataset, schema_b64, batches)
             data = batch_data(schema_b64, batches)
             lo, hi = batches[0].first_row, batches[-1].first_row + batches[-1].rows
-            nbytes, per = sum(b.end - b.offset for b in batches), run.slice_rows or hi - lo
-            for start in range(lo, hi, per):
-                end = min(start + per, hi)
+            nbytes = sum(b.end - b.offset for b in batches)
+            if run.slice_rows:
+                pieces = [(a, min(a + run.slice_rows, hi), None) for a in range(lo, hi, run.slice_rows)]
+            else:  # (as a count first cuts them: jsonl_files.batch_groups)
+                pieces = row_pieces(lo, hi, None, batch_pieces(batches, at.slice_bytes))
+            for start, end, _ in pieces:
                 size = round(nbytes * (end - start) / (hi - lo))
                 hand_on(at.spec(dataset, (start, end, None), data, size, jsonl=source))
 
