@@ -1471,7 +1471,7 @@ class Soak:
             rec.fault = f"layout {layout}, {rec.fault}"
         self._judge_stop(rec, cmd, fault_at, out, tdir)
         if kind in RERUN_KINDS:
-            self._judge_published_kept(rec, out, published_id, forced="--force" in argv)
+            self._judge_published_kept(rec, out, published_id, forced="--force" in argv, expected=expected)
             argv = [a for a in argv if a != "--force"]
         if kind in PIPE_KINDS:
             rec.expected = rec.expected if rec.landed else 0
@@ -1739,14 +1739,19 @@ class Soak:
             rec.problem("code", f"exit {rec.code}, expected {expected}")
 
     def _judge_published_kept(
-        self, rec: TrialRecord, out: Path, published_id: str | None, forced: bool
+        self,
+        rec: TrialRecord,
+        out: Path,
+        published_id: str | None,
+        forced: bool,
+        expected: Path | None = None,
     ) -> None:
-        """A stopped rerun of a published output leaves it whole (the same bytes), and one found up to
-        date leaves it untouched (the same output, not rewritten)."""
+        """A stopped rerun of a published output leaves it whole (the same bytes: ``expected``, the trial's
+        layout's), and one found up to date leaves it untouched (the same output, not rewritten)."""
         if not published(out):
             rec.problem("code", "the published output is gone after the stopped rerun")
             return
-        result = compare(out, self.expected)
+        result = compare(out, expected or self.expected)
         if not result.matches:
             rec.problem("rerun", f"the stopped rerun changed the published bytes:\n{result.render()[-TAIL:]}")
         elif not forced and output_id(out) != published_id:

@@ -264,3 +264,24 @@ def test_what_is_durable_and_read_leaves_the_page_cache_and_nothing_else(tmp_pat
             np.flatnonzero(cached[:read_end]),
         )
     assert np.array_equal(np.fromfile(tmp_path / tokens_name, np.uint32)[::mib], np.arange(8))
+
+
+def test_over_length_edits_land_the_same_by_window_as_over_the_whole_output():
+    """``Edits.within`` (a window's share, found by search) applied window by window gives what applying
+    every edit to the whole output gives."""
+    from sftmix.output.part_writing import Edits
+
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(1, 40, size=300)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    terminated, unmasked = rng.random(300) < 0.2, rng.random(300) < 0.2
+    edits = Edits(9, ends[terminated] - 1, np.stack([starts[unmasked], ends[unmasked]], axis=1))
+    tokens, mask = np.zeros(int(ends[-1]), np.int64), np.ones(int(ends[-1]), np.uint8)
+    edits.apply(tokens, mask)
+    for window in (1, 7, 64, 1000):
+        t, m = np.zeros_like(tokens), np.ones_like(mask)
+        for lo in range(0, tokens.shape[0], window):
+            hi = min(lo + window, tokens.shape[0])
+            edits.within(lo, hi).apply(t[lo:hi], m[lo:hi])
+        assert np.array_equal(t, tokens) and np.array_equal(m, mask), window

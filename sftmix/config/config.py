@@ -398,7 +398,8 @@ class MixerConfig(BaseModel):
         default=None,
         gt=0,
         title="Max sequence length",
-        description="Cut each conversation to at most this many tokens (it is kept, not dropped). Empty: no limit.",
+        description="Cut each conversation to at most this many tokens (kept, as the reference keeps it: what "
+        "becomes of a cut one is the next setting). Empty: no limit.",
     )
     over_length_strategy: Annotated[
         Literal["keep", "terminate", "drop"], ChangesBytes(unrecorded=True), Flag()

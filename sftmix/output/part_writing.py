@@ -55,10 +55,11 @@ class Edits:
             mask[max(start, 0) : max(end, 0)] = 0
 
     def within(self, lo: int, hi: int) -> Edits:
-        """Those that touch ``[lo, hi)``, moved so that ``lo`` is 0 and clipped to it (``eos_at`` and
-        ``unmask`` sorted by position)."""
+        """Those that touch ``[lo, hi)``, moved so that ``lo`` is 0 and clipped to it (``eos_at`` sorted,
+        ``unmask`` documents' ranges in order: found by search, not by a pass over all of them)."""
         at = self.eos_at[np.searchsorted(self.eos_at, lo) : np.searchsorted(self.eos_at, hi)]
-        ranges = self.unmask[(self.unmask[:, 1] > lo) & (self.unmask[:, 0] < hi)]
+        first = np.searchsorted(self.unmask[:, 1], lo, side="right")
+        ranges = self.unmask[first : np.searchsorted(self.unmask[:, 0], hi, side="left")]
         return Edits(self.eos, at - lo, np.clip(ranges - lo, 0, hi - lo))
 
     def __bool__(self) -> bool:
