@@ -53,6 +53,8 @@ def report_markdown(report: RunReport) -> str:
         f"| rows | {report.rows_in} in, {report.rows_kept} kept, dropped {report.rows_dropped or 'none'} |",
         f"| documents | {report.documents} in {report.parts} part(s), dtype {report.token_dtype} |",
         f"| tokens | {report.tokens:,} ({report.trainable_tokens:,} trainable) |",
+        *(f"| budget | {line} |" for line in report.budgets),
+        *(f"| over length | {line} |" for line in report.over_length),
         f"| time | {report.time_line()} |",
     ]
     if report.validation is not None:

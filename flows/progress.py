@@ -245,6 +245,7 @@ class Board:
             if spec.index in self.seen or spec.index not in self.plan:
                 return
             self.seen.add(spec.index)
+            self.partial.pop(spec.index, None)
             self.failed += 1
         self._tell()
 

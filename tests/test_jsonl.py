@@ -225,7 +225,8 @@ def test_the_plan_cuts_a_large_file_by_batch_and_an_edit_changes_only_its_batchs
             tokenizer=TokenizerSpec(name_or_path="examples/tokenizer", chat_template="olmo"),
             output=OutputSpec(path=str(tmp_path / "out")),
         )
-        return build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work")))
+        # (slices of 8 MiB: a batch each; a smaller mixture's batches are cut finer, test_small_refusals.py)
+        return build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work"), slice_bytes=8 << 20))
 
     whole, half = plan(1.0), plan(0.5)
     assert whole.datasets[0].fingerprint.startswith(jsonl.FINGERPRINT_PREFIX)

@@ -140,8 +140,10 @@ def test_terminate_and_drop_are_derived_from_keep_and_tokenize_nothing_again(pre
     (with and without the filter step) is what the rule derives from ``keep``; switching reuses every slice;
     the summary says what became of the cut rows; with ``terminate`` the check finds only the rows cut in
     text not trained on."""
+    from sftmix.output.report import RunReport
     from tests.cli_runs import convert_args
     from tokenize_mixer.cli import main
+    from tokenize_mixer.flows.artifacts import report_markdown
 
     rows = _rows()
     data = tmp_path / "chats.jsonl"
@@ -181,6 +183,10 @@ def test_terminate_and_drop_are_derived_from_keep_and_tokenize_nothing_again(pre
     report = json.loads((tmp_path / "terminate" / "run_report.json").read_text())
     (truncation,) = [f for f in report["check_findings"] if "truncated at max_seq_length" in f["what"]]
     assert truncation["count"] == len(cut) - ended
+    page = report_markdown(RunReport.model_validate(report))  # (the UI's run report)
+    assert (
+        f"| over length | {data}: {len(cut)} rows longer than max_seq_length {MAX_LEN}: {ended} ended" in page
+    )
 
     dropped = convert("drop", "--over_length_strategy", "drop")
     assert "0 computed, 5 reused" in capsys.readouterr().out

@@ -75,11 +75,13 @@ def slice_is_full(taken: list[jsonl.JsonlBatch], slice_bytes: int) -> bool:
 
 
 def batch_pieces(taken: list[jsonl.JsonlBatch], slice_bytes: int) -> int:
-    """Into how many slices ``taken`` (one slice's batches) is cut: a batch larger than ``slice_bytes`` (a
-    small mixture's, cut fine) into about ``slice_bytes`` each, every one parsing the batch; else one."""
+    """Into how many slices ``taken`` (one slice's batches) is cut: a batch of ``slice_bytes`` or more (a
+    small file's, or a small mixture's cut fine) into about ``slice_bytes`` each, every one parsing the batch
+    (33 ms for a 10 MiB batch of chats, against about 2 s of tokenizing it on one core); else one. Rounded
+    to the nearest: a 10 MiB batch in slices of 8 MiB stays whole."""
     if len(taken) != 1:
         return 1
-    return max(1, -(-(taken[0].end - taken[0].offset) // slice_bytes))
+    return max(1, int((taken[0].end - taken[0].offset) / slice_bytes + 0.5))
 
 
 def row_pieces(lo: int, hi: int, rows: np.ndarray | None, pieces: int) -> list[Rows]:
