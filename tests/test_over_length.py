@@ -127,15 +127,24 @@ def _documents(out: Path, dtype: str) -> dict[int, tuple[np.ndarray, np.ndarray,
     return found
 
 
-def _full_lengths(rows: list[dict]) -> list[int]:
+def _full_lengths(rows: list[dict], tokenizer: str = "demo", template: str = "olmo") -> list[int]:
     """Each row's whole render in tokens, as the reference's tokenizer makes it (no masker involved)."""
-    key = TokenizerKey.of(str(TOKENIZERS["demo"]), None)
-    renderer = ChatRenderer(named_template("olmo"), special_tokens(load_hf_tokenizer(key)))
+    key = TokenizerKey.of(str(TOKENIZERS[tokenizer]), None)
+    renderer = ChatRenderer(named_template(template), special_tokens(load_hf_tokenizer(key)))
     texts = [renderer.render(r["messages"], None, False) for r in rows]
     return [len(e.ids) for e in rust_tokenizer(key).encode_batch(texts, add_special_tokens=False)]
 
 
-def test_terminate_and_drop_are_derived_from_keep_and_tokenize_nothing_again(prefect_api, tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("tokenizer", "template", "max_len"),
+    [
+        ("demo", "olmo", MAX_LEN),
+        pytest.param("dolma2", "tulu", 64, marks=pytest.mark.full),
+    ],  # (tulu: no system turn)
+)
+def test_terminate_and_drop_are_derived_from_keep_and_tokenize_nothing_again(
+    prefect_api, tmp_path, capsys, tokenizer, template, max_len
+):
     """Through ``convert``, as open-instruct's command line spells it: every row of ``terminate`` and ``drop``
     (with and without the filter step) is what the rule derives from ``keep``; switching reuses every slice;
     the summary says what became of the cut rows; with ``terminate`` the check finds only the rows cut in
@@ -149,22 +158,26 @@ def test_terminate_and_drop_are_derived_from_keep_and_tokenize_nothing_again(pre
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     work = tmp_path / "work"
-    eos = load_hf_tokenizer(TokenizerKey.of(str(TOKENIZERS["demo"]), None)).eos_token_id
-    cut = {i for i, n in enumerate(_full_lengths(rows)) if n > MAX_LEN}
+    if tokenizer == "dolma2":
+        ensure_dolma2()
+    eos = load_hf_tokenizer(TokenizerKey.of(str(TOKENIZERS[tokenizer]), None)).eos_token_id
+    cut = {i for i, n in enumerate(_full_lengths(rows, tokenizer, template)) if n > max_len}
     assert 10 < len(cut) < len(rows) - 10
 
     def convert(name: str, *extra: str) -> dict[int, tuple[np.ndarray, np.ndarray, int]]:
         out = tmp_path / name
         args = convert_args(
-            data, work, out, "--slice_rows", "16", "--lineage", *extra, max_seq_length=MAX_LEN
+            data, work, out, "--slice_rows", "16", "--lineage", *extra, max_seq_length=max_len
         )
+        args[args.index("--tokenizer_name_or_path") + 1] = str(TOKENIZERS[tokenizer])
+        args[args.index("--chat_template_name") + 1] = template
         assert main(args) == 0
         return _documents(out, json.loads((out / "run_report.json").read_text())["token_dtype"])
 
     keep = convert("keep")
     assert set(keep) == set(range(len(rows)))
     said = capsys.readouterr().out
-    assert f"{len(cut)} rows longer than max_seq_length {MAX_LEN}: {len(cut)} kept without EOS" in said
+    assert f"{len(cut)} rows longer than max_seq_length {max_len}: {len(cut)} kept without EOS" in said
 
     terminated = convert("terminate", "--over_length_strategy", "terminate")
     said = capsys.readouterr().out
@@ -185,7 +198,7 @@ def test_terminate_and_drop_are_derived_from_keep_and_tokenize_nothing_again(pre
     assert truncation["count"] == len(cut) - ended
     page = report_markdown(RunReport.model_validate(report))  # (the UI's run report)
     assert (
-        f"| over length | {data}: {len(cut)} rows longer than max_seq_length {MAX_LEN}: {ended} ended" in page
+        f"| over length | {data}: {len(cut)} rows longer than max_seq_length {max_len}: {ended} ended" in page
     )
 
     dropped = convert("drop", "--over_length_strategy", "drop")
