@@ -212,7 +212,7 @@ class Board:
         """A running slice's worker has done ``share`` of its rows: the bar and the time left move before it
         ends (a slice of a large file runs for minutes)."""
         with self._lock:
-            if spec.index not in self.seen:
+            if self.plan.get(spec.index, (None,))[0] == spec.key and spec.index not in self.seen:
                 self.partial[spec.index] = share * spec.est_bytes
 
     def _sample(self) -> None:

@@ -38,6 +38,16 @@ def test_layout_is_told_from_content(prefect_api, tmp_path):
         assert last == f"same documents, tokens and masks; part layout differs: 1 part vs {parts} parts", last
         assert "first differing byte" not in result.render()
     assert compare(cut, whole).render().splitlines()[-1].startswith("same documents, tokens and masks")
+    broken = (
+        tmp_path / "broken"
+    )  # a part's boundaries gone, another's damaged: compared as files, no traceback
+    shutil.copytree(whole, broken)
+    (broken / "token_ids_part_0001.csv.gz").unlink()
+    assert "ONLY_A token_ids_part_0001.csv.gz" in compare(whole, broken).render()
+    shutil.copytree(whole, broken, dirs_exist_ok=True)
+    (broken / "token_ids_part_0001.csv.gz").write_bytes(b"not gzip")
+    said = compare(reference, broken).render()
+    assert "not read across parts: " in said and "DIFF   token_ids_part_0001.csv.gz" in said
 
     terminated = convert(
         "terminated", "--parts", "whole_documents", *small, "--over_length_strategy", "terminate"

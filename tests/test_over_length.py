@@ -176,8 +176,7 @@ def test_terminate_and_drop_are_derived_from_keep_and_tokenize_nothing_again(
 
     keep = convert("keep")
     assert set(keep) == set(range(len(rows)))
-    said = capsys.readouterr().out
-    assert f"{len(cut)} rows longer than max_seq_length {max_len}: {len(cut)} kept without EOS" in said
+    kept_said = capsys.readouterr().out
 
     terminated = convert("terminate", "--over_length_strategy", "terminate")
     said = capsys.readouterr().out
@@ -190,6 +189,10 @@ def test_terminate_and_drop_are_derived_from_keep_and_tokenize_nothing_again(
             ended += 1
         got = terminated[row]
         assert np.array_equal(got[0], expected) and np.array_equal(got[1], mask) and got[2] == place, row
+    assert (
+        f"{len(cut)} rows longer than max_seq_length {max_len}: {len(cut)} kept without EOS, {ended} of them "
+        "cut in trained text" in kept_said
+    )
     assert f"{ended} ended with a trainable EOS" in said
     assert f"{len(cut) - ended} kept without EOS (cut in text that is not trained on)" in said
     assert 0 < ended < len(cut)

@@ -24,19 +24,21 @@ def _demo(tmp_path: Path, **output: object) -> MixerConfig:
     return MixerConfig.model_validate(data)
 
 
-def test_a_part_size_below_one_document_or_past_9999_parts_is_refused_with_the_numbers(tmp_path):
+def test_a_part_size_below_one_document_or_past_10000_parts_is_refused_with_the_numbers(tmp_path):
     run = RunOptions(work_dir=str(tmp_path / "work"))
     with pytest.raises(ConfigError, match=r"part_bytes 8 holds 4 token ids \(uint16\), fewer than one document "
                        r"of max_seq_length 512: give at least 1,024"):  # fmt: skip
         build_plan(_demo(tmp_path, part_bytes=8), run)
     unlimited = _demo(tmp_path, part_bytes=8).model_copy(update={"max_seq_length": None})
     with pytest.raises(
-        ConfigError, match=r"into ~[\d,]+ parts, past the 9,999 that four-digit part names hold"
+        ConfigError, match=r"into ~[\d,]+ parts, past the 10,000 that four-digit part names hold"
     ):
         build_plan(unlimited, run)
     assert build_plan(_demo(tmp_path, part_bytes=1024), run) is not None
-    assert part_bytes_problem(2, "uint16", None, MAX_PARTS - 1) is None
-    assert part_bytes_problem(2, "uint16", None, MAX_PARTS) is not None
+    assert part_bytes_problem(2, "uint16", None, MAX_PARTS) is None  # (0000 to 9999)
+    assert part_bytes_problem(2, "uint16", None, MAX_PARTS + 1) is not None
+    assert part_bytes_problem(8, "uint16", 2, 3 * MAX_PARTS) is None  # 4 tokens a part: 7,500 parts
+    assert part_bytes_problem(8, "uint16", 2, 3 * MAX_PARTS + 3, whole=True) is not None  # each may hold 3
 
 
 def test_a_mistyped_key_names_the_closest_setting_at_every_level(tmp_path):

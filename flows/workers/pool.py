@@ -29,7 +29,13 @@ from prefect.task_runners import ProcessPoolTaskRunner
 from sftmix.config.config import RunOptions
 from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.processes import start_resource_tracker, stop_signals_blocked
-from sftmix.tokenizing.slices import SliceManifest, SliceSpec, TokenizeContext, read_manifest
+from sftmix.tokenizing.slices import (
+    SliceManifest,
+    SliceSpec,
+    TokenizeContext,
+    read_manifest,
+    unrecorded_over_length,
+)
 from tokenize_mixer.flows.workers.worker_start import start_method
 
 #: Below this many rows to tokenize, worker start-up (imports, tokenizer load) costs more than it saves.
@@ -45,7 +51,12 @@ def finished_slices(
         return {}
     with ThreadPoolExecutor(max_workers=min(32, len(specs)), thread_name_prefix="manifests") as pool:
         found = list(pool.map(lambda s: read_manifest(ctx.work_dir, s.key, ctx.remote_work_dir), specs))
-    return {s.key: m for s, m in zip(specs, found, strict=True) if m is not None}
+    # (a slice made before its over-length rows were recorded is made again where the run reads them)
+    return {
+        s.key: m
+        for s, m in zip(specs, found, strict=True)
+        if m is not None and unrecorded_over_length(ctx, m) is None
+    }
 
 
 def slices_to_compute(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOptions) -> list[SliceSpec]:

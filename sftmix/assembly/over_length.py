@@ -78,12 +78,15 @@ def outcome_line(
     if not n:
         return None
     head = f"{name}: {n:,} rows longer than max_seq_length {max_len}"
-    if strategy == "keep":
-        return f"{head}: {n:,} kept without EOS, their cut end trained on (over_length_strategy terminate ends each with EOS)"
     if strategy == "drop":
         fate = "dropped" if drop_untrainable else "kept with nothing trained on (drop_untrainable is off)"
         return f"{head}: {n:,} {fate} (over_length_strategy drop)"
-    ended = int(np.isin(selected[cut], over.rows[over.trainable_end]).sum())
+    ended = int(np.isin(selected[cut], over.rows[over.trainable_end]).sum())  # (cut in trained text)
+    if strategy == "keep":
+        return (
+            f"{head}: {n:,} kept without EOS, {ended:,} of them cut in trained text "
+            "(over_length_strategy terminate ends those with a trainable EOS)"
+        )
     line = f"{head}: {ended:,} ended with a trainable EOS (over_length_strategy terminate)"
     if n > ended:
         line += f", {n - ended:,} kept without EOS (cut in text that is not trained on)"

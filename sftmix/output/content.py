@@ -41,7 +41,7 @@ class Layout:
         """``None`` for what is not an OLMo-core output whose parts pair up."""
         firsts, total, itemsize = [], 0, None
         k = 0
-        while (directory / TOKENS_PART.format(k)).is_file() and (directory / MASK_PART.format(k)).is_file():
+        while all((directory / name.format(k)).is_file() for name in (TOKENS_PART, MASK_PART, BOUNDS_PART)):
             tokens = (directory / TOKENS_PART.format(k)).stat().st_size
             n = (directory / MASK_PART.format(k)).stat().st_size
             if n == 0 or tokens % n or (itemsize is not None and tokens // n != itemsize):
@@ -92,20 +92,29 @@ class _Chain:
             out += data
         return out
 
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
 
 def first_difference(a: list[Path], b: list[Path]) -> int | None:
     """The first byte at which the concatenations of ``a`` and ``b`` differ (one ending first: its length)."""
     ca, cb = _Chain(a), _Chain(b)
     offset = 0
-    while True:
-        ba, bb = ca.read(CHUNK), cb.read(CHUNK)
-        if ba != bb:
-            n = min(len(ba), len(bb))
-            diff = np.flatnonzero(np.frombuffer(ba[:n], np.uint8) != np.frombuffer(bb[:n], np.uint8))
-            return offset + (int(diff[0]) if diff.size else n)
-        if not ba:
-            return None
-        offset += len(ba)
+    try:
+        while True:
+            ba, bb = ca.read(CHUNK), cb.read(CHUNK)
+            if ba != bb:
+                n = min(len(ba), len(bb))
+                diff = np.flatnonzero(np.frombuffer(ba[:n], np.uint8) != np.frombuffer(bb[:n], np.uint8))
+                return offset + (int(diff[0]) if diff.size else n)
+            if not ba:
+                return None
+            offset += len(ba)
+    finally:
+        ca.close()
+        cb.close()
 
 
 def _same_documents(a: Layout, b: Layout) -> bool:

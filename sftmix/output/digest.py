@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -58,8 +59,11 @@ def stream_digest(name: str, open_binary: Callable[[], BinaryIO]) -> str:
             stats.pop("output_directory", None)
             return hashlib.sha256(json.dumps(stats, sort_keys=True).encode("utf-8")).hexdigest()
         if name.endswith(".gz"):
-            with gzip.open(raw, "rb") as fh:
-                return sha256_stream(fh)
+            try:
+                with gzip.open(raw, "rb") as fh:
+                    return sha256_stream(fh)
+            except (EOFError, gzip.BadGzipFile, zlib.error) as exc:  # damaged: differs from any digest
+                return f"unreadable gzip ({type(exc).__name__}: {exc})"
         return sha256_stream(raw)
 
 
@@ -289,22 +293,32 @@ def compare(a: str | Path, b: str | Path, digests_a: dict[str, str] | None = Non
             result.items.append(Difference(name, "ONLY_B"))
         else:
             result.items.append(Difference(name, "OK" if da[name] == db[name] else "DIFF"))
-    layouts = None if dir_a is None or dir_b is None else (Layout.of(dir_a), Layout.of(dir_b))
+    la = None if dir_a is None else Layout.of(dir_a)
+    lb = None if dir_b is None else Layout.of(dir_b)
     trained = any(i.status != "OK" and kind_of(i.name) in TRAINED for i in result.items)
-    if layouts is not None and layouts[0] is not None and layouts[1] is not None and trained:
-        la, lb = layouts
-        if (
-            la.firsts[:-1] != lb.firsts[:-1]
-        ):  # a byte offset in a part means nothing where parts begin elsewhere
-            result.parts, result.streams = parts_text(la, lb), differing_streams(la, lb)
-            if result.streams:
-                result.documents = documents_line(la, lb)
-            return result
-        result.documents = documents_line(la, lb)
+    if la is not None and lb is not None and trained and _across_parts(result, la, lb):
+        return result  # (a byte offset in a part means nothing where the parts begin elsewhere)
     for item in result.items:
         if item.status == "DIFF":
             item.detail = _explain(item.name, dir_a, dir_b)
     return result
+
+
+def _across_parts(result: Comparison, a: Layout, b: Layout) -> bool:
+    """``result`` with what the outputs' contents say, read across their parts; whether their parts begin
+    elsewhere. A file that cannot be read so (damaged) leaves the comparison to the files."""
+    try:
+        if a.firsts[:-1] == b.firsts[:-1]:
+            result.documents = documents_line(a, b)
+            return False
+        result.parts, result.streams = parts_text(a, b), differing_streams(a, b)
+        if result.streams:
+            result.documents = documents_line(a, b)
+        return True
+    except (OSError, EOFError, ValueError) as exc:
+        result.parts, result.streams = None, []
+        result.documents = f"not read across parts: {type(exc).__name__}: {exc}"
+        return False
 
 
 def _explain(name: str, dir_a: Path | None, dir_b: Path | None) -> str:

@@ -33,28 +33,31 @@ RUN_REPORT = "run_report.json"
 BOUNDS_GZIP_LEVEL = 1
 
 
-#: Parts an output may have: their names have four digits, and OLMo-core pairs token and mask parts by
-#: their sorted names.
+#: Parts an output may have: their names have four digits (0000 to 9999), and OLMo-core pairs token and
+#: mask parts by their sorted names.
 MAX_PARTS = 10_000
 
 
 def part_bytes_problem(
-    part_bytes: int, dtype: np.dtype, max_seq_length: int | None, tokens: int
+    part_bytes: int, dtype: np.dtype, max_seq_length: int | None, tokens: int, whole: bool = False
 ) -> str | None:
     """Why ``output.part_bytes`` cannot serve an output of about ``tokens`` tokens, or ``None``: parts smaller
-    than one ``max_seq_length`` document, or more parts than four-digit names sort."""
+    than one ``max_seq_length`` document, or more parts than four-digit names sort. ``whole``: parts end at
+    documents' ends (each may leave up to a document's tokens short of the size)."""
     itemsize = np.dtype(dtype).itemsize
+    per_part = part_tokens(dtype, part_bytes)
     if max_seq_length is not None and part_bytes < max_seq_length * itemsize:
         return (
-            f"output.part_bytes {part_bytes:,} holds {part_tokens(dtype, part_bytes):,} token ids ({np.dtype(dtype).name}), "
+            f"output.part_bytes {part_bytes:,} holds {per_part:,} token ids ({np.dtype(dtype).name}), "
             f"fewer than one document of max_seq_length {max_seq_length:,}: give at least {max_seq_length * itemsize:,}"
         )
-    parts = -(-tokens * itemsize // part_bytes)
-    if parts > MAX_PARTS - 1:
-        least = -(-tokens * itemsize // (MAX_PARTS - 1))
+    short = max_seq_length if whole and max_seq_length else 0  # what a part may end short of its size
+    parts = -(-tokens // max(per_part - short + 1, 1)) if short else -(-tokens // per_part)
+    if parts > MAX_PARTS:
+        least = (-(-tokens // MAX_PARTS) + short) * itemsize
         return (
             f"output.part_bytes {part_bytes:,} would cut the output's ~{tokens:,} tokens into ~{parts:,} parts, "
-            f"past the {MAX_PARTS - 1:,} that four-digit part names hold in order: give at least {least:,}"
+            f"past the {MAX_PARTS:,} that four-digit part names hold (0000 to 9999): give at least {least:,}"
         )
     return None
 
@@ -120,9 +123,12 @@ def part_layout(parts: str, part_bytes: int, dtype: np.dtype, doc_ends: np.ndarr
         layout = PartLayout.whole_documents(doc_ends, per_part)
     else:
         layout = PartLayout.by_count(int(doc_ends[-1]) if doc_ends.size else 0, per_part)
-    if len(layout) >= MAX_PARTS:  # (the plan refuses what its estimate foresees; this is what was made)
-        total = int(doc_ends[-1]) if doc_ends.size else 0
-        raise ConfigError(part_bytes_problem(part_bytes, dtype, None, total) or f"{len(layout):,} parts")
+    if len(layout) > MAX_PARTS:  # (the plan refuses what its estimate foresees; this is what was made)
+        raise ConfigError(
+            f"output.part_bytes {part_bytes:,} cut the output's {int(doc_ends[-1]):,} tokens into {len(layout):,} "
+            f"parts, past the {MAX_PARTS:,} that four-digit part names hold (0000 to 9999); nothing was written, "
+            "and a rerun with a larger part_bytes reuses every slice"
+        )
     return layout
 
 

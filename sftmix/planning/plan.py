@@ -209,16 +209,24 @@ def slice_bytes_for(run: RunOptions, nbytes: int) -> int:
     as fast as 64 cores tokenize them. The whole mixture decides, not each dataset (20 Parquet datasets of
     1 GB each were ~4,800 task runs, over 3 minutes of dispatch for ~13 s of work on 64 cores), and not
     the workers, so finished slices are reused whatever the parallelism; in tiers, so a mixture that
-    grows a little keeps its slices."""
+    grows a little keeps its slices. Only a small mixture (:func:`cuts_batches`) is cut by the workers too:
+    finer, down to SMALLEST_SLICE_BYTES, until each gets two slices (two 10 MiB batches of a 17 MB file were
+    two slices, so two workers did it all and a stop kept nothing); its slices are cheap to make again."""
     if run.slice_bytes is not None:
         return run.slice_bytes
     tier = next((b for b in AUTO_SLICE_BYTES if nbytes <= b * AUTO_SLICES), AUTO_SLICE_BYTES[-1])
-    # A small mixture is cut finer, down to SMALLEST_SLICE_BYTES, until each worker gets two slices: two
-    # 10 MiB batches of a 17 MB file were two slices, so two workers did it all and a stop kept nothing.
     enough = SLICES_PER_WORKER * (run.workers or available_cpus())
     while tier > SMALLEST_SLICE_BYTES and nbytes < tier * enough:
         tier //= 2
     return tier
+
+
+def cuts_batches(run: RunOptions, nbytes: int) -> bool:
+    """Whether JSON Lines batches (``BATCH_BYTES``, parsed whole) are cut into slices: only in a mixture too
+    small to give each worker SLICES_PER_WORKER whole batches, where slices are left to the tool (each piece
+    parses its batch again: a larger mixture keeps whole batches, and the slices it had)."""
+    enough = SLICES_PER_WORKER * (run.workers or available_cpus())
+    return run.slice_bytes is None and nbytes < jsonl.BATCH_BYTES * enough
 
 
 def _work_dir_path(run: RunOptions) -> Path:
@@ -484,7 +492,7 @@ def _context(
         remote_work_dir=remote,
         datasets_cache=str(work_dir / "datasets-cache"),
         template_source=template.source,
-        over_length_recorded=mixer.over_length_strategy != "keep",
+        over_length_recorded=mixer.over_length_strategy != "keep" and mixer.max_seq_length is not None,
     )
 
 
@@ -556,7 +564,11 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
             f"mask generation_tags needs a template that marks assistant text with {{% generation %}} ... "
             f"{{% endgeneration %}}; template {template.source} has no such block"
         )
-    if mixer.over_length_strategy == "terminate" and facts.eos_id is None:
+    if (
+        mixer.over_length_strategy == "terminate"
+        and mixer.max_seq_length is not None
+        and facts.eos_id is None
+    ):
         raise ConfigError(
             f"over_length_strategy terminate ends a cut conversation with EOS, and tokenizer "
             f"{mixer.tokenizer.name_or_path!r} has none (no eos_token); choose keep or drop"
@@ -584,7 +596,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     ctx.encoder = choose_encoder(mixer.tokenizer, tk, ctx, texts)
     tokens_per_row = _tokens_per_row(ctx, rendered, mixer.max_seq_length)
     data_bytes = sum(d.nbytes for d in opened)
-    at.slice_bytes = slice_bytes_for(run, data_bytes)
+    at.slice_bytes, at.cut_batches = slice_bytes_for(run, data_bytes), cuts_batches(run, data_bytes)
     datasets, slices = _cut(opened, at, early)
     for d, (tokens, over) in zip(datasets, tokens_per_row, strict=True):
         d.tokens_per_row, d.over_length_share = tokens, over
@@ -592,7 +604,13 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     if mixer.output.format == "olmo":
         tokens = sum(d.estimated_tokens() for d in datasets)
         if (
-            problem := part_bytes_problem(mixer.output.part_bytes, dtype, mixer.max_seq_length, tokens)
+            problem := part_bytes_problem(
+                mixer.output.part_bytes,
+                dtype,
+                mixer.max_seq_length,
+                tokens,
+                mixer.output.parts == "whole_documents",
+            )
         ) is not None:
             raise ConfigError(problem)
     span_losses(datasets, opened, ctx)

@@ -41,8 +41,9 @@ def span_losses(datasets: Sequence[DatasetPlan], opened: Sequence[Opened], ctx: 
         if len(failed) < SPAN_LOSS_SHARE * len(rows):
             continue
         common = Counter(failed).most_common(1)[0][0]
+        fate = "drop" if ctx.drop_untrainable else "leave untrained"
         warning = (
-            f"{dataset.entry.path}: the reference's span check will drop ~{len(failed) / len(rows):.0%} of its "
+            f"{dataset.entry.path}: the reference's span check will {fate} ~{len(failed) / len(rows):.0%} of its "
             f"rows ({len(failed)} of {len(rows)} sampled rows, most often: {common}), which changes what is "
             f"trained; {KEEPS_THEM}"
         )

@@ -75,10 +75,10 @@ def slice_is_full(taken: list[jsonl.JsonlBatch], slice_bytes: int) -> bool:
 
 
 def batch_pieces(taken: list[jsonl.JsonlBatch], slice_bytes: int) -> int:
-    """Into how many slices ``taken`` (one slice's batches) is cut: a batch of ``slice_bytes`` or more (a
-    small file's, or a small mixture's cut fine) into about ``slice_bytes`` each, every one parsing the batch
-    (33 ms for a 10 MiB batch of chats, against about 2 s of tokenizing it on one core); else one. Rounded
-    to the nearest: a 10 MiB batch in slices of 8 MiB stays whole."""
+    """Into how many slices ``taken`` (one slice's batches, in a small mixture) is cut: a batch of
+    ``slice_bytes`` or more into about ``slice_bytes`` each, every one parsing the batch (33 ms for a 10 MiB
+    batch of chats, against about 2 s of tokenizing it on one core); else one. Rounded to the nearest: a
+    10 MiB batch in slices of 8 MiB stays whole."""
     if len(taken) != 1:
         return 1
     return max(1, int((taken[0].end - taken[0].offset) / slice_bytes + 0.5))
@@ -103,17 +103,23 @@ def _slice_runs(batches: list[jsonl.JsonlBatch], slice_bytes: int) -> list[list[
     return [run for run in runs if run]
 
 
-def batch_groups(layout: jsonl.JsonlLayout, selected: np.ndarray | None, slice_bytes: int) -> list[Rows]:
+def batch_groups(
+    layout: jsonl.JsonlLayout, selected: np.ndarray | None, slice_bytes: int, cut_batches: bool = False
+) -> list[Rows]:
     """(start, end, subset) per slice of a file read by batch: whole batches (:func:`batches_per_slice`),
-    so each batch is parsed once; a batch larger than ``slice_bytes`` (a small file's, or a small
-    mixture's) is cut into slices of about ``slice_bytes``, each parsing it (:func:`batch_pieces`). The batches of several files (their last ones short) are taken
-    until they hold about ``slice_bytes``."""
+    so each batch is parsed once; a file of one batch (small) is cut into slices of about ``slice_bytes``,
+    each parsing it, and so is every batch of a small mixture (``cut_batches``: :func:`batch_pieces`). The
+    batches of several files (their last ones short) are taken until they hold about ``slice_bytes``."""
     batches = [b for b in layout.batches if b.rows]
-    runs = [batches] if len(layout.batches) == 1 else _slice_runs(batches, slice_bytes)
+    single = len(layout.batches) == 1
+    runs = [batches] if single else _slice_runs(batches, slice_bytes)
     groups: list[Rows] = []
     for taken in runs:
         lo, hi = taken[0].first_row, taken[-1].first_row + taken[-1].rows
-        pieces = batch_pieces(taken, slice_bytes)
+        if cut_batches:
+            pieces = batch_pieces(taken, slice_bytes)
+        else:
+            pieces = max(1, -(-layout.size // slice_bytes)) if single else 1
         rows = (
             None
             if selected is None

@@ -96,6 +96,7 @@ class Planning:
     memory: int | None
     selected_total: int = 0  # rows the datasets before this one select
     slice_bytes: int = 0  # known once every dataset is opened
+    cut_batches: bool = False  # a small mixture's JSON Lines batches are cut into slices (plan.cuts_batches)
 
     @property
     def datasets_cache(self) -> str:

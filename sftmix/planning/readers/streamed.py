@@ -109,8 +109,10 @@ class StreamedReader:
             nbytes = sum(b.end - b.offset for b in batches)
             if run.slice_rows:
                 pieces = [(a, min(a + run.slice_rows, hi), None) for a in range(lo, hi, run.slice_rows)]
-            else:  # (as a count first cuts them: jsonl_files.batch_groups)
-                pieces = row_pieces(lo, hi, None, batch_pieces(batches, at.slice_bytes))
+            else:  # (as a count first cuts a small mixture's: jsonl_files.batch_groups)
+                pieces = row_pieces(
+                    lo, hi, None, batch_pieces(batches, at.slice_bytes) if at.cut_batches else 1
+                )
             for start, end, _ in pieces:
                 size = round(nbytes * (end - start) / (hi - lo))
                 hand_on(at.spec(dataset, (start, end, None), data, size, jsonl=source))

@@ -152,7 +152,7 @@ class WholeReader:
         whole = dataset.held
         assert isinstance(whole, _Whole)
         if whole.batched is not None and not at.run.slice_rows:
-            return batch_groups(whole.batched, dataset.selected, at.slice_bytes)
+            return batch_groups(whole.batched, dataset.selected, at.slice_bytes, at.cut_batches)
         info = whole.info
         per_slice = at.run.slice_rows or rows_per_slice(info.nbytes, info.n_rows, at.slice_bytes)
         return row_groups(info.n_rows, dataset.selected, per_slice)
