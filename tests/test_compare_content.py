@@ -47,7 +47,7 @@ def test_layout_is_told_from_content(prefect_api, tmp_path):
     shutil.copytree(whole, broken, dirs_exist_ok=True)
     (broken / "token_ids_part_0001.csv.gz").write_bytes(b"not gzip")
     said = compare(reference, broken).render()
-    assert "not read across parts: " in said and "DIFF   token_ids_part_0001.csv.gz" in said
+    assert "not read across parts: BadGzipFile" in said and "ONLY_B token_ids_part_0001.csv.gz" in said
 
     terminated = convert(
         "terminated", "--parts", "whole_documents", *small, "--over_length_strategy", "terminate"

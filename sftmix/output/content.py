@@ -38,8 +38,16 @@ class Layout:
 
     @classmethod
     def of(cls, directory: Path) -> Layout | None:
-        """``None`` for what is not an OLMo-core output whose parts pair up."""
+        """``None`` for what is not an OLMo-core output whose parts pair up (every part's token ids, mask and
+        boundaries there)."""
         firsts, total, itemsize = [], 0, None
+        count = len(list(directory.glob(TOKENS_PART.replace("{:04d}", "*"))))
+        if any(
+            not (directory / name.format(k)).is_file()
+            for k in range(count)
+            for name in (MASK_PART, BOUNDS_PART)
+        ):
+            return None
         k = 0
         while all((directory / name.format(k)).is_file() for name in (TOKENS_PART, MASK_PART, BOUNDS_PART)):
             tokens = (directory / TOKENS_PART.format(k)).stat().st_size
