@@ -100,14 +100,7 @@ LAYOUT_KINDS = (
 PIPE_KINDS = ("pipe-grep", "pipe-head")
 LOCAL_KINDS = (
     *PIPE_KINDS,
-    "sigint-group",
-    "sigterm",
-    "sighup-group",
-    "kill-worker",
-    "kill-api-early",
-    "kill-api-late",
-    "sigterm-tail",
-    "sigterm-rerun",
+    *LAYOUT_KINDS,
     "change-input",
     "change-parquet",
     "change-gzip",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,10 +25,14 @@ from tests.tokenizer_fixtures import GOLDEN, ensure_dolma2
 TOKENIZERS = ["tiny", "dolma2"]
 
 
-def masker(tokenizer: str, template: str, max_len: int | None, fast: bool, **options: object) -> LabelMasker:
-    if tokenizer == "dolma2":
+def masker(
+    tokenizer: str | Path, template: str, max_len: int | None, fast: bool, **options: object
+) -> LabelMasker:
+    """``tokenizer``: a golden tokenizer's name, or a tokenizer's directory."""
+    directory = tokenizer if isinstance(tokenizer, Path) else GOLDEN / "tokenizers" / tokenizer
+    if directory == GOLDEN / "tokenizers" / "dolma2":
         ensure_dolma2()
-    key = TokenizerKey.of(str(GOLDEN / "tokenizers" / tokenizer), None)
+    key = TokenizerKey.of(str(directory), None)
     hf, rust = load_hf_tokenizer(key), rust_tokenizer(key)
     return LabelMasker(
         renderer=ChatRenderer(named_template(template), special_tokens(hf)),

@@ -38,22 +38,7 @@ def _two_turns() -> Conversation:
 
 
 def _masker(tokenizer: str, template: str, max_len: int | None, fast: bool):
-    if tokenizer == "demo":  # (tests.test_labels.masker reads the golden folder; the demo's lies elsewhere)
-        from sftmix.tokenizing.labels import LabelMasker
-        from sftmix.tokenizing.tokenizer import segment_boundaries
-
-        key = TokenizerKey.of(str(TOKENIZERS["demo"]), None)
-        hf, rust = load_hf_tokenizer(key), rust_tokenizer(key)
-        return LabelMasker(
-            renderer=ChatRenderer(named_template(template), special_tokens(hf)),
-            encode_batch=lambda texts: rust.encode_batch(texts, add_special_tokens=False),
-            decode=lambda ids: hf.decode(ids, clean_up_tokenization_spaces=False),
-            max_seq_length=max_len,
-            boundaries=segment_boundaries(key) if fast else None,
-        )
-    if tokenizer == "dolma2":
-        ensure_dolma2()
-    return masker(tokenizer, template, max_len, fast=fast)
+    return masker(TOKENIZERS[tokenizer], template, max_len, fast=fast)
 
 
 @pytest.mark.parametrize("fast", [True, False])

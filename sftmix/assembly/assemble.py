@@ -122,26 +122,21 @@ def _dataset_documents(
 
     budget = d.amount if isinstance(d.amount, TokenBudget) else None
     rows, statuses, counts, cut = [], [], [], []
-    seen = 0
     for k in range(len(d.slices)):
         r = records(k)
         rows.append(np.array(r["row"], dtype=np.int64))
         statuses.append(np.array(r["status"], dtype=np.int8))
         if budget is not None:  # (what a token budget counts, row by row)
             counts.append(np.array(r["trainable" if budget.trainable else "length"], dtype=np.int64))
-        cut.append((seen, load_over_length(plan.context.work_dir, manifests[d.slices[k]])))
-        seen += r.shape[0]
+        cut.append(load_over_length(plan.context.work_dir, manifests[d.slices[k]]))
         del r
     first = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum([r.shape[0] for r in rows], out=first[1:])
     row = np.concatenate(rows) if rows else np.zeros(0, np.int64)
     status = np.concatenate(statuses) if statuses else np.zeros(0, np.int8)
     del rows, statuses
-    over, strategy, filtered = (
-        OverLength.of(cut),
-        plan.mixer.over_length_strategy,
-        plan.mixer.drop_untrainable,
-    )
+    over = OverLength.of(list(zip(first[:-1].tolist(), cut, strict=True)))
+    strategy, filtered = plan.mixer.over_length_strategy, plan.mixer.drop_untrainable
     drop_rows(status, over, strategy, filtered)
     if budget is None:
         sel = selection_indices(d.n_rows, d.target)
@@ -406,7 +401,7 @@ def _write_parts(
         def window(lo: int, hi: int, part: int) -> WindowJob:
             found = plan_window(lo, hi, starts, ends, docs["slice"], docs["offset"], slice_dirs)
             job = WindowJob(lo, hi, lo - layout.firsts[part], *part_files[part], dtype.str, *found)
-            job.edits = changes.within(lo, hi) if changes else changes
+            job.edits = changes.within(lo, hi)
             return job
 
         windows = [

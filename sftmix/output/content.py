@@ -41,15 +41,11 @@ class Layout:
         """``None`` for what is not an OLMo-core output whose parts pair up (every part's token ids, mask and
         boundaries there)."""
         firsts, total, itemsize = [], 0, None
-        count = len(list(directory.glob(TOKENS_PART.replace("{:04d}", "*"))))
-        if any(
-            not (directory / name.format(k)).is_file()
-            for k in range(count)
-            for name in (MASK_PART, BOUNDS_PART)
-        ):
-            return None
-        k = 0
-        while all((directory / name.format(k)).is_file() for name in (TOKENS_PART, MASK_PART, BOUNDS_PART)):
+        for k in range(len(list(directory.glob(TOKENS_PART.replace("{:04d}", "*"))))):
+            if not all(
+                (directory / name.format(k)).is_file() for name in (TOKENS_PART, MASK_PART, BOUNDS_PART)
+            ):
+                return None
             tokens = (directory / TOKENS_PART.format(k)).stat().st_size
             n = (directory / MASK_PART.format(k)).stat().st_size
             if n == 0 or tokens % n or (itemsize is not None and tokens // n != itemsize):
@@ -57,7 +53,6 @@ class Layout:
             itemsize = tokens // n
             firsts.append(total)
             total += n
-            k += 1
         return None if not firsts or itemsize is None else cls(directory, [*firsts, total], itemsize)
 
     @property

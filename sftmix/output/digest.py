@@ -19,14 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-import numpy as np
-
 from sftmix.errors import ConfigError
 from sftmix.output.content import (
     Layout,
     differing_streams,
     document_map_source,
     documents_line,
+    first_difference,
     parts_text,
 )
 from sftmix.output.olmo_format import BOUNDS_PART, RUN_REPORT, STATS_JSON, STATS_TXT
@@ -231,20 +230,6 @@ class Comparison:
         return "\n".join(lines)
 
 
-def _first_difference(a: Path, b: Path) -> int | None:
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        offset = 0
-        while True:
-            ba, bb = fa.read(1 << 20), fb.read(1 << 20)
-            if ba != bb:
-                n = min(len(ba), len(bb))
-                diff = np.flatnonzero(np.frombuffer(ba[:n], np.uint8) != np.frombuffer(bb[:n], np.uint8))
-                return offset + (int(diff[0]) if diff.size else n)
-            if not ba:
-                return None
-            offset += len(ba)
-
-
 def _part_index(name: str) -> int | None:
     stem = name.rsplit("_part_", 1)
     if len(stem) != 2:
@@ -324,7 +309,7 @@ def _across_parts(result: Comparison, a: Layout, b: Layout) -> bool:
 def _explain(name: str, dir_a: Path | None, dir_b: Path | None) -> str:
     if dir_a is None or dir_b is None or not name.endswith(".npy"):
         return ""
-    offset = _first_difference(dir_a / name, dir_b / name)
+    offset = first_difference([dir_a / name], [dir_b / name])
     if offset is None:
         return ""
     part = _part_index(name)

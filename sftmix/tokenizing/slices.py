@@ -350,10 +350,7 @@ def push_slice(ctx: TokenizeContext, manifest: SliceManifest) -> None:
 
 def load_slice_rows(work_dir: str | Path, manifest: SliceManifest) -> np.ndarray:
     """The row records of a finished slice (small: the plan of the output needs only these)."""
-    try:
-        return read_npy_of(slice_dir(work_dir, manifest.key) / "rows.npy", ROW_DTYPE)
-    except (OSError, ValueError, EOFError) as exc:  # (EOFError: numpy's, for an empty file)
-        raise ChecksumError(f"slice {manifest.key[:12]} ({manifest.dataset}): unreadable: {exc}") from None
+    return _read_records(work_dir, manifest, "rows.npy", ROW_DTYPE)
 
 
 def load_over_length(work_dir: str | Path, manifest: SliceManifest) -> np.ndarray:
@@ -361,9 +358,13 @@ def load_over_length(work_dir: str | Path, manifest: SliceManifest) -> np.ndarra
     where the manifest counts none."""
     if not manifest.over_length:
         return np.zeros(0, OVER_LENGTH_DTYPE)
+    return _read_records(work_dir, manifest, OVER_LENGTH, OVER_LENGTH_DTYPE)
+
+
+def _read_records(work_dir: str | Path, manifest: SliceManifest, name: str, dtype: np.dtype) -> np.ndarray:
     try:
-        return read_npy_of(slice_dir(work_dir, manifest.key) / OVER_LENGTH, OVER_LENGTH_DTYPE)
-    except (OSError, ValueError, EOFError) as exc:
+        return read_npy_of(slice_dir(work_dir, manifest.key) / name, dtype)
+    except (OSError, ValueError, EOFError) as exc:  # (EOFError: numpy's, for an empty file)
         raise ChecksumError(f"slice {manifest.key[:12]} ({manifest.dataset}): unreadable: {exc}") from None
 
 
