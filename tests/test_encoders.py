@@ -45,8 +45,10 @@ from tests.tiers import examples
 from tests.tokenizer_fixtures import (
     DOLMA2_DIR,
     GOLDEN,
+    claude_dir,
     deepseek_v3_dir,
     ensure_dolma2,
+    gemini_dir,
     gemma3_dir,
     llama3_dir,
     mistral_sp_dir,
@@ -141,6 +143,8 @@ TOKENIZERS = [
     "sp-gemma3-shape",
     "gemma3",
     "deepseek-v3",
+    "claude",
+    "gemini",
 ]
 #: SentencePiece-style tokenizers: fastokens is their only engine (tiktoken has no such pipeline).
 SENTENCEPIECE = (
@@ -151,6 +155,7 @@ SENTENCEPIECE = (
     "sp-prepend-normalizer",
     "sp-gemma3-shape",
     "gemma3",
+    "gemini",
 )
 #: Tokenizers only fastokens encodes fast: SentencePiece-style ones and sequences of splits.
 FASTOKENS_ONLY = (*SENTENCEPIECE, "deepseek-v3")
@@ -172,6 +177,9 @@ def _proven(name: str) -> tuple[str, FastAnalysis]:
         text = (deepseek_v3_dir() / "tokenizer.json").read_text(encoding="utf-8")
     elif name == "gemma3":
         text = (gemma3_dir() / "tokenizer.json").read_text(encoding="utf-8")
+    elif name in ("claude", "gemini"):  # as transformers loads them (the files' own pipelines)
+        folder = claude_dir() if name == "claude" else gemini_dir()
+        text = (folder / "tokenizer.json").read_text(encoding="utf-8")
     elif name in SENTENCEPIECE:
         text = json.dumps(_sentencepiece(name))
     else:
@@ -364,7 +372,7 @@ def test_an_nfc_normalizer_leaves_only_texts_in_nfc_to_the_fast_path(engine):
     """Qwen's NFC normalizer changes nothing in a text already in NFC: those are encoded fast (and equal);
     a text it would change (a decomposed accent, the Angstrom sign) goes to the library."""
     rust, fast = encoders("qwen2-nfc", engine)
-    assert fast.analysis.nfc
+    assert fast.analysis.form == "NFC"
     composed = ["café 😀 Ünïcödé", " ".join(f for f in FRAGMENTS if unicodedata.is_normalized("NFC", f))]
     before = fast.fallbacks
     assert_same(rust, fast, composed)
@@ -372,6 +380,35 @@ def test_an_nfc_normalizer_leaves_only_texts_in_nfc_to_the_fast_path(engine):
     decomposed = ["cafe\u0301", "\u212b ngstrom", "x a\u0308\u0301 y"]
     assert_same(rust, fast, decomposed)
     assert fast.fallbacks == before + len(decomposed)
+
+
+@pytest.mark.parametrize("engine", ENGINES_LOOP_FIRST)
+def test_an_nfkc_normalizer_leaves_only_texts_in_nfkc_to_the_fast_path(engine):
+    """Anthropic's NFKC normalizer, as Qwen's NFC: texts already in NFKC go fast (and equal); a text it
+    would change (an ellipsis, a ligature, full-width digits, a no-break space) goes to the library, and so
+    does a character this Python's Unicode tables leave unassigned (a newer Unicode may normalize it)."""
+    rust, fast = encoders("claude", engine)
+    assert fast.analysis.form == "NFKC"
+    settled = ["café 😀 Ünïcödé", " ".join(f for f in FRAGMENTS if unicodedata.is_normalized("NFKC", f))]
+    before = fast.fallbacks
+    assert_same(rust, fast, settled)
+    assert fast.fallbacks == before
+    unsettled = ["wait…", "ﬁle", "１２３", "a b", "café", "x 𞀰 y"]
+    assert_same(rust, fast, unsettled)
+    assert fast.fallbacks == before + len(unsettled)
+
+
+def test_a_missing_byte_token_that_is_never_needed_is_no_refusal():
+    """Gemini's vocabulary has no ``<0x09>``, but a tab is a token of its own, which the model takes before
+    any byte: proven, and tabs and characters outside the vocabulary encode as the library does. A missing
+    byte that a character would need is still refused."""
+    rust, fast = encoders("gemini")
+    assert fast.analysis.metaspace == "never"
+    assert_same(rust, fast, ["a\tb\t\tc", "\t", "🧬\t󠁁 \u0007 x", *FRAGMENTS])
+    data = json.loads(_proven("gemini")[0])
+    del data["model"]["vocab"]["\t"]
+    with pytest.raises(Unproven, match="lacks some of the 256 byte-fallback tokens"):
+        analyse(data)
 
 
 def test_offsets_of_a_token_that_ends_inside_a_character():
@@ -511,7 +548,10 @@ def _broken(change) -> dict:
 
 
 REFUSED = {
-    "a normalizer other than NFC": (lambda d: d.update(normalizer={"type": "NFKC"}), "normalizer \\(NFKC\\)"),
+    "a normalizer other than NFC or NFKC": (
+        lambda d: d.update(normalizer={"type": "Lowercase"}),
+        "normalizer \\(Lowercase\\) other than NFC or NFKC",
+    ),
     "NFC then lowercase": (
         lambda d: d.update(
             normalizer={"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Lowercase"}]}
@@ -719,7 +759,7 @@ def test_encoder_fast_refuses_before_work_and_auto_falls_back(tmp_path, caplog):
     folder = tmp_path / "tok"
     shutil.copytree(DOLMA2_DIR, folder)
     data = _dolma2_json()
-    data["normalizer"] = {"type": "NFKC"}
+    data["normalizer"] = {"type": "Lowercase"}
     (folder / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
     config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
     # GPT2Tokenizer rebuilds its own pipeline from the vocabulary; this class keeps tokenizer.json's
@@ -930,3 +970,96 @@ def test_a_workers_tokenizer_is_parsed_only_when_used(tmp_path, name):
     older = tmp_path / "older.json"
     older.write_text(json.dumps(data))
     assert tk_module.load_worker_tokenizer(str(older)).boundaries == boundaries_of(rust)
+
+
+#: Spellings of dolma2's ``tokenizer.json`` that the tokenizers library reads as the same tokenizer, as
+#: other tools write them (GPT-3.5/4's cl100k files spell the word affixes as empty strings).
+SPELLINGS = {
+    "empty strings for null": lambda d: d["model"].update(
+        continuing_subword_prefix="", end_of_word_suffix=""
+    ),
+    "optional keys left out": lambda d: [
+        d["model"].pop(k)
+        for k in ("dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk")
+    ],
+    "no model type": lambda d: d["model"].pop("type"),
+    "merges as lists": lambda d: d["model"].update(
+        merges=[m.split(" ") if isinstance(m, str) else m for m in d["model"]["merges"]]
+    ),
+    "no truncation, padding or decoder": lambda d: d.update(truncation=None, padding=None, decoder=None),
+    "extra keys in added tokens": lambda d: [t.update(extra=1) for t in d["added_tokens"]],
+}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_other_spellings_of_a_tokenizer_are_proven_or_passed_over(spelling, engine):
+    """Each spelling, with each engine: proven and exact, or refused with a reason (the library then
+    encodes); never an error from inside an engine."""
+    if engine == "fastokens":
+        pytest.importorskip("fastokens")
+    data = _dolma2_json()
+    SPELLINGS[spelling](data)
+    text = json.dumps(data)
+    rust = Tokenizer.from_str(text)
+    try:
+        analysis = analyse(text)
+    except Unproven as exc:
+        assert str(exc)
+        return
+    fast = FastEncoder(rust, analysis, engine=engine)
+    assert_same(rust, fast, [*FRAGMENTS, " ".join(FRAGMENTS), *added_texts(rust)])
+
+
+def test_a_shape_the_proof_does_not_read_is_unproven():
+    data = _dolma2_json()
+    data["model"]["vocab"] = ["not", "a", "mapping"]
+    with pytest.raises(Unproven, match="a shape the proof does not read"):
+        analyse(data)
+
+
+def _cannot_take(*args, **kwargs):
+    raise ValueError("model error: unsupported model type: Other")
+
+
+def test_an_engine_that_cannot_take_a_tokenizer_is_passed_over(monkeypatch):
+    """fastokens refusing a tokenizer: tiktoken takes one with a single regex (saying why), and one only
+    fastokens runs (a sequence of splits, SentencePiece-style) is unproven, with fastokens' words."""
+    pytest.importorskip("fastokens")
+    from sftmix.tokenizing import encoders as module
+
+    rust, _ = encoders("dolma2", "fastokens")
+    others = [encoders(name)[0] for name in ("deepseek-v3", "mistral-v3")]
+    monkeypatch.setattr(module, "_fastokens_from", _cannot_take)
+    fast = FastEncoder(rust, _proven("dolma2")[1], engine="fastokens")
+    assert fast.engine == "tiktoken"
+    assert fast.passed_over == (
+        "fastokens cannot take this tokenizer (ValueError: model error: unsupported model type: Other)"
+    )
+    assert_same(rust, fast, FRAGMENTS)
+    for name, rust in zip(("deepseek-v3", "mistral-v3"), others, strict=True):
+        with pytest.raises(Unproven, match="fastokens cannot take this tokenizer .*unsupported model type"):
+            FastEncoder(rust, _proven(name)[1])
+
+
+@pytest.mark.parametrize(("name", "expected"), [("llama3", "fast"), ("deepseek-v3", "hf")])
+def test_a_run_passes_over_an_engine_that_cannot_take_its_tokenizer(
+    tmp_path, monkeypatch, caplog, name, expected
+):
+    """The plan's proof: the next engine, or the tokenizers library, each said in one line; no traceback."""
+    pytest.importorskip("fastokens")
+    from sftmix.tokenizing import encoders as module
+    from sftmix.tokenizing.slices import worker_encoding
+
+    monkeypatch.setattr(module, "_fastokens_from", _cannot_take)
+    worker_encoding.cache_clear()
+    folder = llama3_dir() if name == "llama3" else deepseek_v3_dir()
+    with caplog.at_level("INFO", logger="sftmix.planning.plan"):
+        assert _plan_of_chats(tmp_path, folder, "q{i} é", " a{i}").context.encoder == expected
+    worker_encoding.cache_clear()
+    if expected == "fast":
+        assert "encoder: fastokens cannot take this tokenizer (ValueError" in caplog.text
+        assert "; tiktoken takes it" in caplog.text
+        assert "encoder: tiktoken, proven the same tokenizer" in caplog.text
+    else:
+        assert "the fast encoder is not used: fastokens cannot take this tokenizer (ValueError" in caplog.text

