@@ -69,7 +69,6 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="write the rows here as JSON")
     args = ap.parse_args()
 
-
     workers = args.workers or available_cpus()
     chats = sharegpt_chats(args.rows)
     scratch = Path(tempfile.mkdtemp(prefix="tm-families-"))

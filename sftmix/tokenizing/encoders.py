@@ -131,6 +131,7 @@ class FastAnalysis:
     # nothing) are fast
     metaspace: str | None = None  # SentencePiece-style BPE (no regex, no byte level): its prepend scheme
     splits: tuple[str, ...] = ()  # a proven sequence of several Split regexes (fastokens only)
+    cuts: str | None = None  # where the pipeline restarts inside a run (sftmix.tokenizing.piece_cuts)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -142,6 +143,7 @@ class FastAnalysis:
             "form": self.form,
             "metaspace": self.metaspace,
             "splits": list(self.splits),
+            "cuts": self.cuts,
         }
 
     @classmethod
@@ -156,6 +158,7 @@ class FastAnalysis:
             data.get("form"),
             data.get("metaspace"),
             tuple(str(r) for r in data.get("splits", ())),
+            data.get("cuts"),
         )
 
 
@@ -214,7 +217,9 @@ def _analyse(tokenizer_json: str | dict[str, Any]) -> FastAnalysis:
     trim = None if not trims else Trim(keep_first_space=trims[0])
     decodes = _decodes_as_bytes(data.get("decoder"), added)
     unsafe = tuple(_unsafe_tokens(ranks, index))
-    return FastAnalysis(pattern, unsafe, one_merge, trim, decodes, form, splits=() if pattern else splits)
+    return FastAnalysis(
+        pattern, unsafe, one_merge, trim, decodes, form, splits=() if pattern else splits, cuts=LINE_CUTS
+    )
 
 
 #: SentencePiece's word marker: a space is this character, and a text's first word starts with one.
@@ -306,7 +311,21 @@ def _analyse_sentencepiece(data: dict[str, Any], scheme: str) -> FastAnalysis:
         raise Unproven("an added token holds SentencePiece's marker and the pipeline prepends markers")
     if not fastokens_installed():
         raise Unproven("SentencePiece-style BPE is fast only with fastokens, not installed here")
-    return FastAnalysis("", (), False, metaspace=scheme)
+    cuts = WORD_CUTS if scheme != "prepend" and not any(_marker_inside(piece) for piece in vocab) else None
+    return FastAnalysis("", (), False, metaspace=scheme, cuts=cuts)
+
+
+#: :attr:`FastAnalysis.cuts` of a regex-split byte-level BPE: before an ASCII letter after a line break.
+LINE_CUTS = "line"
+#: :attr:`FastAnalysis.cuts` of SentencePiece-style BPE: before a marker after a character that is not one.
+WORD_CUTS = "word"
+
+
+def _marker_inside(piece: str) -> bool:
+    """Whether a vocabulary piece holds the marker after a character that is not one (Gemma 3's ``>▁</``):
+    a merge could then join a word to the marker before the next."""
+    stripped = piece.lstrip(METASPACE)
+    return METASPACE in stripped
 
 
 #: Normalizers that change nothing in a text already in their form (:func:`_normal_form`).
@@ -739,7 +758,7 @@ def char_offsets(text: str, token_bytes: np.ndarray, ends: np.ndarray | None = N
 
 
 #: Bump when :func:`analyse` proves something else: cached proofs of the old one are not used.
-ANALYSIS_VERSION = 5
+ANALYSIS_VERSION = 6
 
 
 def vocabulary(tokenizer_json: str) -> tuple[dict[bytes, int], dict[str, int]]:
@@ -899,6 +918,11 @@ class FastEncoder:
             self.lengths[i] = self.marked[i] - 2 * text.count(METASPACE)
             self._added_ids[i] = True
         self._unsafe_ids = np.zeros(size, dtype=bool)
+
+    @property
+    def added(self) -> list[str]:
+        """The added tokens' texts."""
+        return list(self._vocab[1])
 
     def prepends(self, text: str) -> bool:
         """Whether Metaspace puts a marker before this text's first run (``first`` and ``always``): the text

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from sftmix.sources.formats import Conversation
+from sftmix.tokenizing.piece_cuts import PieceCuts
 from sftmix.tokenizing.prefix_renders import PastedPrefix, PrefixRenders, SkeletonStore, common_prefix_length
 from sftmix.tokenizing.segments import Encoded, PrefixEncoder, SegmentBoundaries, span_masks
 from sftmix.tokenizing.templates import ChatRenderer
@@ -124,6 +125,7 @@ class LabelMasker:
         skeletons: SkeletonStore | None = None,
         drop_early: bool = True,
         restore: Callable[[str], str] | None = None,
+        cuts: PieceCuts | None = None,
     ) -> None:
         """``drop_early``: a row that fails the span check at its first assistant turn is dropped having
         tokenized only that far (the same rows and reasons as checking it whole: tests/test_segments.py).
@@ -135,13 +137,16 @@ class LabelMasker:
         whatever this says.
         ``skip_untrainable``: a row with nothing to train is dropped, so it needs no tokens.
         ``restore``: the render's text as the reference's span check compares it with the rows, where the
-        template's special tokens were renamed (``sftmix.tokenizing.literal_tokens``)."""
+        template's special tokens were renamed (``sftmix.tokenizing.literal_tokens``).
+        ``cuts``: where the tokenizer restarts inside a run (``sftmix.tokenizing.piece_cuts``), for prefix
+        counts that no added token cuts short."""
         self.renderer = renderer
         self.restore = restore
         self.encode_batch = encode_batch
         self.decode = decode
         self.max_len = max_seq_length
         self.boundaries = boundaries
+        self.cuts = cuts
         self.mode = mode
         self.spans = spans
         self.policy = policy or MaskPolicy()
@@ -272,16 +277,28 @@ class LabelMasker:
             if self.boundaries is not None:
                 known = tuple(a.tolist() for a in encs[p.row].boundary_tokens(self.boundaries))
             for prefix in texts:
-                if known is not None and self.boundaries is not None:
-                    base, tail = self.boundaries.cut(prefix, rendered[p.row], *known)
-                else:  # made one at a time: all the prefixes of a long chat together are quadratic
-                    base, tail = 0, str(prefix)
+                base, tail = self._shared(prefix, rendered[p.row], encs[p.row], known)
                 full = self.max_len is not None and base >= self.max_len
                 bases.append(base)
                 tails.append(None if full else tail)
         return [
             b + (0 if t is None else n) for b, t, n in zip(bases, tails, self._counts(tails), strict=True)
         ]
+
+    def _shared(
+        self, prefix: str | PastedPrefix, full: str, enc: Encoded, known: tuple | None
+    ) -> tuple[int, str]:
+        """(tokens of ``full`` the prefix shares, its own tail to count): at the last added token or
+        restart inside a run that it shares, whichever leaves the shorter tail; else the whole prefix,
+        made one at a time (all the prefixes of a long chat together are quadratic)."""
+        found = None
+        if known is not None and self.boundaries is not None:
+            found = self.boundaries.cut(prefix, full, *known)
+        if self.cuts is not None and (found is None or len(found[1]) > _MEMO_CHARS):
+            inside = self.cuts.cut(prefix, full, enc)
+            if inside is not None and (found is None or len(inside[1]) < len(found[1])):
+                found = inside
+        return found if found is not None else (0, str(prefix))
 
     def _counts(self, texts: list[str | None]) -> list[int]:
         """Token counts of ``texts`` (0 for None). A prefix's own tail after its cut is mostly the

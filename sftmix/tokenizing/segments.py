@@ -68,14 +68,9 @@ class SegmentBoundaries:
         A pasted prefix of ``full`` is read only near the cut (never built whole: a long chat's
         prefixes together are quadratic).
         """
-        if isinstance(text, PastedPrefix) and text.full is full:
-            shared = full[text.end : text.end + len(text.tail)]
-            agree = text.end + (
-                len(shared) if shared == text.tail else common_prefix_length(text.tail, shared)
-            )
-        else:
+        agree = agreement(text, full)
+        if not isinstance(text, PastedPrefix) or text.full is not full:
             text = str(text)
-            agree = len(text) if full.startswith(text) else common_prefix_length(text, full)
         length = len(text)
         reach = self.longest - 1
         # latest boundary token starting at or before `agree` (its start is a candidate cut)
@@ -83,11 +78,11 @@ class SegmentBoundaries:
         while j >= 0:
             start, end = int(starts[j]), int(ends[j])
             if end <= agree and (end == length or end + reach <= agree):
-                return int(index[j]) + 1, _part(text, end, length)
-            near = _part(text, max(0, start - reach), start + self.longest)
+                return int(index[j]) + 1, text_part(text, end, length)
+            near = text_part(text, max(0, start - reach), start + self.longest)
             at = min(start, reach)
             if self.pattern.match(near, at) and self._clean_before(near, at):
-                return int(index[j]), _part(text, start, length)
+                return int(index[j]), text_part(text, start, length)
             j -= 1
         return 0, str(text)
 
@@ -124,7 +119,17 @@ class SegmentBoundaries:
         return False
 
 
-def _part(text: str | PastedPrefix, lo: int, hi: int) -> str:
+def agreement(text: str | PastedPrefix, full: str) -> int:
+    """How many first characters ``text`` shares with ``full`` (a pasted prefix of ``full`` read only
+    after its end)."""
+    if isinstance(text, PastedPrefix) and text.full is full:
+        shared = full[text.end : text.end + len(text.tail)]
+        return text.end + (len(shared) if shared == text.tail else common_prefix_length(text.tail, shared))
+    text = str(text)
+    return len(text) if full.startswith(text) else common_prefix_length(text, full)
+
+
+def text_part(text: str | PastedPrefix, lo: int, hi: int) -> str:
     """``str(text)[lo:hi]``."""
     if isinstance(text, str):
         return text[lo:hi]
@@ -223,6 +228,7 @@ class Encoded:
     _ids: np.ndarray | None = None
     _boundaries: tuple[SegmentBoundaries, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
     _byte_ends: np.ndarray | None = None  # bytes of the text through each token (see decoded)
+    _spans: tuple[np.ndarray, np.ndarray] | None = None  # every token's (starts, ends), once asked
     _utf8: bytes | None = None
 
     @property
@@ -237,7 +243,7 @@ class Encoded:
         self.skips.append(skip)
         self.covered = end
         self.length += len(ids) - skip
-        self._ids = self._boundaries = self._byte_ends = None
+        self._ids = self._boundaries = self._byte_ends = self._spans = None
         self.last_boundary = None
         if not self.complete:
             self.last_boundary = (int(ids[-1]), base + _added_token_chars(piece, len(ids) - 1)[0])
@@ -245,7 +251,7 @@ class Encoded:
     def clear(self) -> None:
         self.pieces, self.piece_ids, self.bases, self.skips = [], [], [], []
         self.covered = self.length = 0
-        self.last_boundary = self._ids = self._boundaries = self._byte_ends = None
+        self.last_boundary = self._ids = self._boundaries = self._byte_ends = self._spans = None
 
     @property
     def ids(self) -> np.ndarray:
@@ -269,6 +275,20 @@ class Encoded:
             out.append(pairs + base)
             left -= n
         return np.concatenate(out) if out else np.zeros((0, 2), dtype=np.int64)
+
+    def tokens_before(self, c: int) -> int | None:
+        """How many tokens end at or before character ``c`` (within what is covered), where every later
+        one starts at or after it; None where a token lies across ``c``."""
+        if c > self.covered:
+            return None
+        if self._spans is None:
+            offsets = self.offsets()
+            self._spans = offsets[:, 0], offsets[:, 1]
+        starts, ends = self._spans
+        k = int(np.searchsorted(ends, c, side="right"))
+        if k < starts.shape[0] and starts[k] < c:
+            return None
+        return k
 
     def span_mask(self, limit: int, spans: Sequence[tuple[int, int]]) -> np.ndarray:
         """``overlap_mask(self.offsets(limit), spans)``: for one fast-encoder piece read from the tokens'

@@ -72,6 +72,7 @@ from sftmix.tokenizing.labels import (
     TokenizedRow,
 )
 from sftmix.tokenizing.literal_tokens import LiteralReport, LiteralRule, Renaming, literal_rule
+from sftmix.tokenizing.piece_cuts import PieceCuts
 from sftmix.tokenizing.prefix_renders import SkeletonStore
 from sftmix.tokenizing.segments import SegmentBoundaries
 from sftmix.tokenizing.templates import ChatRenderer
@@ -448,6 +449,7 @@ class WorkerEncoding:
     boundaries: SegmentBoundaries | None
     fast: FastEncoder | None
     renaming: Renaming | None = None  # split's (sftmix.tokenizing.literal_tokens)
+    cuts: PieceCuts | None = None  # where the tokenizer restarts inside a run
 
     def encode_batch(self, texts: list[str]) -> list:
         if self.fast is not None:
@@ -507,7 +509,8 @@ def worker_encoding(
                 f"tokenizer {tokenizer!r} changed after the plan: the fast encoder is not proven ({found})"
             )
         fast = FastEncoder(rust, found, vocab, engine, backend_json)
-    return WorkerEncoding(rust, specials, boundaries, fast, renamed)
+    added = fast.added if fast is not None else [t.content for t in rust.get_added_tokens_decoder().values()]
+    return WorkerEncoding(rust, specials, boundaries, fast, renamed, PieceCuts.of(found, added))
 
 
 @lru_cache(maxsize=4)
@@ -536,6 +539,7 @@ def _cached_masker(
         decode=encoding.decode,
         max_seq_length=max_seq_length,
         boundaries=encoding.boundaries,
+        cuts=encoding.cuts,
         mode=mask,
         spans=spans,
         skip_untrainable=skip_untrainable,
