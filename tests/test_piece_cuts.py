@@ -164,3 +164,28 @@ def test_the_maskers_rows_are_the_same_with_cuts_and_without(name):
         )
         rows.append([(r.ids.tolist(), r.mask.tolist(), r.status, r.detail) for r in masker.tokenize(convs)])
     assert rows[0] == rows[1]
+
+
+def test_a_spans_decode_read_from_the_text_is_the_librarys():
+    """Gemini's decoder (markers as spaces, byte tokens as bytes) and no marker put where the text has none:
+    a span's decode is read from the text, and equals the library's for any span of any text (None where a
+    span cuts a character, or the text holds the marker itself)."""
+    rust, fast, _ = _family("gemini")
+    assert fast.analysis.decodes
+    read = 0
+
+    @settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
+    @given(pieces_for(rust), st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1)), max_size=6))
+    def check(text: str, spans: list[tuple[float, float]]) -> None:
+        nonlocal read
+        enc = _whole(fast.encode_batch, text)
+        ids = enc.ids.tolist()
+        for a, b in spans:
+            lo, hi = sorted((int(a * len(ids)), int(b * len(ids))))
+            decoded = enc.decoded(lo, hi)
+            if decoded is not None:
+                assert decoded == rust.decode(ids[lo:hi], skip_special_tokens=False), (text, lo, hi)
+                read += 1
+
+    check()
+    assert read > 0

@@ -126,7 +126,8 @@ class FastAnalysis:
     unsafe: tuple[int, ...]  # tokens whose merges the two rules make differently (see the module doc)
     one_merge_per_token: bool  # then every text with only safe tokens is proven, ties included
     trim: Trim | None = None  # a ByteLevel post-processor's offset trimming, done as it does it
-    decodes: bool = False  # tiktoken's decode (bytes, then UTF-8 with replacement) is the library's too
+    decodes: bool = False  # tiktoken's decode (bytes, then UTF-8 with replacement) is the library's too;
+    # SentencePiece-style: a span's decode is its text (SPACED_DECODER)
     form: str | None = None  # an NFC or NFKC normalizer: only texts already in that form (where it changes
     # nothing) are fast
     metaspace: str | None = None  # SentencePiece-style BPE (no regex, no byte level): its prepend scheme
@@ -312,7 +313,22 @@ def _analyse_sentencepiece(data: dict[str, Any], scheme: str) -> FastAnalysis:
     if not fastokens_installed():
         raise Unproven("SentencePiece-style BPE is fast only with fastokens, not installed here")
     cuts = WORD_CUTS if scheme != "prepend" and not any(_marker_inside(piece) for piece in vocab) else None
-    return FastAnalysis("", (), False, metaspace=scheme, cuts=cuts)
+    decodes = scheme == "never" and data.get("decoder") == SPACED_DECODER
+    return FastAnalysis("", (), False, decodes=decodes, metaspace=scheme, cuts=cuts)
+
+
+#: The decoder of a SentencePiece-style BPE that puts no marker where the text has none (Gemini's, Gemma's):
+#: each token's text with markers as spaces, byte tokens as their bytes. A span of tokens that holds no
+#: marker of the text's own and cuts no character decodes to the text's own characters there
+#: (``sftmix.tokenizing.segments.Encoded.decoded``).
+SPACED_DECODER = {
+    "type": "Sequence",
+    "decoders": [
+        {"type": "Replace", "pattern": {"String": METASPACE}, "content": " "},
+        {"type": "ByteFallback"},
+        {"type": "Fuse"},
+    ],
+}
 
 
 #: :attr:`FastAnalysis.cuts` of a regex-split byte-level BPE: before an ASCII letter after a line break.
@@ -758,7 +774,7 @@ def char_offsets(text: str, token_bytes: np.ndarray, ends: np.ndarray | None = N
 
 
 #: Bump when :func:`analyse` proves something else: cached proofs of the old one are not used.
-ANALYSIS_VERSION = 6
+ANALYSIS_VERSION = 7
 
 
 def vocabulary(tokenizer_json: str) -> tuple[dict[bytes, int], dict[str, int]]:
@@ -1025,7 +1041,7 @@ class FastEncoder:
 
     def decode(self, ids: Sequence[int]) -> str:
         """The library's ``decode(ids, skip_special_tokens=False)`` where the analysis proved it the same."""
-        if not self.analysis.decodes:
+        if not self.analysis.decodes or self.analysis.metaspace:  # (a span's text, not any ids: the library)
             return self.rust.decode(list(ids), skip_special_tokens=False)
         return self.encoding.decode_bytes(ids).decode("utf-8", errors="replace")
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from sftmix.tokenizing.encoders import FastEncoding
+from sftmix.tokenizing.encoders import METASPACE, FastEncoding
 from sftmix.tokenizing.prefix_renders import PastedPrefix, common_prefix_length
 
 
@@ -325,6 +325,8 @@ class Encoded:
             return self.text[lo:hi]
         if self._utf8 is None:
             self._utf8 = self.text.encode("utf-8")
+        if self.pieces[0].encoder.analysis.metaspace and not _whole_characters(self.text, self._utf8, lo, hi):
+            return None
         return self._utf8[lo:hi].decode("utf-8", errors="replace")
 
     def boundary_tokens(self, boundaries: SegmentBoundaries) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -357,6 +359,14 @@ class Encoded:
         found = chars[:, 0], chars[:, 1], at
         self._boundaries = (boundaries, found)
         return found
+
+
+def _whole_characters(text: str, utf8: bytes, lo: int, hi: int) -> bool:
+    """Whether bytes ``lo:hi`` of a SentencePiece-style text are whole characters and none the marker (which
+    decodes as a space): a span ending inside a character decodes to a replacement character per byte,
+    which Python's decoder does not make."""
+    inside = [at < len(utf8) and (utf8[at] & 0xC0) == 0x80 for at in (lo, hi)]
+    return METASPACE not in text and not any(inside)
 
 
 class PrefixEncoder:
