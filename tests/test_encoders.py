@@ -1033,7 +1033,7 @@ def test_an_engine_that_cannot_take_a_tokenizer_is_passed_over(monkeypatch):
     monkeypatch.setattr(module, "_fastokens_from", _cannot_take)
     fast = FastEncoder(rust, _proven("dolma2")[1], engine="fastokens")
     assert fast.engine == "tiktoken"
-    assert fast.passed_over == (
+    assert fast.pass_over_reason == (
         "fastokens cannot take this tokenizer (ValueError: model error: unsupported model type: Other)"
     )
     assert_same(rust, fast, FRAGMENTS)
@@ -1063,3 +1063,32 @@ def test_a_run_passes_over_an_engine_that_cannot_take_its_tokenizer(
         assert "encoder: tiktoken, proven the same tokenizer" in caplog.text
     else:
         assert "the fast encoder is not used: fastokens cannot take this tokenizer (ValueError" in caplog.text
+
+
+def test_a_mistyped_engine_setting_is_refused_not_passed_over(tmp_path, monkeypatch):
+    """A setting to correct is the run's error, where a tokenizer an engine cannot take is passed over."""
+    from sftmix.tokenizing.slices import worker_encoding
+
+    monkeypatch.setenv(ENGINE_ENV, "fastoken")
+    worker_encoding.cache_clear()
+    with pytest.raises(ConfigError, match="must be auto, fastokens or tiktoken, not 'fastoken'"):
+        _plan_of_chats(tmp_path, llama3_dir(), "q{i}", " a{i}")
+    worker_encoding.cache_clear()
+
+
+def test_a_worker_that_cannot_build_the_proven_encoder_says_so(tmp_path, monkeypatch):
+    """A worker whose fastokens cannot take what the plan proved (another machine's install): the run's
+    error names the tokenizer and why, not a traceback from inside the encoder."""
+    pytest.importorskip("fastokens")
+    from sftmix.tokenizing import encoders as module
+    from sftmix.tokenizing.slices import worker_encoding
+
+    plan = _plan_of_chats(tmp_path, deepseek_v3_dir(), "q{i} 123", " a{i}")
+    assert plan.context.encoder == "fast"
+    monkeypatch.setattr(module, "_fastokens_from", _cannot_take)
+    worker_encoding.cache_clear()
+    with pytest.raises(
+        ConfigError, match="the fast encoder the plan proved cannot be built here: fastokens cannot"
+    ):
+        worker_encoding(str(deepseek_v3_dir()), None, plan.context.tokenizer_file, "fast", "auto")
+    worker_encoding.cache_clear()

@@ -28,7 +28,7 @@ from sftmix.config.config import (
     local_mirror,
 )
 from sftmix.config.selection import TokenBudget, large_upsample_warning
-from sftmix.errors import ConfigError, DatasetError, TemplateError
+from sftmix.errors import ConfigError, DatasetError, MixerError, TemplateError
 from sftmix.output.olmo_format import part_bytes_problem
 from sftmix.planning.readers.by_row_group import BY_ROW_GROUP
 from sftmix.planning.readers.reader import (
@@ -488,11 +488,17 @@ def _try_fast(ctx: TokenizeContext, texts: list[str]) -> tuple[str | None, str]:
         encoding = encoding_for(ctx, "fast")
         assert encoding.fast is not None
         differ = same_encodings(encoding.rust, encoding.fast, texts)
+    except (
+        MixerError
+    ) as exc:  # a setting to correct (TOKENIZE_MIXER_FAST_ENGINE), not a tokenizer to pass over
+        if not isinstance(exc.__cause__, Unproven):
+            raise
+        return str(exc.__cause__), ""
     except Exception as exc:
         return str(exc) if isinstance(exc, Unproven) else f"{type(exc).__name__}: {exc}", ""
     fast = encoding.fast
-    if fast.passed_over is not None:
-        logger.info("encoder: %s; %s takes it", fast.passed_over, fast.engine)
+    if fast.pass_over_reason is not None:
+        logger.info("encoder: %s; %s takes it", fast.pass_over_reason, fast.engine)
     if differ is not None:
         return f"the two encoders disagree on a sample row of this run ({differ})", fast.engine
     return None, fast.engine

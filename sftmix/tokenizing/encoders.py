@@ -132,7 +132,8 @@ class FastAnalysis:
     # nothing) are fast
     metaspace: str | None = None  # SentencePiece-style BPE (no regex, no byte level): its prepend scheme
     splits: tuple[str, ...] = ()  # a proven sequence of several Split regexes (fastokens only)
-    cuts: str | None = None  # where the pipeline restarts inside a run (sftmix.tokenizing.piece_cuts)
+    restarts: str | None = None  # where the pipeline restarts inside a run (sftmix.tokenizing.restarts)
+    text_decodes: bool = False  # SentencePiece-style: a span's decode is its text (SPACED_DECODER)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -144,7 +145,8 @@ class FastAnalysis:
             "form": self.form,
             "metaspace": self.metaspace,
             "splits": list(self.splits),
-            "cuts": self.cuts,
+            "restarts": self.restarts,
+            "text_decodes": self.text_decodes,
         }
 
     @classmethod
@@ -156,10 +158,11 @@ class FastAnalysis:
             bool(data["one_merge_per_token"]),
             None if trim is None else Trim(bool(trim["keep_first_space"])),
             bool(data.get("decodes", False)),
-            data.get("form"),
+            data.get("form", "NFC" if data.get("nfc") else None),  # (a proof from before NFKC)
             data.get("metaspace"),
             tuple(str(r) for r in data.get("splits", ())),
-            data.get("cuts"),
+            data.get("restarts"),
+            bool(data.get("text_decodes", False)),
         )
 
 
@@ -180,7 +183,7 @@ def analyse(tokenizer_json: str | dict[str, Any]) -> FastAnalysis:
     a file spelled in a way the proof does not expect is unproven too, never an error of the run."""
     try:
         return _analyse(tokenizer_json)
-    except Unproven:
+    except (Unproven, MemoryError):  # (a proof is kept: out of memory once is no reason for ever)
         raise
     except Exception as exc:
         raise Unproven(
@@ -219,7 +222,14 @@ def _analyse(tokenizer_json: str | dict[str, Any]) -> FastAnalysis:
     decodes = _decodes_as_bytes(data.get("decoder"), added)
     unsafe = tuple(_unsafe_tokens(ranks, index))
     return FastAnalysis(
-        pattern, unsafe, one_merge, trim, decodes, form, splits=() if pattern else splits, cuts=LINE_CUTS
+        pattern,
+        unsafe,
+        one_merge,
+        trim,
+        decodes,
+        form,
+        splits=() if pattern else splits,
+        restarts=LINE_RESTARTS,
     )
 
 
@@ -312,9 +322,24 @@ def _analyse_sentencepiece(data: dict[str, Any], scheme: str) -> FastAnalysis:
         raise Unproven("an added token holds SentencePiece's marker and the pipeline prepends markers")
     if not fastokens_installed():
         raise Unproven("SentencePiece-style BPE is fast only with fastokens, not installed here")
-    cuts = WORD_CUTS if scheme != "prepend" and not any(_marker_inside(piece) for piece in vocab) else None
-    decodes = scheme == "never" and data.get("decoder") == SPACED_DECODER
-    return FastAnalysis("", (), False, decodes=decodes, metaspace=scheme, cuts=cuts)
+    restarts = WORD_RESTARTS if scheme != "prepend" and not any(map(_marker_inside, vocab)) else None
+    return FastAnalysis(
+        "", (), False, metaspace=scheme, restarts=restarts, text_decodes=_text_decodes(data, scheme)
+    )
+
+
+def _text_decodes(data: dict[str, Any], scheme: str) -> bool:
+    """Whether a span's decode is its text: :data:`SPACED_DECODER`, no marker put where the text has none,
+    and no byte token but those the model falls back to (an added token or a merge spelled ``<0x41>``
+    decodes as the byte, not as its text)."""
+    if scheme != "never" or data.get("decoder") != SPACED_DECODER:
+        return False
+    pieces = set(BYTE_PIECES)
+    added = {t.get("content") for t in data.get("added_tokens") or []}
+    merged = {
+        "".join(m) if isinstance(m, list) else m.replace(" ", "") for m in data["model"].get("merges") or []
+    }
+    return not (pieces & added or pieces & merged)
 
 
 #: The decoder of a SentencePiece-style BPE that puts no marker where the text has none (Gemini's, Gemma's):
@@ -331,10 +356,10 @@ SPACED_DECODER = {
 }
 
 
-#: :attr:`FastAnalysis.cuts` of a regex-split byte-level BPE: before an ASCII letter after a line break.
-LINE_CUTS = "line"
-#: :attr:`FastAnalysis.cuts` of SentencePiece-style BPE: before a marker after a character that is not one.
-WORD_CUTS = "word"
+#: :attr:`FastAnalysis.restarts` of a regex-split byte-level BPE: before an ASCII letter after a line break.
+LINE_RESTARTS = "line"
+#: :attr:`FastAnalysis.restarts` of SentencePiece-style BPE: before a marker after a character that is not one.
+WORD_RESTARTS = "word"
 
 
 def _marker_inside(piece: str) -> bool:
@@ -774,7 +799,7 @@ def char_offsets(text: str, token_bytes: np.ndarray, ends: np.ndarray | None = N
 
 
 #: Bump when :func:`analyse` proves something else: cached proofs of the old one are not used.
-ANALYSIS_VERSION = 7
+ANALYSIS_VERSION = 8
 
 
 def vocabulary(tokenizer_json: str) -> tuple[dict[bytes, int], dict[str, int]]:
@@ -819,6 +844,10 @@ def _fastokens_from(tokenizer_json: str, form: str | None = None) -> Any:
     return tokenizer
 
 
+def _cannot_take(exc: Exception) -> Unproven:
+    return Unproven(f"fastokens cannot take this tokenizer ({type(exc).__name__}: {exc})")
+
+
 def fast_engine(pattern: str, requested: str | None = None) -> str:
     """The engine for a proven tokenizer with this split ``pattern``: ``requested`` (or
     :data:`ENGINE_ENV`), ``auto`` being the fastest installed one that is proven for the pattern."""
@@ -860,7 +889,7 @@ class FastEncoder:
         self.unsafe = frozenset(analysis.unsafe)
         self.trim = analysis.trim
         self.fallbacks = 0  # texts the tokenizers library encoded
-        self.passed_over: str | None = None  # the engine that could not take this tokenizer, and why
+        self.pass_over_reason: str | None = None  # why the engine asked for could not take this tokenizer
         if analysis.metaspace:
             self._init_sentencepiece(rust.to_str() if tokenizer_json is None else tokenizer_json)
             return
@@ -895,10 +924,9 @@ class FastEncoder:
         try:
             self._fastokens = _fastokens_from(tokenizer_json, self.analysis.form)
         except Exception as exc:
-            why = f"fastokens cannot take this tokenizer ({type(exc).__name__}: {exc})"
             if self.analysis.splits:
-                raise Unproven(why) from exc
-            self.engine, self.passed_over = "tiktoken", why
+                raise _cannot_take(exc) from exc
+            self.engine, self.pass_over_reason = "tiktoken", str(_cannot_take(exc))
             return
         self._ids = self._fastokens_ids
 
@@ -917,7 +945,7 @@ class FastEncoder:
         try:
             self._fastokens = _fastokens_from(json.dumps(data))
         except Exception as exc:  # no other engine runs this pipeline
-            raise Unproven(f"fastokens cannot take this tokenizer ({type(exc).__name__}: {exc})") from exc
+            raise _cannot_take(exc) from exc
         self._vocab = {}, added
         self._starts = tuple(added)
         self._first_chars = frozenset(t[0] for t in added)
@@ -937,7 +965,7 @@ class FastEncoder:
 
     @property
     def added(self) -> list[str]:
-        """The added tokens' texts."""
+        """The added tokens' texts (where the pipeline may restart depends on them, ``sftmix.tokenizing.restarts``)."""
         return list(self._vocab[1])
 
     def prepends(self, text: str) -> bool:
@@ -1041,7 +1069,7 @@ class FastEncoder:
 
     def decode(self, ids: Sequence[int]) -> str:
         """The library's ``decode(ids, skip_special_tokens=False)`` where the analysis proved it the same."""
-        if not self.analysis.decodes or self.analysis.metaspace:  # (a span's text, not any ids: the library)
+        if not self.analysis.decodes:
             return self.rust.decode(list(ids), skip_special_tokens=False)
         return self.encoding.decode_bytes(ids).decode("utf-8", errors="replace")
 

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from sftmix.sources.formats import Conversation
-from sftmix.tokenizing.piece_cuts import PieceCuts
 from sftmix.tokenizing.prefix_renders import PastedPrefix, PrefixRenders, SkeletonStore, common_prefix_length
+from sftmix.tokenizing.restarts import Restarts
 from sftmix.tokenizing.segments import Encoded, PrefixEncoder, SegmentBoundaries, span_masks
 from sftmix.tokenizing.templates import ChatRenderer
 
@@ -125,7 +125,7 @@ class LabelMasker:
         skeletons: SkeletonStore | None = None,
         drop_early: bool = True,
         restore: Callable[[str], str] | None = None,
-        cuts: PieceCuts | None = None,
+        restarts: Restarts | None = None,
     ) -> None:
         """``drop_early``: a row that fails the span check at its first assistant turn is dropped having
         tokenized only that far (the same rows and reasons as checking it whole: tests/test_segments.py).
@@ -138,15 +138,15 @@ class LabelMasker:
         ``skip_untrainable``: a row with nothing to train is dropped, so it needs no tokens.
         ``restore``: the render's text as the reference's span check compares it with the rows, where the
         template's special tokens were renamed (``sftmix.tokenizing.literal_tokens``).
-        ``cuts``: where the tokenizer restarts inside a run (``sftmix.tokenizing.piece_cuts``), for prefix
-        counts that no added token cuts short."""
+        ``restarts``: where the tokenizer restarts inside a run (``sftmix.tokenizing.restarts``), for
+        prefix counts that no added token shortens."""
         self.renderer = renderer
         self.restore = restore
         self.encode_batch = encode_batch
         self.decode = decode
         self.max_len = max_seq_length
         self.boundaries = boundaries
-        self.cuts = cuts
+        self.restarts = restarts
         self.mode = mode
         self.spans = spans
         self.policy = policy or MaskPolicy()
@@ -294,8 +294,8 @@ class LabelMasker:
         found = None
         if known is not None and self.boundaries is not None:
             found = self.boundaries.cut(prefix, full, *known)
-        if self.cuts is not None and (found is None or len(found[1]) > _MEMO_CHARS):
-            inside = self.cuts.cut(prefix, full, enc)
+        if self.restarts is not None and (found is None or len(found[1]) > _MEMO_CHARS):
+            inside = self.restarts.last_shared(prefix, full, enc)
             if inside is not None and (found is None or len(inside[1]) < len(found[1])):
                 found = inside
         return found if found is not None else (0, str(prefix))

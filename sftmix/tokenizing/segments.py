@@ -313,7 +313,8 @@ class Encoded:
             if not self.pieces or not all(isinstance(p, FastEncoding) for p in self.pieces):
                 return None
             encoder = self.pieces[0].encoder
-            if not encoder.analysis.decodes or any(p.encoder is not encoder for p in self.pieces):
+            reads = encoder.analysis.decodes or encoder.analysis.text_decodes
+            if not reads or any(p.encoder is not encoder for p in self.pieces):
                 return None
             if len(self.pieces) == 1 and self.skips[0] == 0:  # (most rows: one piece, its sums made)
                 self._byte_ends = self.pieces[0].byte_ends
@@ -325,7 +326,9 @@ class Encoded:
             return self.text[lo:hi]
         if self._utf8 is None:
             self._utf8 = self.text.encode("utf-8")
-        if self.pieces[0].encoder.analysis.metaspace and not _whole_characters(self.text, self._utf8, lo, hi):
+        if self.pieces[0].encoder.analysis.text_decodes and not _text_is_decode(
+            self.text, self._utf8, lo, hi
+        ):
             return None
         return self._utf8[lo:hi].decode("utf-8", errors="replace")
 
@@ -361,12 +364,13 @@ class Encoded:
         return found
 
 
-def _whole_characters(text: str, utf8: bytes, lo: int, hi: int) -> bool:
-    """Whether bytes ``lo:hi`` of a SentencePiece-style text are whole characters and none the marker (which
-    decodes as a space): a span ending inside a character decodes to a replacement character per byte,
-    which Python's decoder does not make."""
-    inside = [at < len(utf8) and (utf8[at] & 0xC0) == 0x80 for at in (lo, hi)]
-    return METASPACE not in text and not any(inside)
+def _text_is_decode(text: str, utf8: bytes, lo: int, hi: int) -> bool:
+    """Whether bytes ``lo:hi`` of a SentencePiece-style text decode as themselves: whole characters (a span
+    ending inside one decodes to a replacement character per byte, which Python's decoder does not make),
+    in a text that holds no marker of its own (which decodes as a space)."""
+    if any(at < len(utf8) and (utf8[at] & 0xC0) == 0x80 for at in (lo, hi)):
+        return False
+    return METASPACE not in text
 
 
 class PrefixEncoder:

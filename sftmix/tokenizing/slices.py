@@ -61,7 +61,7 @@ from sftmix.sources.dataset import read_rows, release_mapped_data, row_line
 from sftmix.sources.formats import Conversation, RowFormatError, conversation_from_row
 from sftmix.sources.jsonl import JsonlSource
 from sftmix.sources.parquet import ParquetSource
-from sftmix.tokenizing.encoders import FastEncoder
+from sftmix.tokenizing.encoders import FastEncoder, Unproven
 from sftmix.tokenizing.labels import (
     DROP_REASONS,
     UNTRAINABLE,
@@ -72,8 +72,8 @@ from sftmix.tokenizing.labels import (
     TokenizedRow,
 )
 from sftmix.tokenizing.literal_tokens import LiteralReport, LiteralRule, Renaming, literal_rule
-from sftmix.tokenizing.piece_cuts import PieceCuts
 from sftmix.tokenizing.prefix_renders import SkeletonStore
+from sftmix.tokenizing.restarts import Restarts
 from sftmix.tokenizing.segments import SegmentBoundaries
 from sftmix.tokenizing.templates import ChatRenderer
 from sftmix.tokenizing.tokenizer import (
@@ -449,7 +449,7 @@ class WorkerEncoding:
     boundaries: SegmentBoundaries | None
     fast: FastEncoder | None
     renaming: Renaming | None = None  # split's (sftmix.tokenizing.literal_tokens)
-    cuts: PieceCuts | None = None  # where the tokenizer restarts inside a run
+    restarts: Restarts | None = None  # where the fast encoder's tokenizer restarts inside a run
 
     def encode_batch(self, texts: list[str]) -> list:
         if self.fast is not None:
@@ -508,9 +508,15 @@ def worker_encoding(
             raise ConfigError(
                 f"tokenizer {tokenizer!r} changed after the plan: the fast encoder is not proven ({found})"
             )
-        fast = FastEncoder(rust, found, vocab, engine, backend_json)
-    added = fast.added if fast is not None else [t.content for t in rust.get_added_tokens_decoder().values()]
-    return WorkerEncoding(rust, specials, boundaries, fast, renamed, PieceCuts.of(found, added))
+        try:
+            fast = FastEncoder(rust, found, vocab, engine, backend_json)
+        except Unproven as exc:  # (a worker whose fastokens is not the plan's machine's)
+            raise ConfigError(
+                f"tokenizer {tokenizer!r}: the fast encoder the plan proved cannot be built here: {exc}"
+            ) from exc
+    # restarts only where the fast encoder is proven and chosen: the library's path stays the library's
+    restarts = None if fast is None else Restarts.of(found, fast.added)
+    return WorkerEncoding(rust, specials, boundaries, fast, renamed, restarts)
 
 
 @lru_cache(maxsize=4)
@@ -539,7 +545,7 @@ def _cached_masker(
         decode=encoding.decode,
         max_seq_length=max_seq_length,
         boundaries=encoding.boundaries,
-        cuts=encoding.cuts,
+        restarts=encoding.restarts,
         mode=mask,
         spans=spans,
         skip_untrainable=skip_untrainable,
