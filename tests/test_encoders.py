@@ -367,35 +367,32 @@ def test_a_text_with_an_unproven_token_goes_to_the_library(engine):
     assert fast.fallbacks == before + 1 and list(enc.ids) == rust.encode(text, add_special_tokens=False).ids
 
 
-@pytest.mark.parametrize("engine", ENGINES_LOOP_FIRST)
-def test_an_nfc_normalizer_leaves_only_texts_in_nfc_to_the_fast_path(engine):
-    """Qwen's NFC normalizer changes nothing in a text already in NFC: those are encoded fast (and equal);
-    a text it would change (a decomposed accent, the Angstrom sign) goes to the library."""
-    rust, fast = encoders("qwen2-nfc", engine)
-    assert fast.analysis.form == "NFC"
-    composed = ["café 😀 Ünïcödé", " ".join(f for f in FRAGMENTS if unicodedata.is_normalized("NFC", f))]
-    before = fast.fallbacks
-    assert_same(rust, fast, composed)
-    assert fast.fallbacks == before
-    decomposed = ["cafe\u0301", "\u212b ngstrom", "x a\u0308\u0301 y"]
-    assert_same(rust, fast, decomposed)
-    assert fast.fallbacks == before + len(decomposed)
+#: Each normal form: the tokenizer that has it, and texts it would change (a decomposed accent, the Angstrom
+#: sign; an ellipsis, a ligature, full-width digits, a no-break space) or whose character this Python's
+#: Unicode tables leave unassigned (a newer Unicode may normalize it).
+NORMALIZED_AWAY = {
+    "NFC": ("qwen2-nfc", ["cafe\u0301", "\u212b ngstrom", "x a\u0308\u0301 y"]),
+    "NFKC": (
+        "claude",
+        ["wait\u2026", "\ufb01le", "\uff11\uff12\uff13", "a\u00a0b", "cafe\u0301", "x \U0001e030 y"],
+    ),
+}
 
 
 @pytest.mark.parametrize("engine", ENGINES_LOOP_FIRST)
-def test_an_nfkc_normalizer_leaves_only_texts_in_nfkc_to_the_fast_path(engine):
-    """Anthropic's NFKC normalizer, as Qwen's NFC: texts already in NFKC go fast (and equal); a text it
-    would change (an ellipsis, a ligature, full-width digits, a no-break space) goes to the library, and so
-    does a character this Python's Unicode tables leave unassigned (a newer Unicode may normalize it)."""
-    rust, fast = encoders("claude", engine)
-    assert fast.analysis.form == "NFKC"
-    settled = ["café 😀 Ünïcödé", " ".join(f for f in FRAGMENTS if unicodedata.is_normalized("NFKC", f))]
+@pytest.mark.parametrize("form", NORMALIZED_AWAY)
+def test_a_normalizer_leaves_only_texts_in_its_form_to_the_fast_path(form, engine):
+    """Qwen's NFC and Anthropic's NFKC normalizers change nothing in a text already in their form: those are
+    encoded fast (and equal); a text they would change goes to the library."""
+    name, changed = NORMALIZED_AWAY[form]
+    rust, fast = encoders(name, engine)
+    assert fast.analysis.form == form
+    settled = ["café 😀 Ünïcödé", " ".join(f for f in FRAGMENTS if unicodedata.is_normalized(form, f))]
     before = fast.fallbacks
     assert_same(rust, fast, settled)
     assert fast.fallbacks == before
-    unsettled = ["wait…", "ﬁle", "１２３", "a b", "café", "x 𞀰 y"]
-    assert_same(rust, fast, unsettled)
-    assert fast.fallbacks == before + len(unsettled)
+    assert_same(rust, fast, changed)
+    assert fast.fallbacks == before + len(changed)
 
 
 def test_a_missing_byte_token_that_is_never_needed_is_no_refusal():

@@ -488,14 +488,12 @@ def _try_fast(ctx: TokenizeContext, texts: list[str]) -> tuple[str | None, str]:
         encoding = encoding_for(ctx, "fast")
         assert encoding.fast is not None
         differ = same_encodings(encoding.rust, encoding.fast, texts)
-    except (
-        MixerError
-    ) as exc:  # a setting to correct (TOKENIZE_MIXER_FAST_ENGINE), not a tokenizer to pass over
-        if not isinstance(exc.__cause__, Unproven):
+    except MixerError as exc:
+        if not isinstance(exc.__cause__, Unproven):  # a setting to correct (TOKENIZE_MIXER_FAST_ENGINE)
             raise
-        return str(exc.__cause__), ""
+        return str(exc.__cause__), ""  # the engine cannot take it (worker_encoding's words)
     except Exception as exc:
-        return str(exc) if isinstance(exc, Unproven) else f"{type(exc).__name__}: {exc}", ""
+        return f"{type(exc).__name__}: {exc}", ""
     fast = encoding.fast
     if fast.pass_over_reason is not None:
         logger.info("encoder: %s; %s takes it", fast.pass_over_reason, fast.engine)

@@ -126,8 +126,7 @@ class FastAnalysis:
     unsafe: tuple[int, ...]  # tokens whose merges the two rules make differently (see the module doc)
     one_merge_per_token: bool  # then every text with only safe tokens is proven, ties included
     trim: Trim | None = None  # a ByteLevel post-processor's offset trimming, done as it does it
-    decodes: bool = False  # tiktoken's decode (bytes, then UTF-8 with replacement) is the library's too;
-    # SentencePiece-style: a span's decode is its text (SPACED_DECODER)
+    decodes: bool = False  # tiktoken's decode (bytes, then UTF-8 with replacement) is the library's too
     form: str | None = None  # an NFC or NFKC normalizer: only texts already in that form (where it changes
     # nothing) are fast
     metaspace: str | None = None  # SentencePiece-style BPE (no regex, no byte level): its prepend scheme
@@ -336,9 +335,7 @@ def _text_decodes(data: dict[str, Any], scheme: str) -> bool:
         return False
     pieces = set(BYTE_PIECES)
     added = {t.get("content") for t in data.get("added_tokens") or []}
-    merged = {
-        "".join(m) if isinstance(m, list) else m.replace(" ", "") for m in data["model"].get("merges") or []
-    }
+    merged = {a + b for a, b in _merges(data["model"].get("merges") or [])}
     return not (pieces & added or pieces & merged)
 
 
