@@ -1,44 +1,24 @@
 """The layers point one way (``[tool.importlinter]`` in pyproject.toml): the command line over the flows over
 the tasks over the pure core, the core imports no Prefect, and its modules import one another without a
-circle.
-
-import-linter reads packages from the file system, which knows nothing of setuptools' ``package-dir``
-(``flows/`` installs as ``tokenize_mixer.flows``): the contract is checked on the installed layout, made
-here from pyproject.toml's own package list and mapping.
+circle. The tree is the installed layout (no ``package-dir``), so the contracts are checked on it as it is.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("sftmix", "tokenize_mixer")
 
 
-def installed_layout(target: Path) -> Path:
-    """The packages where an install puts them: each listed package's own ``.py`` files."""
-    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    mapping = setup.get("package-dir", {})
-    for package in setup["packages"]:
-        source = ROOT / mapping.get(package, package.replace(".", "/"))
-        destination = target / package.replace(".", "/")
-        destination.mkdir(parents=True, exist_ok=True)
-        for module in source.glob("*.py"):
-            shutil.copy2(module, destination / module.name)
-    return target
-
-
-def test_the_layers_point_one_way(tmp_path):
-    site = installed_layout(tmp_path / "site")
+def test_the_layers_point_one_way():
     lint = Path(sys.executable).with_name("lint-imports")
-    env = {**os.environ, "PYTHONPATH": str(site)}
     proc = subprocess.run(
         [str(lint), str(ROOT / "pyproject.toml"), "--no-cache"],
-        cwd=site, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert "0 broken" in proc.stdout
@@ -49,7 +29,7 @@ def test_every_tokenize_mixer_setting_is_read_in_one_module():
     from sftmix.runtime import settings
 
     spelled = []
-    for folder in ("sftmix", "flows", "tasks", "tokenize_mixer"):
+    for folder in PACKAGES:
         for module in (ROOT / folder).rglob("*.py"):
             if module.name != "settings.py" and '"TOKENIZE_MIXER_' in module.read_text():
                 spelled.append(str(module.relative_to(ROOT)))
@@ -58,18 +38,14 @@ def test_every_tokenize_mixer_setting_is_read_in_one_module():
 
 
 def test_every_package_installs():
-    """A package left out of pyproject.toml's list would be missing from a wheel (an editable install
-    finds it on disk, so only a built wheel would tell)."""
+    """setuptools finds a package by its ``__init__.py``: a folder of modules without one would be missing
+    from a wheel (an editable install finds it on disk, so only a built wheel would tell). And the tree is
+    what installs: no ``package-dir`` maps a folder elsewhere."""
     setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "sftmix").rglob("__init__.py")}
-    for folder in ("flows", "tasks"):
-        on_disk |= {
-            ".".join(("tokenize_mixer", *p.parent.relative_to(ROOT).parts))
-            for p in (ROOT / folder).rglob("__init__.py")
-        }
-    assert on_disk <= set(setup["packages"])
-    mapping = setup["package-dir"]
-    assert all((ROOT / mapping[p]).is_dir() for p in setup["packages"] if p.startswith("tokenize_mixer."))
+    assert "package-dir" not in setup
+    assert setup["packages"]["find"]["include"] == [f"{p}*" for p in PACKAGES]
+    folders = {m.parent for p in PACKAGES for m in (ROOT / p).rglob("*.py")}
+    assert [str(f.relative_to(ROOT)) for f in sorted(folders) if not (f / "__init__.py").exists()] == []
 
 
 def test_no_function_is_over_100_lines():
@@ -77,7 +53,7 @@ def test_no_function_is_over_100_lines():
     import ast
 
     long = []
-    for folder in ("sftmix", "flows", "tasks", "tokenize_mixer"):
+    for folder in PACKAGES:
         for module in sorted((ROOT / folder).rglob("*.py")):
             tree = ast.parse(module.read_text(encoding="utf-8"))
             for node in ast.walk(tree):
@@ -86,3 +62,22 @@ def test_no_function_is_over_100_lines():
                 if (lines := node.end_lineno - node.lineno + 1) > 100:  # type: ignore[operator]
                     long.append(f"{module.relative_to(ROOT)}: {node.name} ({lines} lines)")
     assert long == []
+
+
+def test_contributings_module_map_is_the_tree():
+    """CONTRIBUTING's "How the layers fit" names every module of the core, the tasks, the flows and the
+    command line, and no module that is gone: the map a newcomer reads first stays true."""
+    import re
+
+    text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    section = text.split("## How the layers fit", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"([A-Za-z_][\w/]*\.py)\b", section))
+    modules = {m for p in PACKAGES for m in (ROOT / p).rglob("*.py") if m.name != "__init__.py"}
+    missing = sorted(str(m.relative_to(ROOT)) for m in modules if not _named(m, named))
+    known = {m.name for m in modules} | {str(m.relative_to(ROOT)) for m in modules}
+    gone = sorted(n for n in named if n.rsplit("/", 1)[-1] not in known and not (ROOT / n).exists())
+    assert (missing, gone) == ([], [])
+
+
+def _named(module: Path, named: set[str]) -> bool:
+    return module.name in named or any(str(module).endswith("/" + n) for n in named)

@@ -32,7 +32,7 @@ def entry() -> None:
 
     if not os.environ.get("PREFECT_API_URL"):
         # A command without a configured API runs on a temporary one whose analytics are off
-        # (flows/api/runtime.py); Prefect's client would still greet a first interactive run with a notice
+        # (tokenize_mixer/flows/api/runtime.py); Prefect's client would still greet a first interactive run with a notice
         # that usage data is collected. Not so here: a user's own server keeps the user's settings.
         os.environ.setdefault("DO_NOT_TRACK", "1")
     guard_std_streams()
