@@ -77,8 +77,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The quick loop leaves tests marked slow or full out, unless tests are named (files, ids) or chosen
-    by ``-m``: then they run whatever their marks."""
+    """The smoke tier's tests are marked ``smoke``; the quick loop leaves tests marked slow or full out,
+    unless tests are named (files, ids) or chosen by ``-m``: then they run whatever their marks."""
+    for item in items:
+        if any(item.nodeid == s or item.nodeid.startswith(s + "::") for s in tiers.SMOKE):
+            item.add_marker(pytest.mark.smoke)
     if tiers.FULL or config.getoption("-m") or config.option.file_or_dir:
         return
     left = [item for item in items if any(item.get_closest_marker(m) for m in tiers.FULL_ONLY)]

@@ -81,3 +81,16 @@ def test_contributings_module_map_is_the_tree():
 
 def _named(module: Path, named: set[str]) -> bool:
     return module.name in named or any(str(module).endswith("/" + n) for n in named)
+
+
+def test_the_smoke_tier_is_whole():
+    """Every test id the smoke tier names still exists (a renamed test would leave the tier quietly smaller)."""
+    from tests import tiers
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", "-m", "smoke"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    collected = [line for line in proc.stdout.splitlines() if "::" in line]
+    for test in tiers.SMOKE:
+        assert any(c == test or c.startswith(test + "::") for c in collected), test
