@@ -35,9 +35,9 @@ def _init() -> None:
 
 def _warm(args: tuple) -> float:
     spec, ctx = args
-    from sftmix.tokenizing.slices import _masker
+    from sftmix.tokenizing.slices import masker_for
 
-    _masker(ctx)  # loads (and caches) the tokenizer in this worker
+    masker_for(ctx)  # loads (and caches) the tokenizer in this worker
     return time.time()
 
 
@@ -45,10 +45,10 @@ def _limit(args: tuple) -> int:
     """The physical limit on the same rows: render each with the template, Rust ``encode_batch``."""
     from sftmix.sources.dataset import read_rows
     from sftmix.sources.formats import conversation_from_row
-    from sftmix.tokenizing.slices import _masker
+    from sftmix.tokenizing.slices import masker_for
 
     spec, ctx = args
-    masker = _masker(ctx)
+    masker = masker_for(ctx)
     rows = spec.row_list()
     tokens = 0
     for b in range(0, len(rows), ctx.batch_size):

@@ -36,12 +36,12 @@ def main() -> None:
 
     from bench.data import sharegpt_chats
     from sftmix.sources.formats import Conversation
-    from sftmix.tokenizing.slices import _cached_masker, worker_encoding
+    from sftmix.tokenizing.slices import cached_masker, worker_encoding
     from sftmix.tokenizing.templates import named_template
 
     encoding = worker_encoding(str(args.tokenizer), None, None, "fast")
     skeletons = tempfile.mkdtemp(prefix="tm-bench-skeletons-")
-    masker = _cached_masker(
+    masker = cached_masker(
         encoding,
         named_template(args.template),
         args.max_seq_length,

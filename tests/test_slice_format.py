@@ -55,7 +55,7 @@ def test_slice_bytes_are_pinned_with_the_format_version(case, golden_dir, tmp_pa
     digests = [manifest.files[name].sha256 for name in ("tokens.npy", "mask.npy", "rows.npy")]
     assert SLICE_FORMAT_VERSION in PINNED, f"pin the digests of version {SLICE_FORMAT_VERSION}: {digests}"
     assert digests == PINNED[SLICE_FORMAT_VERSION].get(case), (
-        f"slice bytes changed ({case}: {digests}): bump SLICE_FORMAT_VERSION in sftmix/tokenizing/slices.py, so "
+        f"slice bytes changed ({case}: {digests}): bump SLICE_FORMAT_VERSION in sftmix/tokenizing/slices/manifest.py, so "
         "checkpoints of the old bytes are not reused, and pin the new digests here"
     )
 
