@@ -593,8 +593,8 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
             from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
             state = tokenize_mixer(mixer=mixer, run=run, return_state=True)
-    except UpToDate as done:
-        return _say_up_to_date(done.report)
+    except UpToDate as found:
+        return _say_up_to_date(found.report)
     finally:
         hand_to_flow(mixer, run, None)
     if state.is_cancelled() or state.is_cancelling():
@@ -782,11 +782,11 @@ def _main(args: argparse.Namespace) -> int:
         if args.command == "check":
             from sftmix.check.findings import check_output
 
-            result = check_output(args.output, args.sequence_length, long_doc_strategy=args.long_doc_strategy)
-            sys.stdout.write(result.render(template_diff=args.template_diff) + "\n")
+            report = check_output(args.output, args.sequence_length, long_doc_strategy=args.long_doc_strategy)
+            sys.stdout.write(report.render(template_diff=args.template_diff) + "\n")
             if args.json:
-                Path(args.json).write_text(result.to_json(), encoding="utf-8")
-            return result.exit_code
+                Path(args.json).write_text(report.to_json(), encoding="utf-8")
+            return report.exit_code
         if args.command == "report":
             from sftmix.check.report_page import write_report
 

@@ -396,11 +396,14 @@ def _write_parts(
     ]
     how = ASSEMBLE_BY or _way_to_write(docs, slice_dirs, dtype)
     changes = _edits(plan, docs["edit"], starts, ends)
+    fn: Callable[[Any], None]  # the writer of a job, and what follows each one done: by window or by slice
+    done: Callable[[Any], None]
     if how == "window":
 
         def window(lo: int, hi: int, part: int) -> WindowJob:
             found = plan_window(lo, hi, starts, ends, docs["slice"], docs["offset"], slice_dirs)
-            job = WindowJob(lo, hi, lo - layout.firsts[part], *part_files[part], dtype.str, *found)
+            tokens_file, mask_file = part_files[part]
+            job = WindowJob(lo, hi, lo - layout.firsts[part], tokens_file, mask_file, dtype.str, *found)
             job.edits = changes.within(lo, hi)
             return job
 

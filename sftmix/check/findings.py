@@ -639,9 +639,10 @@ def _read_in_chunks(
             with_next = _read_span(mask_file, np.dtype(np.uint8), lo, min(n, hi + 1))
             if written is not None:
                 written.read(part, hi)
+            # (``a.data``: ``memoryview(a)``, which numpy's stubs allow from Python 3.12 only)
             if hashed:
-                token_hash.update(t)
-                mask_hash.update(with_next[: hi - lo])
+                token_hash.update(t.data)
+                mask_hash.update(with_next[: hi - lo].data)
             if chunks is None:
                 add(chunk(t, with_next, lo))
                 continue
@@ -746,7 +747,7 @@ def _read_span(path: Path, dtype: np.dtype, lo: int, hi: int) -> np.ndarray:
     """Items ``[lo, hi)`` of a raw array file, read into memory: a map read through would keep every
     page it touched resident until closed, so checking a large part would grow with the part."""
     data = np.empty(hi - lo, dtype=dtype)
-    view, position = memoryview(data).cast("B"), lo * dtype.itemsize
+    view, position = data.data.cast("B"), lo * dtype.itemsize
     fd = os.open(path, os.O_RDONLY)
     try:
         left = pread_into(fd, view, position)

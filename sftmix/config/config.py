@@ -141,7 +141,7 @@ class DatasetEntry(BaseModel):
     @classmethod
     def _parse_amount(cls, value: object) -> Amount:
         try:
-            return parse_amount(value)  # type: ignore[arg-type]
+            return parse_amount(value)  # type: ignore[arg-type]  # any input: parse_amount reads it or refuses it
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
 

@@ -131,7 +131,7 @@ def remote_output_digests(url: str) -> dict[str, str]:
         if not is_shard(name):
             continue
         try:
-            digests[name] = stream_digest(name, lambda n=name: fs.open(join_url(url, n), "rb"))
+            digests[name] = stream_digest(name, lambda n=name: fs.open(join_url(url, n), "rb"))  # type: ignore[misc]  # a lambda with a default: mypy cannot type it
         except FileNotFoundError:
             raise ConfigError(f"{url}: {name} is listed in {OUTPUT_MANIFEST} but missing") from None
     return digests

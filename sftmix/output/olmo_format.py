@@ -176,7 +176,8 @@ class PartSet:
 
 
 def _write_at(fd: int, data: np.ndarray, position: int) -> None:
-    pwrite_all(fd, memoryview(data).cast("B"), position)
+    # (``a.data``: ``memoryview(a)``, which numpy's stubs allow from Python 3.12 only)
+    pwrite_all(fd, data.data.cast("B"), position)
 
 
 def read_boundaries(path: Path) -> np.ndarray:

@@ -66,7 +66,7 @@ def refuse_short_disk(plan: Plan) -> None:
         return disks.setdefault(device, _Disk(free))
 
     todo = slices_to_make(plan)
-    rows = defaultdict(int)
+    rows: defaultdict[int, int] = defaultdict(int)
     for s in todo:
         rows[s.dataset_index] += len(s.rows) if s.rows is not None else s.row_end - s.row_start
     slice_bytes = round(sum(n * per_row[i] for i, n in rows.items()) * per_token)

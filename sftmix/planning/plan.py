@@ -346,7 +346,7 @@ def _sample_rows(spec: SliceSpec, datasets_cache: Path, on_bad_row: str) -> list
                 raise record.error(jsonl.lines_of(spec.dataset, spec.jsonl.path))
             continue
         try:
-            out.append((row, conversation_from_row(record, spec.row_format, spec.messages_key)))  # type: ignore[arg-type]
+            out.append((row, conversation_from_row(record, spec.row_format, spec.messages_key)))  # type: ignore[arg-type]  # a RowFormat in a str field
         except RowFormatError as exc:
             if on_bad_row == "error":  # its slice would fail on it, after every slice has started
                 raise bad_row_error(spec, row, f"{exc}{REFUSED_SAMPLE}") from None
@@ -640,8 +640,8 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     data_bytes = sum(d.nbytes for d in opened)
     at.slice_bytes, at.cut_batches = slice_bytes_for(run, data_bytes), cuts_batches(run, data_bytes)
     datasets, slices = _cut(opened, at, early)
-    for d, (tokens, over) in zip(datasets, tokens_per_row, strict=True):
-        d.tokens_per_row, d.over_length_share = tokens, over
+    for d, (per_row, over) in zip(datasets, tokens_per_row, strict=True):
+        d.tokens_per_row, d.over_length_share = per_row, over
     _estimate_budgets(datasets, opened, at)
     if mixer.output.format == "olmo":
         tokens = sum(d.estimated_tokens() for d in datasets)

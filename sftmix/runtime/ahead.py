@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -23,7 +23,7 @@ class _Failed:
 _END = object()
 
 
-def ahead(items: Iterator[T], depth: int, name: str) -> Iterator[T]:
+def ahead(items: Iterator[T], depth: int, name: str) -> Generator[T]:
     """``items``, read on a thread named ``name`` at most ``depth`` items ahead. Its error is raised here,
     after the items before it. Once it ends, or the reader stops (closes this generator, or lets it go),
     ``items`` is closed on that thread (a generator's ``close``): a file it reads is closed even where the

@@ -70,7 +70,7 @@ def remove_abandoned(parent: Path, prefix: str) -> list[Path]:
     """Remove the directories under ``parent`` whose names start with ``prefix`` and whose lease is
     abandoned, or whose temp name's writer is gone (one killed while making it); the prefix only narrows
     the scan, the lease or the writer tag decides."""
-    removed = []
+    removed: list[Path] = []
     if not parent.is_dir():
         return removed
     for leftover in parent.iterdir():

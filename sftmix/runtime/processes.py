@@ -55,7 +55,7 @@ def _release_fork_server() -> None:
     if fd is not None:
         with contextlib.suppress(OSError):
             os.close(fd)
-        server._forkserver_alive_fd = None  # type: ignore[union-attr]
+        server._forkserver_alive_fd = None  # type: ignore[union-attr]  # fd was found on it: server is not None
 
 
 def descendants(pid: int | None = None) -> list[int]:
@@ -103,9 +103,9 @@ def _keep_semaphore_record() -> None:
         _held_semaphores.pop(name, None)
         tracker.unregister(name, rtype)
 
-    register.keeps_record = True  # type: ignore[attr-defined]
-    resource_tracker.register = register
-    resource_tracker.unregister = unregister
+    register.keeps_record = True  # type: ignore[attr-defined]  # a mark on the function object
+    resource_tracker.register = register  # type: ignore[assignment]  # typeshed says name: Sized; it is a str
+    resource_tracker.unregister = unregister  # type: ignore[assignment]  # (as register)
 
 
 def unlink_held_semaphores() -> None:
@@ -114,7 +114,7 @@ def unlink_held_semaphores() -> None:
     end; killed, it leaves each as a file in ``/dev/shm`` for good. The names are this process's own
     record (:func:`start_resource_tracker`), never a guess from ``/dev/shm``."""
     try:
-        from _multiprocessing import sem_unlink  # type: ignore[import-not-found]
+        from _multiprocessing import sem_unlink  # type: ignore[import-not-found]  # a C module typeshed omits
     except ImportError:  # (no named semaphores here: Windows)
         return
     for name, maker in list(_held_semaphores.items()):

@@ -72,7 +72,7 @@ def record_stop(stop: RunStopped) -> RunStopped:
             _first_stop = stop
     if first:  # once: a signal handler that runs meanwhile in this thread finds it recorded
         stop_recorded.set()
-    return _first_stop  # type: ignore[return-value]
+    return _first_stop  # type: ignore[return-value]  # set above, under the lock, and never unset
 
 
 # ---- the last resort: a recorded stop ends the process in bounded time ---------------------------------
@@ -215,7 +215,7 @@ def stop_run(stop: RunStopped) -> None:
         _raise_unless_deferred(stop)
         return
     if signal.getsignal(signal.SIGINT) is _on_signal:
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]  # the main thread's ident is set
     else:
         exit_now(stop)
 
@@ -266,7 +266,7 @@ def _unraisable(unraisable: Any) -> None:
     def again() -> None:
         time.sleep(0.05)
         with contextlib.suppress(Exception):
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]  # the main thread's ident is set
 
     threading.Thread(target=again, name="stop-again", daemon=True).start()
 

@@ -14,7 +14,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol, TypeGuard
 
 from sftmix.errors import StorageError
 from sftmix.runtime.stopping import removed_at_exit
@@ -186,7 +186,13 @@ def pwrite_all(fd: int, view: memoryview, position: int) -> None:
         view, position = view[written:], position + written
 
 
-def sha256_stream(fh: BinaryIO, visit: Callable[[bytes], None] | None = None) -> str:
+class ReadsBytes(Protocol):
+    """A binary stream, as far as :func:`sha256_stream` reads it: a file, a gzip stream, an fsspec file."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
+def sha256_stream(fh: ReadsBytes, visit: Callable[[bytes], None] | None = None) -> str:
     """sha256 of a binary stream read in 4 MiB blocks; ``visit`` sees each block too."""
     h = hashlib.sha256()
     for block in iter(lambda: fh.read(1 << 22), b""):
@@ -226,7 +232,7 @@ def remove_tree(path: str | os.PathLike[str]) -> None:
 # slice, an output) is made visible by writing its manifest object last.
 
 
-def is_remote(path: str | os.PathLike[str] | None) -> bool:
+def is_remote(path: str | os.PathLike[str] | None) -> TypeGuard[str]:
     return path is not None and "://" in str(path) and not str(path).startswith("file://")
 
 

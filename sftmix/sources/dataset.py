@@ -601,7 +601,7 @@ def _decompressing(path: str, size: int) -> Iterator[tuple[Any, Callable[[], int
             try:
                 from isal import igzip
             except ImportError:
-                import gzip as igzip
+                import gzip as igzip  # type: ignore[no-redef]  # the same open(), where isal ships no wheel
             yield stack.enter_context(igzip.open(raw, "rb")), raw.tell
         else:
             yield stack.enter_context(_codec(path)(raw, mode="rb")), raw.tell
@@ -1271,8 +1271,12 @@ def release_mapped_data(datasets_too: bool = False) -> None:
 class Part(Protocol):
     """A piece of a file that holds consecutive rows: a JSON Lines batch, a Parquet row group."""
 
-    first_row: int
-    rows: int
+    # (read only, as a frozen model's fields are)
+    @property
+    def first_row(self) -> int: ...
+
+    @property
+    def rows(self) -> int: ...
 
 
 P = TypeVar("P", bound=Part)

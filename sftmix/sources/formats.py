@@ -80,7 +80,7 @@ def detect_format(
             f"format alpaca needs 'instruction' and 'output' columns (columns: {', '.join(columns)})"
         )
     if declared in ("sharegpt", "alpaca"):
-        return declared, SHAREGPT_KEY if declared == "sharegpt" else "instruction"  # type: ignore[return-value]
+        return declared, SHAREGPT_KEY if declared == "sharegpt" else "instruction"  # type: ignore[return-value]  # sharegpt or alpaca here
     if declared == "messages" and messages_key is None:
         messages_key = MESSAGES_KEY
     if messages_key is not None:

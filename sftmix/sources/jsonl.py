@@ -43,7 +43,7 @@ from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict
 
@@ -461,7 +461,8 @@ def _scan_files(
                 raise item
             if isinstance(item, JsonlBatch):
                 counted[k].append(item)
-                schema = schema or (file_schema if k == 0 else "")
+                # (a batch's event carries its schema text)
+                schema = schema or (cast(str, file_schema) if k == 0 else "")
             elif item is None or (k == 0 and not item.schema_b64):
                 return None  # (the other files' scans are left to end)
             else:
@@ -576,7 +577,7 @@ def _scan(
 
 
 def _layout(
-    path: str, scanned_batches: Iterator[Scanned], on_batch: BatchListener | None, growing: str = ""
+    path: str, scanned_batches: Generator[Scanned], on_batch: BatchListener | None, growing: str = ""
 ) -> JsonlLayout | None:
     """The layout of file ``path`` from its batches' scans, in order (``on_batch`` told each, naming
     ``growing``, where the file is still being written)."""
@@ -736,9 +737,11 @@ def _growing_bounds(file: GrowingFile) -> Generator[tuple[int, int]]:
 
 
 Scanned = tuple[int, int, tuple[str, int, int, bool, bool], bytes | None]
+#: A batch's bytes as fetched for its scan: ``None`` where the scan reads them itself.
+_Data = TypeVar("_Data", bound=bytes | None)
 
 
-def _scanned_batches(path: str, size: int, threads: int) -> Iterator[Scanned]:
+def _scanned_batches(path: str, size: int, threads: int) -> Generator[Scanned]:
     """Each batch's bounds and scan (and a remote batch's bytes), in order, each as soon as it and the
     ones before it are scanned: a local file's batches on ``threads`` threads; a remote object's ranges
     fetched ahead (:func:`_fetched_batches`), then scanned on ``threads`` threads."""
@@ -758,17 +761,17 @@ def _scanned_batches(path: str, size: int, threads: int) -> Iterator[Scanned]:
 
 
 def _scanned_stream(
-    fetched: Generator[tuple[int, int, bytes | None]],
-    scan: Callable[[int, int, bytes | None], tuple[str, int, int, bool, bool]],
+    fetched: Generator[tuple[int, int, _Data]],
+    scan: Callable[[int, int, _Data], tuple[str, int, int, bool, bool]],
     threads: int,
-) -> Iterator[Scanned]:
+) -> Generator[Scanned]:
     """Each of ``fetched`` batches (bounds, and bytes where fetched; in order) and its ``scan``, on
     ``threads`` threads. ``fetched`` is read on a thread of its own, so each batch is told once it and
     those before it are scanned, whether or not the next one has come (a copy still being written, a
     slow object)."""
     pool = ThreadPoolExecutor(max_workers=max(1, threads))
 
-    def submitted() -> Iterator[tuple[int, int, Future[tuple[str, int, int, bool, bool]], bytes | None]]:
+    def submitted() -> Iterator[tuple[int, int, Future[tuple[str, int, int, bool, bool]], _Data]]:
         try:
             for offset, end, data in fetched:
                 yield offset, end, pool.submit(scan, offset, end, data), data
@@ -783,7 +786,7 @@ def _scanned_stream(
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _fetched_batches(path: str, size: int) -> Iterator[tuple[int, int, bytes]]:
+def _fetched_batches(path: str, size: int) -> Generator[tuple[int, int, bytes]]:
     """A remote object's batches, in order: bounds as :func:`batch_bounds` finds them, and bytes."""
     chunks = pinned.fetched(lambda offset, end: _read(path, offset, end), size, REMOTE_CHUNK, REMOTE_READERS)
     try:
@@ -864,10 +867,10 @@ def read_batch(
             table = _table(b"\n".join(patched), target)
             break
         except Exception as exc:
-            found = _first_refused_row(patched, target, exc)
-            if found is None or found[0] in bad:
+            first = _first_refused_row(patched, target, exc)
+            if first is None or first[0] in bad:
                 raise refused from None  # no one line is at fault: the caller says so for the batch
-            row, why = found
+            row, why = first
             line = lines[rows[row]]
             bad[row] = (_refusal_reason(why, line, target, declared), _excerpt(line, 0))
     return table, {
@@ -1025,7 +1028,7 @@ def _cast(table: Any, target: Any) -> Any:
     import datasets
     from datasets.packaged_modules.json.json import Json
 
-    return Json._cast_table(_Builder(datasets.Features.from_arrow_schema(target)), table)  # type: ignore[arg-type]
+    return Json._cast_table(_Builder(datasets.Features.from_arrow_schema(target)), table)
 
 
 def _first_unknown_key(line: bytes, schema: Any) -> str | None:

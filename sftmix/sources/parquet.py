@@ -1002,7 +1002,7 @@ class _StreamedGroup:
             self._next_batch()
             if self._start + self._table.num_rows >= self.group.rows:
                 self.confirm()
-            elif self._checked and not all(c.check_read(self._ranges) for c in self._file.cursors):
+            elif self._checked and not all(c.check_read(self._ranges) for c in self._file.cursors):  # type: ignore[arg-type]  # open: only the last batch's confirm() unsets it
                 self.close()
                 raise DatasetError(self.footer.path, _changed(_where(self.group)))
             yield self._table

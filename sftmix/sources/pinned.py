@@ -14,7 +14,7 @@ import io
 import itertools
 import re
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -145,7 +145,7 @@ def read_remote(path: str, offset: int, end: int, changed: str) -> bytes:
 
 def fetched(
     read: Callable[[int, int], bytes], size: int, chunk: int = RANGE_BYTES, readers: int = READERS
-) -> Iterator[bytes]:
+) -> Generator[bytes]:
     """An object's bytes in order, ``chunk`` at a time, each ``read(offset, end)`` on one of ``readers``
     threads ahead of the caller (at most ``readers`` chunks held)."""
     offsets = iter(range(0, size, chunk))
@@ -160,8 +160,8 @@ def fetched(
             fetch(offset)
         while ahead:
             data = ahead.popleft().result()
-            if (offset := next(offsets, None)) is not None:
-                fetch(offset)
+            if (following := next(offsets, None)) is not None:
+                fetch(following)
             yield data
     finally:
         pool.shutdown(cancel_futures=True)

@@ -48,7 +48,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from typing import Any
+from typing import Any, Literal, cast
 from unicodedata import category, is_normalized
 
 import numpy as np
@@ -368,6 +368,7 @@ def _marker_inside(piece: str) -> bool:
 
 #: Normalizers that change nothing in a text already in their form (:func:`_normal_form`).
 NORMAL_FORMS = ("NFC", "NFKC")
+NormalForm = Literal["NFC", "NFKC"]
 
 
 def _falls_back(byte: int, vocab: dict[str, Any]) -> bool:
@@ -399,7 +400,7 @@ def in_form(text: str, form: str) -> bool:
     leave unassigned (which a newer Unicode, the tokenizers library's, may normalize)."""
     if text.isascii():
         return True
-    return is_normalized(form, text) and all(category(c) != "Cn" for c in set(text))
+    return is_normalized(cast(NormalForm, form), text) and all(category(c) != "Cn" for c in set(text))
 
 
 def normalizer_does_nothing(normalizer: Any) -> bool:
@@ -893,7 +894,8 @@ class FastEncoder:
         self.engine = "fastokens" if analysis.splits else fast_engine(analysis.pattern, engine)
         if tokenizer_json is None and (vocab is None or self.engine == "fastokens"):
             tokenizer_json = rust.to_str()
-        ranks, added = vocab if vocab is not None else vocabulary(tokenizer_json)
+        # (no vocab: tokenizer_json is given or made just above)
+        ranks, added = vocab if vocab is not None else vocabulary(cast(str, tokenizer_json))
         self._vocab = ranks, added
         self._allowed = set(added)
         self._ids = self._tiktoken_ids

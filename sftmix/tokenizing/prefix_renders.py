@@ -168,7 +168,7 @@ class _Prefix:
         marker, the next header), made once per shape instead of once per row."""
         if any(isinstance(p, int) for p in self.tail):
             return None
-        return "".join(self.tail)  # type: ignore[arg-type]
+        return "".join(self.tail)  # type: ignore[arg-type]  # only str pieces: checked above
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ def _shape(conv: Conversation) -> tuple | None:
         return None
     shape = []
     for m in conv.messages:
-        fields = []
+        fields: list[tuple[str, str | int | None]] = []
         for key, value in m.items():
             if isinstance(value, str):
                 fields.append((key, value if key == "role" or not value else 1))

@@ -22,7 +22,7 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from types import BuiltinMethodType
-from typing import Any
+from typing import Any, cast
 
 import jinja2
 import jinja2.ext
@@ -109,12 +109,9 @@ _FALLBACKS_WARNED: set[str] = set()
 
 def is_unknown_template(name: str | None) -> bool:
     """A name that is none of ours, not the tokenizer's own and not a ``.jinja`` file."""
-    return (
-        bool(name)
-        and name not in NAMED_TEMPLATES
-        and name != TOKENIZER_TEMPLATE
-        and not name.endswith(".jinja")
-    )
+    if not name:
+        return False
+    return name not in NAMED_TEMPLATES and name != TOKENIZER_TEMPLATE and not name.endswith(".jinja")
 
 
 def _unknown_template_error(name: str) -> TemplateError:
@@ -210,7 +207,7 @@ class _GenerationTracker(jinja2.ext.Extension):
 
     def _render_generation(self, caller: Any) -> str:
         text = caller()
-        state = self.environment.generation_state  # type: ignore[attr-defined]
+        state = self.environment.generation_state  # type: ignore[attr-defined]  # added by extend() in __init__
         chunks = getattr(state, "chunks", None)
         if chunks is not None:  # every chunk before this block has been yielded and collected
             start = sum(len(c) for c in chunks)
@@ -263,10 +260,11 @@ def _selecting(
     lookup_attr: bool,
 ) -> Callable[[Any], Any]:
     off = 1 if lookup_attr else 0
-    test = None
+    test: Callable[..., Any] | None = None
     if len(args) > off:
         try:
-            test = context.environment.tests.get(args[off])
+            # (Jinja annotates its tests as "function", which mypy will not call)
+            test = cast("Callable[..., Any] | None", context.environment.tests.get(args[off]))
         except TypeError:  # an unhashable name: Jinja raises it at the first item
             test = None
     if test is None or hasattr(test, "jinja_pass_arg"):  # (Jinja's mark of a test given a context)
@@ -338,7 +336,7 @@ class ChatRenderer:
         self, messages: list[dict[str, Any]], tools: list | None
     ) -> tuple[str, list[tuple[int, int]]]:
         """The full render and the character spans of its ``{% generation %}`` blocks."""
-        state = self._template.environment.generation_state  # type: ignore[attr-defined]
+        state = self._template.environment.generation_state  # type: ignore[attr-defined]  # _GenerationTracker adds it
         state.chunks, state.spans = [], []
         try:
             for chunk in self._template.generate(

@@ -367,11 +367,11 @@ def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
     checked = [s for s in specs if state.cached[s.index] or ctx.remote_work_dir is not None]
     problems = verify_slices(
         ctx.work_dir,
-        [(manifests[s.index], state.cached[s.index]) for s in checked],  # type: ignore[misc]
+        [(manifests[s.index], state.cached[s.index]) for s in checked],  # type: ignore[misc]  # none failed (raised above): each has one
         ctx.remote_work_dir,
     )
     for spec, problem in zip(checked, problems, strict=True):
-        problem = unrecorded_over_length(ctx, manifests[spec.index]) or problem  # type: ignore[arg-type]
+        problem = unrecorded_over_length(ctx, manifests[spec.index]) or problem  # type: ignore[arg-type]  # (as above)
         if problem is not None:
             logger.warning("cached slice %s is not trustworthy (%s): recomputing", spec.describe(), problem)
             stale.append(spec)
@@ -388,7 +388,7 @@ def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
             state.cached[spec.index] = False
     done = [s for s in sorted(specs, key=lambda s: s.index) if manifests[s.index] is not None]
     return SliceOutcome.of(
-        [manifests[s.index] for s in done],  # type: ignore[misc]
+        [manifests[s.index] for s in done],  # type: ignore[misc]  # done: those with a manifest
         [state.cached[s.index] for s in done],
         time.perf_counter() - started,
         rechecked=len(stale),

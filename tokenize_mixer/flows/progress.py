@@ -376,7 +376,7 @@ class SliceProgress:
 
         try:
             with no_retries():  # an API that does not answer at once: skip this update, not wait
-                update_progress_artifact(self.artifact, **fields)  # type: ignore[arg-type]
+                update_progress_artifact(self.artifact, **fields)  # type: ignore[arg-type]  # a sync call's UUID; progress, description
         except Exception as exc:  # the API may be gone; the run's own watch decides what that means
             # not asked again for a while: each try at an API that refuses costs seconds of connect
             # retries, which the watch (looking every couple of seconds) would wait behind

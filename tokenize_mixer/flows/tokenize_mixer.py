@@ -15,7 +15,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
-from prefect.states import Cancelled, Failed
+from prefect.states import Cancelled, Failed, State
 from pydantic import Field
 
 from sftmix.assembly.outcome import SliceOutcome, check_for, run_report
@@ -79,7 +79,7 @@ RUN_FORM = Field(
 
 
 @flow(name="tokenize-mixer", validate_parameters=True)
-def tokenize_mixer(mixer: MixerConfig = MIXER_FORM, run: RunOptions = RUN_FORM) -> dict:
+def tokenize_mixer(mixer: MixerConfig = MIXER_FORM, run: RunOptions = RUN_FORM) -> dict | State:
     """Tokenize a mixer of chat datasets into OLMo-core shards (byte-compatible with open-instruct).
 
     ``mixer`` is what to tokenize and where to write it; ``run`` is how (work directory, slice size,
@@ -102,8 +102,8 @@ def tokenize_mixer(mixer: MixerConfig = MIXER_FORM, run: RunOptions = RUN_FORM) 
                 _send_logs_now()
             return done
         except Exception:
-            if first_stop() is not None:  # what a library made of the stop raised into it (a pydantic
-                raise first_stop() from None  # serializer wraps it in an error of its own): the stop
+            if (stop := first_stop()) is not None:  # what a library made of the stop raised into it (a
+                raise stop from None  # pydantic serializer wraps it in an error of its own): the stop
             raise
     except MixerError as exc:
         return Failed(message=str(exc), data=exc)

@@ -8,7 +8,7 @@ import functools
 import os
 
 from prefect import flow
-from prefect.states import Cancelled, Failed
+from prefect.states import Cancelled, Failed, State
 
 from sftmix.config.config import RunOptions
 from sftmix.errors import MixerError
@@ -23,7 +23,7 @@ from tokenize_mixer.flows.workers.worker_start import fork_workers_from_server
 @flow(name="tokenize-slices", validate_parameters=True)
 def tokenize_slices(
     slices: list[SliceSpec], ctx: TokenizeContext, workers: int = 0, reuse: bool = True
-) -> dict:
+) -> dict | State:
     """Tokenize ``slices`` on this machine's cores (``workers``: 0 for all of them) into the remote work
     directory of ``ctx``; ``reuse``: a slice already finished there is not computed again."""
     flow_run_id = os.environ.get("PREFECT__FLOW_RUN_ID")

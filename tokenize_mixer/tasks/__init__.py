@@ -24,7 +24,7 @@ def fail_cleanly(fn: F) -> F:
         except MixerError as exc:
             return Failed(message=str(exc), data=exc)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper  # type: ignore[return-value]  # wraps() keeps fn's signature
 
 
 class _NoStateFailureDump(logging.Filter):

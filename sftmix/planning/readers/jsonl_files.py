@@ -148,6 +148,7 @@ def streamed_files(entry: DatasetEntry, datasets_cache: str) -> JsonFiles | None
     many rows of a batch), so each is cut once its batch is counted. ``None`` for any other dataset."""
     if not every_row(entry.amount):
         return None
+    files: JsonFiles | None
     if jsonl.reads_decompressed(entry.path, entry.split):  # its copy read as it is written
         files = compressed_file(entry, datasets_cache)
         with closed_on_error(files):

@@ -21,6 +21,7 @@ from sftmix.planning.readers.reader import (
     HandOn,
     Opened,
     Planning,
+    Rows,
     bad_lines_warning,
     batch_data,
     dataset_error,
@@ -107,6 +108,7 @@ class StreamedReader:
             data = batch_data(schema_b64, batches)
             lo, hi = batches[0].first_row, batches[-1].first_row + batches[-1].rows
             nbytes = sum(b.end - b.offset for b in batches)
+            pieces: list[Rows]
             if run.slice_rows:
                 pieces = [(a, min(a + run.slice_rows, hi), None) for a in range(lo, hi, run.slice_rows)]
             else:  # (as a count first cuts a small mixture's: jsonl_files.batch_groups)

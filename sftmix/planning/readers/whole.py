@@ -131,6 +131,7 @@ class WholeReader:
         fingerprint_rows = RowsFingerprinter(
             entry.path, entry.split, entry.revision, at.datasets_cache, arrow_files
         )
+        data: str | None  # the rows' fingerprint (None: not remembered yet)
         for start, end, subset in self._groups(dataset, at):
             source = None
             if batched is not None:  # the bytes of the batches it reads, and the columns they are cast to

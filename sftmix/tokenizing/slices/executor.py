@@ -92,7 +92,7 @@ def _tokenize_batch(
             results[j] = _skipped(record.detail)
             continue
         try:
-            convs[j] = conv = conversation_from_row(record, spec.row_format, spec.messages_key)  # type: ignore[arg-type]
+            convs[j] = conv = conversation_from_row(record, spec.row_format, spec.messages_key)  # type: ignore[arg-type]  # a RowFormat in a str field
             if holding is not None:
                 holding.update(p for p in spec.unrendered if holds(conv.messages, p))
             if literal is not None and (found := literal.read((conv.messages, conv.tools))) is not None:

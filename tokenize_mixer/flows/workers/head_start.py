@@ -19,6 +19,7 @@ finished are reused as checkpoints.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -66,7 +67,7 @@ class HeadStart:
             self.keys.add(s.key)
             self.specs[s.key] = s
             self.futures[s.key] = fut = executor.submit(tokenize_ahead, s, self.ctx)
-            fut.add_done_callback(lambda f, s=s: _count_finished(s, f))
+            fut.add_done_callback(functools.partial(_count_finished, s))
 
     def count(self, plan: list[SliceSpec]) -> None:
         """The command's bar counts the plan's slices from now on, these included as they finish (and

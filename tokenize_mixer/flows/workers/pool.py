@@ -142,8 +142,8 @@ def _settle_settings() -> None:
         with _settled_context(serialized):
             return run(*args, context={**context, "settings_context": {}}, **kwargs)
 
-    settled.settled = True  # type: ignore[attr-defined]
-    runners._run_task_with_hydrated_context = settled  # type: ignore[attr-defined]
+    settled.settled = True  # type: ignore[attr-defined]  # a mark on the function object
+    runners._run_task_with_hydrated_context = settled
 
 
 def _settled_context(serialized: dict[str, Any]) -> Any:
@@ -190,16 +190,16 @@ class ProcessPool(ProcessPoolTaskRunner):
         super().__enter__()
         executor = self._executor
         if executor is not None:
-            method = start_method(executor._max_workers)  # type: ignore[attr-defined]
+            method = start_method(executor._max_workers)  # type: ignore[attr-defined]  # private: typeshed omits it
             if method != "spawn":  # Prefect's executor as it is, on another start method
                 executor = ProcessPoolExecutor(
-                    max_workers=executor._max_workers,  # type: ignore[attr-defined]
+                    max_workers=executor._max_workers,  # type: ignore[attr-defined]  # (as above)
                     mp_context=multiprocessing.get_context(method),
-                    initializer=executor._initializer,  # type: ignore[attr-defined]
-                    initargs=executor._initargs,  # type: ignore[attr-defined]
+                    initializer=executor._initializer,
+                    initargs=executor._initargs,
                 )
-                self._executor.shutdown(wait=False)  # it has started no process yet
-            self._executor = _ClientKeepingExecutor(executor)  # type: ignore[assignment]
+                self._executor.shutdown(wait=False)  # type: ignore[union-attr]  # not None: checked above; it has started no process yet
+            self._executor = _ClientKeepingExecutor(executor)  # type: ignore[assignment]  # a wrapper, attributes passed on
         return self
 
     def submit(self, task: Any, parameters: dict[str, Any], *args: Any, **kwargs: Any) -> Any:

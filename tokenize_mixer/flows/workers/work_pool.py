@@ -67,7 +67,7 @@ def run_on_work_pool(plan: Plan, run: RunOptions) -> SliceOutcome:
             parameters={**parameters, "slices": [s.model_dump(mode="json") for s in batch]},
             timeout=0,
         )
-        pending[flow_run.id] = batch
+        pending[flow_run.id] = batch  # type: ignore[union-attr]  # called from sync code: the FlowRun itself
 
     todo = run_order(todo)
     for k in range(0, len(todo), run.batch_slices):
