@@ -461,26 +461,6 @@ def _prove_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, 
     return "hf"
 
 
-def _fast_encoder_ahead(spec: TokenizerSpec, ctx: TokenizeContext) -> threading.Thread | None:
-    """The fast encoder of a proven tokenizer built in a thread while the datasets are sampled and
-    rendered (fastokens builds a 256k vocabulary in 3-4 s without holding the GIL); an error is left to
-    the proof, which then builds it again and says why."""
-    if spec.encoder == "hf" or ctx.tokenizer_file is None:
-        return None
-    if isinstance(load_worker_tokenizer(ctx.tokenizer_file).fast, str):
-        return None
-
-    def build() -> None:
-        try:
-            encoding_for(ctx, "fast")
-        except Exception as exc:
-            logger.debug("building the fast encoder ahead stopped: %s: %s", type(exc).__name__, exc)
-
-    thread = threading.Thread(target=build, name="fast-encoder-ahead", daemon=True)
-    thread.start()
-    return thread
-
-
 def _try_fast(ctx: TokenizeContext, texts: list[str]) -> tuple[str | None, str]:
     """(why the fast encoder is not used, or None; the engine it takes): an engine that cannot build the
     encoder, or fails on a sample row, is passed over with its reason, never an error of the run."""
@@ -614,7 +594,6 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
         )
     dtype = facts.token_dtype(mixer.output.token_dtype_rule)
     ctx = _context(mixer, tk, template, dtype.name, work_dir, remote)
-    fast_ahead = _fast_encoder_ahead(mixer.tokenizer, ctx)
     shared_key = {
         "format": SLICE_FORMAT_VERSION,
         "tokenizer": facts.fingerprint,
@@ -633,8 +612,6 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     rendered = [_rendered(renderer, d, ctx) for d in opened]  # the sample rows, rendered once
     texts = [text for texts in rendered for text in texts]
     load_note = _load_note(tk, facts, ctx, texts)
-    if fast_ahead is not None:
-        fast_ahead.join()
     ctx.encoder = choose_encoder(mixer.tokenizer, tk, ctx, texts)
     tokens_per_row = _tokens_per_row(ctx, rendered, mixer.max_seq_length)
     data_bytes = sum(d.nbytes for d in opened)
