@@ -98,7 +98,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from sftmix.assembly.assemble import assemble, global_order
-    from sftmix.check.findings import check_output
+    from sftmix.check.findings import Recorded, check_output
     from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
     from sftmix.output.digest import output_digests
     from sftmix.planning.plan import build_plan
@@ -146,23 +146,25 @@ def main() -> None:
             differ = sorted(k for k in set(digests) | set(reference) if digests.get(k) != reference.get(k))
             assert not differ, f"the output differs from {args.reference}: {differ}"
             print(f"same digests as {args.reference}", flush=True)
-        kw = dict(token_dtype=plan.context.token_dtype, documents_file=str(Path(tmp) / "documents.npy"))
+        recorded = Recorded(
+            token_dtype=plan.context.token_dtype, documents_file=str(Path(tmp) / "documents.npy")
+        )
         timed(
             "check (no digests)",
-            lambda: check_output(staging, 4096, digests=False, **kw),  # type: ignore[arg-type]
+            lambda: check_output(staging, 4096, digests=False, recorded=recorded),
             results,
             args.repeat,
         )
         checked = timed(
             "check + digests, one read",
-            lambda: check_output(staging, 4096, digests=True, **kw),  # type: ignore[arg-type]
+            lambda: check_output(staging, 4096, digests=True, recorded=recorded),
             results,
             args.repeat,
         )
         assert checked.digests == digests, "the check's digests differ from output_digests"
 
         def follow_writers():  # type: ignore[no-untyped-def]
-            return functools.partial(check_output, staging, 4096, digests=True, **kw)
+            return functools.partial(check_output, staging, 4096, digests=True, recorded=recorded)
 
         def assemble_checked():  # type: ignore[no-untyped-def]
             shutil.rmtree(staging, ignore_errors=True)

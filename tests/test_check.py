@@ -177,7 +177,7 @@ def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_pa
     bounded chunks; the findings, their document numbers and the totals are those of checking the parts
     one after another in one chunk each."""
     import sftmix.assembly.assemble
-    import sftmix.check.findings
+    import sftmix.check.parts
     from sftmix.output.digest import output_digests
 
     rows = [
@@ -189,12 +189,12 @@ def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_pa
     out = run(tmp_path, rows, "parts", 8, output_options=options, drop_untrainable=False, shuffle_seed=3)
     assert (out / "token_ids_part_0005.npy").exists()
     threaded = check_output(out, 16)
-    monkeypatch.setattr(sftmix.check.findings, "MAX_PART_THREADS", 1)
+    monkeypatch.setattr(sftmix.check.parts, "MAX_PART_THREADS", 1)
     one_by_one = check_output(out, 16)
     assert threaded.findings and threaded.to_json() == one_by_one.to_json()
     # and read in chunks that cut documents and parts anywhere: the same again
     for chunk in (1, 7, 100):
-        monkeypatch.setattr(sftmix.check.findings, "CHUNK", chunk)
+        monkeypatch.setattr(sftmix.check.parts, "CHUNK", chunk)
         assert check_output(out, 16).to_json() == one_by_one.to_json()
 
     # and the digests hashed in the check's one read are output_digests'
@@ -230,7 +230,7 @@ def test_parts_checked_at_once_find_what_one_at_a_time_finds(prefect_api, tmp_pa
 def test_chunks_of_one_part_checked_at_once_find_what_one_chunk_finds(prefect_api, tmp_path, monkeypatch):
     """An output of one part is read in chunks on threads (as many as the check may use): the same
     findings, document numbers and totals as one chunk, and as the chunks one after another."""
-    import sftmix.check.findings
+    import sftmix.check.parts
 
     rows = [
         chat(f"question {i}?", f"answer <|im_start|>user number {i}." if i % 7 == 0 else f"answer {i}.")
@@ -242,10 +242,10 @@ def test_chunks_of_one_part_checked_at_once_find_what_one_chunk_finds(prefect_ap
     one_chunk = check_output(out, 16)
     assert one_chunk.findings
     for chunk in (1, 7, 100):
-        monkeypatch.setattr(sftmix.check.findings, "CHUNK", chunk)
-        monkeypatch.setattr(sftmix.check.findings, "available_cpus", lambda: 4)  # chunks on threads here too
+        monkeypatch.setattr(sftmix.check.parts, "CHUNK", chunk)
+        monkeypatch.setattr(sftmix.check.parts, "available_cpus", lambda: 4)  # chunks on threads here too
         assert check_output(out, 16).to_json() == one_chunk.to_json()
-        monkeypatch.setattr(sftmix.check.findings, "MAX_PART_THREADS", 1)
+        monkeypatch.setattr(sftmix.check.parts, "MAX_PART_THREADS", 1)
         assert check_output(out, 16).to_json() == one_chunk.to_json()
         monkeypatch.undo()
 
@@ -351,15 +351,15 @@ def test_data_the_template_never_renders_is_a_finding(prefect_api, tmp_path, cap
 def test_a_findings_documents_are_counted_once_and_only_a_few_kept():
     """What a finding holds does not grow with the output: its count, and its first examples; a document
     seen again at the next chunk's edge is one document, and a later part's are numbered after it."""
-    from sftmix.check.findings import EXAMPLES, _Documents
+    from sftmix.check.parts import EXAMPLES, Documents
 
-    part = _Documents()
+    part = Documents()
     part.add(np.array([2, 3, 7]))
     part.add(np.array([7, 9]))  # document 7 cut by a chunk's edge
     part.add(np.arange(10, 10_000))
     assert part.count == 4 + 9_990 and part.examples == [2, 3, 7, 9, 10][:EXAMPLES]
-    output = _Documents()
-    output.merge(_Documents(count=1, examples=[0], last=0), 0)
+    output = Documents()
+    output.merge(Documents(count=1, examples=[0], last=0), 0)
     output.merge(part, 100)
     assert output.count == 1 + part.count and output.examples == [0, 102, 103, 107, 109][:EXAMPLES]
     assert output.last == 100 + 9_999
@@ -368,7 +368,7 @@ def test_a_findings_documents_are_counted_once_and_only_a_few_kept():
 def test_special_tokens_found_among_candidates_as_on_every_token():
     """The check looks special ids up among the tokens at or above the lowest of them when those are
     rare: the same documents as the lookup on every token, for ids low and high, rare and common."""
-    from sftmix.check.findings import _check_chunk, _positions_of
+    from sftmix.check.parts import _check_chunk, _positions_of
 
     rng = np.random.default_rng(41)
     for trial in range(300):

@@ -143,9 +143,9 @@ def test_the_check_that_follows_the_writers_finds_what_a_check_after_them_finds(
     import functools
 
     import sftmix.assembly.assemble
-    import sftmix.check.findings
+    import sftmix.check.parts
     from sftmix.assembly.assemble import assemble
-    from sftmix.check.findings import check_output
+    from sftmix.check.findings import Recorded, check_output
     from sftmix.config.config import MixerConfig, RunOptions
     from sftmix.output.digest import output_digests
     from sftmix.planning.plan import build_plan
@@ -167,14 +167,16 @@ def test_the_check_that_follows_the_writers_finds_what_a_check_after_them_finds(
     manifests = [read_manifest(plan.context.work_dir, s.key) for s in plan.slices]
     monkeypatch.setattr(sftmix.assembly.assemble, "ASSEMBLE_BY", "window")
     monkeypatch.setattr(sftmix.assembly.assemble, "WINDOW", 97)
-    monkeypatch.setattr(sftmix.check.findings, "CHUNK", 61)
-    after = check_output(out, 4096, token_dtype=plan.context.token_dtype)
+    monkeypatch.setattr(sftmix.check.parts, "CHUNK", 61)
+    after = check_output(out, 4096, recorded=Recorded(token_dtype=plan.context.token_dtype))
     assert after.findings  # the literal special token, trained mid-answer
     for processes_from in (1 << 40, 1):  # threads, then worker processes
         monkeypatch.setattr(sftmix.assembly.assemble, "PROCESSES_FROM_TOKENS", processes_from)
         staging = tmp_path / f"staging-{processes_from}"
         staging.mkdir()
-        follow = functools.partial(check_output, staging, 4096, token_dtype=plan.context.token_dtype)
+        follow = functools.partial(
+            check_output, staging, 4096, recorded=Recorded(token_dtype=plan.context.token_dtype)
+        )
         result = assemble(plan, manifests, staging, tmp_path / "documents.npy", follow)  # type: ignore[arg-type]
         checked = result.checked
         assert checked is not None

@@ -32,6 +32,7 @@ from sftmix.output.hf_output import remove_olmo_parts, write_hf_parquet
 from sftmix.output.olmo_format import (
     MASK_PART,
     TOKENS_PART,
+    DocumentTotals,
     PartLayout,
     PartSet,
     dataset_statistics,
@@ -268,58 +269,42 @@ def _assemble(
 ) -> AssembleResult:
     started = time.perf_counter()
     docs, tallies = global_order(plan, manifests)
-    lengths = docs["length"]
-    ends = np.cumsum(lengths, dtype=np.int64)
-    starts = ends - lengths
-    total = int(ends[-1]) if ends.size else 0
+    table = DocumentTable.of(docs)
     dtype = np.dtype(plan.context.token_dtype)
     spec = plan.mixer.output
-    layout = part_layout(spec.parts, spec.part_bytes, dtype, ends)
+    layout = part_layout(spec.parts, spec.part_bytes, dtype, table.ends)
     olmo = spec.format == "olmo"
     parts = PartSet(staging, layout, dtype)
-    written = WrittenParts()
+    at = _Staging(staging, documents_path, layout, WrittenParts())
     # What does not need the parts is written beside them, and the check follows the writers.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="assemble-beside") as beside:
-        besides = beside.submit(
-            _beside_the_parts,
-            plan,
-            docs,
-            tallies,
-            starts,
-            ends,
-            staging,
-            documents_path,
-            layout,
-            written,
-            olmo,
-            check if olmo else None,
-        )
+        besides = beside.submit(_beside_the_parts, plan, table, tallies, at, check if olmo else None)
         # What the check has read leaves the page cache once durable. Without the check, the digests
         # (or another format's writer) read the parts after they are written: their pages stay.
-        followed = written if olmo and check is not None else None
+        followed = at.written if olmo and check is not None else None
         sync = SyncBehind(parts.files, written=followed, itemsize=dtype.itemsize)
         try:
-            _write_parts(plan, manifests, docs, starts, ends, staging, dtype, layout, written, sync)
+            _PartWriting(plan, manifests, table, at, sync).run()
         except BaseException:
-            written.stop()  # the check stops at its next chunk; what is beside ends its step
+            at.written.stop()  # the check stops at its next chunk; what is beside ends its step
             sync.close()
             parts.close(sync=False)
             with contextlib.suppress(BaseException):
                 besides.result()
             raise
-        written.complete()
+        at.written.complete()
         sync.close()
         parts.close()
         written_seconds = time.perf_counter() - started
         stats, checked = besides.result()
     if not olmo:
         pack_to = plan.mixer.max_seq_length if plan.mixer.output.packing != "none" else None
-        stats["hf_output"] = write_hf_parquet(staging, starts, lengths, dtype, layout, pack_to)
+        stats["hf_output"] = write_hf_parquet(staging, table.starts, docs["length"], dtype, layout, pack_to)
         remove_olmo_parts(staging)
         write_statistics(staging, stats)
     return AssembleResult(
         documents=int(docs.shape[0]),
-        tokens=total,
+        tokens=table.total,
         trainable_tokens=int(docs["trainable"].sum()),
         untrainable_documents=int((docs["trainable"] == 0).sum()),
         parts=len(layout),
@@ -331,98 +316,142 @@ def _assemble(
     )
 
 
+@dataclass(frozen=True)
+class DocumentTable:
+    """Every document of the output in its global order (:data:`DOCUMENT_DTYPE` records) with where each
+    starts and ends among the output's tokens: what the parts, their boundaries, the document map and the
+    statistics are written from."""
+
+    docs: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+
+    @classmethod
+    def of(cls, docs: np.ndarray) -> DocumentTable:
+        ends = np.cumsum(docs["length"], dtype=np.int64)
+        return cls(docs, ends - docs["length"], ends)
+
+    @property
+    def total(self) -> int:
+        """The output's tokens."""
+        return int(self.ends[-1]) if self.ends.size else 0
+
+
+@dataclass(frozen=True)
+class _Staging:
+    """Where the output is being written: its folder, the run's document map, the parts' layout, and how
+    far the parts are written (what the check follows)."""
+
+    path: Path
+    documents_path: Path
+    layout: PartLayout
+    written: WrittenParts
+
+
 def _beside_the_parts(
     plan: Plan,
-    docs: np.ndarray,
+    table: DocumentTable,
     tallies: list[DatasetTally],
-    starts: np.ndarray,
-    ends: np.ndarray,
-    staging: Path,
-    documents_path: Path,
-    layout: PartLayout,
-    written: WrittenParts,
-    olmo: bool,
+    at: _Staging,
     check: Callable[..., CheckReport] | None,
 ) -> tuple[dict[str, Any], CheckReport | None]:
-    """Boundaries, the tokenizer, the document map and (``olmo``: an OLMo-core output's) statistics:
-    they need only the document table; then ``check``, which reads each chunk of the parts once it is
-    written."""
+    """Boundaries, the tokenizer, the document map and (an OLMo-core output's) statistics: they need only
+    the document table; then ``check``, which reads each chunk of the parts once it is written."""
+    docs = table.docs
+    lineage = (docs["dataset"], docs["row"]) if plan.mixer.output.lineage else None
     steps = (
-        lambda: write_boundaries(
-            staging,
-            starts,
-            ends,
-            layout,
-            (docs["dataset"], docs["row"]) if plan.mixer.output.lineage else None,
-        ),
+        lambda: write_boundaries(at.path, table.starts, table.ends, at.layout, lineage),
         lambda: write_tokenizer_dir(
-            plan.context.tokenizer_key(),
-            plan.context.template_text,
-            staging / "tokenizer",
+            plan.context.tokenizer_key(), plan.context.template_text, at.path / "tokenizer"
         ),
-        lambda: _write_documents(documents_path, docs, starts),
+        lambda: _write_documents(at.documents_path, docs, table.starts),
     )
-    documents_path.parent.mkdir(parents=True, exist_ok=True)
+    at.documents_path.parent.mkdir(parents=True, exist_ok=True)
     for step in steps:
-        if written.stopped:
+        if at.written.stopped:
             raise WritingStopped("the output's parts were not written to the end")
         step()
-    stats = _statistics(plan, docs, tallies, int(ends[-1]) if ends.size else 0)
-    if olmo:
-        write_statistics(staging, stats)  # (before the check, which reads them)
-    return stats, None if check is None else check(written=written)
+    stats = _statistics(plan, table, tallies)
+    if plan.mixer.output.format == "olmo":
+        write_statistics(at.path, stats)  # (before the check, which reads them)
+    return stats, None if check is None else check(written=at.written)
 
 
-def _write_parts(
-    plan: Plan,
-    manifests: list[SliceManifest],
-    docs: np.ndarray,
-    starts: np.ndarray,
-    ends: np.ndarray,
-    staging: Path,
-    dtype: np.dtype,
-    layout: PartLayout,
-    written: WrittenParts,
-    sync: SyncBehind,
-) -> None:
-    """The parts, written on every core (``sftmix.output.part_writing``): by window while the slices are in the
-    page cache, else slice by slice (sequential reads of a disk). By window, ``written`` follows the
+#: A writer of jobs, and what follows each one done: by window or by slice.
+_Jobs = tuple[int, Callable[[Any], None], Callable[[], Iterator[Any]], Callable[[Any], None]]
+
+
+@dataclass
+class _PartWriting:
+    """The parts, written on every core (``sftmix.output.part_writing``): by window while the slices are in
+    the page cache, else slice by slice (sequential reads of a disk). By window, ``written`` follows the
     windows done in order; by slice, every part is written only at the end. ``sync`` makes what is
     written durable behind the writers."""
-    total = int(ends[-1]) if ends.size else 0
-    slice_dirs = [str(slice_dir(plan.context.work_dir, m.key)) for m in manifests]
-    part_files = [
-        (str(staging / TOKENS_PART.format(k)), str(staging / MASK_PART.format(k))) for k in range(len(layout))
-    ]
-    how = ASSEMBLE_BY or _way_to_write(docs, slice_dirs, dtype)
-    changes = _edits(plan, docs["edit"], starts, ends)
-    fn: Callable[[Any], None]  # the writer of a job, and what follows each one done: by window or by slice
-    done: Callable[[Any], None]
-    if how == "window":
 
-        def window(lo: int, hi: int, part: int) -> WindowJob:
-            found = plan_window(lo, hi, starts, ends, docs["slice"], docs["offset"], slice_dirs)
-            tokens_file, mask_file = part_files[part]
-            job = WindowJob(lo, hi, lo - layout.firsts[part], tokens_file, mask_file, dtype.str, *found)
-            job.edits = changes.within(lo, hi)
-            return job
+    plan: Plan
+    manifests: list[SliceManifest]
+    table: DocumentTable
+    at: _Staging
+    sync: SyncBehind
 
+    def __post_init__(self) -> None:
+        self.dtype = np.dtype(self.plan.context.token_dtype)
+        self.slice_dirs = [str(slice_dir(self.plan.context.work_dir, m.key)) for m in self.manifests]
+        self.part_files = [
+            (str(self.at.path / TOKENS_PART.format(k)), str(self.at.path / MASK_PART.format(k)))
+            for k in range(len(self.at.layout))
+        ]
+        table = self.table
+        self.changes = _edits(self.plan, table.docs["edit"], table.starts, table.ends)
+
+    def run(self) -> None:
+        how = ASSEMBLE_BY or _way_to_write(self.table.docs, self.slice_dirs, self.dtype)
+        count, fn, jobs, done = self._by_window() if how == "window" else self._by_slice()
+        workers = max(1, min(count, ASSEMBLE_THREADS or available_cpus()))
+        logger.debug("writing %d tokens by %s on %d workers", self.table.total, how, workers)
+        if workers > 1 and self.table.total >= int(
+            settings.PROCESSES_FROM_TOKENS.get() or PROCESSES_FROM_TOKENS
+        ):
+            try:
+                with worker_processes(workers) as pool:
+                    run_bounded(pool, fn, jobs(), 2 * workers, done)
+                return
+            except BrokenProcessPool:
+                # A worker died (the OOM killer, a kill): a job writes the same bytes at the same places
+                # however often it runs, so the parts are written again, on threads.
+                logger.warning(
+                    "a worker process writing the output died; writing the output again on threads"
+                )
+        with ThreadPoolExecutor(max_workers=workers) as threads:
+            run_bounded(threads, fn, jobs(), 2 * workers, done)
+
+    def _by_window(self) -> _Jobs:
+        table, layout = self.table, self.at.layout
         windows = [
             (lo, min(lo + WINDOW, end), k)
             for k, (first, end) in enumerate(map(layout.bounds, range(len(layout))))
             for lo in range(first, end, WINDOW)
         ]
-        count, fn = len(windows), write_window
 
-        def jobs() -> Iterator[Any]:
-            return (window(*w) for w in windows)
+        def window(lo: int, hi: int, part: int) -> WindowJob:
+            docs = table.docs
+            found = plan_window(
+                lo, hi, table.starts, table.ends, docs["slice"], docs["offset"], self.slice_dirs
+            )
+            tokens_file, mask_file = self.part_files[part]
+            job = WindowJob(lo, hi, lo - layout.firsts[part], tokens_file, mask_file, self.dtype.str, *found)
+            job.edits = self.changes.within(lo, hi)
+            return job
 
         def done(job: WindowJob) -> None:
             part = layout.part_of(job.lo)
-            written.advance(part, job.at + job.hi - job.lo)
-            sync.wrote([part], (job.hi - job.lo) * (dtype.itemsize + 1))
+            self.at.written.advance(part, job.at + job.hi - job.lo)
+            self.sync.wrote([part], (job.hi - job.lo) * (self.dtype.itemsize + 1))
 
-    else:
+        return len(windows), write_window, lambda: (window(*w) for w in windows), done
+
+    def _by_slice(self) -> _Jobs:
+        docs = self.table.docs
         by_slice = np.lexsort((docs["offset"], docs["slice"]))  # each slice's documents in its order
         ids, first = np.unique(docs["slice"][by_slice], return_index=True)
         bounds = list(
@@ -432,40 +461,22 @@ def _write_parts(
         def one_slice(sid: int, a: int, b: int) -> SliceJob:
             group = by_slice[a:b]
             offsets, lengths = docs["offset"][group], docs["length"][group]
-            return SliceJob(
-                slice_dirs[sid],
-                dtype.str,
-                layout,
-                part_files,
-                offsets,
-                starts[group],
-                lengths,
-                _edits(plan, docs["edit"][group], offsets, offsets + lengths) if changes else changes,
+            edits = (
+                _edits(self.plan, docs["edit"][group], offsets, offsets + lengths)
+                if self.changes
+                else self.changes
             )
+            return SliceJob(
+                self.slice_dirs[sid], self.dtype.str, self.at.layout, self.part_files, offsets,
+                self.table.starts[group], lengths, edits,
+            )  # fmt: skip
 
-        count, fn = len(bounds), write_slice
-
-        def jobs() -> Iterator[Any]:
-            return (one_slice(*g) for g in bounds)
-
-        every_part = range(len(part_files))
+        every_part = range(len(self.part_files))
 
         def done(job: SliceJob) -> None:
-            sync.wrote(every_part, int(job.n.sum()) * (dtype.itemsize + 1))
+            self.sync.wrote(every_part, int(job.n.sum()) * (self.dtype.itemsize + 1))
 
-    workers = max(1, min(count, ASSEMBLE_THREADS or available_cpus()))
-    logger.debug("writing %d tokens by %s on %d workers", total, how, workers)
-    if workers > 1 and total >= int(settings.PROCESSES_FROM_TOKENS.get() or PROCESSES_FROM_TOKENS):
-        try:
-            with worker_processes(workers) as pool:
-                run_bounded(pool, fn, jobs(), 2 * workers, done)
-            return
-        except BrokenProcessPool:
-            # A worker died (the OOM killer, a kill): a job writes the same bytes at the same places
-            # however often it runs, so the parts are written again, on threads.
-            logger.warning("a worker process writing the output died; writing the output again on threads")
-    with ThreadPoolExecutor(max_workers=workers) as threads:
-        run_bounded(threads, fn, jobs(), 2 * workers, done)
+        return len(bounds), write_slice, lambda: (one_slice(*g) for g in bounds), done
 
 
 def _edits(plan: Plan, edit: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Edits:
@@ -507,7 +518,8 @@ def _write_documents(path: Path, docs: np.ndarray, starts: np.ndarray) -> None:
     os.replace(staging, path)
 
 
-def _statistics(plan: Plan, docs: np.ndarray, tallies: list[DatasetTally], total: int) -> dict:
+def _statistics(plan: Plan, table: DocumentTable, tallies: list[DatasetTally]) -> dict:
+    docs = table.docs
     pre: dict[str, dict[str, Any]] = {}
     for d, t in zip(plan.datasets, tallies, strict=True):  # (t.selected: d.target, or what a budget chose)
         pre[d.name] = {
@@ -528,36 +540,22 @@ def _statistics(plan: Plan, docs: np.ndarray, tallies: list[DatasetTally], total
         _sum_by(which, docs["trainable"], n),
         np.bincount(which[docs["trainable"] == 0], minlength=n).tolist(),
     ]
-    counts: Counter[str] = Counter()
-    tokens: Counter[str] = Counter()
-    trainable: Counter[str] = Counter()
-    filtered: Counter[str] = Counter()
-    seen: list[str] = []
+    totals = DocumentTotals(
+        instances=int(docs.shape[0]),
+        tokens=table.total,
+        trainable=int(docs["trainable"].sum()),
+        filtered=int((docs["trainable"] == 0).sum()),
+    )
     present, first = np.unique(which, return_index=True)
     for i in present[np.argsort(first, kind="stable")].tolist():
-        name = plan.datasets[i].name
-        if name not in counts:
-            seen.append(name)
-        counts[name] += by_index[0][i]
-        tokens[name] += by_index[1][i]
-        trainable[name] += by_index[2][i]
-        filtered[name] += by_index[3][i]
-    total_trainable = int(docs["trainable"].sum())
+        totals.add(plan.datasets[i].name, *(column[i] for column in by_index))
     stats = dataset_statistics(
         output_dir=str(Path(plan.mixer.output.path)),
         tokenizer=plan.mixer.tokenizer.name_or_path,
         max_seq_length=plan.mixer.max_seq_length,
         chat_template=plan.mixer.tokenizer.chat_template,
         pre=pre,
-        order=seen,
-        counts=counts,
-        tokens=tokens,
-        trainable=trainable,
-        filtered=filtered,
-        total_instances=int(docs.shape[0]),
-        total_tokens=total,
-        total_trainable=total_trainable,
-        num_filtered=int((docs["trainable"] == 0).sum()),
+        totals=totals,
     )
     if plan.mixer.output.lineage:
         stats["lineage"] = _lineage(plan)

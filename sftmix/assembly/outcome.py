@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sftmix.assembly.assemble import AssembleResult
-from sftmix.check.findings import CheckReport, check_output
+from sftmix.check.findings import CheckReport, Recorded, check_output
 from sftmix.config.config import RunOptions
 from sftmix.output.report import DatasetReport, RunReport, Validation
 from sftmix.planning.plan import Plan
@@ -65,20 +65,18 @@ def check_for(
     not OLMo-core's."""
     if run.check == "off" or plan.mixer.output.format != "olmo":
         return None
-    return functools.partial(
-        check_output,
-        staging,
-        plan.mixer.max_seq_length,
+    recorded = Recorded(
         token_dtype=plan.context.token_dtype,
         template=drift,
         documents_file=str(documents),
         dataset_names=[d.name for d in plan.datasets],
+        unrendered=plan.unrendered,
+        literal=literal_report(plan.context, outcome.manifests),
+        tokenizer_load_note=plan.tokenizer_load_note or "",
         # strict refuses an output with findings, unpublished: its document numbers open nothing
         published=run.check != "strict",
-        unrendered=plan.unrendered,
-        tokenizer_load_note=plan.tokenizer_load_note or "",
-        literal=literal_report(plan.context, outcome.manifests),
     )
+    return functools.partial(check_output, staging, plan.mixer.max_seq_length, recorded=recorded)
 
 
 _SPAN_DROPS = DROP_REASONS[RowStatus.SPAN_UNVERIFIED]

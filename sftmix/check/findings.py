@@ -14,14 +14,9 @@ Findings, each with a kind and a count:
 
 from __future__ import annotations
 
-import functools
-import gzip
-import hashlib
+import dataclasses
 import json
-import os
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,21 +24,14 @@ from typing import Any
 import numpy as np
 
 from sftmix.check.olmo_fit import STRATEGIES, OlmoCoreFit
+from sftmix.check.parts import EXAMPLES, PartFacts, PartReading, read_parts
 from sftmix.config.config import UNTRAINABLE_KEPT
 from sftmix.errors import ConfigError
-from sftmix.output.digest import RUN_REPORT, artifact_digest, digested_files
-from sftmix.output.olmo_format import BOUNDS_PART, MASK_PART, STATS_JSON, TOKENS_PART, parse_boundaries
+from sftmix.output.digest import RUN_REPORT
+from sftmix.output.olmo_format import STATS_JSON, TOKENS_PART
 from sftmix.output.part_writing import WrittenParts
-from sftmix.runtime.parallel import available_cpus
-from sftmix.runtime.storage import open_npy, pread_into
+from sftmix.runtime.storage import open_npy
 from sftmix.tokenizing.literal_tokens import LiteralReport
-
-#: Tokens read at once per part: bounded memory whatever the part size (about 15 MiB of arrays per chunk
-#: in flight, a few per thread).
-CHUNK = 1 << 20
-#: Examples kept per finding.
-EXAMPLES = 5
-
 
 #: How much a finding matters, most first: the output is wrong; training silently differs from what the
 #: data says (a document cut at an EOS inside it, a marker learned mid-answer); or it follows from the
@@ -195,36 +183,62 @@ def _tokenizer_facts(out: Path) -> tuple[int | None, int | None, dict[int, str]]
     return size, eos, special
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """What the run recorded of its output, given by the flow that just made it; each ``None`` is read from
+    the output's ``run_report.json`` (or its statistics) instead, as ``tokenize-mixer check`` does."""
+
+    token_dtype: str | None = None
+    template: dict[str, Any] | None = None  # the template drift
+    documents_file: str | None = None  # the run's document map
+    dataset_names: list[str] | None = None  # in mixer order
+    # the conversion's: a document of exactly this length without a final EOS was cut by the user's
+    # setting, which is information, not a warning
+    max_seq_length: int | None = None
+    unrendered: list[str] | None = None  # what the plan found the template leaves out of the rows
+    literal: LiteralReport | None = (
+        None  # how spelled special tokens were read, and how many kept rows spell one
+    )
+    tokenizer_load_note: str | None = (
+        None  # the reference's tokenizer makes other ids than its files ("": none)
+    )
+    # examples give each document's index in the output, unless it is a staged output that will not be
+    # published (strict refuses one with findings: its document numbers open nothing)
+    published: bool = True
+
+    def filled(self, report: dict[str, Any], stats: dict[str, Any]) -> Recorded:
+        """Every fact, those not given read from the run report and the statistics."""
+        configuration = stats.get("configuration") or {}
+        return Recorded(
+            token_dtype=self.token_dtype or report.get("token_dtype") or "uint32",
+            template=self.template or report.get("template_drift"),
+            documents_file=self.documents_file or report.get("documents_file"),
+            dataset_names=self.dataset_names or report.get("datasets") or [],
+            max_seq_length=self.max_seq_length or configuration.get("max_sequence_length"),
+            unrendered=self.unrendered if self.unrendered is not None else report.get("unrendered") or [],
+            literal=self.literal or LiteralReport.of_report(report),
+            tokenizer_load_note=(
+                self.tokenizer_load_note
+                if self.tokenizer_load_note is not None
+                else report.get("tokenizer_load_note") or ""
+            ),
+            published=self.published,
+        )
+
+
 def check_output(
     output: str | Path,
     sequence_length: int | None = None,
     digests: bool = True,
-    token_dtype: str | None = None,
     long_doc_strategy: str = "truncate",
-    template: dict[str, Any] | None = None,
-    documents_file: str | None = None,
-    dataset_names: list[str] | None = None,
-    max_seq_length: int | None = None,
-    published: bool = True,
-    unrendered: list[str] | None = None,
+    recorded: Recorded = Recorded(),
     written: WrittenParts | None = None,
-    literal: LiteralReport | None = None,
-    tokenizer_load_note: str | None = None,
 ) -> CheckReport:
-    """``digests=False`` skips hashing the files again and ``token_dtype`` gives the dtype otherwise read
-    from ``run_report.json`` (the flow checks its staging right after computing both). With a
-    ``sequence_length``, OLMo-core's datasets are simulated over the parts with ``long_doc_strategy``.
-    ``template`` is the template drift the run recorded, ``documents_file`` the run's document map and
-    ``dataset_names`` its datasets in mixer order (all read from ``run_report.json`` otherwise);
-    ``max_seq_length`` the conversion's (read from the statistics otherwise): a document of exactly that
-    length without a final EOS was truncated by the user's setting, which is information, not a warning.
-    Examples name each document's dataset and source row (``inspect --dataset D --row R`` opens it), and its
-    index in the output unless ``published`` is false (a staged output that will not be published).
-    ``unrendered``: what the plan found the template leaves out of the rows (``run_report.json``'s
-    otherwise). ``written``: the parts are being written; each chunk is read once it is. ``literal``: how
-    the rows' spelled special tokens were read and how many kept rows spell one (``run_report.json``'s
-    otherwise). ``tokenizer_load_note``: the plan's warning that the reference's tokenizer makes other ids
-    than its own files ("" for none; ``run_report.json``'s otherwise)."""
+    """``digests=False`` skips hashing the files again (the flow checks its staging right after computing
+    them). With a ``sequence_length``, OLMo-core's datasets are simulated over the parts with
+    ``long_doc_strategy``. ``recorded``: what the run recorded (read from ``run_report.json`` where not
+    given). Examples name each document's dataset and source row (``inspect --dataset D --row R`` opens it).
+    ``written``: the parts are being written; each chunk is read once it is."""
     if long_doc_strategy not in STRATEGIES:
         raise ConfigError(
             f"long_doc_strategy must be one of {', '.join(STRATEGIES)}, not {long_doc_strategy!r}"
@@ -235,60 +249,18 @@ def check_output(
             f"{out} holds no {TOKENS_PART.format(0)}: not an OLMo-core output of tokenize-mixer"
         )
     report_json, stats = _json(out / RUN_REPORT), _json(out / STATS_JSON)
-    if max_seq_length is None:
-        max_seq_length = (stats.get("configuration") or {}).get("max_sequence_length")
-    dtype = np.dtype(token_dtype or report_json.get("token_dtype") or "uint32")
-    vocab, eos, special = _tokenizer_facts(out)
-    result = CheckReport(output=str(out), template=template or report_json.get("template_drift"))
-    left_out = unrendered if unrendered is not None else report_json.get("unrendered") or []
-    result.add(
-        "template",
-        "data in the rows that the chat template never renders (the model trains without it)",
-        len(left_out),
-        "items",
-        list(left_out),
-        summary=False,  # (the summary's unrendered line counts the rows)
-    )
-    if tokenizer_load_note is None:
-        tokenizer_load_note = report_json.get("tokenizer_load_note") or ""
-    result.add("tokenizer", tokenizer_load_note, 1 if tokenizer_load_note else 0, "", summary=False)
-    if vocab is None:
-        result.add("integrity", "tokenizer/ is missing or unreadable", 1, "")
-    elif vocab - 1 > np.iinfo(dtype).max:
-        result.add("integrity", f"vocabulary of {vocab:,} ids does not fit dtype {dtype.name}", 1, "")
-
-    facts = _read_parts(
-        out,
-        result,
-        digests,
-        dtype=dtype,
-        vocab=vocab,
-        eos=eos,
-        special=special,
-        sequence_length=sequence_length,
-        long_doc_strategy=long_doc_strategy,
-        max_seq_length=max_seq_length,
-        written=written,
-    )
-    fit = OlmoCoreFit(sequence_length, long_doc_strategy) if sequence_length is not None else None
-    whole = _PartFacts(olmo_core=fit)
-    for f in facts:
+    facts = recorded.filled(report_json, stats)
+    result = CheckReport(output=str(out), template=facts.template)
+    reading = _reading(out, result, facts, sequence_length, long_doc_strategy)
+    reading = dataclasses.replace(reading, hashed=digests, written=written)
+    parts, result.digests = read_parts(reading)
+    whole = PartFacts(olmo_core=OlmoCoreFit(sequence_length, long_doc_strategy) if sequence_length else None)
+    for f in parts:
         whole.absorb(f)
     result.olmo_core = whole.olmo_core
-    result.documents, result.tokens, result.trainable_tokens = (
-        whole.documents,
-        whole.tokens,
-        whole.trainable_tokens,
-    )
-    # the run's document map, read once: it names each example's dataset and row, and groups outliers
-    mapped = _document_map(documents_file or report_json.get("documents_file"), result.documents)
-    names = dataset_names or report_json.get("datasets") or []
-    where = _document_namer(mapped, names, published)
-    _integrity_findings(result, whole, report_json.get("digests"))
-    _mask_findings(result, whole, special, where, literal or LiteralReport.of_report(report_json))
-    _fit_findings_of(result, whole, where, sequence_length, max_seq_length)
-    shares = np.concatenate(whole.shares) if whole.shares else np.zeros(0, np.float32)
-    _share_outliers(result, shares, mapped, names, where)
+    result.documents, result.tokens = whole.documents, whole.tokens
+    result.trainable_tokens = whole.trainable_tokens
+    _findings(result, whole, reading, facts, report_json)
     for entry in stats.get("per_dataset_statistics", []):
         tokens = entry.get("final_tokens_in_output") or 0
         result.per_dataset_trainable_percent[entry["dataset_name"]] = (
@@ -297,28 +269,50 @@ def check_output(
     return result
 
 
-def _read_parts(out: Path, result: CheckReport, digests: bool, **options: Any) -> list[_PartFacts]:
-    """Each part's facts (and, with ``digests``, every file's digest into ``result``). Each part is read
-    once, in order, by one thread (its files hashed as they are read); the chunks' checks run on a pool of
-    every core (numpy and hashlib release the GIL)."""
-    count = 0
-    while (out / TOKENS_PART.format(count)).exists():
-        count += 1
-    threads = max(1, min(available_cpus(), MAX_PART_THREADS))
-    with (
-        ThreadPoolExecutor(max_workers=threads, thread_name_prefix="check-chunk") as chunks,
-        ThreadPoolExecutor(max_workers=max(1, min(count, threads)), thread_name_prefix="check-part") as pool,
-    ):
-        check = functools.partial(
-            _check_part, out, chunks=chunks if threads > 1 else None, hashed=digests, **options
-        )
-        facts = list(pool.map(check, range(count)))
-        if digests:
-            result.digests = _all_digests(out, facts, pool)
-    return facts
+def _reading(
+    out: Path, result: CheckReport, facts: Recorded, sequence_length: int | None, long_doc_strategy: str
+) -> PartReading:
+    """How the parts are read, with the findings that need no read: data the template never renders, the
+    tokenizer's load, a vocabulary the dtype cannot hold."""
+    dtype = np.dtype(facts.token_dtype)
+    vocab, eos, special = _tokenizer_facts(out)
+    left_out = list(facts.unrendered or [])
+    result.add(
+        "template",
+        "data in the rows that the chat template never renders (the model trains without it)",
+        len(left_out),
+        "items",
+        left_out,
+        summary=False,  # (the summary's unrendered line counts the rows)
+    )
+    note = facts.tokenizer_load_note or ""
+    result.add("tokenizer", note, 1 if note else 0, "", summary=False)
+    if vocab is None:
+        result.add("integrity", "tokenizer/ is missing or unreadable", 1, "")
+    elif vocab - 1 > np.iinfo(dtype).max:
+        result.add("integrity", f"vocabulary of {vocab:,} ids does not fit dtype {dtype.name}", 1, "")
+    return PartReading(
+        out, dtype, vocab, eos, special, sequence_length, long_doc_strategy, facts.max_seq_length
+    )
 
 
-def _integrity_findings(result: CheckReport, whole: _PartFacts, recorded: Any) -> None:
+def _findings(
+    result: CheckReport, whole: PartFacts, reading: PartReading, facts: Recorded, report_json: dict
+) -> None:
+    """The findings of the parts read whole, their examples named by the run's document map (read once:
+    it names each example's dataset and row, and groups outliers)."""
+    mapped = _document_map(facts.documents_file, result.documents)
+    names = facts.dataset_names or []
+    where = _document_namer(mapped, names, facts.published)
+    _integrity_findings(result, whole, report_json.get("digests"))
+    assert facts.literal is not None  # (filled)
+    _mask_findings(result, whole, reading.special, where, facts.literal)
+    _fit_findings_of(result, whole, where, reading.sequence_length, reading.max_seq_length)
+    shares = np.concatenate(whole.shares) if whole.shares else np.zeros(0, np.float32)
+    _share_outliers(result, shares, mapped, names, where)
+
+
+def _integrity_findings(result: CheckReport, whole: PartFacts, recorded: Any) -> None:
     """Parts that do not hold together, and files that are not the ones the run recorded."""
     result.add(
         "integrity",
@@ -347,7 +341,7 @@ def _integrity_findings(result: CheckReport, whole: _PartFacts, recorded: Any) -
 
 def _mask_findings(
     result: CheckReport,
-    whole: _PartFacts,
+    whole: PartFacts,
     special: dict[int, str],
     where: Callable[[int], str],
     literal: LiteralReport,
@@ -376,7 +370,7 @@ def _mask_findings(
 
 def _fit_findings_of(
     result: CheckReport,
-    whole: _PartFacts,
+    whole: PartFacts,
     where: Callable[[int], str],
     sequence_length: int | None,
     max_seq_length: int | None,
@@ -430,334 +424,6 @@ def _fit_findings_of(
     if result.olmo_core is not None:
         unended = whole.no_final_eos.count or whole.cut_by_parts.count
         _fit_findings(result, result.olmo_core, CHANGES_TRAINING if unended else INFORMATION)
-
-
-#: Threads that read parts and check their chunks (each holds a few chunks' arrays at a time).
-MAX_PART_THREADS = 64
-#: Chunks of one part read ahead of their checks.
-READ_AHEAD = 2
-
-
-def _all_digests(out: Path, facts: list[_PartFacts], pool: ThreadPoolExecutor) -> dict[str, str]:
-    """The output's digests as ``output_digests`` gives them: the parts' from their one read, the rest
-    (statistics, anything else the output holds) hashed now."""
-    known = {name: digest for f in facts for name, digest in f.digests.items()}
-    files = {p.relative_to(out).as_posix(): p for p in digested_files(out)}
-    rest = [name for name in files if name not in known]
-    known.update(zip(rest, pool.map(artifact_digest, [files[name] for name in rest]), strict=True))
-    return {name: known[name] for name in files}
-
-
-@dataclass
-class _Documents:
-    """How many documents a finding counts, and the first few (the examples it shows): what a finding
-    holds does not grow with the output. Documents come in order; one seen again (cut by a chunk's edge)
-    is counted once."""
-
-    count: int = 0
-    examples: list[int] = field(default_factory=list)
-    last: int = -1
-
-    def add(self, docs: np.ndarray | list[int], base: int = 0) -> None:
-        """``docs``: ascending document numbers (from ``base``), none before the last ones added."""
-        docs = np.asarray(docs, dtype=np.int64) + base
-        docs = docs[docs > self.last]
-        if docs.size:
-            self.count += int(docs.size)
-            self.examples += docs[: EXAMPLES - len(self.examples)].tolist()
-            self.last = int(docs[-1])
-
-    def drop_last(self) -> None:
-        """The last document added is not one of these after all."""
-        if self.examples and self.examples[-1] == self.last:
-            self.examples.pop()
-        self.count -= 1
-
-    def merge(self, other: _Documents, base: int) -> None:
-        """A later part's (its documents numbered from ``base`` here)."""
-        self.count += other.count
-        self.examples += [base + d for d in other.examples[: EXAMPLES - len(self.examples)]]
-        self.last = base + other.last if other.count else self.last
-
-
-@dataclass
-class _PartFacts:
-    """What one part shows; document numbers are the part's own (the caller adds the documents before)."""
-
-    tokens: int = 0
-    documents: int = 0
-    trainable_tokens: int = 0
-    uneven: list[str] = field(default_factory=list)
-    untiled: list[str] = field(default_factory=list)
-    too_big: list[str] = field(default_factory=list)
-    empty: _Documents = field(default_factory=_Documents)
-    long_docs: _Documents = field(default_factory=_Documents)
-    eos_inside: _Documents = field(default_factory=_Documents)
-    no_final_eos: _Documents = field(default_factory=_Documents)  # last token not EOS (but those below)
-    truncated_no_eos: _Documents = field(default_factory=_Documents)  # the same, cut at max_seq_length
-    special_trained: dict[int, _Documents] = field(default_factory=dict)  # documents, by token id
-    olmo_core: OlmoCoreFit | None = None
-    trainable_share: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # per document
-    digests: dict[str, str] = field(default_factory=dict)  # of the part's files, from the check's read
-    shares: list[np.ndarray] = field(default_factory=list)  # the later parts' trainable_share, absorbed
-    open_end: bool = False  # the last document lacks its EOS (and was not truncated): the next part goes on
-    cut_by_parts: _Documents = field(default_factory=_Documents)  # documents a part boundary cut
-
-    def absorb(self, later: _PartFacts) -> None:
-        """A later part's facts, its documents numbered on from this one's: where this one's last document
-        goes on in the later part (the reference's layout cuts it there), its two pieces are one document."""
-        cut = int(self.open_end and later.documents > 0)
-        if cut:
-            self.no_final_eos.drop_last()  # (its piece in this part has no EOS: it goes on)
-            self.cut_by_parts.add([self.documents - 1])
-        base = self.documents - cut
-        self.open_end = later.open_end
-        self.shares.append(later.trainable_share[cut:])
-        if self.olmo_core is not None and later.olmo_core is not None:
-            self.olmo_core.merge(later.olmo_core)
-        self.uneven += later.uneven
-        self.untiled += later.untiled
-        self.too_big += later.too_big
-        for name in ("empty", "long_docs", "eos_inside", "no_final_eos", "truncated_no_eos"):
-            getattr(self, name).merge(getattr(later, name), base)
-        for tok_id, docs in later.special_trained.items():
-            self.special_trained.setdefault(tok_id, _Documents()).merge(docs, base)
-        self.documents += later.documents - cut
-        self.tokens += later.tokens
-        self.trainable_tokens += later.trainable_tokens
-
-
-def _check_part(
-    out: Path,
-    part: int,
-    dtype: np.dtype,
-    vocab: int | None,
-    eos: int | None,
-    special: dict[int, str],
-    sequence_length: int | None,
-    long_doc_strategy: str = "truncate",
-    chunks: ThreadPoolExecutor | None = None,
-    hashed: bool = False,
-    max_seq_length: int | None = None,
-    written: WrittenParts | None = None,
-) -> _PartFacts:
-    """One part's files, read once in order in bounded chunks (hashed as read when ``hashed``); the
-    chunks are checked on ``chunks`` (here without it) and their facts added up in order."""
-    f = _PartFacts()
-    tokens_file, mask_file = out / TOKENS_PART.format(part), out / MASK_PART.format(part)
-    token_bytes, mask_bytes = (
-        tokens_file.stat().st_size,
-        mask_file.stat().st_size if mask_file.exists() else 0,
-    )
-    bounds_file = out / BOUNDS_PART.format(part)
-    bounds = np.zeros((0, 2), np.int64)
-    if bounds_file.exists():
-        text = gzip.decompress(bounds_file.read_bytes())
-        if hashed:
-            f.digests[bounds_file.name] = hashlib.sha256(text).hexdigest()
-        bounds = parse_boundaries(text)
-    n = f.tokens = token_bytes // dtype.itemsize
-    f.documents = bounds.shape[0]
-    starts, ends = bounds[:, 0], bounds[:, 1]
-    if mask_bytes != n or token_bytes % dtype.itemsize:  # its documents cannot be read token by token
-        f.uneven.append(f"part {part}: {token_bytes} token bytes ({dtype.name}), {mask_bytes} mask bytes")
-    elif (
-        bounds.shape[0] == 0
-        or starts[0] != 0
-        or ends[-1] != n
-        or np.any(starts[1:] != ends[:-1])
-        or np.any(ends <= starts)
-    ):
-        f.untiled.append(f"part {part}")
-    if f.uneven or f.untiled:
-        if written is not None:
-            written.wait(part)
-        if hashed:
-            f.digests.update({p.name: artifact_digest(p) for p in (tokens_file, mask_file) if p.exists()})
-        return f
-    lengths = ends - starts
-    done_trainable = np.zeros(bounds.shape[0], np.int64)  # trainable tokens up to each doc's end
-    chunk = functools.partial(
-        _check_chunk, ends=ends, vocab=vocab, eos=eos, special_ids=np.array(sorted(special), np.int64)
-    )
-    carried = 0
-    eos_at: list[np.ndarray] = []  # where OLMo-core's default finds document ends
-
-    def add(c: _ChunkFacts) -> None:
-        nonlocal carried
-        if c.too_big is not None:
-            f.too_big.append(f"part {part} offset {c.too_big}")
-        done_trainable[c.ending] = c.trainable_at_ends + carried
-        carried += c.trainable
-        if c.eos_at is not None:
-            eos_at.append(c.eos_at)
-            f.eos_inside.add(c.eos_inside)
-            cut = lengths[c.unended] == max_seq_length if max_seq_length else np.zeros(c.unended.size, bool)
-            unended, truncated = c.unended[~cut], c.unended[cut]
-            f.no_final_eos.add(unended)
-            f.open_end = f.open_end or bool(unended.size and unended[-1] == bounds.shape[0] - 1)
-            f.truncated_no_eos.add(truncated)
-        for tok_id, docs in c.special_trained.items():  # a document cut by chunks is one document
-            f.special_trained.setdefault(tok_id, _Documents()).add(docs)
-
-    digests = _read_in_chunks(tokens_file, mask_file, dtype, part, n, chunk, add, chunks, written, hashed)
-    f.digests.update(digests)
-    trainable = np.diff(done_trainable, prepend=0)
-    f.trainable_share = (trainable / np.maximum(lengths, 1)).astype(np.float32)
-    f.empty.add(np.flatnonzero(trainable == 0))
-    if sequence_length is not None:
-        f.long_docs.add(np.flatnonzero(lengths > sequence_length))
-    f.trainable_tokens = int(trainable.sum())
-    if sequence_length is not None:
-        f.olmo_core = OlmoCoreFit(sequence_length, long_doc_strategy)
-        f.olmo_core.add_part(starts, ends, n, np.concatenate(eos_at) if eos is not None else None)
-    return f
-
-
-def _read_in_chunks(
-    tokens_file: Path,
-    mask_file: Path,
-    dtype: np.dtype,
-    part: int,
-    n: int,
-    chunk: Callable[..., _ChunkFacts],
-    add: Callable[[_ChunkFacts], None],
-    chunks: ThreadPoolExecutor | None,
-    written: WrittenParts | None,
-    hashed: bool,
-) -> dict[str, str]:
-    """A part's ``n`` tokens and mask bytes read once, in order, in chunks checked by ``chunk`` (on
-    ``chunks``, a few read ahead) and added in order; the two files' digests when ``hashed``."""
-    token_hash, mask_hash = hashlib.sha256(), hashlib.sha256()
-    pending: deque[Future[_ChunkFacts]] = deque()
-    try:
-        for lo in range(0, n, CHUNK):
-            hi = min(n, lo + CHUNK)
-            if written is not None:
-                written.wait(part, min(n, hi + 1))
-            t = _read_span(tokens_file, dtype, lo, hi)
-            with_next = _read_span(mask_file, np.dtype(np.uint8), lo, min(n, hi + 1))
-            if written is not None:
-                written.read(part, hi)
-            # (``a.data``: ``memoryview(a)``, which numpy's stubs allow from Python 3.12 only)
-            if hashed:
-                token_hash.update(t.data)
-                mask_hash.update(with_next[: hi - lo].data)
-            if chunks is None:
-                add(chunk(t, with_next, lo))
-                continue
-            pending.append(chunks.submit(chunk, t, with_next, lo))
-            while len(pending) > READ_AHEAD:
-                add(pending.popleft().result())
-        while pending:
-            add(pending.popleft().result())
-    finally:
-        for waiting in pending:
-            waiting.cancel()
-    if not hashed:
-        return {}
-    return {tokens_file.name: token_hash.hexdigest(), mask_file.name: mask_hash.hexdigest()}
-
-
-@dataclass
-class _ChunkFacts:
-    """What tokens ``[lo, lo + CHUNK)`` of a part show, to be added up in the part's order."""
-
-    too_big: int | None  # the first offset of an id beyond the vocabulary
-    ending: np.ndarray  # the documents that end in the chunk
-    trainable_at_ends: np.ndarray  # trainable tokens of the chunk up to each of their ends
-    trainable: int  # trainable tokens of the chunk
-    eos_at: np.ndarray | None  # offsets of EOS tokens (None without an EOS)
-    eos_inside: np.ndarray  # documents with an EOS before their end (ascending)
-    unended: np.ndarray  # documents ending here whose last token is not EOS
-    special_trained: dict[int, np.ndarray]  # documents that train each special token mid-text (ascending)
-
-
-def _check_chunk(
-    t: np.ndarray,
-    with_next: np.ndarray,
-    lo: int,
-    ends: np.ndarray,
-    vocab: int | None,
-    eos: int | None,
-    special_ids: np.ndarray,
-) -> _ChunkFacts:
-    """Tokens ``t`` from offset ``lo`` with their mask bytes and the next chunk's first mask byte."""
-    hi = lo + t.shape[0]
-    with_next = with_next.astype(bool)
-    m = with_next[: hi - lo]
-    too_big = None
-    if vocab is not None and t.size and int(t.max()) >= vocab:
-        too_big = lo + int(np.argmax(t >= vocab))
-    # documents ending in this chunk (ends are sorted: the boundaries tile the part)
-    ending = np.arange(np.searchsorted(ends, lo, side="right"), np.searchsorted(ends, hi, side="right"))
-    cuts = ends[ending] - lo  # where each ends in the chunk (ascending: no document is empty)
-    last = np.zeros(hi - lo, dtype=bool)  # a document's last token
-    last[cuts - 1] = True
-    # trainable tokens of the chunk up to each end: a sum per document (a running sum of every token
-    # was the check's largest cost)
-    at_ends = np.zeros(cuts.shape[0], np.int64)
-    if cuts.size:
-        np.cumsum(np.add.reduceat(m[: cuts[-1]], np.r_[0, cuts[:-1]], dtype=np.int64), out=at_ends)
-    facts = _ChunkFacts(
-        too_big=too_big,
-        ending=ending,
-        trainable_at_ends=at_ends,
-        trainable=int(np.count_nonzero(m)),
-        eos_at=None,
-        eos_inside=np.zeros(0, np.int64),
-        unended=np.zeros(0, np.int64),
-        special_trained={},
-    )
-    if eos is not None:
-        every_eos = np.flatnonzero(t == eos)
-        facts.eos_at = every_eos + lo
-        at = every_eos[~last[every_eos]]  # not a document's last token
-        facts.eos_inside = np.unique(np.searchsorted(ends, lo + at, side="right"))
-        facts.unended = ending[t[ends[ending] - 1 - lo] != eos]
-    if special_ids.size:  # trained and followed by trained text: a header or marker, not a turn's end
-        at = _positions_of(t, special_ids)
-        follows = at + 1 < with_next.shape[0]
-        follows[follows] = with_next[at[follows] + 1]
-        at = at[m[at] & follows & ~last[at]]
-        docs = np.searchsorted(ends, lo + at, side="right")
-        for tok_id in np.unique(t[at]).tolist():
-            facts.special_trained[int(tok_id)] = np.unique(docs[t[at] == tok_id])
-    return facts
-
-
-def _positions_of(t: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Where ``t`` holds one of ``ids`` (ascending). Special tokens are rare in text and most tokenizers
-    number them above the text's, so the candidates at or above the lowest are found first, and the
-    table lookup runs on them alone; where they are not rare, on every token."""
-    lowest = int(ids[0])
-    if lowest > 0:
-        above = t >= lowest
-        if np.count_nonzero(above) * RARE < t.shape[0]:
-            candidates = np.flatnonzero(above)
-            return candidates[np.isin(t[candidates], ids, kind="table")]
-    return np.flatnonzero(np.isin(t, ids, kind="table"))
-
-
-#: Candidates fewer than one in this many tokens are looked up one by one (``_positions_of``).
-RARE = 8
-
-
-def _read_span(path: Path, dtype: np.dtype, lo: int, hi: int) -> np.ndarray:
-    """Items ``[lo, hi)`` of a raw array file, read into memory: a map read through would keep every
-    page it touched resident until closed, so checking a large part would grow with the part."""
-    data = np.empty(hi - lo, dtype=dtype)
-    view, position = data.data.cast("B"), lo * dtype.itemsize
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        left = pread_into(fd, view, position)
-        if left:
-            raise ConfigError(
-                f"{path} ended at byte {position + len(view) - left} while it was being checked"
-            )
-    finally:
-        os.close(fd)
-    return data
 
 
 #: Padding share of packed instances above which the packing is a finding (a third of every batch

@@ -8,7 +8,7 @@ import json
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -241,6 +241,29 @@ def _write_part_boundaries(
                 fh.write("".join(line.format(*row) for row in rows).encode())
 
 
+@dataclass
+class DocumentTotals:
+    """The output's documents counted in all, and per dataset name in order of first appearance (a name
+    listed twice in a mixer is one dataset of the statistics)."""
+
+    instances: int
+    tokens: int
+    trainable: int
+    filtered: int  # documents with no trainable token
+    names: list[str] = field(default_factory=list)
+    per_dataset: dict[str, list[int]] = field(
+        default_factory=dict
+    )  # [instances, tokens, trainable, filtered]
+
+    def add(self, name: str, instances: int, tokens: int, trainable: int, filtered: int) -> None:
+        if name not in self.per_dataset:
+            self.names.append(name)
+            self.per_dataset[name] = [0, 0, 0, 0]
+        counted = self.per_dataset[name]
+        for k, n in enumerate((instances, tokens, trainable, filtered)):
+            counted[k] += n
+
+
 def dataset_statistics(
     *,
     output_dir: str,
@@ -248,42 +271,11 @@ def dataset_statistics(
     max_seq_length: int | None,
     chat_template: str | None,
     pre: dict[str, dict[str, Any]],
-    order: list[str],
-    counts: dict[str, int],
-    tokens: dict[str, int],
-    trainable: dict[str, int],
-    filtered: dict[str, int],
-    total_instances: int,
-    total_tokens: int,
-    total_trainable: int,
-    num_filtered: int,
+    totals: DocumentTotals,
 ) -> dict[str, Any]:
     """The reference's ``dataset_statistics.json`` object, key for key and float for float."""
-    merged = []
-    for name in order:
-        p = pre.get(name, {})
-        merged.append(
-            {
-                "dataset_name": name,
-                "dataset_split": p.get("dataset_split", "unknown"),
-                "initial_instances": p.get("initial_instances", "N/A"),
-                "instances_after_transformation": p.get("final_instances", "N/A"),
-                "instances_filtered_during_transformation": p.get("instances_filtered", "N/A"),
-                "frac_or_num_samples": p.get("frac_or_num_samples"),
-                "original_dataset_size": p.get("original_dataset_size"),
-                "is_upsampled": p.get("is_upsampled", False),
-                "upsampling_factor": p.get("upsampling_factor", 1.0),
-                "final_instances_in_output": counts[name],
-                "final_tokens_in_output": tokens[name],
-                "final_trainable_tokens_in_output": trainable[name],
-                "instances_filtered_after_tokenization": filtered[name],
-                "avg_tokens_per_instance": tokens[name] / counts[name] if counts[name] > 0 else 0,
-                "percentage_of_total_tokens": (tokens[name] / total_tokens * 100) if total_tokens > 0 else 0,
-                "percentage_of_total_instances": (counts[name] / total_instances * 100)
-                if total_instances > 0
-                else 0,
-            }
-        )
+    merged = [_dataset_entry(name, pre.get(name, {}), totals) for name in totals.names]
+    total_instances, total_tokens, total_trainable = totals.instances, totals.tokens, totals.trainable
     return {
         "timestamp": datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
         "output_directory": output_dir,
@@ -294,14 +286,37 @@ def dataset_statistics(
         },
         "per_dataset_statistics": merged,
         "overall_statistics": {
-            "total_datasets": len(order),
+            "total_datasets": len(totals.names),
             "total_instances": total_instances,
             "total_tokens": total_tokens,
             "trainable_tokens": total_trainable,
             "trainable_percentage": (total_trainable / total_tokens * 100) if total_tokens > 0 else 0,
-            "instances_filtered": num_filtered,
+            "instances_filtered": totals.filtered,
             "average_sequence_length": total_tokens / total_instances if total_instances > 0 else 0,
         },
+    }
+
+
+def _dataset_entry(name: str, p: dict[str, Any], totals: DocumentTotals) -> dict[str, Any]:
+    """One dataset's entry of ``per_dataset_statistics``, the reference's keys in its order."""
+    count, tokens, trainable, filtered = totals.per_dataset[name]
+    return {
+        "dataset_name": name,
+        "dataset_split": p.get("dataset_split", "unknown"),
+        "initial_instances": p.get("initial_instances", "N/A"),
+        "instances_after_transformation": p.get("final_instances", "N/A"),
+        "instances_filtered_during_transformation": p.get("instances_filtered", "N/A"),
+        "frac_or_num_samples": p.get("frac_or_num_samples"),
+        "original_dataset_size": p.get("original_dataset_size"),
+        "is_upsampled": p.get("is_upsampled", False),
+        "upsampling_factor": p.get("upsampling_factor", 1.0),
+        "final_instances_in_output": count,
+        "final_tokens_in_output": tokens,
+        "final_trainable_tokens_in_output": trainable,
+        "instances_filtered_after_tokenization": filtered,
+        "avg_tokens_per_instance": tokens / count if count > 0 else 0,
+        "percentage_of_total_tokens": (tokens / totals.tokens * 100) if totals.tokens > 0 else 0,
+        "percentage_of_total_instances": (count / totals.instances * 100) if totals.instances > 0 else 0,
     }
 
 
