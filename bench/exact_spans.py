@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.data import dolma2_dir, sharegpt_chats  # noqa: E402
 from sftmix.sources.formats import Conversation  # noqa: E402
-from sftmix.tokenizing.labels import DROP_REASONS, LabelMasker, RowStatus  # noqa: E402
+from sftmix.tokenizing.labels import DROP_REASONS, LabelMasker, MaskerEncoding, Masking, RowStatus  # noqa: E402
 from sftmix.tokenizing.templates import ChatRenderer, named_template  # noqa: E402
 from sftmix.tokenizing.tokenizer import (  # noqa: E402
     TokenizerKey,
@@ -35,12 +35,13 @@ def tally(spans: str, convs: list[Conversation], template: str, max_len: int) ->
     key = TokenizerKey.of(str(dolma2_dir()), None)
     hf, rust = load_hf_tokenizer(key), rust_tokenizer(key)
     masker = LabelMasker(
-        renderer=ChatRenderer(named_template(template), special_tokens(hf)),
-        encode_batch=lambda texts: rust.encode_batch(texts, add_special_tokens=False),
-        decode=lambda ids: rust.decode(ids, skip_special_tokens=False),
-        max_seq_length=max_len,
-        boundaries=segment_boundaries(key),
-        spans=spans,
+        ChatRenderer(named_template(template), special_tokens(hf)),
+        MaskerEncoding(
+            lambda texts: rust.encode_batch(texts, add_special_tokens=False),
+            lambda ids: rust.decode(ids, skip_special_tokens=False),
+            segment_boundaries(key),
+        ),
+        Masking(max_len, spans=spans),
     )
     started = time.perf_counter()
     kept = trainable = tokens = rescued = 0

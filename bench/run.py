@@ -169,7 +169,7 @@ def linearity(
     """2-turn and 40-turn chats of the same total size in tokens (ShareGPT messages cut to 600
     characters), best of ``repeats`` on one core: masking throughput must not depend on the turn count."""
     from sftmix.sources.formats import Conversation
-    from sftmix.tokenizing.labels import LabelMasker
+    from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding
     from sftmix.tokenizing.templates import ChatRenderer
     from sftmix.tokenizing.tokenizer import (
         TokenizerKey,
@@ -184,10 +184,11 @@ def linearity(
     hf, rust = load_hf_tokenizer(key), rust_tokenizer(key)
     masker = LabelMasker(
         ChatRenderer(template, special_tokens(hf)),
-        lambda texts: rust.encode_batch(texts, add_special_tokens=False),
-        lambda ids: rust.decode(ids, skip_special_tokens=False),  # as the slice workers decode
-        None,
-        segment_boundaries(key),
+        MaskerEncoding(
+            lambda texts: rust.encode_batch(texts, add_special_tokens=False),
+            lambda ids: rust.decode(ids, skip_special_tokens=False),  # as the slice workers decode
+            segment_boundaries(key),
+        ),
     )
     sets = {}
     for turns in (2, 40):

@@ -32,7 +32,7 @@ def _mask(rows: int, store: str | None) -> dict:
     from bench.data import dolma2_dir, sharegpt_chats
     from sftmix.sources.formats import Conversation
     from sftmix.tokenizing.encoders import FastEncoder, analyse
-    from sftmix.tokenizing.labels import LabelMasker
+    from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding, Masking
     from sftmix.tokenizing.prefix_renders import SkeletonStore
     from sftmix.tokenizing.templates import ChatRenderer, named_template
     from sftmix.tokenizing.tokenizer import boundaries_of
@@ -44,14 +44,8 @@ def _mask(rows: int, store: str | None) -> dict:
     fast = FastEncoder(rust, analyse(rust.to_str()))
     text = named_template("olmo")
     skeletons = None if store is None else SkeletonStore(store, SkeletonStore.renderer_key_of(text, specials))
-    masker = LabelMasker(
-        ChatRenderer(text, specials),
-        fast.encode_batch,
-        fast.decode,
-        4096,
-        boundaries_of(rust),
-        skeletons=skeletons,
-    )
+    encoding = MaskerEncoding(fast.encode_batch, fast.decode, boundaries_of(rust))
+    masker = LabelMasker(ChatRenderer(text, specials), encoding, Masking(4096), skeletons=skeletons)
     chats = [Conversation(c, None) for c in sharegpt_chats(rows)]
     digest = hashlib.sha256()
     began = time.perf_counter()

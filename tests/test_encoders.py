@@ -36,7 +36,7 @@ from sftmix.tokenizing.encoders import (
     fast_engine,
     same_encodings,
 )
-from sftmix.tokenizing.labels import LabelMasker
+from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding, Masking
 from sftmix.tokenizing.segments import PrefixEncoder
 from sftmix.tokenizing.templates import ChatRenderer, named_template
 from sftmix.tokenizing.tokenizer import boundaries_of
@@ -454,9 +454,8 @@ def test_label_masks_match_on_multi_turn_chats(engine):
     ]
     rows = []
     for encode in (lambda t: rust.encode_batch(t, add_special_tokens=False), fast.encode_batch):
-        masker = LabelMasker(
-            renderer, encode, lambda ids: rust.decode(ids, skip_special_tokens=False), 64, boundaries_of(rust)
-        )
+        decode = lambda ids: rust.decode(ids, skip_special_tokens=False)  # noqa: E731
+        masker = LabelMasker(renderer, MaskerEncoding(encode, decode, boundaries_of(rust)), Masking(64))
         rows.append([(r.ids.tolist(), r.mask.tolist(), r.status) for r in masker.tokenize(chats)])
     assert rows[0] == rows[1]
 
@@ -520,14 +519,9 @@ def assert_same_rows(rust, fast, renderer, convs, max_len, drop) -> None:
     encodes and from the fast encoder's."""
     rows = []
     for encode in (lambda t: rust.encode_batch(t, add_special_tokens=False), fast.encode_batch):
-        masker = LabelMasker(
-            renderer,
-            encode,
-            lambda ids: rust.decode(ids, skip_special_tokens=False),
-            max_len,
-            boundaries_of(rust),
-            skip_untrainable=drop,
-        )
+        decode = lambda ids: rust.decode(ids, skip_special_tokens=False)  # noqa: E731
+        encoding = MaskerEncoding(encode, decode, boundaries_of(rust))
+        masker = LabelMasker(renderer, encoding, Masking(max_len, drop_untrainable=drop))
         rows.append(
             [
                 (r.status, r.detail)

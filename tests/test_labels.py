@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sftmix.sources.formats import Conversation
-from sftmix.tokenizing.labels import LabelMasker, RowStatus, common_prefix_length
+from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding, Masking, RowStatus, common_prefix_length
 from sftmix.tokenizing.templates import ChatRenderer, named_template
 from sftmix.tokenizing.tokenizer import (
     TokenizerKey,
@@ -26,22 +27,27 @@ TOKENIZERS = ["tiny", "dolma2"]
 
 
 def masker(
-    tokenizer: str | Path, template: str, max_len: int | None, fast: bool, **options: object
+    tokenizer: str | Path,
+    template: str,
+    max_len: int | None,
+    fast: bool,
+    drop_early: bool = True,
+    **masking: Any,
 ) -> LabelMasker:
-    """``tokenizer``: a golden tokenizer's name, or a tokenizer's directory."""
+    """``tokenizer``: a golden tokenizer's name, or a tokenizer's directory; ``masking``: the masker's
+    settings but ``max_seq_length`` (``Masking``'s fields)."""
     directory = tokenizer if isinstance(tokenizer, Path) else GOLDEN / "tokenizers" / tokenizer
     if directory == GOLDEN / "tokenizers" / "dolma2":
         ensure_dolma2()
     key = TokenizerKey.of(str(directory), None)
     hf, rust = load_hf_tokenizer(key), rust_tokenizer(key)
-    return LabelMasker(
-        renderer=ChatRenderer(named_template(template), special_tokens(hf)),
-        encode_batch=lambda texts: rust.encode_batch(texts, add_special_tokens=False),
-        decode=lambda ids: hf.decode(ids, clean_up_tokenization_spaces=False),
-        max_seq_length=max_len,
-        boundaries=segment_boundaries(key) if fast else None,
-        **options,  # type: ignore[arg-type]
+    encoding = MaskerEncoding(
+        lambda texts: rust.encode_batch(texts, add_special_tokens=False),
+        lambda ids: hf.decode(ids, clean_up_tokenization_spaces=False),
+        segment_boundaries(key) if fast else None,
     )
+    renderer = ChatRenderer(named_template(template), special_tokens(hf))
+    return LabelMasker(renderer, encoding, Masking(max_len, **masking), drop_early=drop_early)
 
 
 PIECES = list("abc xyz.,!?\n é日🚀") + ["<|im_end|>", "<|im_start|>", "<|endoftext|>", " the", "\n\n"]

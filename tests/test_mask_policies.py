@@ -67,12 +67,12 @@ CASES = [  # (mask mode, policy, words it takes out, words it must leave trained
 def test_a_policy_takes_out_exactly_its_text(name, shapes, case, spans):
     mode, policy, out, kept = case
     conv = Conversation([m for i, shape in enumerate(shapes) for m in turn(i, shape)], None)
-    plain = masker("dolma2", name, None, True, mode=mode, spans=spans)
+    plain = masker("dolma2", name, None, True, mask=mode, spans=spans)
     try:
         [without] = plain.tokenize([conv])
     except Exception:
         return  # the template cannot render this conversation at all
-    [with_] = masker("dolma2", name, None, True, mode=mode, spans=spans, policy=policy).tokenize([conv])
+    [with_] = masker("dolma2", name, None, True, mask=mode, spans=spans, policy=policy).tokenize([conv])
     assert np.array_equal(without.ids, with_.ids)
     if without.status != RowStatus.KEPT:
         assert with_.status == without.status
@@ -109,9 +109,9 @@ def test_a_tool_result_repeated_in_the_answer_stays_trained_in_the_answer():
         ],
         None,
     )
-    plain = masker("dolma2", "olmo_thinker", None, True, mode="all")
+    plain = masker("dolma2", "olmo_thinker", None, True, mask="all")
     [row] = masker(
-        "dolma2", "olmo_thinker", None, True, mode="all", policy=MaskPolicy(tool_outputs=True)
+        "dolma2", "olmo_thinker", None, True, mask="all", policy=MaskPolicy(tool_outputs=True)
     ).tokenize([conv])
     text = plain.renderer.render(conv.messages, None, False)
     enc = rust_tokenizer(TokenizerKey.of(str(GOLDEN / "tokenizers" / "dolma2"), None)).encode(
@@ -133,7 +133,7 @@ QWEN_LIKE = (  # a tool-using model's own template: tool_calls rendered as JSON 
 
 
 def test_tool_calls_a_template_renders_from_a_list_are_taken_out_tags_and_all():
-    from sftmix.tokenizing.labels import LabelMasker
+    from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding, Masking
     from sftmix.tokenizing.templates import ChatRenderer
     from sftmix.tokenizing.tokenizer import load_hf_tokenizer, segment_boundaries, special_tokens
 
@@ -155,13 +155,13 @@ def test_tool_calls_a_template_renders_from_a_list_are_taken_out_tags_and_all():
 
     def mask(policy: MaskPolicy) -> np.ndarray:
         masker = LabelMasker(
-            renderer=ChatRenderer(QWEN_LIKE, special_tokens(load_hf_tokenizer(key))),
-            encode_batch=lambda texts: rust.encode_batch(texts, add_special_tokens=False),
-            decode=lambda ids: rust.decode(ids, skip_special_tokens=False),
-            max_seq_length=None,
-            boundaries=segment_boundaries(key),
-            spans="exact",
-            policy=policy,
+            ChatRenderer(QWEN_LIKE, special_tokens(load_hf_tokenizer(key))),
+            MaskerEncoding(
+                lambda texts: rust.encode_batch(texts, add_special_tokens=False),
+                lambda ids: rust.decode(ids, skip_special_tokens=False),
+                segment_boundaries(key),
+            ),
+            Masking(spans="exact", policy=policy),
         )
         [row] = masker.tokenize([conv])
         assert row.status == RowStatus.KEPT

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
@@ -106,6 +106,7 @@ def test_counts_from_restarts_are_the_librarys_on_random_text(name):
 
     @settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
     @given(pieces_for(rust), pieces_for(rust), st.floats(0, 1))
+    @example("Hello there\nworld again\nand more", " tail", 0.9)  # (a restart each family takes)
     def check(full: str, tail: str, where: float) -> None:
         nonlocal taken
         at = int(len(full) * where)
@@ -166,7 +167,7 @@ def test_families_without_restarts_have_none():
 def test_the_maskers_rows_are_the_same_with_restarts_and_without(name):
     """ShareGPT chats under ``olmo`` (whose turn markers are none of these tokenizers' added tokens, so
     each prefix was encoded whole): ids, masks, statuses and reasons unchanged."""
-    from sftmix.tokenizing.labels import LabelMasker
+    from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding, Masking
     from tests.sharegpt import sharegpt_chats
 
     rust, fast, restarts = _family(name)
@@ -174,9 +175,8 @@ def test_the_maskers_rows_are_the_same_with_restarts_and_without(name):
     convs = [Conversation(m, None) for m in sharegpt_chats(200)]
     rows = []
     for with_restarts in (restarts, None):
-        masker = LabelMasker(
-            renderer, fast.encode_batch, fast.decode, 512, None, skip_untrainable=True, restarts=with_restarts
-        )
+        encoding = MaskerEncoding(fast.encode_batch, fast.decode, restarts=with_restarts)
+        masker = LabelMasker(renderer, encoding, Masking(512, drop_untrainable=True))
         rows.append([(r.ids.tolist(), r.mask.tolist(), r.status, r.detail) for r in masker.tokenize(convs)])
     assert rows[0] == rows[1]
 

@@ -67,9 +67,9 @@ def test_rows_dropped_early_are_the_rows_the_whole_check_drops(
     """Dropping a row after its first span (tokenizing no further) keeps and drops exactly the rows, with
     the same reasons, that tokenizing every prefix in full does; kept rows have the same bytes. Either for
     every row (``drop_early``) or, as with a fast encoder, for rows that open with an assistant turn."""
-    slow = masker(tokenizer, template, max_len, fast=False, mode=mode).tokenize(convs)
+    slow = masker(tokenizer, template, max_len, fast=False, mask=mode).tokenize(convs)
     fast = masker(
-        tokenizer, template, max_len, fast=True, mode=mode, skip_untrainable=True, drop_early=every_row
+        tokenizer, template, max_len, fast=True, mask=mode, drop_untrainable=True, drop_early=every_row
     ).tokenize(convs)
     for a, b in zip(fast, slow, strict=True):
         assert (a.status, a.detail) == (b.status, b.detail)

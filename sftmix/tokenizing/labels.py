@@ -11,7 +11,7 @@ reference. No I/O here: the caller supplies the renderer and tokenizers.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
@@ -108,24 +108,43 @@ def assistant_indices(messages: Sequence[dict]) -> list[int]:
     return [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
 
 
+@dataclass(frozen=True)
+class Masking:
+    """The mixer's settings a masker follows, by the mixer's own names (``sftmix.config.config.MixerConfig``:
+    ``max_seq_length``, ``mask``, ``spans``, ``drop_untrainable``, ``mask_thinking``, ...)."""
+
+    max_seq_length: int | None = None
+    mask: str = "assistant"
+    spans: str = "reference"
+    drop_untrainable: bool = False  # a row with nothing to train is dropped, so it needs no tokens
+    policy: MaskPolicy = field(default_factory=lambda: MaskPolicy())  # mask_thinking, ... (defined below)
+
+
+@dataclass(frozen=True)
+class MaskerEncoding:
+    """The tokenizer as a masker uses it: ``encode_batch`` and ``decode``; ``boundaries``: where added
+    tokens split a render; ``restarts``: where the tokenizer restarts inside a run
+    (``sftmix.tokenizing.restarts``), for prefix counts that no added token shortens; ``restore``: the
+    render's text as the reference's span check compares it with the rows, where the template's special
+    tokens were renamed (``sftmix.tokenizing.literal_tokens``)."""
+
+    encode_batch: Callable[[list[str]], list]
+    decode: Callable[[list[int]], str]
+    boundaries: SegmentBoundaries | None = None
+    restarts: Restarts | None = None
+    restore: Callable[[str], str] | None = None
+
+
 class LabelMasker:
     """Tokenizes conversations and marks assistant tokens trainable."""
 
     def __init__(
         self,
         renderer: ChatRenderer,
-        encode_batch: Callable[[list[str]], list],
-        decode: Callable[[list[int]], str],
-        max_seq_length: int | None,
-        boundaries: SegmentBoundaries | None = None,
-        mode: str = "assistant",
-        spans: str = "reference",
-        skip_untrainable: bool = False,
-        policy: MaskPolicy | None = None,
+        encoding: MaskerEncoding,
+        masking: Masking | None = None,
         skeletons: SkeletonStore | None = None,
         drop_early: bool = True,
-        restore: Callable[[str], str] | None = None,
-        restarts: Restarts | None = None,
     ) -> None:
         """``drop_early``: a row that fails the span check at its first assistant turn is dropped having
         tokenized only that far (the same rows and reasons as checking it whole: tests/test_segments.py).
@@ -134,43 +153,39 @@ class LabelMasker:
         assistant turn: its span then starts at the render's first token, before the template's header
         (and system prompt, where the template adds one), and the check fails there in nearly every
         such row (2,163 of 2,206 in ShareGPT's first 6,000 under ``olmo``). Those are checked first
-        whatever this says.
-        ``skip_untrainable``: a row with nothing to train is dropped, so it needs no tokens.
-        ``restore``: the render's text as the reference's span check compares it with the rows, where the
-        template's special tokens were renamed (``sftmix.tokenizing.literal_tokens``).
-        ``restarts``: where the tokenizer restarts inside a run (``sftmix.tokenizing.restarts``), for
-        prefix counts that no added token shortens."""
+        whatever this says."""
+        masking = masking or Masking()
         self.renderer = renderer
-        self.restore = restore
-        self.encode_batch = encode_batch
-        self.decode = decode
-        self.max_len = max_seq_length
-        self.boundaries = boundaries
-        self.restarts = restarts
-        self.mode = mode
-        self.spans = spans
-        self.policy = policy or MaskPolicy()
+        self.restore = encoding.restore
+        self.encode_batch = encoding.encode_batch
+        self.decode = encoding.decode
+        self.boundaries = encoding.boundaries
+        self.restarts = encoding.restarts
+        self.max_seq_length = masking.max_seq_length
+        self.mask = masking.mask
+        self.spans = masking.spans
+        self.policy = masking.policy
         # rows that will be dropped need no tokens; with exact spans any row may be kept
-        self.skip_untrainable = skip_untrainable and spans != "exact"
+        self.skip_untrainable = masking.drop_untrainable and masking.spans != "exact"
         self.drop_early = drop_early
         self.prefixes = PrefixRenders(renderer.render, store=skeletons)
-        self.encoder = PrefixEncoder(encode_batch, boundaries)
+        self.encoder = PrefixEncoder(encoding.encode_batch, encoding.boundaries)
         self._tail_counts: dict[str, int] = {}
 
     def _cap(self, n: int) -> int:
-        return n if self.max_len is None else min(n, self.max_len)
+        return n if self.max_seq_length is None else min(n, self.max_seq_length)
 
     @property
     def _reach(self) -> int | None:
         """Tokens a kept row is encoded to: one past ``max_seq_length``, so that a render of exactly that
         many tokens is told from a longer one (which loses its tail: ``TokenizedRow.truncated``)."""
-        return None if self.max_len is None else self.max_len + 1
+        return None if self.max_seq_length is None else self.max_seq_length + 1
 
     def _cut(self, enc: Encoded) -> bool:
-        return self.max_len is not None and enc.length > self.max_len
+        return self.max_seq_length is not None and enc.length > self.max_seq_length
 
     def tokenize(self, conversations: Sequence[Conversation]) -> list[TokenizedRow]:
-        if self.mode in ("all", "generation_tags"):
+        if self.mask in ("all", "generation_tags"):
             return self._tokenize_whole(conversations)
         rendered = _render_each(conversations, lambda c: self.renderer.render(c.messages, c.tools, False))
         encs = self.encoder.start(rendered)
@@ -199,7 +214,7 @@ class LabelMasker:
         spanned = []
         for i in todo:
             row = results[i]
-            row.ids = encs[i].ids[: self.max_len]
+            row.ids = encs[i].ids[: self.max_seq_length]
             row.truncated = self._cut(encs[i])
             if char_spans[i] is not None and row.status == RowStatus.KEPT:
                 spanned.append(i)
@@ -209,7 +224,7 @@ class LabelMasker:
         masks = span_masks(  # the overlap rule
             [encs[i] for i in spanned],
             [results[i].ids.shape[0] for i in spanned],
-            [spans[-1:] for spans in chosen] if self.mode == "last_turn" else chosen,
+            [spans[-1:] for spans in chosen] if self.mask == "last_turn" else chosen,
         )
         for i, mask in zip(spanned, masks, strict=True):
             results[i].mask = mask
@@ -251,7 +266,9 @@ class LabelMasker:
             p.first = start, end
             enc = encs[p.row]
             if not (
-                enc.complete or enc.length > end or (self.max_len is not None and enc.length >= self.max_len)
+                enc.complete
+                or enc.length > end
+                or (self.max_seq_length is not None and enc.length >= self.max_seq_length)
             ):
                 continue  # the span's tokens are not all known yet
             problem = self._verify(
@@ -278,7 +295,7 @@ class LabelMasker:
                 known = tuple(a.tolist() for a in encs[p.row].boundary_tokens(self.boundaries))
             for prefix in texts:
                 base, tail = self._shared(prefix, rendered[p.row], encs[p.row], known)
-                full = self.max_len is not None and base >= self.max_len
+                full = self.max_seq_length is not None and base >= self.max_seq_length
                 bases.append(base)
                 tails.append(None if full else tail)
         return [
@@ -341,7 +358,7 @@ class LabelMasker:
             if spans is None:
                 continue
             dropped = row.status != RowStatus.KEPT or not row.mask.any()
-            row.mask = enc.span_mask(row.ids.shape[0], spans[-1:] if self.mode == "last_turn" else spans)
+            row.mask = enc.span_mask(row.ids.shape[0], spans[-1:] if self.mask == "last_turn" else spans)
             row.status, row.detail = RowStatus.KEPT, None
             row.reference_drops = dropped and bool(row.mask.any())
 
@@ -349,7 +366,7 @@ class LabelMasker:
         """Modes with no prefix renders: 'all' (every token) and 'generation_tags' (tokens overlapping
         the template's ``{% generation %}`` blocks, found in the one full render)."""
         spans: list[list[tuple[int, int]]] = []
-        if self.mode == "generation_tags":
+        if self.mask == "generation_tags":
             pairs = _render_each(
                 conversations, lambda c: self.renderer.render_with_generation_spans(c.messages, c.tools)
             )
@@ -360,8 +377,8 @@ class LabelMasker:
         encs = self.encoder.start(rendered)
         self.encoder.grow(encs, [self._reach] * len(encs))
         for i, enc in enumerate(encs):
-            ids = enc.ids[: self.max_len]
-            if self.mode == "generation_tags":
+            ids = enc.ids[: self.max_seq_length]
+            if self.mask == "generation_tags":
                 mask = _generation_mask(enc.offsets(ids.shape[0]), spans[i])
             else:
                 mask = np.ones(ids.shape[0], dtype=np.uint8)
@@ -426,7 +443,7 @@ class LabelMasker:
                 start = 0 if header is None else self._cap(next(counts))
                 end = self._cap(next(counts))
                 spans.append((idx, start, end))
-            for _, start, end in spans[-1:] if self.mode == "last_turn" else spans:
+            for _, start, end in spans[-1:] if self.mask == "last_turn" else spans:
                 s, e = max(0, start), min(end, n)
                 if s < e:
                     row.mask[s:e] = 1
@@ -444,7 +461,7 @@ class LabelMasker:
     ) -> str | None:
         """The reference's check that each token-count span starts at, and covers, its content (in the
         row's tokens, ``enc`` truncated to ``max_seq_length``)."""
-        ids = enc.ids[: self.max_len]
+        ids = enc.ids[: self.max_seq_length]
         n = ids.shape[0]
         shortest_after: list[int] | None = None
         for idx, start, end in spans:

@@ -13,7 +13,14 @@ from sftmix.errors import ConfigError
 from sftmix.runtime import settings
 from sftmix.sources.formats import Conversation
 from sftmix.tokenizing.encoders import FastEncoder, Unproven
-from sftmix.tokenizing.labels import LabelMasker, MaskPolicy, RenderError, RowStatus, TokenizedRow
+from sftmix.tokenizing.labels import (
+    LabelMasker,
+    MaskerEncoding,
+    Masking,
+    RenderError,
+    RowStatus,
+    TokenizedRow,
+)
 from sftmix.tokenizing.literal_tokens import LiteralReport, LiteralRule, Renaming, literal_rule
 from sftmix.tokenizing.prefix_renders import SkeletonStore
 from sftmix.tokenizing.restarts import Restarts
@@ -38,14 +45,7 @@ def masker_for(ctx: TokenizeContext) -> LabelMasker:
     reused by every slice the process tokenizes, and the shapes' skeletons by every process of the
     machine (kept in the work directory, ``SKELETONS``)."""
     return cached_masker(
-        encoding_for(ctx),
-        ctx.template_text,
-        ctx.max_seq_length,
-        ctx.mask,
-        ctx.spans,
-        ctx.drop_untrainable,
-        MaskPolicy(ctx.mask_thinking, ctx.mask_tool_calls, ctx.mask_tool_outputs),
-        os.path.join(ctx.work_dir, SKELETONS),
+        encoding_for(ctx), ctx.template_text, ctx.masking, os.path.join(ctx.work_dir, SKELETONS)
     )
 
 
@@ -89,6 +89,10 @@ class WorkerEncoding:
         if self.fast is not None:
             return self.fast.decode(ids)
         return self.rust.decode(ids, skip_special_tokens=False)  # what hf.decode does for fast tokenizers
+
+    def for_masker(self) -> MaskerEncoding:
+        restore = None if self.renaming is None else self.renaming.restore
+        return MaskerEncoding(self.encode_batch, self.decode, self.boundaries, self.restarts, restore)
 
     @property
     def fallbacks(self) -> int:
@@ -150,14 +154,7 @@ def worker_encoding(
 
 @lru_cache(maxsize=4)
 def cached_masker(
-    encoding: WorkerEncoding,
-    template_text: str,
-    max_seq_length: int | None,
-    mask: str,
-    spans: str = "reference",
-    skip_untrainable: bool = False,
-    policy: MaskPolicy | None = None,
-    skeleton_dir: str | None = None,
+    encoding: WorkerEncoding, template_text: str, masking: Masking, skeleton_dir: str | None = None
 ) -> LabelMasker:
     renaming = encoding.renaming
     if renaming is not None:  # the template's own special tokens under their new names
@@ -168,21 +165,7 @@ def cached_masker(
         store = SkeletonStore(
             skeleton_dir, SkeletonStore.renderer_key_of(template_text, encoding.special_tokens)
         )
-    return LabelMasker(
-        renderer=renderer,
-        encode_batch=encoding.encode_batch,
-        decode=encoding.decode,
-        max_seq_length=max_seq_length,
-        boundaries=encoding.boundaries,
-        restarts=encoding.restarts,
-        mode=mask,
-        spans=spans,
-        skip_untrainable=skip_untrainable,
-        policy=policy,
-        skeletons=store,
-        drop_early=encoding.fast is None,
-        restore=None if renaming is None else renaming.restore,
-    )
+    return LabelMasker(renderer, encoding.for_masker(), masking, store, drop_early=encoding.fast is None)
 
 
 @lru_cache(maxsize=4)

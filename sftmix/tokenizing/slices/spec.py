@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from sftmix.sources.jsonl import JsonlSource
 from sftmix.sources.parquet import ParquetSource
+from sftmix.tokenizing.labels import Masking, MaskPolicy
 from sftmix.tokenizing.tokenizer import TokenizerKey, save_split_worker_tokenizer
 from sftmix.tokenizing.tokenizer_load import TokenizerLoad
 
@@ -40,6 +41,12 @@ class TokenizeContext(BaseModel):
     # Not a slice setting (every slice records its over-length rows): whether the run's over_length_strategy
     # reads those records, so that a slice made before they were recorded is made again.
     over_length_recorded: bool = False
+
+    @property
+    def masking(self) -> Masking:
+        """The masker's settings, each by its name here (the mixer's)."""
+        policy = MaskPolicy(self.mask_thinking, self.mask_tool_calls, self.mask_tool_outputs)
+        return Masking(self.max_seq_length, self.mask, self.spans, self.drop_untrainable, policy)
 
     def tokenizer_key(self) -> TokenizerKey:
         """The run's tokenizer, loaded as the plan loaded it."""
