@@ -43,7 +43,7 @@ from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict
 
@@ -511,7 +511,7 @@ def _first_batch(path: str | GrowingFile) -> tuple[JsonlBatch, str] | None:
         return _copy_read(path, lambda: _first_batch_growing(path))
     end = _first_batch_end(path, pinned.size_of(path))
     data = _read(path, 0, end)
-    found = _counted(path, 0, 0, end, 0, 0, _scanned(data, 0), data)
+    found = _counted(path, _Place(0, 0, end), _scanned(data, 0), data)
     if found is None or found[2] is None:
         return None
     return found[0], found[2]
@@ -529,13 +529,19 @@ def _first_batch_end(path: str, size: int) -> int:
     return size
 
 
+class _Place(NamedTuple):
+    """Batch ``k`` of a file: its bytes ``[offset, end)``, its first row and the newlines before it."""
+
+    k: int
+    offset: int
+    end: int
+    first_row: int = 0
+    lines: int = 0
+
+
 def _counted(
     path: str,
-    k: int,
-    offset: int,
-    end: int,
-    first_row: int,
-    lines: int,
+    place: _Place,
     scanned: tuple[str, int, int, bool, bool],
     data: bytes | None = None,
     growing: str = "",
@@ -545,6 +551,7 @@ def _counted(
     the first) is parsed. ``None``: the file is not JSON Lines pyarrow reads (the caller lets
     ``datasets`` read it)."""
     sha, rows, newlines, odd, utf8 = scanned
+    k, offset, end, first_row, lines = place
     bad: list[BadLine] = []
     schema = None
     if k == 0 or odd or not utf8:  # the first gives the features; an odd one may be JSON over many lines
@@ -587,7 +594,7 @@ def _layout(
     schema = ""
     with contextlib.closing(scanned_batches):
         for k, (offset, end, scanned, data) in enumerate(scanned_batches):
-            found = _counted(path, k, offset, end, first_row, lines, scanned, data, growing)
+            found = _counted(path, _Place(k, offset, end, first_row, lines), scanned, data, growing)
             if found is None:
                 return None  # (closing the batches reads no further)
             batch, bad, first_schema = found
@@ -695,7 +702,7 @@ def _first_batch_growing(file: GrowingFile) -> tuple[JsonlBatch, str] | None:
     data = _read(file.final, offset, end, file.temp)
     if not _lines_first(data):
         return None
-    found = _counted(file.final, 0, offset, end, 0, 0, _scanned(data, offset), data)
+    found = _counted(file.final, _Place(0, offset, end), _scanned(data, offset), data)
     if found is None or found[2] is None:
         return None
     return found[0].model_copy(update={"growing": file.temp}), found[2]
