@@ -154,17 +154,42 @@ def _dataset_documents(
     chosen = status[pos]
     del status
     kept = pos[chosen == RowStatus.KEPT]
-    tally = DatasetTally(name=d.name, selected=int(pos.size), kept=int(kept.size))
+    tally = _tally_of(plan, d, pos, chosen, over)
+    del pos, chosen
+    docs = _kept_documents(d, kept, first, records)
+    docs["edit"] = edits(kept, over, strategy, filtered)
+    docs["trainable"][docs["edit"] == UNMASKED] = 0
+    if budget is not None:
+        made = int(docs["trainable" if budget.trainable else "length"].sum())
+        tally.budget = budget_line(d, budget, made, held)
+    return docs, tally
+
+
+def _tally_of(
+    plan: Plan, d: DatasetPlan, pos: np.ndarray, chosen: np.ndarray, over: OverLength
+) -> DatasetTally:
+    """The dataset's selected rows (``pos`` among its records, with their statuses ``chosen``) counted: kept,
+    dropped by reason, cut; a dataset with none kept is an error."""
+    tally = DatasetTally(name=d.name, selected=int(pos.size), kept=int((chosen == RowStatus.KEPT).sum()))
     for code, count in zip(*np.unique(chosen[chosen != RowStatus.KEPT], return_counts=True), strict=True):
         tally.dropped[DROP_REASONS[RowStatus(int(code))]] += int(count)
-    if plan.mixer.max_seq_length is not None:
-        tally.over_length = outcome_line(d.name, pos, over, strategy, filtered, plan.mixer.max_seq_length)
-    del pos, chosen
+    mixer = plan.mixer
+    if mixer.max_seq_length is not None:
+        strategy, filtered = mixer.over_length_strategy, mixer.drop_untrainable
+        tally.over_length = outcome_line(d.name, pos, over, strategy, filtered, mixer.max_seq_length)
     if tally.kept == 0:
         raise DatasetError(
             d.name,
             f"no rows left after tokenization ({tally.selected} selected, dropped: {dict(tally.dropped)})",
         )
+    return tally
+
+
+def _kept_documents(
+    d: DatasetPlan, kept: np.ndarray, first: np.ndarray, records: Callable[[int], np.ndarray]
+) -> np.ndarray:
+    """The kept rows (``kept`` among the dataset's records, slice ``k``'s from ``first[k]``) as documents,
+    read slice by slice, each slice's records mapped only while read."""
     docs = np.empty(kept.shape[0], dtype=DOCUMENT_DTYPE)
     docs["dataset"] = d.index
     owner = np.searchsorted(first, kept, side="right") - 1  # which of the dataset's slices
@@ -180,12 +205,7 @@ def _dataset_documents(
         for name in ("row", "offset", "length", "trainable"):
             docs[name][group] = r[name][local]
         del r
-    docs["edit"] = edits(kept, over, strategy, filtered)
-    docs["trainable"][docs["edit"] == UNMASKED] = 0
-    if budget is not None:
-        made = int(docs["trainable" if budget.trainable else "length"].sum())
-        tally.budget = budget_line(d, budget, made, held)
-    return docs, tally
+    return docs
 
 
 def _budget_rows(

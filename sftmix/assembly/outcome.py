@@ -6,6 +6,7 @@ publish."""
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,12 @@ def check_for(
 _SPAN_DROPS = DROP_REASONS[RowStatus.SPAN_UNVERIFIED]
 
 
+def _training_lines(result: AssembleResult) -> list[str]:
+    """What the span check's drops cost each dataset's training, where they cost it anything."""
+    lines = (span_loss_line(t.name, t.selected, t.dropped.get(_SPAN_DROPS, 0)) for t in result.tallies)
+    return [line for line in lines if line is not None]
+
+
 def run_report(
     plan: Plan,
     outcome: SliceOutcome,
@@ -91,10 +98,9 @@ def run_report(
     plan_seconds: float,
 ) -> RunReport:
     """The report of an assembled output, before its tail's times, the check's findings and the publish."""
-    dropped: dict[str, int] = {}
+    dropped: Counter[str] = Counter()
     for t in result.tallies:
-        for k, v in t.dropped.items():
-            dropped[k] = dropped.get(k, 0) + v
+        dropped.update(t.dropped)
     manifests = outcome.manifests
     return RunReport(
         output_dir=plan.mixer.output.path,
@@ -113,11 +119,7 @@ def run_report(
         documents=result.documents,
         budgets=[t.budget for t in result.tallies if t.budget is not None],
         over_length=[t.over_length for t in result.tallies if t.over_length is not None],
-        training=[
-            line
-            for t in result.tallies
-            if (line := span_loss_line(t.name, t.selected, t.dropped.get(_SPAN_DROPS, 0))) is not None
-        ],
+        training=_training_lines(result),
         untrainable_documents=result.untrainable_documents,
         rows_kept_by_exact_spans=sum(m.kept_by_exact_spans for m in manifests),
         tokens=result.tokens,

@@ -169,39 +169,17 @@ class PartFacts:
 def _check_part(reading: PartReading, part: int) -> PartFacts:
     """One part's files, read once in order in bounded chunks (hashed as read when ``hashed``); the
     chunks are checked on ``chunks`` (here without it) and their facts added up in order."""
-    out, dtype, hashed, max_seq_length = reading.out, reading.dtype, reading.hashed, reading.max_seq_length
     f = PartFacts()
-    tokens_file, mask_file = out / TOKENS_PART.format(part), out / MASK_PART.format(part)
-    token_bytes, mask_bytes = (
-        tokens_file.stat().st_size,
-        mask_file.stat().st_size if mask_file.exists() else 0,
-    )
-    bounds_file = out / BOUNDS_PART.format(part)
-    bounds = np.zeros((0, 2), np.int64)
-    if bounds_file.exists():
-        text = gzip.decompress(bounds_file.read_bytes())
-        if hashed:
-            f.digests[bounds_file.name] = hashlib.sha256(text).hexdigest()
-        bounds = parse_boundaries(text)
-    n = f.tokens = token_bytes // dtype.itemsize
-    f.documents = bounds.shape[0]
-    starts, ends = bounds[:, 0], bounds[:, 1]
-    if mask_bytes != n or token_bytes % dtype.itemsize:  # its documents cannot be read token by token
-        f.uneven.append(f"part {part}: {token_bytes} token bytes ({dtype.name}), {mask_bytes} mask bytes")
-    elif (
-        bounds.shape[0] == 0
-        or starts[0] != 0
-        or ends[-1] != n
-        or np.any(starts[1:] != ends[:-1])
-        or np.any(ends <= starts)
-    ):
-        f.untiled.append(f"part {part}")
+    bounds = _bounds_of(reading, part, f)
     if f.uneven or f.untiled:
         if reading.written is not None:
             reading.written.wait(part)
-        if hashed:
-            f.digests.update({p.name: artifact_digest(p) for p in (tokens_file, mask_file) if p.exists()})
+        if reading.hashed:
+            files = (reading.out / TOKENS_PART.format(part), reading.out / MASK_PART.format(part))
+            f.digests.update({p.name: artifact_digest(p) for p in files if p.exists()})
         return f
+    n, max_seq_length = f.tokens, reading.max_seq_length
+    starts, ends = bounds[:, 0], bounds[:, 1]
     lengths = ends - starts
     done_trainable = np.zeros(bounds.shape[0], np.int64)  # trainable tokens up to each doc's end
     special_ids = np.array(sorted(reading.special), np.int64)
@@ -238,6 +216,36 @@ def _check_part(reading: PartReading, part: int) -> PartFacts:
         f.olmo_core = OlmoCoreFit(reading.sequence_length, reading.long_doc_strategy)
         f.olmo_core.add_part(starts, ends, n, np.concatenate(eos_at) if reading.eos is not None else None)
     return f
+
+
+def _bounds_of(reading: PartReading, part: int, f: PartFacts) -> np.ndarray:
+    """The part's document boundaries (hashed as read), its tokens and documents counted into ``f``, and
+    whether its files are even and its boundaries tile it (``f.uneven``, ``f.untiled``)."""
+    tokens_file, mask_file = reading.out / TOKENS_PART.format(part), reading.out / MASK_PART.format(part)
+    token_bytes = tokens_file.stat().st_size
+    mask_bytes = mask_file.stat().st_size if mask_file.exists() else 0
+    bounds_file = reading.out / BOUNDS_PART.format(part)
+    bounds = np.zeros((0, 2), np.int64)
+    if bounds_file.exists():
+        text = gzip.decompress(bounds_file.read_bytes())
+        if reading.hashed:
+            f.digests[bounds_file.name] = hashlib.sha256(text).hexdigest()
+        bounds = parse_boundaries(text)
+    dtype = reading.dtype
+    n = f.tokens = token_bytes // dtype.itemsize
+    f.documents = bounds.shape[0]
+    starts, ends = bounds[:, 0], bounds[:, 1]
+    if mask_bytes != n or token_bytes % dtype.itemsize:  # its documents cannot be read token by token
+        f.uneven.append(f"part {part}: {token_bytes} token bytes ({dtype.name}), {mask_bytes} mask bytes")
+    elif (
+        bounds.shape[0] == 0
+        or starts[0] != 0
+        or ends[-1] != n
+        or np.any(starts[1:] != ends[:-1])
+        or np.any(ends <= starts)
+    ):
+        f.untiled.append(f"part {part}")
+    return bounds
 
 
 def _read_in_chunks(

@@ -336,41 +336,8 @@ def statistics_text(stats: dict[str, Any]) -> str:
         "Per-Dataset Statistics:\n",
         "=" * 80 + "\n",
     ]
-    for s in stats["per_dataset_statistics"]:
-        out += [
-            f"\nDataset: {s['dataset_name']}\n",
-            f"- Split: {s['dataset_split']}\n",
-            "\nPre-transformation:\n",
-            f"  - Instances loaded: {s.get('initial_instances', 'N/A')}\n",
-            f"  - Instances after transformation: {s.get('instances_after_transformation', 'N/A')}\n",
-            f"  - Instances filtered during transformation: {s.get('instances_filtered_during_transformation', 'N/A')}\n",
-        ]
-        amount = s.get("frac_or_num_samples")
-        if amount is not None:
-            label = (
-                "Sampling fraction"
-                if isinstance(amount, float)
-                else "Token budget"  # (ours: the reference has none)
-                if isinstance(amount, str)
-                else "Sample count"
-            )
-            out.append(f"  - {label}: {amount}\n")
-        if s.get("is_upsampled", False):
-            out += [
-                f"  - Original dataset size: {s.get('original_dataset_size', 'N/A')}\n",
-                f"  - Upsampling factor: {s.get('upsampling_factor', 1.0):.2f}x\n",
-                f"  - Upsampled to: {s.get('instances_after_transformation', 'N/A')} instances\n",
-            ]
-        out += [
-            "\nFinal output statistics (after shuffling):\n",
-            f"  - Instances in output: {s['final_instances_in_output']:,}\n",
-            f"  - Total tokens: {s['final_tokens_in_output']:,}\n",
-            f"  - Trainable tokens: {s['final_trainable_tokens_in_output']:,}\n",
-            f"  - Instances with no labels: {s['instances_filtered_after_tokenization']}\n",
-            f"  - Average tokens per instance: {s['avg_tokens_per_instance']:.1f}\n",
-            f"  - Percentage of total tokens: {s['percentage_of_total_tokens']:.1f}%\n",
-            f"  - Percentage of total instances: {s['percentage_of_total_instances']:.1f}%\n",
-        ]
+    for entry in stats["per_dataset_statistics"]:
+        out += _dataset_text(entry)
     out += [
         "\n" + "=" * 80 + "\n",
         "Overall Statistics:\n",
@@ -384,6 +351,45 @@ def statistics_text(stats: dict[str, Any]) -> str:
         f"- Average sequence length: {overall['average_sequence_length']:.1f}\n",
     ]
     return "".join(out)
+
+
+def _dataset_text(s: dict[str, Any]) -> list[str]:
+    """One dataset's section of the report, as the reference words it."""
+    out = [
+        f"\nDataset: {s['dataset_name']}\n",
+        f"- Split: {s['dataset_split']}\n",
+        "\nPre-transformation:\n",
+        f"  - Instances loaded: {s.get('initial_instances', 'N/A')}\n",
+        f"  - Instances after transformation: {s.get('instances_after_transformation', 'N/A')}\n",
+        f"  - Instances filtered during transformation: {s.get('instances_filtered_during_transformation', 'N/A')}\n",
+    ]
+    amount = s.get("frac_or_num_samples")
+    if amount is not None:
+        label = (
+            "Sampling fraction"
+            if isinstance(amount, float)
+            else "Token budget"  # (ours: the reference has none)
+            if isinstance(amount, str)
+            else "Sample count"
+        )
+        out.append(f"  - {label}: {amount}\n")
+    if s.get("is_upsampled", False):
+        out += [
+            f"  - Original dataset size: {s.get('original_dataset_size', 'N/A')}\n",
+            f"  - Upsampling factor: {s.get('upsampling_factor', 1.0):.2f}x\n",
+            f"  - Upsampled to: {s.get('instances_after_transformation', 'N/A')} instances\n",
+        ]
+    out += [
+        "\nFinal output statistics (after shuffling):\n",
+        f"  - Instances in output: {s['final_instances_in_output']:,}\n",
+        f"  - Total tokens: {s['final_tokens_in_output']:,}\n",
+        f"  - Trainable tokens: {s['final_trainable_tokens_in_output']:,}\n",
+        f"  - Instances with no labels: {s['instances_filtered_after_tokenization']}\n",
+        f"  - Average tokens per instance: {s['avg_tokens_per_instance']:.1f}\n",
+        f"  - Percentage of total tokens: {s['percentage_of_total_tokens']:.1f}%\n",
+        f"  - Percentage of total instances: {s['percentage_of_total_instances']:.1f}%\n",
+    ]
+    return out
 
 
 def write_statistics(directory: Path, stats: dict[str, Any]) -> None:

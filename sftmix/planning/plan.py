@@ -578,30 +578,10 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     forget_builders()
     work_dir, remote = _work_dir(run)
     tk, facts, template = resolve_tokenizer(mixer.tokenizer)
-    if mixer.mask == "generation_tags" and not has_generation_tags(template.text):
-        raise TemplateError(
-            f"mask generation_tags needs a template that marks assistant text with {{% generation %}} ... "
-            f"{{% endgeneration %}}; template {template.source} has no such block"
-        )
-    if (
-        mixer.over_length_strategy == "terminate"
-        and mixer.max_seq_length is not None
-        and facts.eos_id is None
-    ):
-        raise ConfigError(
-            f"over_length_strategy terminate ends a cut conversation with EOS, and tokenizer "
-            f"{mixer.tokenizer.name_or_path!r} has none (no eos_token); choose keep or drop"
-        )
+    _refuse_before_work(mixer, template, facts)
     dtype = facts.token_dtype(mixer.output.token_dtype_rule)
     ctx = _context(mixer, tk, template, dtype.name, work_dir, remote)
-    shared_key = {
-        "format": SLICE_FORMAT_VERSION,
-        "tokenizer": facts.fingerprint,
-        "template": template.sha256,
-        "dtype": dtype.name,
-        **keyed(mixer),  # the settings a slice's tokens follow from (sftmix/config/byte_settings.py)
-    }
-    at = Planning(run, work_dir, shared_key, ctx, memory_limit())
+    at = Planning(run, work_dir, _shared_key(mixer, facts, template, dtype), ctx, memory_limit())
     renderer = ChatRenderer(template.text, facts.special_tokens)
     hash_ahead([entry.path for entry in mixer.datasets if not _read_by_us(entry)])
     opened: list[Opened] = []
@@ -620,23 +600,9 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     for d, (per_row, over) in zip(datasets, tokens_per_row, strict=True):
         d.tokens_per_row, d.over_length_share = per_row, over
     _estimate_budgets(datasets, opened, at)
-    if mixer.output.format == "olmo":
-        tokens = sum(d.estimated_tokens() for d in datasets)
-        if (
-            problem := part_bytes_problem(
-                mixer.output.part_bytes,
-                dtype,
-                mixer.max_seq_length,
-                tokens,
-                mixer.output.parts == "whole_documents",
-            )
-        ) is not None:
-            raise ConfigError(problem)
+    _refuse_part_bytes(mixer, dtype, datasets)
     span_losses(datasets, opened, ctx)
-    release_mapped_data(datasets_too=True)  # every row was read to fingerprint it; workers map their own
-    jsonl.release()
-    parquet.release()
-    forget_spills()
+    _release_reads()
     left_out = [line for d in opened for line in d.left_out]
     return Plan(
         mixer=mixer,
@@ -654,6 +620,61 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
         slicing=_slicing(run, data_bytes, slices),
         seconds=round(time.perf_counter() - started, 3),
     )
+
+
+def _refuse_before_work(mixer: MixerConfig, template: ResolvedTemplate, facts: TokenizerFacts) -> None:
+    """Settings the template or the tokenizer cannot honour, refused before any dataset is read."""
+    if mixer.mask == "generation_tags" and not has_generation_tags(template.text):
+        raise TemplateError(
+            f"mask generation_tags needs a template that marks assistant text with {{% generation %}} ... "
+            f"{{% endgeneration %}}; template {template.source} has no such block"
+        )
+    if (
+        mixer.over_length_strategy == "terminate"
+        and mixer.max_seq_length is not None
+        and facts.eos_id is None
+    ):
+        raise ConfigError(
+            f"over_length_strategy terminate ends a cut conversation with EOS, and tokenizer "
+            f"{mixer.tokenizer.name_or_path!r} has none (no eos_token); choose keep or drop"
+        )
+
+
+def _shared_key(
+    mixer: MixerConfig, facts: TokenizerFacts, template: ResolvedTemplate, dtype: np.dtype
+) -> dict:
+    """What every slice's key holds besides its rows."""
+    return {
+        "format": SLICE_FORMAT_VERSION,
+        "tokenizer": facts.fingerprint,
+        "template": template.sha256,
+        "dtype": dtype.name,
+        **keyed(mixer),  # the settings a slice's tokens follow from (sftmix/config/byte_settings.py)
+    }
+
+
+def _refuse_part_bytes(mixer: MixerConfig, dtype: np.dtype, datasets: list[DatasetPlan]) -> None:
+    """An OLMo-core output whose part size cannot hold what the estimate says it must."""
+    if mixer.output.format == "olmo":
+        tokens = sum(d.estimated_tokens() for d in datasets)
+        if (
+            problem := part_bytes_problem(
+                mixer.output.part_bytes,
+                dtype,
+                mixer.max_seq_length,
+                tokens,
+                mixer.output.parts == "whole_documents",
+            )
+        ) is not None:
+            raise ConfigError(problem)
+
+
+def _release_reads() -> None:
+    """What the plan's reads keep (every row was read to fingerprint it; workers map their own)."""
+    release_mapped_data(datasets_too=True)
+    jsonl.release()
+    parquet.release()
+    forget_spills()
 
 
 def _estimate_budgets(datasets: list[DatasetPlan], opened: list[Opened], at: Planning) -> None:

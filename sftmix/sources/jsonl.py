@@ -433,68 +433,81 @@ def _scan_files(
 ) -> JsonlLayout | None:
     cpus = threads or available_cpus()
     share = max(1, cpus // len(paths))
-    copies: list[str] = list(paths)  # each file's copy here, once its scan has it
     events: queue.SimpleQueue[tuple[int, Any, str | None]] = queue.SimpleQueue()
+    files = _FilesInOrder(list(paths), on_batch)
 
     def scan_one(k: int) -> None:
         try:
             here = paths[k] if local is None else local(k)
-            copies[k] = final_name(here)
+            files.copies[k] = final_name(here)
             found = scan_file(here, lambda batch, schema: events.put((k, batch, schema)), share)
         except BaseException as exc:
             events.put((k, exc, None))
             raise
         events.put((k, found, None))
 
-    counted: list[list[JsonlBatch]] = [[] for _ in paths]  # told by a file's scan, not yet handed on
-    batches: list[JsonlBatch] = []  # handed on, numbered across the files
-    layouts: list[JsonlLayout] = []  # of the files before ``len(layouts)``, scanned and handed on
-    schema, first_row = "", 0
     pool = ThreadPoolExecutor(max_workers=max(1, min(len(paths), cpus)))
     try:
         for k in range(len(paths)):
             pool.submit(scan_one, k)
-        done: dict[int, JsonlLayout] = {}
-        while len(layouts) < len(paths):
+        while len(files.layouts) < len(paths):
             k, item, file_schema = events.get()
             if isinstance(item, BaseException):
                 raise item
             if isinstance(item, JsonlBatch):
-                counted[k].append(item)
+                files.counted[k].append(item)
                 # (a batch's event carries its schema text)
-                schema = schema or (cast(str, file_schema) if k == 0 else "")
+                files.schema = files.schema or (cast(str, file_schema) if k == 0 else "")
             elif item is None or (k == 0 and not item.schema_b64):
                 return None  # (the other files' scans are left to end)
             else:
-                done[k] = item
-            while len(layouts) < len(paths):  # hand on what is due, in order
-                now = len(layouts)
-                for batch in counted[now]:
-                    batches.append(
-                        batch.model_copy(
-                            update={"first_row": first_row + batch.first_row, "path": copies[now]}
-                        )
-                    )
-                    if on_batch is not None:
-                        on_batch(batches[-1], schema)
-                counted[now].clear()
-                if now not in done:
-                    break
-                layouts.append(done.pop(now))
-                first_row += layouts[-1].n_rows
+                files.done[k] = item
+            files.hand_on()
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
-    return JsonlLayout(
-        path=name,
-        size=sum(layout.size for layout in layouts),
-        batches=tuple(batches),
-        schema_b64=layouts[0].schema_b64,
-        bad_lines=tuple(
-            replace(bad, file=path)
-            for path, layout in zip(copies, layouts, strict=True)
-            for bad in layout.bad_lines
-        ),
-    )
+    return files.layout(name)
+
+
+class _FilesInOrder:
+    """The files of a dataset scanned at once, their batches handed on in the files' order, numbered
+    across them, each as soon as every file before its own is whole."""
+
+    def __init__(self, copies: list[str], on_batch: BatchListener | None) -> None:
+        self.copies = copies  # each file's copy here, once its scan has it
+        self.on_batch = on_batch
+        self.counted: list[list[JsonlBatch]] = [[] for _ in copies]  # told by a file's scan, not handed on
+        self.batches: list[JsonlBatch] = []  # handed on, numbered across the files
+        self.layouts: list[JsonlLayout] = []  # of the files before ``len(layouts)``, scanned and handed on
+        self.done: dict[int, JsonlLayout] = {}
+        self.schema, self.first_row = "", 0
+
+    def hand_on(self) -> None:
+        """What is due, in order: the batches of the first file not yet whole, and every whole file's."""
+        while len(self.layouts) < len(self.copies):
+            now = len(self.layouts)
+            for batch in self.counted[now]:
+                update = {"first_row": self.first_row + batch.first_row, "path": self.copies[now]}
+                self.batches.append(batch.model_copy(update=update))
+                if self.on_batch is not None:
+                    self.on_batch(self.batches[-1], self.schema)
+            self.counted[now].clear()
+            if now not in self.done:
+                break
+            self.layouts.append(self.done.pop(now))
+            self.first_row += self.layouts[-1].n_rows
+
+    def layout(self, name: str) -> JsonlLayout:
+        return JsonlLayout(
+            path=name,
+            size=sum(layout.size for layout in self.layouts),
+            batches=tuple(self.batches),
+            schema_b64=self.layouts[0].schema_b64,
+            bad_lines=tuple(
+                replace(bad, file=path)
+                for path, layout in zip(self.copies, self.layouts, strict=True)
+                for bad in layout.bad_lines
+            ),
+        )
 
 
 def first_batch(path: str | GrowingFile, declared: Any = None) -> tuple[JsonlBatch, str] | None:

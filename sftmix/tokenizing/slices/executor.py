@@ -175,55 +175,58 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
             noted = time.monotonic()
             note_progress(slice_dir(ctx.work_dir, spec.key), b, len(rows))
         batch_rows = rows[b : b + ctx.batch_size]
-        try:
-            raw = rows_of(spec, ctx.datasets_cache, batch_rows)
-        except MixerError:
-            raise
-        except Exception as exc:  # Arrow/datasets failures while reading, named with the rows
-            raise DatasetError(
-                spec.dataset, f"cannot read rows {batch_rows[0]}-{batch_rows[-1]} (0-based): {exc}"
-            ) from None
+        raw = _read_rows(spec, ctx, batch_rows)
         results = _tokenize_batch(
             masker, spec, batch_rows, raw, ctx.on_bad_row == "skip", literal_rule_for(ctx), tally.holding
         )
         for j, res in enumerate(results):
-            rec = records[b + j]
+            rec, row = records[b + j], batch_rows[j]
             kept = res.status == RowStatus.KEPT or (not ctx.drop_untrainable and res.status in UNTRAINABLE)
             rec["length"] = res.ids.shape[0] if kept else 0  # a dropped row's tokens may not all be made
-            if not kept:
-                reason = DROP_REASONS[res.status]
-                tally.dropped[reason] += 1
-                if len(tally.examples) < 5:
-                    tally.examples.append({"row": batch_rows[j], "reason": reason, "detail": res.detail})
-            elif res.status != RowStatus.KEPT:
-                tally.untrainable[DROP_REASONS[res.status]] += 1
-            tally.rescued += int(kept and res.reference_drops)
-            tally.spelled += int(kept and res.spelled)
             rec["status"] = int(RowStatus.KEPT if kept else res.status)
-            if kept:
-                check_ids_fit(res.ids, dtype, f"dataset {spec.dataset!r}, {row_label(batch_rows[j])}")
-                rec["offset"] = offset
-                rec["trainable"] = int(res.mask.sum())
-                if res.truncated:
-                    tally.over_length.append((b + j, bool(res.mask[-1])))
-                token_chunks.append(res.ids.astype(dtype))
-                mask_chunks.append(res.mask.astype(np.uint8))
-                offset += res.ids.shape[0]
-            else:
+            if not kept:
                 rec["offset"] = -1
-                if res.status == RowStatus.BAD_ROW:
-                    logger.warning(
-                        "dataset %r, %s skipped: %s", spec.dataset, row_label(batch_rows[j]), res.detail
-                    )
-                logger.debug(
-                    "dataset %s row %d dropped: %s (%s)", spec.dataset, batch_rows[j], reason, res.detail
-                )
+                _dropped(spec, tally, res, row)
+                continue
+            if res.status != RowStatus.KEPT:
+                tally.untrainable[DROP_REASONS[res.status]] += 1
+            tally.rescued += int(res.reference_drops)
+            tally.spelled += int(res.spelled)
+            check_ids_fit(res.ids, dtype, f"dataset {spec.dataset!r}, {row_label(row)}")
+            rec["offset"] = offset
+            rec["trainable"] = int(res.mask.sum())
+            if res.truncated:
+                tally.over_length.append((b + j, bool(res.mask[-1])))
+            token_chunks.append(res.ids.astype(dtype))
+            mask_chunks.append(res.mask.astype(np.uint8))
+            offset += res.ids.shape[0]
     _refuse_all_zero(spec, ctx, len(rows), tally)
     if spec.parquet is not None:
         parquet.confirm()  # rows decoded batch by batch came from the version the plan read
     tokens = np.concatenate(token_chunks) if token_chunks else np.zeros(0, dtype=dtype)
     mask = np.concatenate(mask_chunks) if mask_chunks else np.zeros(0, dtype=np.uint8)
     return _checkpoint(spec, ctx, tokens, mask, records, tally, (started, started_at, fallbacks_before))
+
+
+def _read_rows(spec: SliceSpec, ctx: TokenizeContext, rows: list[int]) -> Sequence[dict | jsonl.BadLine]:
+    """A batch's rows; a failure of Arrow or ``datasets`` while reading them is named with the rows."""
+    try:
+        return rows_of(spec, ctx.datasets_cache, rows)
+    except MixerError:
+        raise
+    except Exception as exc:
+        raise DatasetError(spec.dataset, f"cannot read rows {rows[0]}-{rows[-1]} (0-based): {exc}") from None
+
+
+def _dropped(spec: SliceSpec, tally: _Tally, res: TokenizedRow, row: int) -> None:
+    """A row the slice drops: counted by its reason, one of the first examples, and logged."""
+    reason = DROP_REASONS[res.status]
+    tally.dropped[reason] += 1
+    if len(tally.examples) < 5:
+        tally.examples.append({"row": row, "reason": reason, "detail": res.detail})
+    if res.status == RowStatus.BAD_ROW:
+        logger.warning("dataset %r, %s skipped: %s", spec.dataset, row_label(row), res.detail)
+    logger.debug("dataset %s row %d dropped: %s (%s)", spec.dataset, row, reason, res.detail)
 
 
 @dataclass
