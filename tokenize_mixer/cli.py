@@ -138,6 +138,16 @@ def build_parser() -> argparse.ArgumentParser:
 def _convert_parser(sub: _Subcommands) -> None:
     """``convert``: the reference converter's flags, and ours beside them."""
     conv = sub.add_parser("convert", help="the reference converter's flags, same bytes out")
+    _reference_input_flags(conv)
+    _reference_output_flags(conv)
+    for name in CHECKED_REFERENCE_FLAGS:
+        _flag(conv, name, nargs="*", help=argparse.SUPPRESS)
+    _beyond_the_reference(conv)
+    _run_flags(conv)
+
+
+def _reference_input_flags(conv: argparse.ArgumentParser) -> None:
+    """The reference's flags for what is read: the datasets, the tokenizer and its chat template."""
     _flag(
         conv, "dataset_mixer_list", nargs="+", required=True, metavar="NAME AMOUNT", help="NAME AMOUNT pairs"
     )
@@ -166,6 +176,11 @@ def _convert_parser(sub: _Subcommands) -> None:
         default=False,
         help="start every document with the tokenizer's bos token, where the template does not",
     )
+
+
+def _reference_output_flags(conv: argparse.ArgumentParser) -> None:
+    """The reference's flags for what is written: the length, number and order of the documents, where
+    they go, the transforms that make them."""
     _flag(
         conv,
         "max_seq_length",
@@ -195,10 +210,6 @@ def _convert_parser(sub: _Subcommands) -> None:
         default=False,
         help="write only OUTPUT_DIR/tokenizer/ (the tokenizer with the chat template) and stop",
     )
-    for name in CHECKED_REFERENCE_FLAGS:
-        _flag(conv, name, nargs="*", help=argparse.SUPPRESS)
-    _beyond_the_reference(conv)
-    _run_flags(conv)
 
 
 def _beyond_the_reference(conv: argparse.ArgumentParser) -> None:
@@ -418,38 +429,51 @@ def _progress_bar() -> Iterator[None]:
     """The command's progress: a live bar on a terminal (slices, share of the input, the recent rate,
     time left), elsewhere a summary line every few seconds (``flows.progress``); both count the head
     start's slices as they finish, before the flow run exists."""
+    # (plain generators, delegated to: their try/finally runs as if written here)
+    if not sys.stderr.isatty():
+        yield from _progress_lines()
+        return
+    yield from _live_bar()
+
+
+def _progress_lines() -> Iterator[None]:
+    """A summary line every few seconds while it runs, and the last slice's line at once."""
     from tokenize_mixer.flows.progress import BOARD, line_seconds
 
-    if not sys.stderr.isatty():
-        stop, wake = threading.Event(), threading.Event()
+    stop, wake = threading.Event(), threading.Event()
 
-        def complete(facts: Any) -> None:  # the last slice's line at once, not at the next tick
-            if facts.done >= facts.total:
-                wake.set()
-
-        def lines() -> None:
-            said_complete = False
-            while not stop.is_set():
-                wake.wait(line_seconds())
-                wake.clear()
-                if BOARD.active and not said_complete and not stop.is_set():
-                    facts = BOARD.facts()
-                    logging.getLogger("tokenize_mixer.progress").info(facts.line())
-                    said_complete = facts.done >= facts.total
-
-        BOARD.add_listener(complete)
-        ticker = threading.Thread(target=lines, name="progress-lines", daemon=True)
-        ticker.start()
-        try:
-            yield
-        finally:
-            BOARD.remove_listener(complete)
-            stop.set()
+    def complete(facts: Any) -> None:  # the last slice's line at once, not at the next tick
+        if facts.done >= facts.total:
             wake.set()
-        return
+
+    def lines() -> None:
+        said_complete = False
+        while not stop.is_set():
+            wake.wait(line_seconds())
+            wake.clear()
+            if BOARD.active and not said_complete and not stop.is_set():
+                facts = BOARD.facts()
+                logging.getLogger("tokenize_mixer.progress").info(facts.line())
+                said_complete = facts.done >= facts.total
+
+    BOARD.add_listener(complete)
+    ticker = threading.Thread(target=lines, name="progress-lines", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        BOARD.remove_listener(complete)
+        stop.set()
+        wake.set()
+
+
+def _live_bar() -> Iterator[None]:
+    """A live bar on the terminal while it runs; log lines are written above it."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, TaskProgressColumn
     from rich.text import Text
+
+    from tokenize_mixer.flows.progress import BOARD
 
     class Facts(ProgressColumn):  # read at every refresh: the rate and the time left move between slices
         def render(self, task: Any) -> Text:
@@ -530,55 +554,18 @@ def _write_tokenizer_only(mixer: MixerConfig) -> int:
 
 
 def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
-    from sftmix.assembly.up_to_date import UpToDate, may_be_up_to_date, remember_inputs, up_to_date
-    from sftmix.output.output_dir import check_output_free, paths_to_protect, refuse_different_settings
-    from sftmix.planning.plan import check_inputs
-    from sftmix.planning.recipe import mixer_recipe
-    from sftmix.planning.roots import check_allowed_roots
-    from sftmix.tokenizing.slices import SLICE_FORMAT_VERSION
+    from sftmix.assembly.up_to_date import UpToDate, may_be_up_to_date, up_to_date
     from tokenize_mixer.flows.api.runtime import prefect_api, remove_abandoned_private_dirs
 
     remove_abandoned_private_dirs()  # (a command killed outright could not remove its own)
-    # The flow checks these again; here they fail fast, before a Prefect API starts.
-    check_allowed_roots(mixer, run)
-    check_output_free(mixer.output.path, paths_to_protect(mixer, run))
-    check_inputs(mixer, run)
-    refuse_different_settings(
-        mixer.output.path, mixer.output.overwrite, mixer_recipe(mixer), SLICE_FORMAT_VERSION
-    )
+    _check_before_any_api(mixer, run)
     if (done := up_to_date(mixer, run)) is not None:  # no API, no plan: the inputs' stamps say so
         return _say_up_to_date(done)
-
-    planned: list[Any] = []
-
-    def plan_and_check(early: Any = None) -> None:
-        """The plan, whose user errors end the command before a flow run exists, and whether it finds
-        the output up to date (then no flow run either). ``early``: what the slices of a large file
-        are handed while the plan still reads it."""
-        from sftmix.planning.plan import prepare_plan
-        from tokenize_mixer.flows.workers.head_start import plan_ahead
-
-        prepare_plan(mixer, run)
-        plan = plan_ahead(mixer, run, early)
-        if plan is not None and (done := up_to_date(mixer, run, plan.recipe())) is not None:
-            remember_inputs(mixer.output.path, plan.recipe(), plan.inputs)
-            raise UpToDate(done)  # no API (or it stops); no flow run
-        planned.append(plan)
-        hand_to_flow(mixer, run, plan)
-
-    def prepare() -> None:
-        """While the API starts: the plan (unless made before), then the head start where it applies:
-        tokenizing begins while the API is still starting."""
-        from tokenize_mixer.flows.workers.head_start import begin_head_start, early_start
-
-        if not planned:
-            plan_and_check(early_start(run))
-        if planned[0] is not None:
-            begin_head_start(mixer, run, planned[0])
 
     from tokenize_mixer.flows.workers.head_start import head_start_scope
     from tokenize_mixer.tasks.plan import hand_to_flow
 
+    planning = _Planning(mixer, run)
     if _one_run_per_process:
         from tokenize_mixer.flows.workers.worker_start import fork_workers_from_server, start_worker_server
 
@@ -586,8 +573,8 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
         start_worker_server(mixer, run)
     try:
         # An output that only the plan can find up to date: planned before any API is launched.
-        first = plan_and_check if may_be_up_to_date(mixer, run) else None
-        api = prefect_api(prepare, launch_first=_one_run_per_process, before_launch=first)
+        first = planning.plan_and_check if may_be_up_to_date(mixer, run) else None
+        api = prefect_api(planning.prepare, launch_first=_one_run_per_process, before_launch=first)
         with head_start_scope(), api, _progress_bar():
             # Imported here, not above: with a temporary API server, the import overlaps its start-up.
             from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
@@ -597,6 +584,65 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
         return _say_up_to_date(found.report)
     finally:
         hand_to_flow(mixer, run, None)
+    return _say_flow_run_end(state)
+
+
+def _check_before_any_api(mixer: MixerConfig, run: RunOptions) -> None:
+    """The flow checks these again; here they fail fast, before a Prefect API starts."""
+    from sftmix.output.output_dir import check_output_free, paths_to_protect, refuse_different_settings
+    from sftmix.planning.plan import check_inputs
+    from sftmix.planning.recipe import mixer_recipe
+    from sftmix.planning.roots import check_allowed_roots
+    from sftmix.tokenizing.slices import SLICE_FORMAT_VERSION
+
+    check_allowed_roots(mixer, run)
+    check_output_free(mixer.output.path, paths_to_protect(mixer, run))
+    check_inputs(mixer, run)
+    refuse_different_settings(
+        mixer.output.path, mixer.output.overwrite, mixer_recipe(mixer), SLICE_FORMAT_VERSION
+    )
+
+
+class _Planning:
+    """The plan of a run, made once: before any API where only the plan can find the output up to
+    date, else while the API starts (:func:`prefect_api`'s ``before_launch`` and ``prepare``)."""
+
+    def __init__(self, mixer: MixerConfig, run: RunOptions) -> None:
+        self.mixer, self.run = mixer, run
+        self.planned: list[Any] = []
+
+    def plan_and_check(self, early: Any = None) -> None:
+        """The plan, whose user errors end the command before a flow run exists, and whether it finds
+        the output up to date (then no flow run either). ``early``: what the slices of a large file
+        are handed while the plan still reads it."""
+        from sftmix.assembly.up_to_date import UpToDate, remember_inputs, up_to_date
+        from sftmix.planning.plan import prepare_plan
+        from tokenize_mixer.flows.workers.head_start import plan_ahead
+        from tokenize_mixer.tasks.plan import hand_to_flow
+
+        mixer, run = self.mixer, self.run
+        prepare_plan(mixer, run)
+        plan = plan_ahead(mixer, run, early)
+        if plan is not None and (done := up_to_date(mixer, run, plan.recipe())) is not None:
+            remember_inputs(mixer.output.path, plan.recipe(), plan.inputs)
+            raise UpToDate(done)  # no API (or it stops); no flow run
+        self.planned.append(plan)
+        hand_to_flow(mixer, run, plan)
+
+    def prepare(self) -> None:
+        """While the API starts: the plan (unless made before), then the head start where it applies:
+        tokenizing begins while the API is still starting."""
+        from tokenize_mixer.flows.workers.head_start import begin_head_start, early_start
+
+        if not self.planned:
+            self.plan_and_check(early_start(self.run))
+        if self.planned[0] is not None:
+            begin_head_start(self.mixer, self.run, self.planned[0])
+
+
+def _say_flow_run_end(state: Any) -> int:
+    """The flow run's end: a cancel through the API stops the command, a failure is raised, and a
+    finished run's report is printed."""
     if state.is_cancelled() or state.is_cancelling():
         raise record_stop(RunStopped("cancelled through the Prefect API", EXIT_CANCELLED))
     result = state.result(raise_on_failure=False)

@@ -15,6 +15,7 @@ import queue
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from prefect import get_run_logger
@@ -172,50 +173,92 @@ def _collect(
     its checkpoint)."""
     logger = get_run_logger()
     total = state.progress.total
-    while pending or waiting:
-        # Wake every couple of seconds to look for a cancel and a stalled pool (no alarm-based timeout
-        # here: an alarm would fire inside the work done for a finished slice)
-        try:
-            fut = finished.get(timeout=watch.seconds_to_next_look())
-        except queue.Empty:
-            watch.check()
-            state.progress.tick()
-            if pool_stalled(runner):
-                try:  # what the pool handed back before its thread ended
-                    fut = finished.get(timeout=0.2)
-                except queue.Empty:
-                    state.stalls += 1
-                    logger.warning(
-                        "the worker pool stopped handing back results (its management thread ended); "
-                        "its %d unfinished slice(s) go to a new pool",
-                        len(pending) + len(waiting),
-                    )
-                    lost += [*pending.values(), *waiting.values()]
+    _Collector(pending, finished, state, watch, lost, waiting, submit, runner, logger, total).run()
+
+
+@dataclass
+class _Collector:
+    """The work of :func:`_collect`, a method per step; ``lost`` is the caller's list, extended in
+    place."""
+
+    pending: dict
+    finished: queue.SimpleQueue
+    state: _Slices
+    watch: StopCheck
+    lost: list[SliceSpec]
+    waiting: dict[Future, SliceSpec]
+    submit: Callable[[SliceSpec], Any]
+    runner: Any
+    logger: Any
+    total: int
+
+    def run(self) -> None:
+        """Until every slice of the pool has ended, or the pool stopped answering."""
+        while self.pending or self.waiting:
+            # Wake every couple of seconds to look for a cancel and a stalled pool (no alarm-based timeout
+            # here: an alarm would fire inside the work done for a finished slice)
+            try:
+                fut = self.finished.get(timeout=self.watch.seconds_to_next_look())
+            except queue.Empty:
+                self.watch.check()
+                self.state.progress.tick()
+                if not pool_stalled(self.runner):
+                    continue
+                fut = self._last_of_a_stalled_pool()
+                if fut is None:
                     return
+            if fut in self.waiting:
+                self._head_start_ended(fut)
             else:
-                continue
-        if fut in waiting:
-            spec = waiting.pop(fut)
-            exc = None if fut.cancelled() else fut.exception()
-            if exc is not None and worker_died(exc):
-                lost.append(spec)
-                state.deaths[spec.index] += 1
-            else:  # done, or failed: the task run reuses it, or meets the failure and reports it
-                pending[submit(spec)] = spec
-            continue
-        spec = pending.pop(fut)
+                self._slice_ended(fut)
+
+    def _last_of_a_stalled_pool(self) -> Any:
+        """What the pool handed back before its thread ended; else (None) its unfinished slices are
+        lost, for a new pool."""
+        try:
+            return self.finished.get(timeout=0.2)
+        except queue.Empty:
+            self.state.stalls += 1
+            self.logger.warning(
+                "the worker pool stopped handing back results (its management thread ended); "
+                "its %d unfinished slice(s) go to a new pool",
+                len(self.pending) + len(self.waiting),
+            )
+            self.lost += [*self.pending.values(), *self.waiting.values()]
+            return None
+
+    def _head_start_ended(self, fut: Future) -> None:
+        """A head-start slice ended: lost with its worker, or handed to its task run."""
+        spec = self.waiting.pop(fut)
+        exc = None if fut.cancelled() else fut.exception()
+        if exc is not None and worker_died(exc):
+            self.lost.append(spec)
+            self.state.deaths[spec.index] += 1
+        else:  # done, or failed: the task run reuses it, or meets the failure and reports it
+            self.pending[self.submit(spec)] = spec
+
+    def _slice_ended(self, fut: Any) -> None:
+        """A slice's task run ended: its manifest recorded, or its failure, or it was lost with its
+        worker."""
+        spec = self.pending.pop(fut)
         try:
             m = SliceManifest.model_validate(fut.result())
         except Exception as exc:  # collected: finished slices stay checkpointed
             if worker_died(exc):
-                lost.append(spec)
+                self.lost.append(spec)
                 if was_running(fut):  # queued slices were not in the dead worker's hands
-                    state.deaths[spec.index] += 1
-                continue
-            state.errors.append((spec, exc))
-            state.progress.failed(spec)
-            logger.error("slice %s failed: %s", spec.describe(), exc)
-            continue
+                    self.state.deaths[spec.index] += 1
+                return
+            self.state.errors.append((spec, exc))
+            self.state.progress.failed(spec)
+            self.logger.error("slice %s failed: %s", spec.describe(), exc)
+            return
+        self._record(spec, fut, m)
+        self.watch.check()
+
+    def _record(self, spec: SliceSpec, fut: Any, m: SliceManifest) -> None:
+        """A finished slice: counted, its manifest kept, and whether it was reused."""
+        state = self.state
         state.done += 1
         state.manifests[spec.index] = m
         # reused: Prefect's cache answered, or the slice's own manifest from an earlier run did
@@ -226,16 +269,15 @@ def _collect(
             if state.cached[spec.index]
             else f"done in {m.seconds:.1f}s ({m.tokens / max(m.seconds, 1e-9):,.0f} tok/s)"
         )
-        logger.debug(  # a line per slice is a debug line: the progress lines summarise them
+        self.logger.debug(  # a line per slice is a debug line: the progress lines summarise them
             "[%d/%d] %s: %d rows, %d tokens, %s",
             state.done,
-            total,
+            self.total,
             spec.describe(),
             m.rows,
             m.tokens,
             verb,
         )
-        watch.check()
 
 
 def _run_all(
@@ -303,14 +345,7 @@ def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
     if head is not None:
         make_runner: RunnerFactory = process_pool
         workers = head.workers
-        begun = sum(f.running() or f.done() for f in head.futures.values())
-        logger.info(
-            "%d slices on %d worker(s) (%s), %d begun while the Prefect API started",
-            len(specs),
-            workers,
-            runner_name(head.pool),
-            begun,
-        )
+        _say_head_start(specs, head, logger)
     started = time.perf_counter()
     state = _Slices(
         specs,
@@ -327,17 +362,7 @@ def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
             logger.info(
                 "%d slices on %d worker(s) (%s)", len(todo), workers, runner_name(make_runner(workers))
             )
-    if earlier:
-        logger.info(
-            "%d of the %d slices were finished by an earlier run: reused, their files checked below",
-            len(earlier),
-            len(specs),
-        )
-    reused = [(spec, m) for spec in specs if (m := earlier.get(spec.key)) is not None]
-    for spec, m in reused:
-        state.manifests[spec.index], state.cached[spec.index] = m, True
-    state.done += len(reused)
-    state.progress.reused([(spec, m.rows, m.tokens) for spec, m in reused])
+    _reuse_earlier(specs, earlier, state, logger)
     task = slice_task_for(ctx, refresh=run.force_recache, cache=not run.disable_cache)
     try:
         _run_all(
@@ -352,6 +377,49 @@ def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
         )
     finally:
         BOARD.stop_watching()  # (the watcher would otherwise look for slices a failed run never made)
+    _raise_failures(specs, state)
+    stale = _recompute_untrustworthy(specs, ctx, state, make_runner, workers, logger)
+    done = [s for s in sorted(specs, key=lambda s: s.index) if state.manifests[s.index] is not None]
+    return SliceOutcome.of(
+        [state.manifests[s.index] for s in done],  # type: ignore[misc]  # done: those with a manifest
+        [state.cached[s.index] for s in done],
+        time.perf_counter() - started,
+        rechecked=len(stale),
+    )
+
+
+def _say_head_start(specs: list[SliceSpec], head: HeadStart, logger: Any) -> None:
+    """The run's pool is the head start's: its size, and how many slices it began before the flow."""
+    begun = sum(f.running() or f.done() for f in head.futures.values())
+    logger.info(
+        "%d slices on %d worker(s) (%s), %d begun while the Prefect API started",
+        len(specs),
+        head.workers,
+        runner_name(head.pool),
+        begun,
+    )
+
+
+def _reuse_earlier(
+    specs: list[SliceSpec], earlier: dict[str, SliceManifest], state: _Slices, logger: Any
+) -> None:
+    """The slices an earlier run finished count as done and reused, with no task run; their files are
+    checked with the other reused ones."""
+    if earlier:
+        logger.info(
+            "%d of the %d slices were finished by an earlier run: reused, their files checked below",
+            len(earlier),
+            len(specs),
+        )
+    reused = [(spec, m) for spec in specs if (m := earlier.get(spec.key)) is not None]
+    for spec, m in reused:
+        state.manifests[spec.index], state.cached[spec.index] = m, True
+    state.done += len(reused)
+    state.progress.reused([(spec, m.rows, m.tokens) for spec, m in reused])
+
+
+def _raise_failures(specs: list[SliceSpec], state: _Slices) -> None:
+    """A run with failed slices fails, naming the first; the others stay checkpointed."""
     if state.errors:
         spec, first = state.errors[0]
         n = len(specs)
@@ -360,6 +428,36 @@ def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
             f"checkpointed and a rerun recomputes only the failed ones. First failure, {spec.describe()}: "
             + (str(first) if isinstance(first, MixerError) else f"{type(first).__name__}: {first}")
         ) from first
+
+
+def _recompute_untrustworthy(
+    specs: list[SliceSpec],
+    ctx: TokenizeContext,
+    state: _Slices,
+    make_runner: RunnerFactory,
+    workers: int,
+    logger: Any,
+) -> list[SliceSpec]:
+    """Recompute the cached slices whose files do not verify; returns them."""
+    stale = _untrustworthy(specs, ctx, state, logger)
+    if stale:
+        for spec in stale:
+            state.manifests[spec.index] = None
+        _run_all(stale, slice_task_for(ctx, refresh=True), make_runner, workers, ctx, state, reuse=False)
+        if state.errors:
+            spec, first = state.errors[0]
+            raise SliceFailuresError(
+                f"recomputing untrustworthy slice {spec.describe()} failed: {first}"
+            ) from first
+        for spec in stale:
+            state.cached[spec.index] = False
+    return stale
+
+
+def _untrustworthy(
+    specs: list[SliceSpec], ctx: TokenizeContext, state: _Slices, logger: Any
+) -> list[SliceSpec]:
+    """The cached slices whose files do not verify, each said in a warning."""
     manifests = state.manifests
     stale = []
     # Cached slices are distrusted until their files verify; with a remote work directory, a slice
@@ -375,21 +473,4 @@ def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
         if problem is not None:
             logger.warning("cached slice %s is not trustworthy (%s): recomputing", spec.describe(), problem)
             stale.append(spec)
-    if stale:
-        for spec in stale:
-            manifests[spec.index] = None
-        _run_all(stale, slice_task_for(ctx, refresh=True), make_runner, workers, ctx, state, reuse=False)
-        if state.errors:
-            spec, first = state.errors[0]
-            raise SliceFailuresError(
-                f"recomputing untrustworthy slice {spec.describe()} failed: {first}"
-            ) from first
-        for spec in stale:
-            state.cached[spec.index] = False
-    done = [s for s in sorted(specs, key=lambda s: s.index) if manifests[s.index] is not None]
-    return SliceOutcome.of(
-        [manifests[s.index] for s in done],  # type: ignore[misc]  # done: those with a manifest
-        [state.cached[s.index] for s in done],
-        time.perf_counter() - started,
-        rechecked=len(stale),
-    )
+    return stale

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from sftmix.runtime.ownership import leased, remove_abandoned
 from sftmix.runtime.processes import die_with_parent_preexec
@@ -50,6 +50,9 @@ from sftmix.runtime.stopping import (
     stops_held,
 )
 from sftmix.runtime.storage import temp_name
+
+if TYPE_CHECKING:
+    from prefect.server.api.server import SubprocessASGIServer
 
 logger = logging.getLogger(__name__)
 
@@ -335,27 +338,15 @@ def prefect_api(
     rerun that may find its output up to date, and then starts no API); the threads it starts have ended
     when it returns, so the server is still launched from a single thread (``preexec_fn``)."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    server = TemporaryServer(pass_settings=not launch_first)
-    fallback = None
+    servers = _Servers(TemporaryServer(pass_settings=not launch_first))
+    server = servers.ours
     try:  # from before the launch: a stop that comes during it still removes the private directory
         if before_launch is not None:
             before_launch()
         if launch_first and not os.environ.get("PREFECT_API_URL"):
             server.launch()
             server.watch()
-        import prefect.settings
-        from prefect.settings import (
-            PREFECT_API_AUTH_STRING,
-            PREFECT_API_KEY,
-            PREFECT_API_URL,
-            PREFECT_CLIENT_MAX_RETRIES,
-            PREFECT_UI_URL,
-            temporary_settings,
-        )
-
-        configured = PREFECT_API_URL.value()
-        add_secret(PREFECT_API_AUTH_STRING.value())  # (a profile may set them)
-        add_secret(PREFECT_API_KEY.value())
+        configured = _configured_api()
         if configured:
             if server.process is not None:
                 logger.info("the Prefect profile names an API, %s: the run uses it", configured)
@@ -366,40 +357,13 @@ def prefect_api(
             return
         # Prefect's default 20 s is too short on a busy machine; a slow start is not a reason to fail.
         timeout = int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
-        if server.process is None:
-            server.launch()
-            server.watch()
-        if prepare is not None:
-            prepare()
-        # after prepare, which does not need it: the head start's tokenizing begins sooner
-        import tokenize_mixer.flows.tokenize_mixer  # noqa: F401
-
-        try:
-            server.wait_ready(timeout)
-            api_url, auth_string = server.api_url, server.auth_string
-        except RuntimeError as exc:  # e.g. a Prefect whose server is launched differently: its own way
-            logger.warning("%s; starting it the way Prefect does", exc)
-            server.stop()
-            from prefect.server.api.server import SubprocessASGIServer
-
-            fallback = SubprocessASGIServer()
-            fallback.start(timeout=timeout)
-            api_url, auth_string = fallback.api_url, None
+        _launch_then_prepare(server, prepare)
+        api_url, auth_string = servers.answering(timeout)
         _set_api_url(api_url, auth_string)
         try:
-            # Our own server does not come back once it is gone: one quick retry (not five with
-            # backoff, minutes per request) before a run that lost it stops.
-            # No "View at http://127.0.0.1:PORT/..." line: this server stops with the command.
-            # No flow run heartbeats: they let a server find runs that died, and this server dies with
-            # the run; Prefect's heartbeat thread sleeps in whole seconds and the flow's end waits for
-            # it to wake (measured: up to 1.0 s added to every command, 0.5 s on average).
-            updates: dict = {PREFECT_API_URL: api_url, PREFECT_CLIENT_MAX_RETRIES: 1, PREFECT_UI_URL: ""}
-            heartbeat = getattr(prefect.settings, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)  # Prefect 3.5+
-            if heartbeat is not None:
-                updates[heartbeat] = None
-            if auth_string is not None:
-                updates[PREFECT_API_AUTH_STRING] = auth_string
-            with temporary_settings(updates):
+            from prefect.settings import temporary_settings
+
+            with temporary_settings(_temporary_server_settings(api_url, auth_string)):
                 yield api_url
         finally:
             from prefect.logging.handlers import APILogWorker
@@ -409,6 +373,80 @@ def prefect_api(
             APILogWorker.drain_all(timeout=1 if first_stop() is not None else 10)
             _set_api_url(None)
     finally:
-        server.stop()
-        if fallback is not None:
-            fallback.stop()
+        servers.stop()
+
+
+def _configured_api() -> str | None:
+    """The API the environment or a Prefect profile names, if any; Prefect's settings are imported here,
+    after an early launch. The secrets a profile may set are masked in the logs from now on."""
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_KEY, PREFECT_API_URL
+
+    configured = PREFECT_API_URL.value()
+    add_secret(PREFECT_API_AUTH_STRING.value())  # (a profile may set them)
+    add_secret(PREFECT_API_KEY.value())
+    return configured
+
+
+def _launch_then_prepare(server: TemporaryServer, prepare: Callable[[], None] | None) -> None:
+    """Launch the temporary server (unless launched first), and ``prepare`` while it starts."""
+    if server.process is None:
+        server.launch()
+        server.watch()
+    if prepare is not None:
+        prepare()
+    # after prepare, which does not need it: the head start's tokenizing begins sooner
+    import tokenize_mixer.flows.tokenize_mixer  # noqa: F401
+
+
+class _Servers:
+    """The command's temporary API server, and Prefect's own started in its place should ours not
+    answer; both are stopped at the end, ours first."""
+
+    def __init__(self, ours: TemporaryServer) -> None:
+        self.ours = ours
+        self.fallback: SubprocessASGIServer | None = None
+
+    def answering(self, timeout: int) -> tuple[str, str | None]:
+        """The URL and the secret of a server that answers: ours, or else one started Prefect's way."""
+        try:
+            self.ours.wait_ready(timeout)
+            return self.ours.api_url, self.ours.auth_string
+        except RuntimeError as exc:  # e.g. a Prefect whose server is launched differently: its own way
+            logger.warning("%s; starting it the way Prefect does", exc)
+            self.ours.stop()
+            from prefect.server.api.server import SubprocessASGIServer
+
+            # (kept before it starts: one that fails to start is still stopped)
+            self.fallback = SubprocessASGIServer()
+            self.fallback.start(timeout=timeout)
+            return self.fallback.api_url, None
+
+    def stop(self) -> None:
+        self.ours.stop()
+        if self.fallback is not None:
+            self.fallback.stop()
+
+
+def _temporary_server_settings(api_url: str, auth_string: str | None) -> dict:
+    """The Prefect settings of a run on a temporary server."""
+    import prefect.settings
+    from prefect.settings import (
+        PREFECT_API_AUTH_STRING,
+        PREFECT_API_URL,
+        PREFECT_CLIENT_MAX_RETRIES,
+        PREFECT_UI_URL,
+    )
+
+    # Our own server does not come back once it is gone: one quick retry (not five with
+    # backoff, minutes per request) before a run that lost it stops.
+    # No "View at http://127.0.0.1:PORT/..." line: this server stops with the command.
+    # No flow run heartbeats: they let a server find runs that died, and this server dies with
+    # the run; Prefect's heartbeat thread sleeps in whole seconds and the flow's end waits for
+    # it to wake (measured: up to 1.0 s added to every command, 0.5 s on average).
+    updates: dict = {PREFECT_API_URL: api_url, PREFECT_CLIENT_MAX_RETRIES: 1, PREFECT_UI_URL: ""}
+    heartbeat = getattr(prefect.settings, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)  # Prefect 3.5+
+    if heartbeat is not None:
+        updates[heartbeat] = None
+    if auth_string is not None:
+        updates[PREFECT_API_AUTH_STRING] = auth_string
+    return updates
