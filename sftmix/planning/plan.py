@@ -11,7 +11,6 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +30,10 @@ from sftmix.config.selection import TokenBudget, large_upsample_warning
 from sftmix.errors import ConfigError, DatasetError, MixerError, TemplateError
 from sftmix.output.olmo_format import part_bytes_problem
 from sftmix.planning.readers.by_row_group import BY_ROW_GROUP
-from sftmix.planning.readers.reader import (
-    SAMPLE_ROWS,
-    DatasetPlan,
-    HandOn,
-    Opened,
-    Planning,
-    Reader,
-    Unfinished,
-    digest,
-)
 from sftmix.planning.readers.streamed import STREAMED
 from sftmix.planning.readers.whole import WHOLE
 from sftmix.planning.recipe import input_record, mixer_recipe
+from sftmix.planning.slicing import EarlySlice, Slicing
 from sftmix.planning.span_losses import span_losses
 from sftmix.runtime.parallel import available_cpus, memory_limit
 from sftmix.runtime.storage import is_remote, storage_errors
@@ -59,6 +49,7 @@ from sftmix.sources.formats import (
     RowFormatError,
     conversation_from_row,
 )
+from sftmix.sources.reading import SAMPLE_ROWS, DatasetPlan, Opened, Planning, Reader, digest
 from sftmix.sources.spill import forget_spills
 from sftmix.tokenizing.encoders import Unproven, same_encodings
 from sftmix.tokenizing.labels import RenderError
@@ -388,7 +379,7 @@ def _tokens_per_row(
     return found
 
 
-def _rendered(renderer: ChatRenderer, dataset: Opened, ctx: TokenizeContext) -> list[str]:
+def _rendered(renderer: ChatRenderer, dataset: Opened, slicing: Slicing) -> list[str]:
     """The sample rows' full renders. A row the chat template fails on (Gemma's own refuses a system turn)
     fails its slice where ``on_bad_row`` is error, after every slice has started: refused now, naming the
     row. Otherwise (``skip``, or ``literal_special_tokens: drop``, which may drop the row before it is
@@ -401,10 +392,9 @@ def _rendered(renderer: ChatRenderer, dataset: Opened, ctx: TokenizeContext) -> 
             failed.append((row, str(RenderError(0, exc))))
     if not failed:
         return texts
-    row, reason = failed[0]
+    row, reason, ctx = *failed[0], slicing.ctx
     if ctx.on_bad_row == "error" and ctx.literal_special_tokens != "drop":
-        assert dataset.sampled is not None
-        raise bad_row_error(dataset.sampled, row, f"{reason}{REFUSED_SAMPLE}")
+        raise bad_row_error(slicing.sample(dataset), row, f"{reason}{REFUSED_SAMPLE}")
     warning = (
         f"{dataset.entry.path}: the chat template fails on {len(failed)} of {len(dataset.samples)} sampled rows "
         f"(row {row}: {reason}); each such row is dropped"
@@ -486,9 +476,6 @@ def _try_fast(ctx: TokenizeContext, texts: list[str]) -> tuple[str | None, str]:
 #: Parquet by row group, else read whole (by batch, or through ``datasets``).
 READERS: tuple[Reader, ...] = (STREAMED, BY_ROW_GROUP, WHOLE)
 
-#: What the plan hands each slice it cuts while a file is still being read (the head start's workers).
-EarlySlice = Callable[[SliceSpec, TokenizeContext], None]
-
 
 def _context(
     mixer: MixerConfig,
@@ -526,14 +513,14 @@ def _opened(index: int, entry: DatasetEntry, at: Planning) -> Opened:
 def _probed(
     dataset: Opened,
     at: Planning,
+    slicing: Slicing,
     tokenizer: TokenizerSpec,
     renderer: ChatRenderer,
     template: ResolvedTemplate,
 ) -> None:
     """The dataset's sample rows, and what they hold that the template never renders (a field, a role):
     said before any work, or refused (``unrendered_data: error``)."""
-    assert dataset.sampled is not None
-    dataset.samples = _sample_rows(dataset.sampled, Path(at.datasets_cache), at.ctx.on_bad_row)
+    dataset.samples = _sample_rows(slicing.sample(dataset), Path(at.datasets_cache), at.on_bad_row)
     for found in unrendered(renderer, [conv for _, conv in dataset.samples]):
         line = found.describe(dataset.entry.path, template.source, what_it_reads(template.text))
         if tokenizer.unrendered_data == "error":
@@ -541,33 +528,6 @@ def _probed(
         dataset.left_out.append(line)
         dataset.probes.append(found.probe)
         logger.warning(line)
-
-
-def _cut(
-    opened: list[Opened], at: Planning, early: EarlySlice | None
-) -> tuple[list[DatasetPlan], list[SliceSpec]]:
-    """Every dataset's slices, numbered in mixer order (a large file's first ones handed on to ``early``
-    while it is read)."""
-    datasets: list[DatasetPlan] = []
-    unfinished, first_index = Unfinished(), 0
-    for dataset in opened:  # the slices, in mixer order (a large file's start while it is read)
-        at.selected_total = sum(d.target for d in datasets)
-        count = dataset.reader.cut(dataset, at, HandOn(dataset, first_index, at.ctx, early, unfinished))
-        assert dataset.plan is not None
-        for k, spec in enumerate(dataset.specs):
-            if spec.index < 0:  # (a slice not handed on as it was cut)
-                spec.index = first_index + k
-                spec.unrendered = dataset.probes
-        first_index += count
-        unfinished.check()
-        datasets.append(dataset.plan)
-    unfinished.finish()
-    slices = [spec for dataset in opened for spec in dataset.specs]
-    assert [spec.index for spec in slices] == list(range(len(slices)))
-    for dataset in opened:
-        assert dataset.plan is not None
-        dataset.plan.slices = [spec.index for spec in dataset.specs]
-    return datasets, slices
 
 
 def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = None) -> Plan:
@@ -581,25 +541,26 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     _refuse_before_work(mixer, template, facts)
     dtype = facts.token_dtype(mixer.output.token_dtype_rule)
     ctx = _context(mixer, tk, template, dtype.name, work_dir, remote)
-    at = Planning(run, work_dir, _shared_key(mixer, facts, template, dtype), ctx, memory_limit())
+    at = Planning(run, work_dir, ctx.on_bad_row, memory_limit(), WHOLE)
+    slicing = Slicing(_shared_key(mixer, facts, template, dtype), ctx, early)
     renderer = ChatRenderer(template.text, facts.special_tokens)
     hash_ahead([entry.path for entry in mixer.datasets if not _read_by_us(entry)])
     opened: list[Opened] = []
     for index, entry in enumerate(mixer.datasets):  # each dataset's head: enough to sample its rows
         at.selected_total = sum(d.plan.target for d in opened if d.plan is not None)
         opened.append(dataset := _opened(index, entry, at))
-        _probed(dataset, at, mixer.tokenizer, renderer, template)
-    rendered = [_rendered(renderer, d, ctx) for d in opened]  # the sample rows, rendered once
+        _probed(dataset, at, slicing, mixer.tokenizer, renderer, template)
+    rendered = [_rendered(renderer, d, slicing) for d in opened]  # the sample rows, rendered once
     texts = [text for texts in rendered for text in texts]
     load_note = _load_note(tk, facts, ctx, texts)
     ctx.encoder = choose_encoder(mixer.tokenizer, tk, ctx, texts)
     tokens_per_row = _tokens_per_row(ctx, rendered, mixer.max_seq_length)
     data_bytes = sum(d.nbytes for d in opened)
     at.slice_bytes, at.cut_batches = slice_bytes_for(run, data_bytes), cuts_batches(run, data_bytes)
-    datasets, slices = _cut(opened, at, early)
+    datasets, slices = slicing.cut(opened, at)
     for d, (per_row, over) in zip(datasets, tokens_per_row, strict=True):
         d.tokens_per_row, d.over_length_share = per_row, over
-    _estimate_budgets(datasets, opened, at)
+    _estimate_budgets(datasets, opened, at, ctx)
     _refuse_part_bytes(mixer, dtype, datasets)
     span_losses(datasets, opened, ctx)
     _release_reads()
@@ -677,7 +638,9 @@ def _release_reads() -> None:
     forget_spills()
 
 
-def _estimate_budgets(datasets: list[DatasetPlan], opened: list[Opened], at: Planning) -> None:
+def _estimate_budgets(
+    datasets: list[DatasetPlan], opened: list[Opened], at: Planning, ctx: TokenizeContext
+) -> None:
     """Each token budget's rows, estimated from its sampled rows' tokens (trainable ones through the run's
     masker), for the plan's sizes and its refusals; the rows are chosen from their tokens once they are
     tokenized (``selection.budget_selection``)."""
@@ -687,7 +650,7 @@ def _estimate_budgets(datasets: list[DatasetPlan], opened: list[Opened], at: Pla
         per_row = d.tokens_per_row
         if d.amount.trainable:
             samples = [conv for _, conv in opened[d.index].samples]
-            per_row = trainable_per_row(at.ctx, samples) or per_row
+            per_row = trainable_per_row(ctx, samples) or per_row
         rows = math.ceil(d.amount.tokens / per_row) if per_row > 0 else d.n_rows
         d.target = max(1, rows if d.max_repeats is None else min(rows, int(d.max_repeats * d.n_rows)))
     for d in budgets:

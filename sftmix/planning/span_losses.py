@@ -13,7 +13,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 
-from sftmix.planning.readers.reader import DatasetPlan, Opened
+from sftmix.sources.reading import DatasetPlan, Opened
 from sftmix.tokenizing.labels import RowStatus
 from sftmix.tokenizing.slices import TokenizeContext, masked_samples
 

@@ -12,7 +12,12 @@ from sftmix.config.config import DatasetEntry
 from sftmix.config.selection import target_rows
 from sftmix.errors import DatasetError
 from sftmix.planning.readers.jsonl_files import local_copy
-from sftmix.planning.readers.reader import (
+from sftmix.runtime.storage import is_remote
+from sftmix.sources import parquet
+from sftmix.sources.dataset import local_builder, parquet_data_files
+from sftmix.sources.downloads import closed_on_error
+from sftmix.sources.reading import (
+    Cut,
     HandOn,
     Opened,
     Planning,
@@ -20,14 +25,10 @@ from sftmix.planning.readers.reader import (
     dataset_error,
     digest,
     format_of,
+    read_whole_instead,
     row_groups,
     selected_rows,
 )
-from sftmix.planning.readers.whole import read_whole_instead
-from sftmix.runtime.storage import is_remote
-from sftmix.sources import parquet
-from sftmix.sources.dataset import local_builder, parquet_data_files
-from sftmix.sources.downloads import closed_on_error
 from sftmix.sources.spill import Spill, spill_group
 
 
@@ -88,7 +89,7 @@ class ParquetReader:
             )
             rows = at.sampled_rows(layout.n_rows, dataset.selected)
             first = [parquet.with_sha256(g, layout.downloads) for g in parquet.groups_for(layout, *rows[:2])]
-            dataset.sampled = at.spec(dataset, rows, "sample", 0, parquet=layout.source(first))
+            dataset.sampled = Cut.of(rows, "sample", 0, parquet=layout.source(first))
             return dataset
 
     def cut(self, dataset: Opened, at: Planning, hand_on: HandOn) -> int:
@@ -101,14 +102,14 @@ class ParquetReader:
         at.check_selection(entry, layout.n_rows, target)
         cutting = _Cutting(dataset, at, hand_on)
         try:
-            sampled = dataset.sampled.parquet if dataset.sampled is not None else None
+            sampled = dataset.sampled.where.get("parquet") if dataset.sampled is not None else None
             known = sampled.row_groups if sampled is not None else []
             done = parquet.hashed(layout, cutting.on_group, hand_on.reading_threads(), known)
         except DatasetError as exc:
             raise dataset_error(entry, exc) from None
         if done is None:  # (found before any slice was cut)
             return read_whole_instead(dataset, at)
-        dataset.specs = hand_on.made  # (its last slices may be handed on later: their number is known)
+        dataset.cuts = hand_on.made  # (its last slices may be handed on later: their number is known)
         dataset.counted(layout.n_rows, target, done.fingerprint)
         if cutting.spills:
             cutting.spilled_ready(False)
@@ -158,7 +159,7 @@ class _Cutting:
             start, end, subset = self.cuts[len(made)]
             size = round((end - start if subset is None else len(subset)) * layout.nbytes / layout.n_rows)
             data = digest(layout.data_key(found.row_groups))
-            self.hand_on(self.at.spec(self.dataset, (start, end, subset), data, size, parquet=found))
+            self.hand_on(Cut.of((start, end, subset), data, size, parquet=found))
 
     def spilled_ready(self, wait: bool) -> None:
         """(After the last row group is hashed.) ``wait``: every slice, and the spills landed."""

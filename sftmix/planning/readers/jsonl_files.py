@@ -4,17 +4,21 @@ their batches are cut into slices (whole batches, so each is parsed once)."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from sftmix.config.config import DatasetEntry
 from sftmix.config.selection import every_row
 from sftmix.errors import DatasetError
-from sftmix.planning.readers.reader import Rows, dataset_error
 from sftmix.runtime.read_progress import ReadProgress
 from sftmix.runtime.storage import is_remote
 from sftmix.sources import jsonl, parquet, pinned
 from sftmix.sources.dataset import JsonFiles, copies_of, json_data_files, local_builder, localize
 from sftmix.sources.downloads import closed_on_error
+from sftmix.sources.reading import Rows, dataset_error, digest
+
+logger = logging.getLogger(__name__)
 
 
 def local_copy(entry: DatasetEntry, datasets_cache: str) -> str:
@@ -182,3 +186,26 @@ def compressed_file(entry: DatasetEntry, datasets_cache: str) -> JsonFiles:
     is written."""
     path = pinned.pin(entry.path)
     return JsonFiles([path], None, copies_of(entry.path, [path], datasets_cache, None))
+
+
+def batch_data(schema_b64: str, batches: list[jsonl.JsonlBatch]) -> str:
+    """The data a slice of a JSON Lines file reads: its batches' bytes and the columns they are cast to."""
+    return digest([schema_b64, [[b.offset, b.end, b.sha256] for b in batches]])
+
+
+def bad_lines_warning(
+    entry: DatasetEntry, on_bad_row: str, bad_lines: tuple[jsonl.BadLine, ...]
+) -> str | None:
+    """The plan's words for the lines of a file that are not rows: its error, or a warning (skip)."""
+    if not bad_lines:
+        return None
+    if on_bad_row == "error":
+        raise bad_lines[0].error(entry.path, more=len(bad_lines) - 1)
+    n, lines = len(bad_lines), ", ".join(b.place for b in bad_lines[:10])
+    w = (
+        f"{entry.path}: {n:,} line{'s' if n != 1 else ''} that {'are' if n != 1 else 'is'} not a row "
+        f"(line{'s' if n != 1 else ''} {lines}{', ...' if n > 10 else ''}) will be skipped "
+        "(on_bad_row: skip), with any more the slices find"
+    )
+    logger.warning(w)
+    return w

@@ -11,27 +11,28 @@ from sftmix.config.config import DatasetEntry
 from sftmix.config.selection import selection_problem, target_rows
 from sftmix.errors import DatasetError
 from sftmix.planning.readers.jsonl_files import (
+    bad_lines_warning,
+    batch_data,
     batch_pieces,
     row_pieces,
     scanned_files,
     slice_is_full,
     streamed_files,
 )
-from sftmix.planning.readers.reader import (
-    HandOn,
-    Opened,
-    Planning,
-    Rows,
-    bad_lines_warning,
-    batch_data,
-    dataset_error,
-    format_of,
-)
-from sftmix.planning.readers.whole import read_whole_instead
 from sftmix.sources import jsonl
 from sftmix.sources.dataset import JsonFiles
 from sftmix.sources.downloads import closed_on_error
 from sftmix.sources.growing import final_name
+from sftmix.sources.reading import (
+    Cut,
+    HandOn,
+    Opened,
+    Planning,
+    Rows,
+    dataset_error,
+    format_of,
+    read_whole_instead,
+)
 
 
 def _files(dataset: Opened) -> JsonFiles:
@@ -93,7 +94,7 @@ class StreamedReader:
             batch = batch.model_copy(update={"path": final_name(first)})
         source = _source(dataset, schema_b64, [batch])
         rows = (0, min(batch.rows, at.run.slice_rows or batch.rows), None)  # the first slice's rows
-        dataset.sampled = at.spec(dataset, rows, batch_data(schema_b64, [batch]), 0, jsonl=source)
+        dataset.sampled = Cut.of(rows, batch_data(schema_b64, [batch]), 0, jsonl=source)
         return dataset
 
     def cut(self, dataset: Opened, at: Planning, hand_on: HandOn) -> int:
@@ -117,7 +118,7 @@ class StreamedReader:
                 )
             for start, end, _ in pieces:
                 size = round(nbytes * (end - start) / (hi - lo))
-                hand_on(at.spec(dataset, (start, end, None), data, size, jsonl=source))
+                hand_on(Cut.of((start, end, None), data, size, jsonl=source))
 
         def counted(batch: jsonl.JsonlBatch, schema_b64: str) -> None:
             if not batch.rows:
@@ -135,13 +136,13 @@ class StreamedReader:
             cut(waiting, layout.schema_b64)
         if layout is None or not layout.n_rows or not layout.columns:
             return read_whole_instead(dataset, at)
-        if (w := bad_lines_warning(entry, at.ctx.on_bad_row, layout.bad_lines)) is not None:
+        if (w := bad_lines_warning(entry, at.on_bad_row, layout.bad_lines)) is not None:
             dataset.warnings.append(w)
         target = target_rows(entry.amount, layout.n_rows)
         at.check_selection(entry, layout.n_rows, target)
-        dataset.specs = hand_on.made
+        dataset.cuts = hand_on.made
         dataset.counted(layout.n_rows, target, layout.fingerprint)
-        return len(dataset.specs)
+        return len(dataset.cuts)
 
     @staticmethod
     def _scanned(dataset: Opened, counted: jsonl.BatchListener, hand_on: HandOn) -> jsonl.JsonlLayout | None:

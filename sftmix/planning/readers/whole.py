@@ -12,23 +12,22 @@ from pathlib import Path
 from sftmix.config.config import DatasetEntry
 from sftmix.config.selection import target_rows
 from sftmix.errors import DatasetError
-from sftmix.planning.readers.jsonl_files import batch_groups, counted_jsonl
-from sftmix.planning.readers.reader import (
+from sftmix.planning.readers.jsonl_files import bad_lines_warning, batch_data, batch_groups, counted_jsonl
+from sftmix.runtime.storage import atomic_write_bytes
+from sftmix.sources import jsonl
+from sftmix.sources.dataset import RowsFingerprinter, SourceInfo, arrow_cache_files, describe
+from sftmix.sources.reading import (
+    Cut,
     HandOn,
     Opened,
     Planning,
     Rows,
-    bad_lines_warning,
-    batch_data,
     digest,
     format_of,
     row_groups,
     rows_key,
     selected_rows,
 )
-from sftmix.runtime.storage import atomic_write_bytes
-from sftmix.sources import jsonl
-from sftmix.sources.dataset import RowsFingerprinter, SourceInfo, arrow_cache_files, describe
 
 MAX_AUTO_SLICE_ROWS = 20_000
 
@@ -86,7 +85,7 @@ class WholeReader:
         warnings: list[str] = []
         batched = counted_jsonl(entry, at.datasets_cache)
         if batched is not None:
-            if (w := bad_lines_warning(entry, at.ctx.on_bad_row, batched.bad_lines)) is not None:
+            if (w := bad_lines_warning(entry, at.on_bad_row, batched.bad_lines)) is not None:
                 warnings.append(w)
             info = SourceInfo(batched.n_rows, batched.fingerprint, batched.columns, batched.size)
         else:
@@ -116,7 +115,7 @@ class WholeReader:
         )
         rows = at.sampled_rows(info.n_rows, dataset.selected)
         source = None if batched is None else batched.source(jsonl.batches_for(batched, rows[0], rows[1]))
-        dataset.sampled = at.spec(dataset, rows, "sample", 0, arrow_files=arrow_files, jsonl=source)
+        dataset.sampled = Cut.of(rows, "sample", 0, arrow_files=arrow_files, jsonl=source)
         dataset.counted(info.n_rows, target, info.fingerprint)
         return dataset
 
@@ -141,12 +140,12 @@ class WholeReader:
                 data = fingerprint_rows(start, end, subset)
                 memo.remember(rows_key(start, end, subset), data)
             size = round((end - start if subset is None else len(subset)) * info.nbytes / info.n_rows)
-            dataset.specs.append(
-                at.spec(dataset, (start, end, subset), data, size, arrow_files=arrow_files, jsonl=source)
+            dataset.cuts.append(
+                Cut.of((start, end, subset), data, size, arrow_files=arrow_files, jsonl=source)
             )
         memo.save()
         fingerprint_rows.close()
-        return len(dataset.specs)
+        return len(dataset.cuts)
 
     @staticmethod
     def _groups(dataset: Opened, at: Planning) -> list[Rows]:
@@ -160,11 +159,3 @@ class WholeReader:
 
 
 WHOLE = WholeReader()
-
-
-def read_whole_instead(dataset: Opened, at: Planning) -> int:
-    """A dataset found, once its read began, to be one only ``datasets`` reads (before any slice was cut)."""
-    whole = WHOLE.open(dataset.index, dataset.entry, at)
-    count = WHOLE.cut(whole, at)
-    dataset.plan, dataset.specs, dataset.warnings = whole.plan, whole.specs, whole.warnings
-    return count

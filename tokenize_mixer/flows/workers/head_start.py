@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where used: the command enters head_start_scope before the API starts
     from sftmix.config.config import MixerConfig, RunOptions
-    from sftmix.planning.plan import EarlySlice, Plan
+    from sftmix.planning.plan import Plan
+    from sftmix.planning.slicing import EarlySlice
     from sftmix.tokenizing.slices import SliceSpec, TokenizeContext
 
 logger = logging.getLogger(__name__)

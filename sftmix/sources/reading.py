@@ -1,9 +1,10 @@
 """What every reader of the plan implements and shares: a dataset opened (what it holds, its sample),
-then cut into slices (each a content key over the rows it reads), its fingerprint counted.
+then cut into slices (each the rows it reads and what they hold), its fingerprint counted.
 
 A reader holds only what differs between formats: where the rows are, how they are counted and hashed,
-and where a slice's boundaries fall. Selecting rows by the entry's amount, keying a slice, naming a
-dataset's file in an error and handing slices on as they are cut are done here, once.
+and where a slice's boundaries fall. Selecting rows by the entry's amount, naming a dataset's file in an
+error and handing cuts on as they are made are done here, once; the plan keys each cut into a slice
+(:mod:`sftmix.planning.slicing`), so a reader knows nothing of tokenizers or keys.
 """
 
 from __future__ import annotations
@@ -32,10 +33,9 @@ from sftmix.config.selection import (
 from sftmix.errors import DatasetError
 from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.storage import is_remote
-from sftmix.sources import jsonl, pinned
+from sftmix.sources import pinned
 from sftmix.sources.dataset import local_builder
 from sftmix.sources.formats import MESSAGES_KEY, Conversation, detect_format
-from sftmix.tokenizing.slices import SliceSpec, TokenizeContext
 
 logger = logging.getLogger(__name__)
 
@@ -79,21 +79,32 @@ def rows_key(start: int, end: int, subset: list[int] | None) -> dict:
     return {"rows": [start, end], "subset": None if subset is None else digest(subset)}
 
 
-def batch_data(schema_b64: str, batches: list[jsonl.JsonlBatch]) -> str:
-    """The data a slice of a JSON Lines file reads: its batches' bytes and the columns they are cast to."""
-    return digest([schema_b64, [[b.offset, b.end, b.sha256] for b in batches]])
+@dataclass
+class Cut:
+    """A slice as a reader cuts it: rows of one dataset, what they hold (``data``, keyed with them; the
+    sample's is ``"sample"``), their source bytes estimated (``est_bytes``: bigger slices start first) and
+    where a worker reads them (``where``: the slice's fields of its format, such as ``jsonl=``)."""
+
+    rows: Rows
+    data: str
+    est_bytes: int
+    where: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, rows: Rows, data: str, est_bytes: int, **where: Any) -> Cut:
+        return cls(rows, data, est_bytes, where)
 
 
 @dataclass
 class Planning:
-    """What every reader is handed: the run, where the plan works, the key every slice shares, the
-    machine's memory and, as the plan goes, the rows selected before this dataset and the slices' size."""
+    """What every reader is handed: the run, where the plan works, what a bad row does, the machine's
+    memory and, as the plan goes, the rows selected before this dataset and the slices' size."""
 
     run: RunOptions
     work_dir: Path
-    shared_key: dict
-    ctx: TokenizeContext
+    on_bad_row: str
     memory: int | None
+    whole: Reader  # the reader of any dataset: a reader finding its dataset is not its own hands it on
     selected_total: int = 0  # rows the datasets before this one select
     slice_bytes: int = 0  # known once every dataset is opened
     cut_batches: bool = False  # a small mixture's JSON Lines batches are cut into slices (plan.cuts_batches)
@@ -101,31 +112,6 @@ class Planning:
     @property
     def datasets_cache(self) -> str:
         return str(self.work_dir / "datasets-cache")
-
-    def spec(self, dataset: Opened, rows: Rows, data: str, est_bytes: int, **where: Any) -> SliceSpec:
-        """A slice of ``dataset`` reading ``rows`` (``data``: what they hold), keyed by its content."""
-        start, end, subset = rows
-        layout = (
-            {}
-            if (dataset.row_format, dataset.messages_key) == ("messages", MESSAGES_KEY)
-            else {"row_format": [dataset.row_format, dataset.messages_key]}
-        )
-        entry = dataset.entry
-        return SliceSpec(
-            key=digest({**self.shared_key, **rows_key(start, end, subset), **layout, "data": data}),
-            index=-1,  # numbered once every dataset's slices are cut, in mixer order
-            dataset_index=dataset.index,
-            dataset=entry.path,
-            split=entry.split,
-            revision=entry.revision,
-            row_format=dataset.row_format,
-            messages_key=dataset.messages_key,
-            row_start=start,
-            row_end=end,
-            rows=subset,
-            est_bytes=est_bytes,
-            **where,
-        )
 
     def check_selection(self, entry: DatasetEntry, n_rows: int, target: int) -> None:
         """Refuse an amount that selects no rows, or more than this machine can assemble."""
@@ -146,16 +132,16 @@ class Planning:
 
 @dataclass
 class Opened:
-    """A dataset opened by a reader: enough to sample its rows; ``plan`` and ``specs`` once its slices
+    """A dataset opened by a reader: enough to sample its rows; ``plan`` and ``cuts`` once its slices
     are cut (a streamed file's only while it is read, after every dataset is opened)."""
 
     index: int
     entry: DatasetEntry
     reader: Reader
     held: Any = None  # what its reader keeps between opening and cutting it
-    sampled: SliceSpec | None = None  # whose first rows are the dataset's sample
+    sampled: Cut | None = None  # whose first rows are the dataset's sample
     plan: DatasetPlan | None = None
-    specs: list[SliceSpec] = field(default_factory=list)
+    cuts: list[Cut] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)  # what the template does not render, in words
     probes: list[str] = field(default_factory=list)
@@ -199,39 +185,25 @@ class Reader(Protocol):
 
 
 class HandOn:
-    """Slices cut while a dataset's files are read: numbered in mixer order from ``first_index`` and each
-    handed to ``early`` (the head start) as soon as it is cut, after the slices of the datasets before it
-    that became ready meanwhile (``unfinished``); ``early`` is dropped at its first failure (the flow then
-    runs the slice itself)."""
+    """Cuts made while a dataset's files are read, each handed to ``deliver`` (the plan keys it into a slice
+    and hands that to the head start) as soon as it is made, after the cuts of the datasets before it that
+    became ready meanwhile (``unfinished``). ``deliver`` says whether it goes on: it is dropped at its first
+    failure (the flow then runs the slice itself)."""
 
-    def __init__(
-        self,
-        dataset: Opened,
-        first_index: int,
-        ctx: TokenizeContext,
-        early: Callable[[SliceSpec, TokenizeContext], None] | None,
-        unfinished: Unfinished,
-    ):
-        self.dataset, self.first_index, self.ctx, self.early = dataset, first_index, ctx, early
-        self.unfinished = unfinished
-        self.made: list[SliceSpec] = []
+    def __init__(self, deliver: Callable[[Cut, int], bool] | None, unfinished: Unfinished):
+        self.deliver, self.unfinished = deliver, unfinished
+        self.made: list[Cut] = []
 
     def reading_threads(self) -> int | None:
         """Threads that read the files: beside slices that already run on every core, a few, well ahead
         of them (a worker takes seconds per slice; a thread reads one in milliseconds); else all."""
-        return None if self.early is None else max(1, available_cpus() // SCAN_SHARE)
+        return None if self.deliver is None else max(1, available_cpus() // SCAN_SHARE)
 
-    def __call__(self, spec: SliceSpec) -> None:
+    def __call__(self, cut: Cut) -> None:
         self.unfinished.poll()
-        spec.index = self.first_index + len(self.made)
-        spec.unrendered = self.dataset.probes
-        self.made.append(spec)
-        if self.early is not None:
-            try:
-                self.early(spec, self.ctx)
-            except Exception as exc:  # (the flow runs the slice itself)
-                logger.debug("no early start for %s: %s: %s", spec.describe(), type(exc).__name__, exc)
-                self.early = None
+        self.made.append(cut)
+        if self.deliver is not None and not self.deliver(cut, len(self.made) - 1):
+            self.deliver = None
 
 
 class Unfinished:
@@ -303,24 +275,6 @@ def selected_rows(entry: DatasetEntry, n_rows: int, target: int, warnings: list[
     return selected_source_rows(n_rows, target)
 
 
-def bad_lines_warning(
-    entry: DatasetEntry, on_bad_row: str, bad_lines: tuple[jsonl.BadLine, ...]
-) -> str | None:
-    """The plan's words for the lines of a file that are not rows: its error, or a warning (skip)."""
-    if not bad_lines:
-        return None
-    if on_bad_row == "error":
-        raise bad_lines[0].error(entry.path, more=len(bad_lines) - 1)
-    n, lines = len(bad_lines), ", ".join(b.place for b in bad_lines[:10])
-    w = (
-        f"{entry.path}: {n:,} line{'s' if n != 1 else ''} that {'are' if n != 1 else 'is'} not a row "
-        f"(line{'s' if n != 1 else ''} {lines}{', ...' if n > 10 else ''}) will be skipped "
-        "(on_bad_row: skip), with any more the slices find"
-    )
-    logger.warning(w)
-    return w
-
-
 def dataset_error(entry: DatasetEntry, exc: DatasetError) -> DatasetError:
     """``exc`` said of the mixer's dataset ``entry``; where one of the dataset's several files (a hub
     dataset's, or a directory's) is what is wrong, the reason names it, so the user knows which to fix."""
@@ -347,3 +301,13 @@ def _file_of(entry: DatasetEntry, path: str) -> str | None:
     if os.path.isdir(folder) and os.path.abspath(path).startswith(folder + os.sep):
         return os.path.relpath(path, folder)
     return None
+
+
+def read_whole_instead(dataset: Opened, at: Planning) -> int:
+    """A dataset found, once its read began, to be one only ``datasets`` reads (before any slice was cut):
+    opened and cut by the reader of any dataset instead."""
+    whole = at.whole.open(dataset.index, dataset.entry, at)
+    assert whole is not None
+    count = at.whole.cut(whole, at, HandOn(None, Unfinished()))
+    dataset.plan, dataset.cuts, dataset.warnings = whole.plan, whole.cuts, whole.warnings
+    return count
