@@ -40,7 +40,7 @@ from sftmix.assembly.assemble import PROCESSES_FROM_ENV
 from sftmix.output.digest import compare
 from sftmix.output.output_dir import output_id
 from sftmix.runtime import settings
-from sftmix.sources.jsonl import BATCH_BYTES
+from sftmix.sources.jsonl.batches import BATCH_BYTES
 from tests.cli_runs import left_in_shm, semaphores
 from tests.hub_emulator import DECLARED_CARD, LOADED_CARD, PLAIN_CARD, HubEmulator
 from tokenize_mixer.flows.api.runtime import PRIVATE_DIR_PREFIX
@@ -233,7 +233,7 @@ class Mixture:
 #: Rows a row group of the soak's Parquet copy (8,000 rows: 16 row groups, about 1 MiB each).
 PARQUET_GROUP_ROWS = 500
 #: Half of change-parquet's trials read every row group batch by batch, as only a large one is (and, cut
-#: into several slices, decode each once into a spill: sftmix.sources.spill), and so do half of sigint-hub's of
+#: into several slices, decode each once into a spill: sftmix.sources.parquet.spill), and so do half of sigint-hub's of
 #: its Parquet dataset.
 PARQUET_STREAMED_BYTES = 1 << 16
 

@@ -11,7 +11,7 @@ import pytest
 from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.errors import BadLineError
 from sftmix.planning.plan import build_plan
-from sftmix.sources import jsonl
+from sftmix.sources.jsonl import batches as jsonl
 from sftmix.tokenizing.slices import tokenize_slice
 from tests.test_bad_input import TINY, here, one_error_line, plan_cli  # noqa: F401 (here: a fixture)
 

@@ -182,7 +182,7 @@ def test_a_large_jsonl_object_is_read_in_place_by_byte_range_while_it_is_planned
     counted; a slice reads its own ranges. The batches and the output are the local file's; an object
     replaced after the plan is one clear error where it is read, never rows of two versions."""
     from sftmix.output.digest import compare
-    from sftmix.sources import jsonl
+    from sftmix.sources.jsonl import batches as jsonl
     from tests.test_head_start import _mixer, arithmetic
 
     local = tmp_path / "large.jsonl"
@@ -223,7 +223,7 @@ def test_a_large_compressed_jsonl_object_is_sliced_as_its_copy_is_written(gcs, t
     plain file's."""
     import gzip
 
-    from sftmix.sources import jsonl
+    from sftmix.sources.jsonl import batches as jsonl
     from tests.test_head_start import _mixer, arithmetic
 
     local = tmp_path / "large.jsonl"
@@ -262,7 +262,7 @@ def test_a_parquet_object_is_read_by_row_group_in_place_and_a_replaced_one_is_re
     import pyarrow.parquet as pq
 
     from sftmix.output.digest import compare
-    from sftmix.sources import parquet
+    from sftmix.sources.parquet import row_groups as parquet
     from tests.test_head_start import _mixer, arithmetic
 
     rows = [{**row, "id": f"{k:05d}"} for k, row in enumerate(arithmetic(random.Random(11), 3_000))]

@@ -20,7 +20,7 @@ from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptio
 from sftmix.errors import DatasetError
 from sftmix.output.digest import compare
 from sftmix.planning.plan import build_plan
-from sftmix.sources import jsonl
+from sftmix.sources.jsonl import batches as jsonl
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 from tokenize_mixer.flows.workers import head_start
 

@@ -17,8 +17,8 @@ import pytest
 from datasets.packaged_modules.json.json import JsonConfig
 
 from sftmix.errors import BadRowError, DatasetError
-from sftmix.sources import jsonl
 from sftmix.sources.dataset import _reference_json_options
+from sftmix.sources.jsonl import batches as jsonl
 
 
 def _reference_rows(path: Path, cache: Path) -> list[dict]:

@@ -16,7 +16,7 @@ import pytest
 
 from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.errors import DatasetError
-from sftmix.sources import parquet
+from sftmix.sources.parquet import row_groups as parquet
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
@@ -44,7 +44,7 @@ def _datasets_rows(path: Path, cache: Path) -> list[dict]:
 @pytest.fixture
 def by_batch(monkeypatch):
     """Every row group read batch by batch, a few rows and a few hundred bytes at a time, as only a large
-    one is (:data:`sftmix.sources.parquet.STREAMED_BYTES`)."""
+    one is (:data:`sftmix.sources.parquet.row_groups.STREAMED_BYTES`)."""
     monkeypatch.setenv("TOKENIZE_MIXER_PARQUET_STREAMED_BYTES", "-1")
     monkeypatch.setattr(parquet, "_STREAM_BATCH_BYTES", 4096)
     monkeypatch.setattr(parquet, "_STREAM_BUFFER", 512)
@@ -199,7 +199,7 @@ def test_a_row_group_read_by_batch_is_read_once_by_a_slice(tmp_path, by_batch, m
 
 @pytest.mark.slow
 def test_a_large_row_group_is_read_holding_about_a_batch(tmp_path):
-    """A row group of more than :data:`~sftmix.sources.parquet.STREAMED_BYTES` (pyarrow writes up to 1Mi rows a
+    """A row group of more than :data:`~sftmix.sources.parquet.row_groups.STREAMED_BYTES` (pyarrow writes up to 1Mi rows a
     row group): the reader holds about one batch of it, not the whole."""
     rng = random.Random(5)
     text = "".join(rng.choice("abcdefghij klmnopqrstuvwxyz") for _ in range(1 << 16))

@@ -1,4 +1,4 @@
-"""A large Parquet row group decoded once by the plan for all its slices (sftmix.sources.spill): the rows its
+"""A large Parquet row group decoded once by the plan for all its slices (sftmix.sources.parquet.spill): the rows its
 slices read are the file's, its slices are handed on once all it decoded is confirmed, and a slice
 without it reads the file itself."""
 
@@ -14,7 +14,8 @@ import pytest
 
 from sftmix.config.config import DatasetEntry, RunOptions
 from sftmix.errors import DatasetError
-from sftmix.sources import parquet, spill
+from sftmix.sources.parquet import row_groups as parquet
+from sftmix.sources.parquet import spill
 from tests.test_parquet import _datasets_rows, _mixer, _rows
 
 
@@ -108,7 +109,7 @@ def test_a_damaged_spill_is_read_from_the_file_instead_and_made_again(tmp_path, 
         fh.seek(batch.end - 20)
         fh.write(b"\0" * 8)
     source = layout.source(list(layout.row_groups), [found])
-    with caplog.at_level("WARNING", logger="sftmix.sources.spill"):
+    with caplog.at_level("WARNING", logger="sftmix.sources.parquet.spill"):
         assert parquet.read_rows(source, list(range(600))) == expected
     parquet.confirm()
     parquet.release()

@@ -29,15 +29,11 @@ from sftmix.config.config import (
 from sftmix.config.selection import TokenBudget, large_upsample_warning
 from sftmix.errors import ConfigError, DatasetError, MixerError, TemplateError
 from sftmix.output.olmo_format import part_bytes_problem
-from sftmix.planning.readers.by_row_group import BY_ROW_GROUP
-from sftmix.planning.readers.streamed import STREAMED
-from sftmix.planning.readers.whole import WHOLE
 from sftmix.planning.recipe import input_record, mixer_recipe
 from sftmix.planning.slicing import EarlySlice, Slicing
 from sftmix.planning.span_losses import span_losses
 from sftmix.runtime.parallel import available_cpus, memory_limit
 from sftmix.runtime.storage import is_remote, storage_errors
-from sftmix.sources import jsonl, parquet
 from sftmix.sources.dataset import (
     forget_builders,
     hash_ahead,
@@ -49,8 +45,11 @@ from sftmix.sources.formats import (
     RowFormatError,
     conversation_from_row,
 )
-from sftmix.sources.reading import SAMPLE_ROWS, DatasetPlan, Opened, Planning, Reader, digest
-from sftmix.sources.spill import forget_spills
+from sftmix.sources.jsonl import batches as jsonl
+from sftmix.sources.parquet import row_groups as parquet
+from sftmix.sources.parquet.spill import forget_spills
+from sftmix.sources.reading import SAMPLE_ROWS, DatasetPlan, Opened, Planning, digest
+from sftmix.sources.registry import READERS, WHOLE
 from sftmix.tokenizing.encoders import Unproven, same_encodings
 from sftmix.tokenizing.labels import RenderError
 from sftmix.tokenizing.slices import (
@@ -470,11 +469,6 @@ def _try_fast(ctx: TokenizeContext, texts: list[str]) -> tuple[str | None, str]:
     if differ is not None:
         return f"the two encoders disagree on a sample row of this run ({differ})", fast.engine
     return None, fast.engine
-
-
-#: The readers, asked in turn to open each dataset: a large JSON Lines file read as its slices begin,
-#: Parquet by row group, else read whole (by batch, or through ``datasets``).
-READERS: tuple[Reader, ...] = (STREAMED, BY_ROW_GROUP, WHOLE)
 
 
 def _context(

@@ -87,7 +87,7 @@ class ReadProgress(EveryFewSeconds):
             return self._done
 
     def batch_read(self, batch: Any, schema_b64: str) -> None:
-        """:meth:`read` as a JSON Lines scan's listener (``sftmix.sources.jsonl.BatchListener``)."""
+        """:meth:`read` as a JSON Lines scan's listener (``sftmix.sources.jsonl.batches.BatchListener``)."""
         self.read(batch.end - batch.offset)
 
     def _wanted(self) -> bool:

@@ -430,6 +430,14 @@ def localize(path: str, cache_dir: str) -> str:
     return local
 
 
+def fetched_copy(path: str, split: str, cache_dir: str) -> str:
+    """The file a reader reads when it cannot read ``path`` in place: for a ``gs://`` data file of the
+    'train' split, this machine's copy of it in the cache ``datasets`` would read it from (fetched once
+    per object generation, :func:`localize`); anything else as it is."""
+    whole = is_remote(path) and local_builder(path) is not None and split.strip() == "train"
+    return localize(path, cache_dir) if whole else path
+
+
 def fetch_version(path: str, info: dict[str, Any], local: str) -> None:
     """Fetch the version of object ``path`` that ``info`` describes to ``local``, or refuse: the
     download is pinned to that generation where the store keeps one, and the object is asked again
@@ -1082,7 +1090,7 @@ def json_data_files(name: str, split: str, revision: str | None, cache_dir: str)
     """Where ``datasets.load_dataset(name, split=split)`` would read JSON files with its JSON builder,
     taking the features its card declares, or else those of the first batch of the first file (a hub
     dataset of JSON Lines files, or a local directory of them): the files, downloaded as ``datasets`` downloads them, for the plan to read
-    by batch on all cores (:func:`sftmix.sources.jsonl.scan_files`) instead of ``datasets`` converting them whole
+    by batch on all cores (:func:`sftmix.sources.jsonl.batches.scan_files`) instead of ``datasets`` converting them whole
     on one core. Plain files download in the background, in order, each read as soon as it has landed;
     compressed ones download the same way and are decompressed to copies (as :func:`decompressed_copy`
     makes one of a local file) as each lands, side by side. ``None`` for anything else (a split not the

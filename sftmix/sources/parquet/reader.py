@@ -11,11 +11,12 @@ from dataclasses import replace
 from sftmix.config.config import DatasetEntry
 from sftmix.config.selection import target_rows
 from sftmix.errors import DatasetError
-from sftmix.planning.readers.jsonl_files import local_copy
 from sftmix.runtime.storage import is_remote
-from sftmix.sources import parquet
-from sftmix.sources.dataset import local_builder, parquet_data_files
+from sftmix.sources import pinned
+from sftmix.sources.dataset import fetched_copy, local_builder, parquet_data_files
 from sftmix.sources.downloads import closed_on_error
+from sftmix.sources.parquet import row_groups as parquet
+from sftmix.sources.parquet.spill import Spill, spill_group
 from sftmix.sources.reading import (
     Cut,
     HandOn,
@@ -29,7 +30,6 @@ from sftmix.sources.reading import (
     row_groups,
     selected_rows,
 )
-from sftmix.sources.spill import Spill, spill_group
 
 
 def counted_parquet(entry: DatasetEntry, datasets_cache: str) -> parquet.ParquetLayout | None:
@@ -55,6 +55,15 @@ def counted_parquet(entry: DatasetEntry, datasets_cache: str) -> parquet.Parquet
     except DatasetError as exc:
         raise dataset_error(entry, exc) from None
     return None
+
+
+def local_copy(entry: DatasetEntry, datasets_cache: str) -> str:
+    """The file the plan reads: the entry's own path; a ``gs://`` Parquet object's pinned generation, read
+    in place by range (:func:`sftmix.sources.pinned.pin`); else this machine's copy of it
+    (:func:`sftmix.sources.dataset.fetched_copy`)."""
+    if parquet.reads_remote(entry.path, entry.split):
+        return pinned.pin(entry.path)
+    return fetched_copy(entry.path, entry.split, datasets_cache)
 
 
 def _layout(dataset: Opened) -> parquet.ParquetLayout:

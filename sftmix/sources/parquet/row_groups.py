@@ -54,7 +54,7 @@ from sftmix.sources import pinned
 from sftmix.sources.dataset import local_builder, runs_in_parts, table_rows
 from sftmix.sources.downloads import Downloads, closed_on_error
 from sftmix.sources.features import decodes, features_schema, schema_of, schema_text
-from sftmix.sources.spill import SpilledGroup, SpilledRows
+from sftmix.sources.parquet.spill import SpilledGroup, SpilledRows
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class RowGroup(BaseModel):
 class ParquetSource(BaseModel):
     """What a slice needs to read its rows: the footers of its files, the features as an Arrow schema,
     the row groups that hold its rows, and where the plan decoded one for all its slices, the batches of
-    that spill which hold them (:mod:`sftmix.sources.spill`; what the rows are follows from the row groups)."""
+    that spill which hold them (:mod:`sftmix.sources.parquet.spill`; what the rows are follows from the row groups)."""
 
     footers: list[ParquetFooter]
     schema_b64: str
@@ -354,7 +354,7 @@ def _blocks(ranges: _Ranges, start: int, end: int) -> Iterator[bytes]:
 
 
 #: A column chunk is hashed in about this many blocks (each at least :data:`_MIN_CHECKED_BLOCK`), so one
-#: decoded as it is read is known to be the plan's version a block at a time (:mod:`sftmix.sources.spill`).
+#: decoded as it is read is known to be the plan's version a block at a time (:mod:`sftmix.sources.parquet.spill`).
 _CHECKED_BLOCKS = 256
 _MIN_CHECKED_BLOCK = 64 << 10
 
@@ -668,7 +668,7 @@ def slice_cuts(
     decoded by one slice (one per task run: fewer, larger slices cost the orchestrator less). With
     ``spill``, a row group read batch by batch (:func:`spilled`) is cut into slices of about
     ``slice_bytes`` each (a batch's at least): the plan decodes it once for all of them
-    (:mod:`sftmix.sources.spill`), so a file of a few huge row groups keeps every core busy. Any other of several
+    (:mod:`sftmix.sources.parquet.spill`), so a file of a few huge row groups keeps every core busy. Any other of several
     times ``slice_bytes`` is cut into at most :data:`MAX_PIECES_PER_ROW_GROUP` slices, each decoding it
     up to its own rows."""
     import numpy as np

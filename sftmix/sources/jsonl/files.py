@@ -13,23 +13,22 @@ from sftmix.config.selection import every_row
 from sftmix.errors import DatasetError
 from sftmix.runtime.read_progress import ReadProgress
 from sftmix.runtime.storage import is_remote
-from sftmix.sources import jsonl, parquet, pinned
-from sftmix.sources.dataset import JsonFiles, copies_of, json_data_files, local_builder, localize
+from sftmix.sources import pinned
+from sftmix.sources.dataset import JsonFiles, copies_of, fetched_copy, json_data_files, local_builder
 from sftmix.sources.downloads import closed_on_error
+from sftmix.sources.jsonl import batches as jsonl
 from sftmix.sources.reading import Rows, dataset_error, digest
 
 logger = logging.getLogger(__name__)
 
 
 def local_copy(entry: DatasetEntry, datasets_cache: str) -> str:
-    """The file the plan reads: the entry's own path; a ``gs://`` JSON Lines or Parquet object's pinned
-    generation (:func:`sftmix.sources.pinned.pin`); for another ``gs://`` object, this machine's copy of it in the
-    cache ``datasets`` would read it from (fetched once per object generation). (A compressed JSON Lines
-    file's copy: :func:`compressed_file`.)"""
-    if jsonl.reads_remote(entry.path, entry.split) or parquet.reads_remote(entry.path, entry.split):
+    """The file the plan reads: the entry's own path; a ``gs://`` JSON Lines object's pinned generation
+    (:func:`sftmix.sources.pinned.pin`); for another ``gs://`` object, this machine's copy of it
+    (:func:`sftmix.sources.dataset.fetched_copy`). (A compressed JSON Lines file's copy: :func:`compressed_file`.)"""
+    if jsonl.reads_remote(entry.path, entry.split):
         return pinned.pin(entry.path)  # read in place, by byte range
-    whole = is_remote(entry.path) and local_builder(entry.path) is not None and entry.split.strip() == "train"
-    return localize(entry.path, datasets_cache) if whole else entry.path
+    return fetched_copy(entry.path, entry.split, datasets_cache)
 
 
 def counted_jsonl(entry: DatasetEntry, datasets_cache: str) -> jsonl.JsonlLayout | None:
@@ -136,7 +135,7 @@ def batch_groups(
 def scanned_files(
     files: JsonFiles, name: str, on_batch: jsonl.BatchListener | None = None, threads: int | None = None
 ) -> jsonl.JsonlLayout | None:
-    """:func:`sftmix.sources.jsonl.scan_files` of ``files``, each read as it lands; a refusal or a stop stops
+    """:func:`sftmix.sources.jsonl.batches.scan_files` of ``files``, each read as it lands; a refusal or a stop stops
     their downloads, as does a dataset ``datasets`` reads instead (it downloads the files itself)."""
     with closed_on_error(files):
         layout = jsonl.scan_files(files.paths, name, on_batch, threads, files.follow, files.declared)

@@ -10,7 +10,11 @@ from dataclasses import replace
 from sftmix.config.config import DatasetEntry
 from sftmix.config.selection import selection_problem, target_rows
 from sftmix.errors import DatasetError
-from sftmix.planning.readers.jsonl_files import (
+from sftmix.sources.dataset import JsonFiles
+from sftmix.sources.downloads import closed_on_error
+from sftmix.sources.growing import final_name
+from sftmix.sources.jsonl import batches as jsonl
+from sftmix.sources.jsonl.files import (
     bad_lines_warning,
     batch_data,
     batch_pieces,
@@ -19,10 +23,6 @@ from sftmix.planning.readers.jsonl_files import (
     slice_is_full,
     streamed_files,
 )
-from sftmix.sources import jsonl
-from sftmix.sources.dataset import JsonFiles
-from sftmix.sources.downloads import closed_on_error
-from sftmix.sources.growing import final_name
 from sftmix.sources.reading import (
     Cut,
     HandOn,
@@ -112,7 +112,7 @@ class StreamedReader:
             pieces: list[Rows]
             if run.slice_rows:
                 pieces = [(a, min(a + run.slice_rows, hi), None) for a in range(lo, hi, run.slice_rows)]
-            else:  # (as a count first cuts a small mixture's: jsonl_files.batch_groups)
+            else:  # (as a count first cuts a small mixture's: files.batch_groups)
                 pieces = row_pieces(
                     lo, hi, None, batch_pieces(batches, at.slice_bytes) if at.cut_batches else 1
                 )
