@@ -43,8 +43,8 @@ def _warm(args: tuple) -> float:
 
 def _limit(args: tuple) -> int:
     """The physical limit on the same rows: render each with the template, Rust ``encode_batch``."""
-    from sftmix.sources.dataset import read_rows
     from sftmix.sources.formats import conversation_from_row
+    from sftmix.sources.whole.arrow import read_rows
     from sftmix.tokenizing.slices import masker_for
 
     spec, ctx = args

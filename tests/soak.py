@@ -180,7 +180,7 @@ GCS_GZIP = "gs://soak/chats.jsonl.gz"
 #: sigint-hub's datasets, one drawn a trial: the Parquet copy's row groups in files of a hub dataset on a
 #: hub emulator, or the soak's JSON Lines rows in files of another, plain, gzipped, with a card that
 #: declares their features, or with one that names an encoding (the ``datasets`` library loads those:
-#: ``sftmix.sources.dataset._fetch_first``) (its own hub cache each trial, so they download during the run), each
+#: ``sftmix.sources.whole.arrow._fetch_first``) (its own hub cache each trial, so they download during the run), each
 #: answer sent at a link's speed.
 HUB_DATASET = "soak/chats"
 HUB_JSON_DATASET = "soak/chats-jsonl"

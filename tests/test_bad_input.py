@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import importlib.util
 import json
 import logging
 import lzma
@@ -23,7 +24,6 @@ import pytest
 
 import sftmix.errors
 import sftmix.planning.plan
-import sftmix.sources.dataset
 from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.config.selection import ASSEMBLE_BYTES_PER_ROW, MAX_SELECTED_ROWS
 from sftmix.errors import BadRowError, DatasetError
@@ -253,9 +253,9 @@ def test_invalid_utf8_inside_a_compressed_file_names_the_line(here):
 
 
 def test_zstd_without_its_package_is_refused_by_name(here, capsys, monkeypatch):
-    real = sftmix.sources.dataset.importlib.util.find_spec
+    real = importlib.util.find_spec
     monkeypatch.setattr(
-        sftmix.sources.dataset.importlib.util,
+        importlib.util,
         "find_spec",
         lambda name, *a: None if name == "zstandard" else real(name, *a),
     )
@@ -426,7 +426,7 @@ def test_a_hub_shaped_name_with_no_hub_says_both_at_once(tmp_path, monkeypatch):
 def test_a_hub_dataset_name_with_no_hub_is_named_once(tmp_path, monkeypatch):
     """The dataset's error names it once: ``dataset 'x': is not a local directory ...``."""
     from sftmix.sources import hub
-    from sftmix.sources.dataset import describe
+    from sftmix.sources.whole.arrow import describe
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

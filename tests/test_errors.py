@@ -350,7 +350,7 @@ def test_the_utf8_check_names_the_first_bad_byte_wherever_the_blocks_are_cut():
     import random
     import re
 
-    from sftmix.sources.dataset import _Utf8Check
+    from sftmix.sources.hashing import _Utf8Check
 
     def whole(text: bytes) -> str:
         try:
@@ -402,7 +402,7 @@ def test_a_file_hashed_ahead_gives_every_caller_the_same_hash_or_the_same_error(
     import hashlib
     import threading
 
-    from sftmix.sources.dataset import file_sha256, hash_ahead
+    from sftmix.sources.hashing import file_sha256, hash_ahead
 
     big = tmp_path / "big.jsonl"
     big.write_text((json.dumps(GOOD) + "\n") * 200_000)  # 17 MB: still being hashed when the callers come

@@ -144,7 +144,7 @@ GOLDEN_DATA = sorted(
 def test_workers_read_the_rows_datasets_would_give(tmp_path, path):
     """Workers read rows straight from the memory-mapped Arrow cache (no ``datasets`` import): the same
     Python objects as ``datasets`` gives, in any order asked."""
-    from sftmix.sources.dataset import arrow_cache_files, open_dataset, read_rows
+    from sftmix.sources.whole.arrow import arrow_cache_files, open_dataset, read_rows
 
     cache = str(tmp_path / "cache")
     files = arrow_cache_files(path, "train", None, cache)
@@ -162,7 +162,7 @@ def test_a_field_whose_type_changes_between_rows_is_a_clear_error(tmp_path):
     """JSON is loaded as the reference's datasets 4 loads it (datasets 5 would wrap such a field in a
     JSON-typed column and render different bytes): a type change between rows is an error naming it."""
     from sftmix.errors import DatasetError
-    from sftmix.sources.dataset import arrow_cache_files
+    from sftmix.sources.whole.arrow import arrow_cache_files
 
     path = write_jsonl(
         tmp_path / "mixed.jsonl", [{"messages": [{"role": "user", "content": "x"}]}, {"messages": {"a": 1}}]
@@ -176,8 +176,8 @@ def test_planning_hashes_the_rows_datasets_gives_through_a_map_it_closes(tmp_pat
     """Slice fingerprints read through the split's own Arrow files (a map closed every few hundred MiB,
     so planning a large file keeps resident memory flat) hash exactly the bytes the ``datasets`` path
     hashes: every checkpoint key stays what it was."""
-    from sftmix.sources import dataset as sources
-    from sftmix.sources.dataset import RowsFingerprinter, arrow_cache_files, open_dataset
+    from sftmix.sources.whole import arrow as sources
+    from sftmix.sources.whole.arrow import RowsFingerprinter, arrow_cache_files, open_dataset
 
     cache = str(tmp_path / "cache")
     files = arrow_cache_files(path, "train", None, cache)

@@ -313,7 +313,7 @@ def test_a_compressed_jsonl_object_is_decompressed_as_it_is_read_not_fetched_fir
     import gzip
 
     from sftmix.sources import pinned
-    from sftmix.sources.dataset import decompressed_copy
+    from sftmix.sources.copies import decompressed_copy
 
     lines = (EXAMPLES / "data" / "general.jsonl").read_bytes()
     url = f"gs://src/{uuid.uuid4().hex[:8]}/general.jsonl.gz"
@@ -343,7 +343,7 @@ def test_an_object_replaced_while_it_is_fetched_is_refused_not_stored_as_the_old
     and fetching it is refused (the emulator ignores the pinned generation GCS would honour), and a
     fetch killed earlier leaves a temp file the next fetch of that version removes."""
     from sftmix.runtime.storage import temp_name
-    from sftmix.sources.dataset import fetch_version, localize
+    from sftmix.sources.copies import fetch_version, localize
 
     url = f"gs://src/{uuid.uuid4().hex[:8]}/general.jsonl"
     first = (EXAMPLES / "data" / "general.jsonl").read_bytes()

@@ -203,7 +203,7 @@ def _packed(plain: Path, packed: Path) -> Path:
 def _held_copy(monkeypatch) -> threading.Event:
     """Decompressions made 1 MiB at a time, each held once its copy holds more than a batch and a
     bit, until the event is set."""
-    from sftmix.sources import dataset as sources
+    from sftmix.sources import copies as sources
     from sftmix.sources.growing import GrowingFile
 
     held, grew = threading.Event(), GrowingFile.grew
@@ -479,7 +479,7 @@ def test_a_compressed_files_copy_size_is_told_without_the_copy(large, tmp_path, 
     within a few percent from its first blocks; never by making the copy."""
     import random
 
-    from sftmix.sources import dataset as sources
+    from sftmix.sources import copies as sources
 
     def made() -> int:
         raise AssertionError("the copy was made to tell its size")

@@ -429,7 +429,7 @@ def test_a_hub_dataset_of_json_lines_files_is_cut_into_slices_while_its_files_do
 # Fetches a hub dataset's JSON Lines files in the background as the plan does, its progress lines on stderr.
 _FETCH = """
 import logging, sys
-from sftmix.sources.dataset import json_data_files
+from sftmix.sources.data_files import json_data_files
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 files = json_data_files(sys.argv[1], "train", None, sys.argv[2])
 assert files is not None and files.downloads is not None
@@ -460,7 +460,7 @@ def test_the_download_line_counts_the_bytes_still_arriving(tmp_path):
 # Reads a hub dataset's JSON Lines files as the plan does; prints the copies it reads.
 _FILES = """
 import json, sys
-from sftmix.sources.dataset import json_data_files
+from sftmix.sources.data_files import json_data_files
 files = json_data_files(sys.argv[1], "train", None, sys.argv[2])
 assert files is not None
 print(json.dumps([files.local(k) for k in range(len(files.paths))]))
@@ -547,7 +547,7 @@ def test_a_download_the_hub_was_too_busy_for_is_tried_again(tmp_path, kind):
 # Opens a hub dataset as the plan opens one ``datasets`` loads; prints its rows.
 _OPEN = """
 import json, sys
-from sftmix.sources.dataset import open_dataset
+from sftmix.sources.whole.arrow import open_dataset
 print(json.dumps(open_dataset(sys.argv[1], "train", None, sys.argv[2]).to_list()))
 """
 
@@ -583,7 +583,7 @@ def test_offline_a_hub_dataset_the_cache_holds_only_part_of_is_one_clear_error(t
     fetch = "import sys\nfrom huggingface_hub import hf_hub_download\nhf_hub_download(sys.argv[1], 'README.md', repo_type='dataset')"
     if stopped == "before datasets converted it":  # the plan's own downloads, as a run makes them
         (repo / "README.md").write_text(LOADED_CARD)
-        fetch = "import sys\nfrom sftmix.sources.dataset import _fetch_first\n_fetch_first(sys.argv[1], 'train', None, sys.argv[2])"
+        fetch = "import sys\nfrom sftmix.sources.whole.arrow import _fetch_first\n_fetch_first(sys.argv[1], 'train', None, sys.argv[2])"
     with HubEmulator(repo, REPO) as hub:
         env = hub_environment(hub, tmp_path / "home")
         fetched = _script(fetch, env, REPO, str(tmp_path / "cache"))

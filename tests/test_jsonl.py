@@ -17,14 +17,14 @@ import pytest
 from datasets.packaged_modules.json.json import JsonConfig
 
 from sftmix.errors import BadRowError, DatasetError
-from sftmix.sources.dataset import _reference_json_options
+from sftmix.sources.data_files import reference_json_options
 from sftmix.sources.jsonl import batches as jsonl
 
 
 def _reference_rows(path: Path, cache: Path) -> list[dict]:
     datasets.disable_progress_bars()
     ds = datasets.load_dataset(
-        "json", data_files=str(path), split="train", cache_dir=str(cache), **_reference_json_options()
+        "json", data_files=str(path), split="train", cache_dir=str(cache), **reference_json_options()
     )
     return ds.with_format("arrow")[:].to_pylist()
 
@@ -256,7 +256,7 @@ def test_a_compressed_file_is_read_by_batch_from_its_decompressed_copy(tmp_path,
     """The reference's loader decompresses and converts a compressed file on one core before any row is
     read; the plan decompresses it once to a copy (per version of the file) and reads that by batch:
     the rows are datasets' rows of the compressed file."""
-    from sftmix.sources.dataset import decompressed_copy
+    from sftmix.sources.copies import decompressed_copy
 
     if suffix.endswith("without isal"):  # a platform without its wheel: the gzip module, the same bytes
         monkeypatch.setitem(sys.modules, "isal", None)
@@ -287,7 +287,7 @@ def test_a_compressed_file_is_read_by_batch_from_its_decompressed_copy(tmp_path,
 
 
 def test_a_damaged_compressed_file_is_one_clear_error(tmp_path):
-    from sftmix.sources.dataset import decompressed_copy
+    from sftmix.sources.copies import decompressed_copy
 
     plain = tmp_path / "chats.jsonl"
     _write(plain, _many(random.Random(8), 100_000))
@@ -304,7 +304,7 @@ def test_a_failed_copy_says_why_before_it_is_removed(tmp_path, monkeypatch, faul
     before its temp file is removed: a reader that then finds the copy gone, or cut short, is given that
     reason, not "gone"; readers waiting for its bytes wake once it is removed (no error reaches anyone
     while the temp file is still there)."""
-    from sftmix.sources import dataset as sources
+    from sftmix.sources import copies as sources
     from sftmix.sources.growing import GrowingFile
 
     plain = tmp_path / "chats.jsonl"
@@ -350,7 +350,7 @@ def test_a_copy_left_half_made_by_a_killed_run_is_removed(tmp_path):
     import subprocess
 
     from sftmix.runtime.storage import TMP_MARK
-    from sftmix.sources.dataset import decompressed_copy
+    from sftmix.sources.copies import decompressed_copy
 
     plain = tmp_path / "chats.jsonl"
     _write(plain, _many(random.Random(10), 100_000))
@@ -358,7 +358,7 @@ def test_a_copy_left_half_made_by_a_killed_run_is_removed(tmp_path):
     cache = tmp_path / "cache"
     code = (
         "import os, signal, sys\n"
-        "import sftmix.sources.dataset as s\n"
+        "import sftmix.sources.copies as s\n"
         "def killed(self, nbytes):\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
         "s.ReadProgress.read = killed  # (after the first block is written)\n"
@@ -595,7 +595,7 @@ def test_a_directory_of_json_lines_files_gives_datasets_rows_by_batch(tmp_path):
     batch on all cores, rows numbered across them, each cast to the first file's features (a key a
     file lacks is null), as ``datasets.load_dataset(name)`` builds them, compressed files from their
     decompressed copies; what only ``datasets`` reads is left to it."""
-    from sftmix.sources.dataset import json_data_files
+    from sftmix.sources.data_files import json_data_files
 
     repo = _directory(tmp_path, random.Random(11))
     cache = tmp_path / "cache"
@@ -613,7 +613,7 @@ def test_a_directory_of_json_lines_files_gives_datasets_rows_by_batch(tmp_path):
     }
     datasets.disable_progress_bars()
     reference = datasets.load_dataset(
-        str(repo), split="train", cache_dir=str(tmp_path / "reference"), **_reference_json_options()
+        str(repo), split="train", cache_dir=str(tmp_path / "reference"), **reference_json_options()
     )
     assert _directory_rows(layout) == reference.with_format("arrow")[:].to_pylist()
     assert json_data_files(str(repo), "test", None, str(cache)) is None  # its features come from train's
@@ -628,7 +628,7 @@ def test_a_directory_of_json_lines_files_gives_datasets_rows_by_batch(tmp_path):
     layout = jsonl.scan_files(files.paths, str(repo), local=files.local)
     assert layout is not None and {b.path for b in layout.batches} <= set(copies)
     reference = datasets.load_dataset(
-        str(repo), split="train", cache_dir=str(tmp_path / "reference-gz"), **_reference_json_options()
+        str(repo), split="train", cache_dir=str(tmp_path / "reference-gz"), **reference_json_options()
     )
     assert _directory_rows(layout) == reference.with_format("arrow")[:].to_pylist()
 
@@ -640,7 +640,8 @@ def test_a_directorys_compressed_files_are_sized_by_the_first_and_copied_once(tm
     import logging
     import os
 
-    from sftmix.sources.dataset import DecompressedCopies, JsonFiles
+    from sftmix.sources.copies import DecompressedCopies
+    from sftmix.sources.data_files import JsonFiles
 
     repo = _directory(tmp_path, random.Random(12))
     for path in sorted((repo / "data").glob("train-*")):
@@ -648,7 +649,7 @@ def test_a_directorys_compressed_files_are_sized_by_the_first_and_copied_once(tm
         path.unlink()
     packed = [str(p) for p in sorted((repo / "data").glob("train-*.gz"))]
     cache = str(tmp_path / "cache")
-    caplog.set_level(logging.INFO, logger="sftmix.sources.dataset")
+    caplog.set_level(logging.INFO, logger="sftmix.sources.copies")
     both = [DecompressedCopies("chats", packed, cache, None) for _ in range(2)]
     copies = [[c.wait(k) for k in range(len(packed))] for c in both]
     assert copies[0] == copies[1]
@@ -669,7 +670,7 @@ def test_closed_copies_stop_at_once(tmp_path):
     import threading
     import time
 
-    from sftmix.sources.dataset import copies_of
+    from sftmix.sources.copies import copies_of
     from sftmix.sources.downloads import Downloads
 
     plain = tmp_path / "chats.jsonl"
@@ -712,7 +713,7 @@ def test_a_file_of_a_directory_with_a_key_the_first_never_saw_names_that_file_an
     later[13]["messages"][1]["function_calls"] = "f()"
     _write(repo / "a.jsonl", [_chat(rng, i) for i in range(30)])
     _write(repo / "b.jsonl", later[:5] + ["\n"] + later[5:])  # type: ignore[operator] (a blank line: no row)
-    from sftmix.sources.dataset import json_data_files
+    from sftmix.sources.data_files import json_data_files
 
     files = json_data_files(str(repo), "train", None, str(tmp_path / "cache"))
     assert files is not None
@@ -772,7 +773,7 @@ def test_features_a_card_declares_are_the_ones_rows_are_cast_to(tmp_path):
     ``datasets.load_dataset(name)`` casts them (a number to a string, a declared key no row has null,
     the declared order); a row with a key the card does not declare is a bad line that says so, where
     ``datasets`` refuses the load."""
-    from sftmix.sources.dataset import json_data_files
+    from sftmix.sources.data_files import json_data_files
 
     repo = _declared_directory(tmp_path, random.Random(21))
     cache = tmp_path / "cache"
@@ -840,7 +841,7 @@ def test_a_split_other_than_train_is_read_by_batch_where_its_features_are_known(
     them it casts a later split to what it found in the first, so only the first is read by batch."""
     from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
     from sftmix.planning.plan import build_plan
-    from sftmix.sources.dataset import json_data_files
+    from sftmix.sources.data_files import json_data_files
 
     repo = _split_directory(tmp_path / "org--splits", random.Random(31), declared=True)
     cache = tmp_path / "cache"

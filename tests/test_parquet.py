@@ -402,7 +402,7 @@ def _hub_layout(root: Path, rows: list[dict], card: str = "---\nlicense: odc-by\
 
 
 def _hub_rows(repo: Path, split: str, cache: Path) -> list[dict]:
-    from sftmix.sources.dataset import parquet_data_files
+    from sftmix.sources.data_files import parquet_data_files
 
     found = parquet_data_files(str(repo), split, None, str(cache))
     assert found is not None
@@ -419,7 +419,7 @@ def _load(repo: Path, split: str, cache: Path) -> list[dict]:
 def test_a_hub_datasets_parquet_files_are_read_by_row_group_in_datasets_order(tmp_path):
     """The files a hub dataset's split names (here a directory with the hub's layout: no network), in
     the order datasets reads them, give its rows; what datasets must read itself is left to it."""
-    from sftmix.sources.dataset import parquet_data_files
+    from sftmix.sources.data_files import parquet_data_files
 
     rows = _rows(300)
     repo = _hub_layout(tmp_path, rows)

@@ -37,7 +37,7 @@ def test_a_decompression_says_how_far_in_the_compressed_bytes(tmp_path, monkeypa
     decompressed size is not known before the end), all of them by the end."""
     import gzip
 
-    from sftmix.sources.dataset import decompressed_copy
+    from sftmix.sources.copies import decompressed_copy
 
     monkeypatch.setenv("TOKENIZE_MIXER_PROGRESS_SECONDS", "0.5")
     caplog.set_level(logging.INFO, logger="sftmix.runtime.read_progress")

@@ -428,7 +428,7 @@ def test_json_lines_read_as_datasets_4_5_reads_them(reference_python, tmp_path):
     import datasets
 
     from sftmix.errors import BadLineError
-    from sftmix.sources.dataset import _reference_json_options
+    from sftmix.sources.data_files import reference_json_options
     from sftmix.sources.jsonl import batches as jsonl
 
     files = {"accepted": (tmp_path / "accepted.jsonl", _accepted_rows())}
@@ -455,7 +455,7 @@ def test_json_lines_read_as_datasets_4_5_reads_them(reference_python, tmp_path):
         data_files=str(path),
         split="train",
         cache_dir=str(tmp_path / "cache-5"),
-        **_reference_json_options(),
+        **reference_json_options(),
     )
     assert json.loads(json.dumps(list(five))) == read["rows"]
 

@@ -34,22 +34,20 @@ from sftmix.planning.slicing import EarlySlice, Slicing
 from sftmix.planning.span_losses import span_losses
 from sftmix.runtime.parallel import available_cpus, memory_limit
 from sftmix.runtime.storage import is_remote, storage_errors
-from sftmix.sources.dataset import (
-    forget_builders,
-    hash_ahead,
-    path_problem,
-    release_mapped_data,
-)
+from sftmix.sources.data_files import forget_builders
 from sftmix.sources.formats import (
     Conversation,
     RowFormatError,
     conversation_from_row,
 )
+from sftmix.sources.hashing import hash_ahead
 from sftmix.sources.jsonl import batches as jsonl
 from sftmix.sources.parquet import row_groups as parquet
 from sftmix.sources.parquet.spill import forget_spills
+from sftmix.sources.paths import path_problem
 from sftmix.sources.reading import SAMPLE_ROWS, DatasetPlan, Opened, Planning, digest
 from sftmix.sources.registry import READERS, WHOLE
+from sftmix.sources.whole.arrow import release_mapped_data
 from sftmix.tokenizing.encoders import Unproven, same_encodings
 from sftmix.tokenizing.labels import RenderError
 from sftmix.tokenizing.slices import (

@@ -11,7 +11,7 @@ from typing import Any
 from sftmix.config.byte_settings import recorded
 from sftmix.config.config import NAMED_TEMPLATES, MixerConfig
 from sftmix.runtime.storage import file_version, is_remote
-from sftmix.sources.dataset import local_builder
+from sftmix.sources.paths import local_builder
 from sftmix.tokenizing.templates import named_template_file
 
 #: Packages whose version may change the bytes a recipe gives (loading, rendering, encoding, writing).

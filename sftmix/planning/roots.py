@@ -36,7 +36,7 @@ from sftmix.config.config import MixerConfig, RunOptions, default_work_dir
 from sftmix.errors import ConfigError
 from sftmix.runtime import settings
 from sftmix.runtime.storage import is_remote
-from sftmix.sources.dataset import local_builder, looks_local
+from sftmix.sources.paths import local_builder, looks_local
 
 ENV = settings.ALLOWED_ROOTS.name
 
@@ -130,7 +130,7 @@ def is_hub_name(name: str, dataset: bool = False) -> bool:
     if is_remote(name) or name.startswith("file://") or not _HUB_NAME.fullmatch(name):
         return False
     if dataset and (local_builder(name) is not None or looks_local(name)):
-        return False  # the loader reads these as local files (sftmix.sources.dataset)
+        return False  # the loader reads these as local files (sftmix.sources.whole.arrow)
     return not os.path.lexists(name)
 
 

@@ -5,7 +5,7 @@ time): at ~100 GB that is minutes before the first slice, while the cores wait. 
 files' footers by range from the hub (every count at once), the files download in order into the hub
 cache ``datasets`` uses, a few at a time, and each file's row groups are hashed (or its JSON Lines
 batches scanned), and its slices start, as soon as it has landed
-(:attr:`sftmix.sources.parquet.row_groups.ParquetLayout.downloads`, :class:`sftmix.sources.dataset.JsonFiles`). While files are
+(:attr:`sftmix.sources.parquet.row_groups.ParquetLayout.downloads`, :class:`sftmix.sources.data_files.JsonFiles`). While files are
 still to come, a line every few seconds says how far the downloads are.
 """
 

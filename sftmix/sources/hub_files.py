@@ -1,7 +1,7 @@
 """A hub dataset's files as a plan with the hub in reach found them, kept for a plan without it.
 
-The plan reads a hub dataset's Parquet or JSON Lines files itself (:func:`sftmix.sources.dataset.parquet_data_files`,
-:func:`sftmix.sources.dataset.json_data_files`), so
+The plan reads a hub dataset's Parquet or JSON Lines files itself (:func:`sftmix.sources.data_files.parquet_data_files`,
+:func:`sftmix.sources.data_files.json_data_files`), so
 ``datasets`` never prepares the dataset in its own cache; under ``HF_HUB_OFFLINE`` its loader finds
 nothing to start from and the rerun fails, where the reference (which prepared it) reruns offline. So
 each plan that resolves a hub dataset online keeps what it found (the files at their commit, the

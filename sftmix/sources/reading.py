@@ -34,8 +34,8 @@ from sftmix.errors import DatasetError
 from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.storage import is_remote
 from sftmix.sources import pinned
-from sftmix.sources.dataset import local_builder
 from sftmix.sources.formats import MESSAGES_KEY, Conversation, detect_format
+from sftmix.sources.paths import local_builder
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from sftmix.errors import ConfigError, TokenDtypeError
-from sftmix.sources.dataset import _relative_note, looks_local
 from sftmix.sources.hub import offline_cache_problem, unreachable_hub_problem
+from sftmix.sources.paths import looks_local, relative_note
 from sftmix.tokenizing.encoders import (
     ANALYSIS_VERSION,
     FastAnalysis,
@@ -111,7 +111,7 @@ def tokenizer_path_problem(name: str) -> str | None:
     if os.path.lexists(name):
         return f"tokenizer {name!r} is not a directory: give the directory that holds tokenizer.json"
     if looks_local(name):
-        return f"tokenizer {name!r}: no such directory{_relative_note(name)}"
+        return f"tokenizer {name!r}: no such directory{relative_note(name)}"
     if (problem := unreachable_hub_problem() or offline_cache_problem(name, "model")) is not None:
         return f"tokenizer {name!r} {problem}"
     return None

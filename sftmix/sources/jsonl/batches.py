@@ -23,7 +23,7 @@ generation the object has when it is planned (:mod:`sftmix.sources.pinned`), rea
 batches' ranges of that generation. A hub dataset's (or a local directory's) JSON Lines files are read
 the same way (:func:`scan_files`): the builder reads them one after another, the first file's first batch
 fixing the features of all. Anything else (a JSON array, a compressed file, a sliced split, a first batch
-pyarrow cannot parse) goes through ``datasets`` as before (:mod:`sftmix.sources.dataset`).
+pyarrow cannot parse) goes through ``datasets`` as before (:mod:`sftmix.sources.whole.arrow`).
 """
 
 from __future__ import annotations
@@ -53,17 +53,12 @@ from sftmix.runtime.ahead import ahead
 from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.storage import is_remote
 from sftmix.sources import pinned
-from sftmix.sources.dataset import (
-    BATCH_BYTES,
-    MIXED_TYPES,
-    compression_of,
-    local_builder,
-    runs_in_parts,
-    table_rows,
-    valid_utf8,
-)
+from sftmix.sources.data_files import BATCH_BYTES, MIXED_TYPES
 from sftmix.sources.features import features_schema, schema_of, schema_text
 from sftmix.sources.growing import GrowingFile, final_name, open_landing
+from sftmix.sources.hashing import valid_utf8
+from sftmix.sources.paths import compression_of, local_builder
+from sftmix.sources.tables import runs_in_parts, table_rows
 
 FINGERPRINT_PREFIX = "jsonl-batches:"
 #: A ``gs://`` object is read in ranges of this many bytes, by this many threads ahead of the plan's scan.
@@ -197,7 +192,7 @@ def reads_remote(path: str, split: str) -> bool:
 
 def reads_decompressed(path: str, split: str) -> bool:
     """Whether ``path`` is a compressed JSON file (local, or a ``gs://`` object) of the 'train' split that the
-    plan decompresses to a copy (:func:`sftmix.sources.dataset.decompressed_copy`) and reads by batch, if
+    plan decompresses to a copy (:func:`sftmix.sources.copies.decompressed_copy`) and reads by batch, if
     :func:`applies` to it."""
     url = pinned.unpinned(path)[0]
     if settings.JSON_READER.get() == "datasets" or split.strip() != "train":

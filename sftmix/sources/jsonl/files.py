@@ -14,9 +14,11 @@ from sftmix.errors import DatasetError
 from sftmix.runtime.read_progress import ReadProgress
 from sftmix.runtime.storage import is_remote
 from sftmix.sources import pinned
-from sftmix.sources.dataset import JsonFiles, copies_of, fetched_copy, json_data_files, local_builder
+from sftmix.sources.copies import copies_of, fetched_copy
+from sftmix.sources.data_files import JsonFiles, json_data_files
 from sftmix.sources.downloads import closed_on_error
 from sftmix.sources.jsonl import batches as jsonl
+from sftmix.sources.paths import local_builder
 from sftmix.sources.reading import Rows, dataset_error, digest
 
 logger = logging.getLogger(__name__)
@@ -25,7 +27,7 @@ logger = logging.getLogger(__name__)
 def local_copy(entry: DatasetEntry, datasets_cache: str) -> str:
     """The file the plan reads: the entry's own path; a ``gs://`` JSON Lines object's pinned generation
     (:func:`sftmix.sources.pinned.pin`); for another ``gs://`` object, this machine's copy of it
-    (:func:`sftmix.sources.dataset.fetched_copy`). (A compressed JSON Lines file's copy: :func:`compressed_file`.)"""
+    (:func:`sftmix.sources.copies.fetched_copy`). (A compressed JSON Lines file's copy: :func:`compressed_file`.)"""
     if jsonl.reads_remote(entry.path, entry.split):
         return pinned.pin(entry.path)  # read in place, by byte range
     return fetched_copy(entry.path, entry.split, datasets_cache)

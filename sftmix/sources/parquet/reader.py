@@ -13,10 +13,12 @@ from sftmix.config.selection import target_rows
 from sftmix.errors import DatasetError
 from sftmix.runtime.storage import is_remote
 from sftmix.sources import pinned
-from sftmix.sources.dataset import fetched_copy, local_builder, parquet_data_files
+from sftmix.sources.copies import fetched_copy
+from sftmix.sources.data_files import parquet_data_files
 from sftmix.sources.downloads import closed_on_error
 from sftmix.sources.parquet import row_groups as parquet
 from sftmix.sources.parquet.spill import Spill, spill_group
+from sftmix.sources.paths import local_builder
 from sftmix.sources.reading import (
     Cut,
     HandOn,
@@ -60,7 +62,7 @@ def counted_parquet(entry: DatasetEntry, datasets_cache: str) -> parquet.Parquet
 def local_copy(entry: DatasetEntry, datasets_cache: str) -> str:
     """The file the plan reads: the entry's own path; a ``gs://`` Parquet object's pinned generation, read
     in place by range (:func:`sftmix.sources.pinned.pin`); else this machine's copy of it
-    (:func:`sftmix.sources.dataset.fetched_copy`)."""
+    (:func:`sftmix.sources.copies.fetched_copy`)."""
     if parquet.reads_remote(entry.path, entry.split):
         return pinned.pin(entry.path)
     return fetched_copy(entry.path, entry.split, datasets_cache)

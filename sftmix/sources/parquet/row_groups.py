@@ -1,7 +1,7 @@
 """Parquet read by row group, as ``datasets``' Parquet builder reads it, without converting the whole
 dataset to Arrow on one core before the first slice can start: a local ``.parquet`` file, a ``gs://``
 one read in place by range (pinned to its generation: :mod:`sftmix.sources.pinned`), or the files of a hub
-dataset's split (most hub datasets are Parquet; :func:`sftmix.sources.dataset.parquet_data_files` fetches them
+dataset's split (most hub datasets are Parquet; :func:`sftmix.sources.data_files.parquet_data_files` fetches them
 into the cache ``datasets`` downloads to), or of a local directory laid out like one.
 
 The reference loads these with ``datasets.load_dataset``: the features are the ones the dataset card
@@ -25,7 +25,7 @@ So rows are the Python objects ``datasets`` gives (``tests/test_parquet.py`` com
 writers, a hub layout of several files and features a card declares), and a slice's key follows from
 the bytes of the row groups it reads. Anything else (a sliced split, features that decode such as an
 Image, files of different schemas, row groups pyarrow reads outside their recorded bytes) goes through
-``datasets`` as before (:mod:`sftmix.sources.dataset`).
+``datasets`` as before (:mod:`sftmix.sources.whole.arrow`).
 """
 
 from __future__ import annotations
@@ -51,10 +51,11 @@ from sftmix.runtime import settings
 from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.storage import is_remote
 from sftmix.sources import pinned
-from sftmix.sources.dataset import local_builder, runs_in_parts, table_rows
 from sftmix.sources.downloads import Downloads, closed_on_error
 from sftmix.sources.features import decodes, features_schema, schema_of, schema_text
 from sftmix.sources.parquet.spill import SpilledGroup, SpilledRows
+from sftmix.sources.paths import local_builder
+from sftmix.sources.tables import runs_in_parts, table_rows
 
 logger = logging.getLogger(__name__)
 

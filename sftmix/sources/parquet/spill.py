@@ -32,8 +32,8 @@ from sftmix.runtime.ahead import ahead
 from sftmix.runtime.ownership import remove_abandoned_temps
 from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.storage import atomic_open, write_cache_file
-from sftmix.sources.dataset import runs_in_parts, table_rows
 from sftmix.sources.growing import open_landing
+from sftmix.sources.tables import runs_in_parts, table_rows
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,6 @@ from sftmix.config.config import DatasetEntry
 from sftmix.config.selection import target_rows
 from sftmix.errors import DatasetError
 from sftmix.runtime.storage import atomic_write_bytes
-from sftmix.sources.dataset import RowsFingerprinter, SourceInfo, arrow_cache_files, describe
 from sftmix.sources.jsonl import batches as jsonl
 from sftmix.sources.jsonl.files import bad_lines_warning, batch_data, batch_groups, counted_jsonl
 from sftmix.sources.reading import (
@@ -28,6 +27,7 @@ from sftmix.sources.reading import (
     rows_key,
     selected_rows,
 )
+from sftmix.sources.whole.arrow import RowsFingerprinter, SourceInfo, arrow_cache_files, describe
 
 MAX_AUTO_SLICE_ROWS = 20_000
 
