@@ -11,7 +11,8 @@ import pytest
 from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.errors import BadLineError
 from sftmix.planning.plan import build_plan
-from sftmix.sources.jsonl import batches as jsonl
+from sftmix.sources import jsonl
+from sftmix.sources.jsonl import batches as jsonl_batches
 from sftmix.tokenizing.slices import tokenize_slice
 from tests.test_bad_input import TINY, here, one_error_line, plan_cli  # noqa: F401 (here: a fixture)
 
@@ -77,10 +78,12 @@ def test_a_large_files_bad_lines_are_named_by_line_alone_in_the_skip_warning(tmp
     """A file cut into slices as its batches are counted (larger than a batch) says which of its own lines
     it skips, as a small one does; only a directory's one file names the file (``jsonl.lines_of``)."""
     padding = b'"' + b"x" * 2000 + b'"'
-    lines = [_good(i)[:-1] + b', "pad": ' + padding + b"}" for i in range(jsonl.BATCH_BYTES // 2000 + 500)]
+    lines = [
+        _good(i)[:-1] + b', "pad": ' + padding + b"}" for i in range(jsonl_batches.BATCH_BYTES // 2000 + 500)
+    ]
     lines[3000] = b"not json"
     path = _write(tmp_path / "large.jsonl", lines)
-    assert Path(path).stat().st_size > jsonl.BATCH_BYTES
+    assert Path(path).stat().st_size > jsonl_batches.BATCH_BYTES
     plan = build_plan(_mixer(tmp_path, path, "skip"), RunOptions(work_dir=str(tmp_path / "work")))
     assert len(plan.slices) > 1
     assert any("(line 3001)" in w and "will be skipped" in w for w in plan.warnings), plan.warnings
@@ -106,7 +109,7 @@ def test_a_bad_line_is_skipped_and_counted_with_skip(tmp_path, kind):
 def test_bad_lines_past_the_first_batch_are_found_by_their_slice(tmp_path):
     """Lines that look like objects are parsed only by the slice that reads them: it names them (or
     skips them) as the plan would; the other rows of the batch are what datasets reads."""
-    lines = [_good(i) for i in range(jsonl.BATCH_BYTES // len(_good(0)) + 5000)]
+    lines = [_good(i) for i in range(jsonl_batches.BATCH_BYTES // len(_good(0)) + 5000)]
     wrong_type = len(lines) - 100
     not_json = len(lines) - 7
     lines[wrong_type] = KINDS["a field of another type"][0]

@@ -24,6 +24,8 @@ from sftmix.errors import ConfigError, DatasetError, OutputConflictError
 from sftmix.output.digest import OUTPUT_MANIFEST, output_digests, remote_output_digests
 from sftmix.output.publish import publish_remote
 from sftmix.planning.plan import build_plan
+from sftmix.sources.jsonl import batches as jsonl_batches
+from sftmix.sources.jsonl import scanning as jsonl_scanning
 from tests.ports import free_port
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
@@ -182,18 +184,18 @@ def test_a_large_jsonl_object_is_read_in_place_by_byte_range_while_it_is_planned
     counted; a slice reads its own ranges. The batches and the output are the local file's; an object
     replaced after the plan is one clear error where it is read, never rows of two versions."""
     from sftmix.output.digest import compare
-    from sftmix.sources.jsonl import batches as jsonl
+    from sftmix.sources import jsonl
     from tests.test_head_start import _mixer, arithmetic
 
     local = tmp_path / "large.jsonl"
     with open(local, "w", encoding="utf-8") as fh:
         for k, row in enumerate(arithmetic(random.Random(9), 7_600)):
             fh.write(json.dumps({**row, "id": f"{k:05d}-" + "x" * 3000}) + "\n")
-    assert local.stat().st_size > 2 * jsonl.BATCH_BYTES
+    assert local.stat().st_size > 2 * jsonl_batches.BATCH_BYTES
     url = f"gs://src/{uuid.uuid4().hex[:8]}/large.jsonl"
     gcs.put_file(str(local), url)
     pinned = f"{url}#{gcs.info(url)['generation']}"
-    jsonl._SCANS.clear()
+    jsonl_scanning._SCANS.clear()
     mixer, run = _mixer(url, tmp_path / "out"), RunOptions(work_dir=str(tmp_path / "w"), runner="thread")  # type: ignore[arg-type]
     early: list[str] = []
     plan = build_plan(mixer, run, lambda spec, ctx: early.append(spec.key))
@@ -223,7 +225,7 @@ def test_a_large_compressed_jsonl_object_is_sliced_as_its_copy_is_written(gcs, t
     plain file's."""
     import gzip
 
-    from sftmix.sources.jsonl import batches as jsonl
+    from sftmix.sources import jsonl
     from tests.test_head_start import _mixer, arithmetic
 
     local = tmp_path / "large.jsonl"
@@ -232,7 +234,7 @@ def test_a_large_compressed_jsonl_object_is_sliced_as_its_copy_is_written(gcs, t
             fh.write(json.dumps({**row, "id": f"{k:05d}-" + "x" * 3000}) + "\n")
     url = f"gs://src/{uuid.uuid4().hex[:8]}/large.jsonl.gz"
     gcs.pipe_file(url, gzip.compress(local.read_bytes(), compresslevel=1, mtime=0))
-    jsonl._SCANS.clear()
+    jsonl_scanning._SCANS.clear()
     early: list = []
     plan = build_plan(
         _mixer(url, tmp_path / "out"),  # type: ignore[arg-type]

@@ -20,7 +20,9 @@ from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptio
 from sftmix.errors import DatasetError
 from sftmix.output.digest import compare
 from sftmix.planning.plan import build_plan
-from sftmix.sources.jsonl import batches as jsonl
+from sftmix.sources import jsonl
+from sftmix.sources.jsonl import batches as jsonl_batches
+from sftmix.sources.jsonl import scanning as jsonl_scanning
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 from tokenize_mixer.flows.workers import head_start
 
@@ -140,17 +142,17 @@ def large(tmp_path_factory) -> Path:
     with open(path, "w", encoding="utf-8") as fh:
         for k, row in enumerate(rows):
             fh.write(json.dumps({**row, "id": f"{k:05d}-" + "x" * 3000}) + "\n")
-    assert path.stat().st_size > 2 * jsonl.BATCH_BYTES
+    assert path.stat().st_size > 2 * jsonl_batches.BATCH_BYTES
     return path
 
 
 def _read_whole(path: Path) -> bool:
-    return any(stamp[0] == str(path) for stamp in jsonl._SCANS)
+    return any(stamp[0] == str(path) for stamp in jsonl_scanning._SCANS)
 
 
 @pytest.mark.parametrize("slice_rows", [None, 1000])
 def test_a_large_files_slices_are_cut_while_the_plan_reads_it(large, tmp_path, slice_rows):
-    jsonl._SCANS.clear()
+    jsonl_scanning._SCANS.clear()
     mixer, run = (
         _mixer(large, tmp_path / "out"),
         RunOptions(work_dir=str(tmp_path / "w"), slice_rows=slice_rows),
@@ -210,7 +212,7 @@ def _held_copy(monkeypatch) -> threading.Event:
 
     def holding(self, nbytes: int) -> None:
         grew(self, nbytes)
-        if self._written > jsonl.BATCH_BYTES + (2 << 20):
+        if self._written > jsonl_batches.BATCH_BYTES + (2 << 20):
             assert held.wait(120), "the copy was held and no slice was handed on"
 
     monkeypatch.setattr(sources, "_DECOMPRESS_BLOCK", 1 << 20)
@@ -229,7 +231,7 @@ def test_a_large_compressed_files_slices_start_while_its_copy_is_written(
     from sftmix.runtime.storage import TMP_MARK
     from sftmix.tokenizing.slices import rows_of
 
-    jsonl._SCANS.clear()
+    jsonl_scanning._SCANS.clear()
     packed = _packed(large, tmp_path / f"large.jsonl{suffix}")
     held = _held_copy(monkeypatch)
     work = tmp_path / "w"
@@ -302,7 +304,7 @@ def test_a_compressed_file_that_changes_while_its_copy_is_written_is_one_clear_e
 def test_a_compressed_file_counted_first_is_counted_as_its_copy_is_written(large, tmp_path):
     """At a fraction below 1 a compressed file is counted before any slice is cut, its copy scanned as it
     is written (one pass, not a copy then a read): the plain file's count, selection and slices."""
-    jsonl._SCANS.clear()
+    jsonl_scanning._SCANS.clear()
     packed = _gzipped(large, tmp_path / "large.jsonl.gz")
 
     def counted_first(data: Path, work: str):
@@ -318,7 +320,7 @@ def test_a_compressed_file_counted_first_is_counted_as_its_copy_is_written(large
 
 
 def test_a_fraction_below_one_is_counted_before_any_slice_is_cut(large, tmp_path):
-    jsonl._SCANS.clear()
+    jsonl_scanning._SCANS.clear()
     mixer = _mixer(large, tmp_path / "out")
     mixer.datasets[0].amount = 0.5  # which rows it selects follows from the count
     early: list[str] = []
@@ -330,7 +332,7 @@ def test_a_fraction_below_one_is_counted_before_any_slice_is_cut(large, tmp_path
 
 @pytest.mark.full  # (the loop has the plain head start taken over by the flow)
 def test_slices_begun_while_the_plan_reads_a_large_file_are_the_flows(prefect_api, large, tmp_path):
-    jsonl._SCANS.clear()
+    jsonl_scanning._SCANS.clear()
     mixer = _mixer(large, tmp_path / "out")
     run = RunOptions(work_dir=str(tmp_path / "work"), slice_rows=1000, runner="process", workers=2)
     with head_start.head_start_scope():
@@ -353,7 +355,7 @@ def test_slices_begun_while_the_plan_reads_a_large_file_are_the_flows(prefect_ap
 def test_larger_slices_hold_whole_batches_and_share_keys_with_a_counted_plan(large, tmp_path):
     """``slice_bytes`` of several batches (fewer task runs on many cores): whole batches per slice, the
     same slices whether they are cut as the file is read (1.0) or after a count (a row count above it)."""
-    run = RunOptions(work_dir=str(tmp_path / "w"), slice_bytes=2 * jsonl.BATCH_BYTES)
+    run = RunOptions(work_dir=str(tmp_path / "w"), slice_bytes=2 * jsonl_batches.BATCH_BYTES)
     streamed, counted = _mixer(large, tmp_path / "a"), _mixer(large, tmp_path / "b")
     counted.datasets[0].amount = 10_000  # every row (more than the file has), known from the count
     early: list[str] = []
@@ -431,8 +433,8 @@ def _append(path: Path) -> None:
 def _replace(path: Path) -> None:
     """Another file of the same size and mtime, renamed over it."""
     data = bytearray(path.read_bytes())
-    data[jsonl.BATCH_BYTES + 100 : jsonl.BATCH_BYTES + 101] = (
-        b"7" if data[jsonl.BATCH_BYTES + 100] != ord("7") else b"8"
+    data[jsonl_batches.BATCH_BYTES + 100 : jsonl_batches.BATCH_BYTES + 101] = (
+        b"7" if data[jsonl_batches.BATCH_BYTES + 100] != ord("7") else b"8"
     )
     other = path.with_name("other.jsonl")
     other.write_bytes(bytes(data))

@@ -44,7 +44,7 @@ import json, os, shutil, sys
 from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.errors import DatasetError
 from sftmix.planning.plan import build_plan
-from sftmix.sources.jsonl import batches as jsonl
+from sftmix.sources import jsonl
 from sftmix.sources.parquet import row_groups as parquet
 path, examples, work, mode, slice_rows = sys.argv[1:6]
 mixer = MixerConfig(

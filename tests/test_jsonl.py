@@ -17,8 +17,11 @@ import pytest
 from datasets.packaged_modules.json.json import JsonConfig
 
 from sftmix.errors import BadRowError, DatasetError
+from sftmix.sources import jsonl
 from sftmix.sources.data_files import reference_json_options
-from sftmix.sources.jsonl import batches as jsonl
+from sftmix.sources.jsonl import batches as jsonl_batches
+from sftmix.sources.jsonl import rows as jsonl_rows
+from sftmix.sources.jsonl import scanning as jsonl_scanning
 
 
 def _reference_rows(path: Path, cache: Path) -> list[dict]:
@@ -73,7 +76,7 @@ def _many(rng: random.Random, nbytes: int, extra=None) -> list[dict | str]:
 
 
 def test_the_batch_size_is_the_builders():
-    assert JsonConfig.chunksize == jsonl.BATCH_BYTES
+    assert JsonConfig.chunksize == jsonl_batches.BATCH_BYTES
 
 
 @pytest.mark.slow
@@ -87,7 +90,7 @@ def test_rows_are_datasets_rows_on_a_file_of_several_batches(tmp_path):
         if rng.random() < 0.3:
             row["date"] = rng.choice(["2023-01-01", "yesterday", None])  # a timestamp-like string
 
-    rows = _many(rng, 2 * jsonl.BATCH_BYTES + (3 << 20), extra)
+    rows = _many(rng, 2 * jsonl_batches.BATCH_BYTES + (3 << 20), extra)
     for k in range(50, len(rows), 997):  # blank and whitespace lines, Windows line ends
         rows.insert(k, rng.choice(["\n", "  \n", "\r\n", " \t\r\n"]))
     rows.append('{"id": -1, "messages": [{"role": "user", "content": "no newline at the end"}]}')
@@ -102,14 +105,14 @@ def test_rows_are_datasets_rows_on_a_file_of_several_batches(tmp_path):
 @pytest.mark.slow
 def test_a_batch_that_ends_on_a_newline_takes_the_next_line_as_the_builder_does(tmp_path):
     rng = random.Random(5)
-    rows = _many(rng, jsonl.BATCH_BYTES - 4000)
+    rows = _many(rng, jsonl_batches.BATCH_BYTES - 4000)
     size = sum(len(json.dumps(r, ensure_ascii=False).encode()) + 1 for r in rows)  # type: ignore[arg-type]
-    pad = jsonl.BATCH_BYTES - size - len('{"id": 0, "pad": ""}\n')
+    pad = jsonl_batches.BATCH_BYTES - size - len('{"id": 0, "pad": ""}\n')
     rows.append({"id": 0, "pad": "x" * pad})  # the batch's 10 MiB end exactly after this line's newline
     rows += _many(rng, 1 << 20)
     path = tmp_path / "edge.jsonl"
     _write(path, rows)
-    assert jsonl.batch_bounds(str(path))[0][1] > jsonl.BATCH_BYTES  # the following line joined it
+    assert jsonl.batch_bounds(str(path))[0][1] > jsonl_batches.BATCH_BYTES  # the following line joined it
     assert _our_rows(path)[1] == _reference_rows(path, tmp_path / "cache")
 
 
@@ -118,10 +121,10 @@ def test_a_key_the_first_batch_never_saw_is_refused_as_the_reference_refuses_it(
     rng = random.Random(7)
 
     def extra(rng: random.Random, i: int, row: dict, size: int) -> None:
-        if size > jsonl.BATCH_BYTES + (1 << 20):
+        if size > jsonl_batches.BATCH_BYTES + (1 << 20):
             row["messages"][1]["function_calls"] = "f()"  # tool keys only at the end
 
-    rows = _many(rng, jsonl.BATCH_BYTES + (2 << 20), extra)
+    rows = _many(rng, jsonl_batches.BATCH_BYTES + (2 << 20), extra)
     path = tmp_path / "tools.jsonl"
     _write(path, rows)
     with pytest.raises(datasets.exceptions.DatasetGenerationError):
@@ -158,8 +161,8 @@ def test_rows_with_keys_the_features_lack_are_found_in_one_pass(monkeypatch):
                 marked[i] = "messages[].name"
     data = b"".join(json.dumps(r).encode() + b"\n" for r in rows)
     parses = []
-    table_of = jsonl._table
-    monkeypatch.setattr(jsonl, "_table", lambda d, t: parses.append(1) or table_of(d, t))
+    table_of = jsonl_rows._table
+    monkeypatch.setattr(jsonl_rows, "_table", lambda d, t: parses.append(1) or table_of(d, t))
     table, bad = jsonl.read_batch(data, 0, target, declared=True)
     assert len(parses) <= 3, len(parses)
     assert sorted(bad) == sorted(marked) and table.num_rows == len(rows)
@@ -215,7 +218,7 @@ def test_the_plan_cuts_a_large_file_by_batch_and_an_edit_changes_only_its_batchs
     from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
     from sftmix.planning.plan import build_plan
 
-    rows = _many(random.Random(11), 2 * jsonl.BATCH_BYTES + (1 << 20))
+    rows = _many(random.Random(11), 2 * jsonl_batches.BATCH_BYTES + (1 << 20))
     path = tmp_path / "chats.jsonl"
     _write(path, rows)
 
@@ -447,14 +450,14 @@ def test_ranges_fetched_ahead_give_the_batches_the_builder_reads(tmp_path, monke
             continue
         path = tmp_path / f"t{trial}.jsonl"
         path.write_bytes(data)
-        monkeypatch.setattr(jsonl, "BATCH_BYTES", rng.randrange(1, 120))
-        monkeypatch.setattr(jsonl, "REMOTE_CHUNK", rng.randrange(1, 70))
-        monkeypatch.setattr(jsonl, "REMOTE_READERS", rng.randrange(1, 5))
+        monkeypatch.setattr(jsonl_batches, "BATCH_BYTES", rng.randrange(1, 120))
+        monkeypatch.setattr(jsonl_scanning, "REMOTE_CHUNK", rng.randrange(1, 70))
+        monkeypatch.setattr(jsonl_scanning, "REMOTE_READERS", rng.randrange(1, 5))
         bounds = jsonl.batch_bounds(str(path))
-        fetched = list(jsonl._fetched_batches(str(path), len(data)))
+        fetched = list(jsonl_scanning._fetched_batches(str(path), len(data)))
         assert [(a, b) for a, b, _ in fetched] == bounds, trial
         assert [d for _, _, d in fetched] == [data[a:b] for a, b in bounds]
-        assert jsonl._first_batch_end(str(path), len(data)) == bounds[0][1]
+        assert jsonl_scanning._first_batch_end(str(path), len(data)) == bounds[0][1]
 
 
 def test_a_file_read_as_it_is_written_gives_its_batches_then_its_writers_error(tmp_path, monkeypatch):
@@ -468,7 +471,7 @@ def test_a_file_read_as_it_is_written_gives_its_batches_then_its_writers_error(t
     rng = random.Random(43)
     for trial in range(40):
         data = b"".join(b"x" * rng.randrange(0, 90) + b"\n" for _ in range(rng.randrange(1, 40)))
-        monkeypatch.setattr(jsonl, "BATCH_BYTES", rng.randrange(1, 120))
+        monkeypatch.setattr(jsonl_batches, "BATCH_BYTES", rng.randrange(1, 120))
         final, temp = tmp_path / f"t{trial}.jsonl", tmp_path / f"t{trial}.jsonl.tmp"
         temp.write_bytes(b"")
         file, fails = GrowingFile(str(temp), str(final)), trial % 4 == 3
@@ -494,7 +497,7 @@ def test_a_file_read_as_it_is_written_gives_its_batches_then_its_writers_error(t
 
         def follow(file=file, followed=followed) -> None:
             try:
-                followed.extend(jsonl._growing_bounds(file))
+                followed.extend(jsonl_scanning._growing_bounds(file))
             except DatasetError as exc:
                 followed.append(exc)
 
@@ -506,13 +509,13 @@ def test_a_file_read_as_it_is_written_gives_its_batches_then_its_writers_error(t
         if fails:
             assert isinstance(followed[-1], DatasetError) and "cut short" in followed[-1].reason, trial
             with pytest.raises(DatasetError, match="cut short"):
-                list(jsonl._growing_bounds(file))
+                list(jsonl_scanning._growing_bounds(file))
             with pytest.raises(FileNotFoundError):
                 open_landing(str(final), str(temp))
             continue
         bounds = jsonl.batch_bounds(str(final))
         assert followed == bounds, trial  # found as it was written
-        assert list(jsonl._growing_bounds(file)) == bounds  # begun after the rename
+        assert list(jsonl_scanning._growing_bounds(file)) == bounds  # begun after the rename
         os.close(open_landing(str(final), str(temp)))
 
 
@@ -527,14 +530,14 @@ def test_a_copy_being_written_is_scanned_once_for_two_readers(tmp_path, monkeypa
     plain = tmp_path / "chats.jsonl"
     _write(plain, rows)
     data = plain.read_bytes()
-    monkeypatch.setattr(jsonl, "BATCH_BYTES", 1 << 14)
+    monkeypatch.setattr(jsonl_batches, "BATCH_BYTES", 1 << 14)
     temp, final = tmp_path / "copy.tmp", tmp_path / "copy.jsonl"
     temp.write_bytes(b"")
     file = GrowingFile(str(temp), str(final))
     scanned: list[tuple[int, int]] = []
-    scan_batch = jsonl._scan_batch
+    scan_batch = jsonl_scanning._scan_batch
     monkeypatch.setattr(
-        jsonl,
+        jsonl_scanning,
         "_scan_batch",
         lambda path, a, b, growing="": scanned.append((a, b)) or scan_batch(path, a, b, growing),
     )
@@ -572,7 +575,7 @@ def _directory(root: Path, rng: random.Random) -> Path:
 
     repo = root / "org--chats"
     (repo / "data").mkdir(parents=True)
-    first = _many(rng, jsonl.BATCH_BYTES + (3 << 20), tools)
+    first = _many(rng, jsonl_batches.BATCH_BYTES + (3 << 20), tools)
     second = [{k: v for k, v in r.items() if k != "id"} for r in _many(rng, 1 << 20)]  # type: ignore[union-attr]
     _write(repo / "data" / "train-00000-of-00003.jsonl", first)
     _write(repo / "data" / "train-00001-of-00003.jsonl", second, bom=True)  # type: ignore[arg-type]
@@ -761,7 +764,7 @@ def _declared_directory(root: Path, rng: random.Random, files: int = 2) -> Path:
     for k in range(files):
         _write(
             repo / "data" / f"train-0000{k}-of-0000{files}.jsonl",
-            _many(rng, (jsonl.BATCH_BYTES + (3 << 20)) >> k),
+            _many(rng, (jsonl_batches.BATCH_BYTES + (3 << 20)) >> k),
         )
     (repo / "README.md").write_text(_DECLARED_CARD)
     return repo
@@ -828,7 +831,7 @@ configs:
 def _split_directory(repo: Path, rng: random.Random, declared: bool) -> Path:
     (repo / "data").mkdir(parents=True)
     _write(repo / "data" / "train_sft-00000-of-00001.jsonl", _many(rng, 1 << 20))
-    _write(repo / "data" / "test_sft-00000-of-00001.jsonl", _many(rng, jsonl.BATCH_BYTES + (3 << 20)))
+    _write(repo / "data" / "test_sft-00000-of-00001.jsonl", _many(rng, jsonl_batches.BATCH_BYTES + (3 << 20)))
     (repo / "README.md").write_text(
         _SPLITS_CARD + (_DECLARED_CARD.removeprefix("---\n") if declared else "---\n")
     )

@@ -409,7 +409,7 @@ def _refused_rows(kind: str, bad: int) -> list[dict]:
 
 def _our_jsonl_rows(path: Path) -> list[Any]:
     """Our JSON Lines reader, as slices read a file: batch by batch."""
-    from sftmix.sources.jsonl import batches as jsonl
+    from sftmix.sources import jsonl
 
     layout = jsonl.scan(str(path))
     assert layout is not None
@@ -428,8 +428,8 @@ def test_json_lines_read_as_datasets_4_5_reads_them(reference_python, tmp_path):
     import datasets
 
     from sftmix.errors import BadLineError
+    from sftmix.sources import jsonl
     from sftmix.sources.data_files import reference_json_options
-    from sftmix.sources.jsonl import batches as jsonl
 
     files = {"accepted": (tmp_path / "accepted.jsonl", _accepted_rows())}
     for kind, bad, _, _ in REFUSED:

@@ -34,6 +34,7 @@ from sftmix.planning.slicing import EarlySlice, Slicing
 from sftmix.planning.span_losses import span_losses
 from sftmix.runtime.parallel import available_cpus, memory_limit
 from sftmix.runtime.storage import is_remote, storage_errors
+from sftmix.sources import jsonl
 from sftmix.sources.data_files import forget_builders
 from sftmix.sources.formats import (
     Conversation,
@@ -41,7 +42,7 @@ from sftmix.sources.formats import (
     conversation_from_row,
 )
 from sftmix.sources.hashing import hash_ahead
-from sftmix.sources.jsonl import batches as jsonl
+from sftmix.sources.jsonl import batches as jsonl_batches
 from sftmix.sources.parquet import row_groups as parquet
 from sftmix.sources.parquet.spill import forget_spills
 from sftmix.sources.paths import path_problem
@@ -214,7 +215,7 @@ def cuts_batches(run: RunOptions, nbytes: int) -> bool:
     small to give each worker SLICES_PER_WORKER whole batches, where slices are left to the tool (each piece
     parses its batch again: a larger mixture keeps whole batches, and the slices it had)."""
     enough = SLICES_PER_WORKER * (run.workers or available_cpus())
-    return run.slice_bytes is None and nbytes < jsonl.BATCH_BYTES * enough
+    return run.slice_bytes is None and nbytes < jsonl_batches.BATCH_BYTES * enough
 
 
 def _work_dir_path(run: RunOptions) -> Path:

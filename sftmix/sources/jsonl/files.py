@@ -13,11 +13,11 @@ from sftmix.config.selection import every_row
 from sftmix.errors import DatasetError
 from sftmix.runtime.read_progress import ReadProgress
 from sftmix.runtime.storage import is_remote
-from sftmix.sources import pinned
+from sftmix.sources import jsonl, pinned
 from sftmix.sources.copies import copies_of, fetched_copy
 from sftmix.sources.data_files import JsonFiles, json_data_files
 from sftmix.sources.downloads import closed_on_error
-from sftmix.sources.jsonl import batches as jsonl
+from sftmix.sources.jsonl import batches as jsonl_batches
 from sftmix.sources.paths import local_builder
 from sftmix.sources.reading import Rows, dataset_error, digest
 
@@ -67,7 +67,7 @@ def batches_per_slice(slice_bytes: int) -> int:
     """The whole batches a slice of a file of several batches holds: about ``slice_bytes`` of them, at
     least one (so each batch is parsed by one slice). Larger slices mean fewer task runs: Prefect's
     per-task-run cost caps how many a run can dispatch per second, whatever the cores."""
-    return max(1, round(slice_bytes / jsonl.BATCH_BYTES))
+    return max(1, round(slice_bytes / jsonl_batches.BATCH_BYTES))
 
 
 def slice_is_full(taken: list[jsonl.JsonlBatch], slice_bytes: int) -> bool:
@@ -157,7 +157,7 @@ def streamed_files(entry: DatasetEntry, datasets_cache: str) -> JsonFiles | None
     if jsonl.reads_decompressed(entry.path, entry.split):  # its copy read as it is written
         files = compressed_file(entry, datasets_cache)
         with closed_on_error(files):
-            small = files.sizes[0] <= jsonl.BATCH_BYTES
+            small = files.sizes[0] <= jsonl_batches.BATCH_BYTES
         if small:
             files.close()  # (read whole, as before)
             return None
@@ -170,13 +170,13 @@ def streamed_files(entry: DatasetEntry, datasets_cache: str) -> JsonFiles | None
         if here and not all(jsonl.applies(f, "train") for f in files.paths):  # (each a file: 'train')
             return None  # (a file still to land or be decompressed is asked then: the scan reads none)
         with closed_on_error(files):
-            small = sum(files.sizes) <= jsonl.BATCH_BYTES
+            small = sum(files.sizes) <= jsonl_batches.BATCH_BYTES
         if small:
             files.close()
             return None
         return files
     path = pinned.pin(entry.path) if jsonl.reads_remote(entry.path, entry.split) else entry.path
-    if jsonl.applies(path, entry.split) and pinned.size_of(path) > jsonl.BATCH_BYTES:
+    if jsonl.applies(path, entry.split) and pinned.size_of(path) > jsonl_batches.BATCH_BYTES:
         return JsonFiles([path])
     return None
 

@@ -10,10 +10,10 @@ from dataclasses import replace
 from sftmix.config.config import DatasetEntry
 from sftmix.config.selection import selection_problem, target_rows
 from sftmix.errors import DatasetError
+from sftmix.sources import jsonl
 from sftmix.sources.data_files import JsonFiles
 from sftmix.sources.downloads import closed_on_error
 from sftmix.sources.growing import final_name
-from sftmix.sources.jsonl import batches as jsonl
 from sftmix.sources.jsonl.files import (
     bad_lines_warning,
     batch_data,

@@ -13,7 +13,7 @@ from sftmix.config.config import DatasetEntry
 from sftmix.config.selection import target_rows
 from sftmix.errors import DatasetError
 from sftmix.runtime.storage import atomic_write_bytes
-from sftmix.sources.jsonl import batches as jsonl
+from sftmix.sources import jsonl
 from sftmix.sources.jsonl.files import bad_lines_warning, batch_data, batch_groups, counted_jsonl
 from sftmix.sources.reading import (
     Cut,

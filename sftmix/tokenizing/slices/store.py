@@ -31,7 +31,7 @@ from sftmix.runtime.storage import (
     upload_file,
     write_remote_bytes,
 )
-from sftmix.sources.jsonl import batches as jsonl
+from sftmix.sources import jsonl
 from sftmix.tokenizing.slices.manifest import (
     MANIFEST,
     OVER_LENGTH,
