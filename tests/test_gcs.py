@@ -264,7 +264,7 @@ def test_a_parquet_object_is_read_by_row_group_in_place_and_a_replaced_one_is_re
     import pyarrow.parquet as pq
 
     from sftmix.output.digest import compare
-    from sftmix.sources.parquet import row_groups as parquet
+    from sftmix.sources import parquet
     from tests.test_head_start import _mixer, arithmetic
 
     rows = [{**row, "id": f"{k:05d}"} for k, row in enumerate(arithmetic(random.Random(11), 3_000))]

@@ -45,7 +45,7 @@ from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptio
 from sftmix.errors import DatasetError
 from sftmix.planning.plan import build_plan
 from sftmix.sources import jsonl
-from sftmix.sources.parquet import row_groups as parquet
+from sftmix.sources import parquet
 path, examples, work, mode, slice_rows = sys.argv[1:6]
 mixer = MixerConfig(
     datasets=[DatasetEntry(path=path)],

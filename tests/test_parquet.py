@@ -16,7 +16,11 @@ import pytest
 
 from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.errors import DatasetError
-from sftmix.sources.parquet import row_groups as parquet
+from sftmix.sources import parquet
+from sftmix.sources.parquet import counting as parquet_counting
+from sftmix.sources.parquet import decoding as parquet_decoding
+from sftmix.sources.parquet import ranges as parquet_ranges
+from sftmix.sources.parquet import row_groups as parquet_row_groups
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
@@ -46,8 +50,8 @@ def by_batch(monkeypatch):
     """Every row group read batch by batch, a few rows and a few hundred bytes at a time, as only a large
     one is (:data:`sftmix.sources.parquet.row_groups.STREAMED_BYTES`)."""
     monkeypatch.setenv("TOKENIZE_MIXER_PARQUET_STREAMED_BYTES", "-1")
-    monkeypatch.setattr(parquet, "_STREAM_BATCH_BYTES", 4096)
-    monkeypatch.setattr(parquet, "_STREAM_BUFFER", 512)
+    monkeypatch.setattr(parquet_row_groups, "_STREAM_BATCH_BYTES", 4096)
+    monkeypatch.setattr(parquet_decoding, "_STREAM_BUFFER", 512)
     parquet.release()
     yield
     parquet.release()
@@ -188,8 +192,8 @@ def test_a_row_group_read_by_batch_is_read_once_by_a_slice(tmp_path, by_batch, m
     group = layout.row_groups[0]
     assert len(group.chunk_sha256) == len(group.chunks) > 1
     passes: list[int] = []
-    hash_group = parquet._hash_group
-    monkeypatch.setattr(parquet, "_hash_group", lambda *a: passes.append(1) or hash_group(*a))
+    hash_group = parquet_ranges.hash_group
+    monkeypatch.setattr(parquet_ranges, "hash_group", lambda *a: passes.append(1) or hash_group(*a))
     for read, counted in ((group, []), (group.model_copy(update={"chunk_sha256": ()}), [1])):
         assert parquet.read_rows(layout.source([read]), list(range(300))) == expected
         parquet.confirm()
@@ -479,7 +483,7 @@ def test_the_plan_reads_a_hub_layout_by_row_group(tmp_path):
 
 
 def _hashed_whole(path: Path) -> bool:
-    return any(path_ == str(path) for key in parquet._SCANS for path_, *_ in key[0])
+    return any(path_ == str(path) for key in parquet_counting._SCANS for path_, *_ in key[0])
 
 
 @pytest.mark.parametrize("amount", [1.0, 0.5, 250, 2.0])
@@ -494,7 +498,7 @@ def test_slices_are_cut_as_their_row_groups_are_hashed_for_any_amount(tmp_path, 
         _mixer(path, tmp_path / "out", amount),
         RunOptions(work_dir=str(tmp_path / "w"), slice_rows=50),
     )
-    parquet._SCANS.clear()
+    parquet_counting._SCANS.clear()
     early: list[tuple[str, int, bool]] = []
     plan = build_plan(mixer, run, lambda spec, ctx: early.append((spec.key, spec.index, _hashed_whole(path))))
     assert [(key, index) for key, index, _ in early] == [(s.key, s.index) for s in plan.slices]
@@ -505,7 +509,7 @@ def test_slices_are_cut_as_their_row_groups_are_hashed_for_any_amount(tmp_path, 
         exclude={"inputs", "seconds"}
     )
     assert again == [s.key for s in plan.slices]
-    parquet._SCANS.clear()
+    parquet_counting._SCANS.clear()
     assert build_plan(mixer, run).model_dump(exclude={"inputs", "seconds"}) == plan.model_dump(
         exclude={"inputs", "seconds"}
     )
@@ -517,7 +521,7 @@ def test_a_file_that_changes_while_its_row_groups_are_hashed_is_one_clear_error(
     path = tmp_path / "chats.parquet"
     rows = _rows(600)
     pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=100)
-    parquet._SCANS.clear()
+    parquet_counting._SCANS.clear()
 
     def change(spec, ctx) -> None:
         if spec.index == 0:  # rewritten as the first slice is handed on
@@ -537,7 +541,7 @@ def test_slices_begun_while_row_groups_are_hashed_are_the_flows(prefect_api, tmp
 
     path = tmp_path / "chats.parquet"
     pq.write_table(pa.Table.from_pylist(_rows(3000)), path, row_group_size=250)
-    parquet._SCANS.clear()
+    parquet_counting._SCANS.clear()
     mixer = _mixer(path, tmp_path / "out")
     run = RunOptions(work_dir=str(tmp_path / "work"), slice_rows=250, runner="process", workers=2)
     with head_start.head_start_scope():

@@ -14,7 +14,10 @@ import pytest
 
 from sftmix.config.config import DatasetEntry, RunOptions
 from sftmix.errors import DatasetError
-from sftmix.sources.parquet import row_groups as parquet
+from sftmix.sources import parquet
+from sftmix.sources.parquet import decoding as parquet_decoding
+from sftmix.sources.parquet import ranges as parquet_ranges
+from sftmix.sources.parquet import row_groups as parquet_row_groups
 from sftmix.sources.parquet import spill
 from tests.test_parquet import _datasets_rows, _mixer, _rows
 
@@ -24,7 +27,7 @@ def streamed(monkeypatch):
     """Row groups of more than 16 KiB read batch by batch (spilled where cut into several slices), in
     batches of a few rows."""
     monkeypatch.setenv("TOKENIZE_MIXER_PARQUET_STREAMED_BYTES", str(16 << 10))
-    monkeypatch.setattr(parquet, "_STREAM_BATCH_BYTES", 4096)
+    monkeypatch.setattr(parquet_row_groups, "_STREAM_BATCH_BYTES", 4096)
     parquet.release()
     yield
     parquet.release()
@@ -171,8 +174,8 @@ def test_a_file_that_changes_while_it_is_spilled_gives_no_batch_of_the_change(
 ):
     """The plan hashed each column chunk in blocks: a batch decoded from a block that is not the plan's
     is never given to the spill; the change is said as a change."""
-    monkeypatch.setattr(parquet, "_MIN_CHECKED_BLOCK", 1024)
-    monkeypatch.setattr(parquet, "_STREAM_BUFFER", 512)
+    monkeypatch.setattr(parquet_ranges, "_MIN_CHECKED_BLOCK", 1024)
+    monkeypatch.setattr(parquet_decoding, "_STREAM_BUFFER", 512)
     path = tmp_path / "chats.parquet"
     pq.write_table(
         pa.Table.from_pylist(_rows(600)), path, compression="none", use_dictionary=False, data_page_size=512

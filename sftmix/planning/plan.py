@@ -34,7 +34,7 @@ from sftmix.planning.slicing import EarlySlice, Slicing
 from sftmix.planning.span_losses import span_losses
 from sftmix.runtime.parallel import available_cpus, memory_limit
 from sftmix.runtime.storage import is_remote, storage_errors
-from sftmix.sources import jsonl
+from sftmix.sources import jsonl, parquet
 from sftmix.sources.data_files import forget_builders
 from sftmix.sources.formats import (
     Conversation,
@@ -43,7 +43,6 @@ from sftmix.sources.formats import (
 )
 from sftmix.sources.hashing import hash_ahead
 from sftmix.sources.jsonl import batches as jsonl_batches
-from sftmix.sources.parquet import row_groups as parquet
 from sftmix.sources.parquet.spill import forget_spills
 from sftmix.sources.paths import path_problem
 from sftmix.sources.reading import SAMPLE_ROWS, DatasetPlan, Opened, Planning, digest

@@ -232,7 +232,7 @@ def json_data_files(name: str, split: str, revision: str | None, cache_dir: str)
     """Where ``datasets.load_dataset(name, split=split)`` would read JSON files with its JSON builder,
     taking the features its card declares, or else those of the first batch of the first file (a hub
     dataset of JSON Lines files, or a local directory of them): the files, downloaded as ``datasets`` downloads them, for the plan to read
-    by batch on all cores (:func:`sftmix.sources.jsonl.batches.scan_files`) instead of ``datasets`` converting them whole
+    by batch on all cores (:func:`sftmix.sources.jsonl.scan_files`) instead of ``datasets`` converting them whole
     on one core. Plain files download in the background, in order, each read as soon as it has landed;
     compressed ones download the same way and are decompressed to copies (as :func:`decompressed_copy`
     makes one of a local file) as each lands, side by side. ``None`` for anything else (a split not the

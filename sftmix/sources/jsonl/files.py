@@ -137,7 +137,7 @@ def batch_groups(
 def scanned_files(
     files: JsonFiles, name: str, on_batch: jsonl.BatchListener | None = None, threads: int | None = None
 ) -> jsonl.JsonlLayout | None:
-    """:func:`sftmix.sources.jsonl.batches.scan_files` of ``files``, each read as it lands; a refusal or a stop stops
+    """:func:`sftmix.sources.jsonl.scan_files` of ``files``, each read as it lands; a refusal or a stop stops
     their downloads, as does a dataset ``datasets`` reads instead (it downloads the files itself)."""
     with closed_on_error(files):
         layout = jsonl.scan_files(files.paths, name, on_batch, threads, files.follow, files.declared)

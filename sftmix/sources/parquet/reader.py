@@ -12,11 +12,10 @@ from sftmix.config.config import DatasetEntry
 from sftmix.config.selection import target_rows
 from sftmix.errors import DatasetError
 from sftmix.runtime.storage import is_remote
-from sftmix.sources import pinned
+from sftmix.sources import parquet, pinned
 from sftmix.sources.copies import fetched_copy
 from sftmix.sources.data_files import parquet_data_files
 from sftmix.sources.downloads import closed_on_error
-from sftmix.sources.parquet import row_groups as parquet
 from sftmix.sources.parquet.spill import Spill, spill_group
 from sftmix.sources.paths import local_builder
 from sftmix.sources.reading import (

@@ -7,7 +7,7 @@ hashed as it is written, and cuts the group into as many slices as its size make
 on as soon as the batches that hold its rows are written, and reads just those, checking their hashes.
 
 A batch is written only once every byte pyarrow read to decode it is known to be the version the plan
-hashed (the plan hashes each column chunk in blocks; :meth:`sftmix.sources.parquet.row_groups._StreamedGroup.tables`), so
+hashed (the plan hashes each column chunk in blocks; :meth:`sftmix.sources.parquet.decoding._StreamedGroup.tables`), so
 no slice holds rows of another version, and none waits for the rest. The spill is renamed into place once
 all of it is written; a later plan reuses it with its index (no decode). A slice that finds no spill
 (removed, or on another machine), or a batch of it damaged, reads the row group from the Parquet file

@@ -16,9 +16,8 @@ import numpy as np
 from sftmix.errors import BadRowError, DatasetError, MixerError, TemplateError, row_label
 from sftmix.runtime.ownership import remove_abandoned_temps
 from sftmix.runtime.storage import atomic_write_bytes, storage_errors
-from sftmix.sources import jsonl
+from sftmix.sources import jsonl, parquet
 from sftmix.sources.formats import Conversation, RowFormatError, conversation_from_row
-from sftmix.sources.parquet import row_groups as parquet
 from sftmix.sources.whole.arrow import read_rows, release_mapped_data, row_line
 from sftmix.tokenizing.labels import (
     DROP_REASONS,

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from sftmix.sources.jsonl import JsonlSource
-from sftmix.sources.parquet.row_groups import ParquetSource
+from sftmix.sources.parquet import ParquetSource
 from sftmix.tokenizing.labels import Masking, MaskPolicy
 from sftmix.tokenizing.tokenizer import TokenizerKey, save_split_worker_tokenizer
 from sftmix.tokenizing.tokenizer_load import TokenizerLoad
