@@ -166,7 +166,7 @@ def test_a_large_files_slices_are_cut_while_the_plan_reads_it(large, tmp_path, s
         assert bisect.bisect_right(firsts, s.row_start) == bisect.bisect_right(firsts, s.row_end - 1)
     if slice_rows:
         assert len(plan.slices) == sum(-(-b.rows // slice_rows) for b in batches)
-    else:  # (a small mixture's batches are cut finer: two slices a worker, sftmix.planning.plan.slice_bytes_for)
+    else:  # (a small mixture's batches are cut finer: two slices a worker, sftmix.planning.slice_sizes.slice_bytes_for)
         assert len(plan.slices) >= max(len(batches), 2 * 2)
     assert not early[0][2]  # the first slice was handed over before the file was read whole
     assert plan.datasets[0].n_rows == 7_600
@@ -369,7 +369,7 @@ def test_left_to_the_tool_a_larger_dataset_has_larger_slices(large, tmp_path, mo
     """Bytes per slice left empty grow with the mixture's size, in tiers (fewer task runs for the one
     Prefect API core at 100 GB): the same slices as asking for that tier, whether cut as the file is read
     or after a count. Here at most 2 slices a mixture, so this ~25 MiB file gets the 16 MiB tier."""
-    from sftmix.planning import plan as planning
+    from sftmix.planning import slice_sizes as planning
 
     two = RunOptions(workers=2)
     assert [planning.slice_bytes_for(two, n << 20) for n in (1, 12, 17, 2048, 2049, 10_000, 10**6)] == [
@@ -404,7 +404,7 @@ def test_left_to_the_tool_the_slices_follow_the_whole_mixtures_size(large, tmp_p
     1 GB were up to ~4,800 task runs, minutes of dispatch on 64 cores): whether a file is cut as it is read
     (1.0) or counted first (0.5), the same slices as asking for the mixture's tier. Here at most 2 slices
     a mixture: one ~25 MiB file alone gets the 16 MiB tier (2 batches), the two together 32 MiB (3)."""
-    from sftmix.planning import plan as planning
+    from sftmix.planning import slice_sizes as planning
 
     monkeypatch.setattr(planning, "AUTO_SLICES", 2)
     monkeypatch.setattr(planning, "SLICES_PER_WORKER", 0)  # (the tiers alone)

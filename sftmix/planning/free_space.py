@@ -15,7 +15,8 @@ import numpy as np
 
 from sftmix.errors import StorageError
 from sftmix.output.publish import staging_parent
-from sftmix.planning.plan import Plan, size_text
+from sftmix.planning.plan import Plan
+from sftmix.planning.slice_sizes import size_text
 from sftmix.runtime import settings
 from sftmix.tokenizing.slices import MANIFEST, SliceSpec, slice_dir
 

@@ -27,36 +27,28 @@ from sftmix.config.config import (
     local_mirror,
 )
 from sftmix.config.selection import TokenBudget, large_upsample_warning
-from sftmix.errors import ConfigError, DatasetError, MixerError, TemplateError
+from sftmix.errors import ConfigError, DatasetError, TemplateError
 from sftmix.output.olmo_format import part_bytes_problem
+from sftmix.planning.encoder_choice import choose_encoder
 from sftmix.planning.recipe import input_record, mixer_recipe
+from sftmix.planning.samples import probed, rendered_samples, sampled_tokens_per_row, tokenizer_load_note
+from sftmix.planning.slice_sizes import cuts_batches, size_text, slice_bytes_for, slicing_summary
 from sftmix.planning.slicing import EarlySlice, Slicing
 from sftmix.planning.span_losses import span_losses
-from sftmix.runtime.parallel import available_cpus, memory_limit
+from sftmix.runtime.parallel import memory_limit
 from sftmix.runtime.storage import is_remote, storage_errors
 from sftmix.sources import jsonl, parquet
 from sftmix.sources.data_files import forget_builders
-from sftmix.sources.formats import (
-    Conversation,
-    RowFormatError,
-    conversation_from_row,
-)
 from sftmix.sources.hashing import hash_ahead
-from sftmix.sources.jsonl import batches as jsonl_batches
 from sftmix.sources.parquet.spill import forget_spills
 from sftmix.sources.paths import path_problem
-from sftmix.sources.reading import SAMPLE_ROWS, DatasetPlan, Opened, Planning, digest
+from sftmix.sources.reading import SAMPLE_ROWS, DatasetPlan, Opened, Planning
 from sftmix.sources.registry import READERS, WHOLE
 from sftmix.sources.whole.arrow import release_mapped_data
-from sftmix.tokenizing.encoders import Unproven, same_encodings
-from sftmix.tokenizing.labels import RenderError
 from sftmix.tokenizing.slices import (
     SLICE_FORMAT_VERSION,
     SliceSpec,
     TokenizeContext,
-    bad_row_error,
-    encoding_for,
-    rows_of,
     trainable_per_row,
     workers_context,
 )
@@ -70,13 +62,9 @@ from sftmix.tokenizing.templates import (
 )
 from sftmix.tokenizing.tokenizer import (
     TokenizerKey,
-    ids_changed,
-    load_worker_tokenizer,
     tokenizer_path_problem,
 )
 from sftmix.tokenizing.tokenizer_facts import TokenizerFacts, tokenizer_facts, worker_tokenizer_file
-from sftmix.tokenizing.tokenizer_load import built_as, reference_note
-from sftmix.tokenizing.unrendered import unrendered, what_it_reads
 
 logger = logging.getLogger(__name__)
 
@@ -171,50 +159,6 @@ class Plan(BaseModel):
         for w in self.warnings if warnings else []:
             lines.append(f"warning: {w}")
         return "\n".join(lines)
-
-
-def size_text(nbytes: int) -> str:
-    """Bytes as a person reads them (decimal units, kB to TB)."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:,.1f} {unit}"
-    return f"{nbytes / 1e3:,.1f} kB"
-
-
-#: Bytes per slice when the run leaves them to the tool: the smallest of these that cuts the mixture into
-#: at most ``AUTO_SLICES`` slices (the largest one beyond that).
-AUTO_SLICE_BYTES = (4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20)
-AUTO_SLICES = 512
-#: A mixture too small to give each worker this many slices of the smallest tier above is cut finer.
-SLICES_PER_WORKER = 2
-SMALLEST_SLICE_BYTES = 256 << 10
-
-
-def slice_bytes_for(run: RunOptions, nbytes: int) -> int:
-    """The bytes per slice of a mixture of ``nbytes``: the run's, or by the mixture's size. Each slice is a
-    task run, and one Prefect API core dispatches ~25 a second whatever the cores: a mixture cut into at
-    most ~512 slices (up to 32 GiB) costs at most ~20 s of dispatch; beyond, 64 MiB slices are dispatched
-    as fast as 64 cores tokenize them. The whole mixture decides, not each dataset (20 Parquet datasets of
-    1 GB each were ~4,800 task runs, over 3 minutes of dispatch for ~13 s of work on 64 cores), and not
-    the workers, so finished slices are reused whatever the parallelism; in tiers, so a mixture that
-    grows a little keeps its slices. Only a small mixture (:func:`cuts_batches`) is cut by the workers too:
-    finer, down to SMALLEST_SLICE_BYTES, until each gets two slices (two 10 MiB batches of a 17 MB file were
-    two slices, so two workers did it all and a stop kept nothing); its slices are cheap to make again."""
-    if run.slice_bytes is not None:
-        return run.slice_bytes
-    tier = next((b for b in AUTO_SLICE_BYTES if nbytes <= b * AUTO_SLICES), AUTO_SLICE_BYTES[-1])
-    enough = SLICES_PER_WORKER * (run.workers or available_cpus())
-    while tier > SMALLEST_SLICE_BYTES and nbytes < tier * enough:
-        tier //= 2
-    return tier
-
-
-def cuts_batches(run: RunOptions, nbytes: int) -> bool:
-    """Whether JSON Lines batches (``BATCH_BYTES``, parsed whole) are cut into slices: only in a mixture too
-    small to give each worker SLICES_PER_WORKER whole batches, where slices are left to the tool (each piece
-    parses its batch again: a larger mixture keeps whole batches, and the slices it had)."""
-    enough = SLICES_PER_WORKER * (run.workers or available_cpus())
-    return run.slice_bytes is None and nbytes < jsonl_batches.BATCH_BYTES * enough
 
 
 def _work_dir_path(run: RunOptions) -> Path:
@@ -312,163 +256,6 @@ def resolve_tokenizer(spec: TokenizerSpec) -> tuple[TokenizerKey, TokenizerFacts
     return tk, facts, template
 
 
-#: What a sampled row's refusal adds to the error its slice would raise.
-REFUSED_SAMPLE = " (refused before any work; on_bad_row: skip drops such rows)"
-
-
-def _sample_rows(spec: SliceSpec, datasets_cache: Path, on_bad_row: str) -> list[tuple[int, Conversation]]:
-    """The first rows of a dataset's first slice, as conversations with their row numbers. A line that is
-    not a row, or a row that is not a conversation, fails the plan where ``on_bad_row`` is error: its slice
-    would fail on it, after the work before it (every row of a dataset whose card does not declare a
-    column); with ``skip`` they are the slices' to count."""
-    rows = (spec.rows or list(range(spec.row_start, spec.row_end)))[:SAMPLE_ROWS]
-    try:
-        records = rows_of(spec, str(datasets_cache), rows)
-    except DatasetError:
-        return []  # the slice reports it, with its rows
-    out = []
-    for row, record in zip(rows, records, strict=True):
-        if isinstance(record, jsonl.BadLine):
-            if on_bad_row == "error":
-                assert spec.jsonl is not None
-                raise record.error(jsonl.lines_of(spec.dataset, spec.jsonl.path))
-            continue
-        try:
-            out.append((row, conversation_from_row(record, spec.row_format, spec.messages_key)))  # type: ignore[arg-type]  # a RowFormat in a str field
-        except RowFormatError as exc:
-            if on_bad_row == "error":  # its slice would fail on it, after every slice has started
-                raise bad_row_error(spec, row, f"{exc}{REFUSED_SAMPLE}") from None
-            continue
-    return out
-
-
-def _load_note(tk: TokenizerKey, facts: TokenizerFacts, ctx: TokenizeContext, texts: list[str]) -> str | None:
-    """Where the reference builds the tokenizer otherwise than its own files say and that changes the ids
-    of this run's sample rows (``texts``, rendered): the warning (said once per process), else ``None``."""
-    if not facts.load_changes:
-        return None
-    workers = encoding_for(ctx, "hf")  # the reference's build, as the workers load it (unless renamed)
-    changed = ids_changed(tk, texts, workers.rust if workers.renaming is None else None)
-    note = reference_note(tk.name_or_path, facts.tokenizer_class, facts.load_changes, changed, len(texts))
-    if note not in _SAID:
-        _SAID.add(note)
-        logger.log(logging.WARNING if changed else logging.INFO, note)
-    return note if changed else None
-
-
-_SAID: set[str] = set()
-
-
-def _tokens_per_row(
-    ctx: TokenizeContext, rendered: list[list[str]], max_len: int | None
-) -> list[tuple[float, float]]:
-    """Each dataset's sampled rows' tokens on average, cut at the max length, and the share of them longer
-    than it: the plan's estimates (the rows a run drops, and what a mask leaves out, are not known before
-    the work)."""
-    rust = encoding_for(ctx).rust
-    found = []
-    for texts in rendered:
-        lengths = [len(e.ids) for e in rust.encode_batch(texts, add_special_tokens=False)] if texts else []
-        over = sum(n > max_len for n in lengths) if max_len else 0
-        lengths = [min(n, max_len) if max_len else n for n in lengths]
-        n = max(len(lengths), 1)
-        found.append((sum(lengths) / n, over / n))
-    return found
-
-
-def _rendered(renderer: ChatRenderer, dataset: Opened, slicing: Slicing) -> list[str]:
-    """The sample rows' full renders. A row the chat template fails on (Gemma's own refuses a system turn)
-    fails its slice where ``on_bad_row`` is error, after every slice has started: refused now, naming the
-    row. Otherwise (``skip``, or ``literal_special_tokens: drop``, which may drop the row before it is
-    rendered) said once, with how many of the sample it is."""
-    texts, failed = [], []
-    for row, conv in dataset.samples:
-        try:
-            texts.append(renderer.render(conv.messages, conv.tools, False))
-        except Exception as exc:
-            failed.append((row, str(RenderError(0, exc))))
-    if not failed:
-        return texts
-    row, reason, ctx = *failed[0], slicing.ctx
-    if ctx.on_bad_row == "error" and ctx.literal_special_tokens != "drop":
-        raise bad_row_error(slicing.sample(dataset), row, f"{reason}{REFUSED_SAMPLE}")
-    warning = (
-        f"{dataset.entry.path}: the chat template fails on {len(failed)} of {len(dataset.samples)} sampled rows "
-        f"(row {row}: {reason}); each such row is dropped"
-    )
-    dataset.warnings.append(warning)
-    logger.warning(warning)
-    return texts
-
-
-def choose_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, texts: list[str]) -> str:
-    """``fast`` where the fast encoder is proven this tokenizer (its analysis, then the run's own sample rows,
-    ``texts`` rendered, encoded both ways, ids and offsets), else ``hf``; ``encoder: fast`` refuses the run
-    instead."""
-    if spec.encoder == "hf":
-        return "hf"
-    asked = (tk, ctx.tokenizer_file, spec.encoder, digest(texts))
-    if asked not in _ENCODER_CHOSEN:  # the head start and the plan task ask the same question
-        _ENCODER_CHOSEN[asked] = _prove_encoder(spec, tk, ctx, texts)
-    return _ENCODER_CHOSEN[asked]
-
-
-_ENCODER_CHOSEN: dict[tuple, str] = {}
-
-
-def _prove_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, texts: list[str]) -> str:
-    assert ctx.tokenizer_file is not None  # build_plan writes the workers' copy, with the proof
-    found = load_worker_tokenizer(ctx.tokenizer_file).fast
-    problem = found if isinstance(found, str) else None
-    if problem is None:
-        problem, engine = _try_fast(ctx, texts)
-    if problem is None:
-        assert not isinstance(found, str)
-        if found.metaspace:
-            how = f"SentencePiece-style BPE, prepend scheme {found.metaspace}; this run's sample rows agree"
-        elif found.one_merge_per_token and not found.unsafe:
-            how = "every token checked"
-        else:
-            how = f"texts with any of {len(found.unsafe)} tokens go to the tokenizers library"
-        if found.splits:
-            how += f"; its pre-tokenizer's {len(found.splits)} Splits in sequence, as fastokens runs them"
-        logger.info(
-            "encoder: %s, proven the same tokenizer as %s (%s; %s)",
-            engine,
-            tk.name_or_path,
-            built_as(tk.load, tokenizer_facts(tk).tokenizer_class),
-            how,
-        )
-        return "fast"
-    if spec.encoder == "fast":
-        raise ConfigError(
-            f"tokenizer.encoder fast: the fast encoder is not proven the same tokenizer: {problem}"
-        )
-    logger.info("encoder: the tokenizers library (the fast encoder is not used: %s)", problem)
-    return "hf"
-
-
-def _try_fast(ctx: TokenizeContext, texts: list[str]) -> tuple[str | None, str]:
-    """(why the fast encoder is not used, or None; the engine it takes): an engine that cannot build the
-    encoder, or fails on a sample row, is passed over with its reason, never an error of the run."""
-    try:
-        encoding = encoding_for(ctx, "fast")
-        assert encoding.fast is not None
-        differ = same_encodings(encoding.rust, encoding.fast, texts)
-    except MixerError as exc:
-        if not isinstance(exc.__cause__, Unproven):  # a setting to correct (TOKENIZE_MIXER_FAST_ENGINE)
-            raise
-        return str(exc.__cause__), ""  # the engine cannot take it (worker_encoding's words)
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}", ""
-    fast = encoding.fast
-    if fast.pass_over_reason is not None:
-        logger.info("encoder: %s; %s takes it", fast.pass_over_reason, fast.engine)
-    if differ is not None:
-        return f"the two encoders disagree on a sample row of this run ({differ})", fast.engine
-    return None, fast.engine
-
-
 def _context(
     mixer: MixerConfig,
     tk: TokenizerKey,
@@ -502,26 +289,6 @@ def _opened(index: int, entry: DatasetEntry, at: Planning) -> Opened:
     raise AssertionError(f"no reader opened {entry.path}")
 
 
-def _probed(
-    dataset: Opened,
-    at: Planning,
-    slicing: Slicing,
-    tokenizer: TokenizerSpec,
-    renderer: ChatRenderer,
-    template: ResolvedTemplate,
-) -> None:
-    """The dataset's sample rows, and what they hold that the template never renders (a field, a role):
-    said before any work, or refused (``unrendered_data: error``)."""
-    dataset.samples = _sample_rows(slicing.sample(dataset), Path(at.datasets_cache), at.on_bad_row)
-    for found in unrendered(renderer, [conv for _, conv in dataset.samples]):
-        line = found.describe(dataset.entry.path, template.source, what_it_reads(template.text))
-        if tokenizer.unrendered_data == "error":
-            raise TemplateError(f"{line}; refused (unrendered_data: error): warn converts it anyway")
-        dataset.left_out.append(line)
-        dataset.probes.append(found.probe)
-        logger.warning(line)
-
-
 def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = None) -> Plan:
     """The plan. ``early`` is handed each slice of a large JSON Lines file as soon as it is cut, while the
     plan still reads the rest of the file (the same slices the plan returns)."""
@@ -541,12 +308,12 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     for index, entry in enumerate(mixer.datasets):  # each dataset's head: enough to sample its rows
         at.selected_total = sum(d.plan.target for d in opened if d.plan is not None)
         opened.append(dataset := _opened(index, entry, at))
-        _probed(dataset, at, slicing, mixer.tokenizer, renderer, template)
-    rendered = [_rendered(renderer, d, slicing) for d in opened]  # the sample rows, rendered once
+        probed(dataset, at, slicing, mixer.tokenizer, renderer, template)
+    rendered = [rendered_samples(renderer, d, slicing) for d in opened]  # the sample rows, rendered once
     texts = [text for texts in rendered for text in texts]
-    load_note = _load_note(tk, facts, ctx, texts)
+    load_note = tokenizer_load_note(tk, facts, ctx, texts)
     ctx.encoder = choose_encoder(mixer.tokenizer, tk, ctx, texts)
-    tokens_per_row = _tokens_per_row(ctx, rendered, mixer.max_seq_length)
+    tokens_per_row = sampled_tokens_per_row(ctx, rendered, mixer.max_seq_length)
     data_bytes = sum(d.nbytes for d in opened)
     at.slice_bytes, at.cut_batches = slice_bytes_for(run, data_bytes), cuts_batches(run, data_bytes)
     datasets, slices = slicing.cut(opened, at)
@@ -570,7 +337,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
         tokenizer_load_note=load_note,
         unrendered=left_out,
         inputs=inputs,
-        slicing=_slicing(run, data_bytes, slices),
+        slicing=slicing_summary(run, data_bytes, slices),
         seconds=round(time.perf_counter() - started, 3),
     )
 
@@ -652,17 +419,3 @@ def _estimate_budgets(
         if (w := large_upsample_warning(entry.path, d.amount, d.n_rows, d.target)) is not None:
             opened[d.index].warnings.append(w)
             logger.warning(w)
-
-
-def _slicing(run: RunOptions, data_bytes: int, slices: list[SliceSpec]) -> str:
-    """How the slices were sized, for the plan's summary: what decided it, and what a person sets to
-    change it (the size a mixture's slices get follows from its total, so adding a dataset can change it)."""
-    if run.slice_rows:
-        return f"{run.slice_rows:,} rows each (slice_rows)"
-    average = sum(s.est_bytes for s in slices) / max(1, len(slices))
-    how = (
-        "slice_bytes"
-        if run.slice_bytes
-        else f"by the mixture's {data_bytes / 1e9:,.2f} GB; slice_bytes sets another"
-    )
-    return f"{average / 1e6:,.1f} MB of data each on average ({how})"

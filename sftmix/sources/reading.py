@@ -107,7 +107,7 @@ class Planning:
     whole: Reader  # the reader of any dataset: a reader finding its dataset is not its own hands it on
     selected_total: int = 0  # rows the datasets before this one select
     slice_bytes: int = 0  # known once every dataset is opened
-    cut_batches: bool = False  # a small mixture's JSON Lines batches are cut into slices (plan.cuts_batches)
+    cut_batches: bool = False  # a small mixture's JSON Lines batches are cut into slices (slice_sizes.cuts_batches)
 
     @property
     def datasets_cache(self) -> str:
