@@ -44,22 +44,14 @@ def _warm(args: tuple) -> float:
 def _limit(args: tuple) -> int:
     """The physical limit on the same rows: render each with the template, Rust ``encode_batch``."""
     from sftmix.sources.formats import conversation_from_row
-    from sftmix.sources.whole.arrow import read_rows
-    from sftmix.tokenizing.slices import masker_for
+    from sftmix.tokenizing.slices import masker_for, rows_of
 
     spec, ctx = args
     masker = masker_for(ctx)
     rows = spec.row_list()
     tokens = 0
     for b in range(0, len(rows), ctx.batch_size):
-        raw = read_rows(
-            spec.dataset,
-            spec.split,
-            spec.revision,
-            ctx.datasets_cache,
-            rows[b : b + ctx.batch_size],
-            spec.arrow_files,
-        )
+        raw = rows_of(spec, ctx.datasets_cache, rows[b : b + ctx.batch_size])
         convs = [conversation_from_row(r, spec.row_format, spec.messages_key) for r in raw]
         texts = [masker.renderer.render(c.messages, c.tools, False) for c in convs]
         tokens += sum(len(e.ids) for e in masker.encode_batch(texts))

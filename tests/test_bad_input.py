@@ -28,6 +28,7 @@ from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptio
 from sftmix.config.selection import ASSEMBLE_BYTES_PER_ROW, MAX_SELECTED_ROWS
 from sftmix.errors import BadRowError, DatasetError
 from sftmix.planning.plan import build_plan
+from sftmix.sources.jsonl import JsonlSource
 from sftmix.tokenizing.slices import load_slice_arrays, tokenize_slice
 from tokenize_mixer.cli import main
 
@@ -225,7 +226,10 @@ def test_compressed_json_gives_the_tokens_of_the_plain_file(here):
 
     def slices(path: str, work: str):
         plan = build_plan(mixer(here, (path, 1.0)), RunOptions(work_dir=str(here / work), slice_rows=4))
-        assert all(not s.arrow_files and s.jsonl is not None for s in plan.slices)
+        assert all(
+            not getattr(s.source, "arrow_files", None) and isinstance(s.source, JsonlSource)
+            for s in plan.slices
+        )
         manifests = [tokenize_slice(s, plan.context) for s in plan.slices]
         arrays = [load_slice_arrays(plan.context.work_dir, m)[:2] for m in manifests]
         return [s.key for s in plan.slices], arrays

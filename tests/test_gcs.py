@@ -24,8 +24,10 @@ from sftmix.errors import ConfigError, DatasetError, OutputConflictError
 from sftmix.output.digest import OUTPUT_MANIFEST, output_digests, remote_output_digests
 from sftmix.output.publish import publish_remote
 from sftmix.planning.plan import build_plan
+from sftmix.sources.jsonl import JsonlSource
 from sftmix.sources.jsonl import batches as jsonl_batches
 from sftmix.sources.jsonl import scanning as jsonl_scanning
+from sftmix.sources.parquet import ParquetSource
 from tests.ports import free_port
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
@@ -167,12 +169,14 @@ def test_an_object_is_read_by_batch_or_row_group_not_converted_whole(gcs, prefec
     first = plan.slices[plan.datasets[0].slices[0]]
     elsewhere = plan.context.model_copy(update={"remote_work_dir": f"gs://work/{uuid.uuid4().hex[:8]}"})
     if suffix == ".jsonl":
-        assert first.jsonl is not None and first.jsonl.path == pinned
-        assert on_this_machine(elsewhere, first)[1].jsonl == first.jsonl  # read in place anywhere
+        assert isinstance(first.source, JsonlSource) and first.source.path == pinned
+        assert on_this_machine(elsewhere, first)[1].source == first.source  # read in place anywhere
     else:
-        assert first.parquet is not None and {f.path for f in first.parquet.footers} == {pinned}
-        assert {g.path for s in plan.slices if s.parquet for g in s.parquet.row_groups} == {pinned}
-        assert on_this_machine(elsewhere, first)[1].parquet == first.parquet  # read in place anywhere
+        assert isinstance(first.source, ParquetSource) and {f.path for f in first.source.footers} == {pinned}
+        assert {
+            g.path for s in plan.slices if isinstance(s.source, ParquetSource) for g in s.source.row_groups
+        } == {pinned}
+        assert on_this_machine(elsewhere, first)[1].source == first.source  # read in place anywhere
     assert not (tmp_path / "work" / "datasets-cache" / "remote-files").exists()  # no copy
     result = tokenize_mixer(mixer=mixer, run=run)
     assert parts(result["digests"]) == parts(DEMO_DIGESTS)
@@ -200,10 +204,10 @@ def test_a_large_jsonl_object_is_read_in_place_by_byte_range_while_it_is_planned
     early: list[str] = []
     plan = build_plan(mixer, run, lambda spec, ctx: early.append(spec.key))
     assert early == [s.key for s in plan.slices]  # each handed on as its batches were counted
-    assert {s.jsonl.path for s in plan.slices} == {pinned}  # type: ignore[union-attr]
+    assert {s.source.path for s in plan.slices} == {pinned}  # type: ignore[union-attr]
     assert not (tmp_path / "w" / "datasets-cache" / "remote-files").exists()  # no copy
     here = build_plan(_mixer(local, tmp_path / "here"), RunOptions(work_dir=str(tmp_path / "w2")))
-    assert [s.jsonl.batches for s in plan.slices] == [s.jsonl.batches for s in here.slices]  # type: ignore[union-attr]
+    assert [s.source.batches for s in plan.slices] == [s.source.batches for s in here.slices]  # type: ignore[union-attr]
     tokenize_mixer(mixer=mixer, run=run)
     tokenize_mixer(mixer=_mixer(local, tmp_path / "here"), run=RunOptions(work_dir=str(tmp_path / "w2")))
     result = compare(tmp_path / "out", tmp_path / "here")
@@ -214,7 +218,7 @@ def test_a_large_jsonl_object_is_read_in_place_by_byte_range_while_it_is_planned
     gcs.pipe_file(url, data.replace(b"xxxx", b"yyyy", 1))  # replaced: the same size, another generation
     jsonl.release()
     with pytest.raises(DatasetError, match=r"large.jsonl.*changed since the run was planned"):
-        jsonl.read_rows(plan.slices[0].jsonl, [0])  # type: ignore[arg-type]
+        jsonl.read_rows(plan.slices[0].source, [0])  # type: ignore[arg-type]
     with pytest.raises(DatasetError, match=r"large.jsonl.*changed while it was planned"):
         jsonl.scan(pinned)
 
@@ -242,13 +246,13 @@ def test_a_large_compressed_jsonl_object_is_sliced_as_its_copy_is_written(gcs, t
         lambda spec, ctx: early.append(spec),
     )
     assert [s.key for s in early] == [s.key for s in plan.slices] and len(early) >= 3
-    assert all(b.growing for s in early for b in s.jsonl.batches)  # cut from the copy being written
-    copy = Path(early[0].jsonl.path)
+    assert all(b.growing for s in early for b in s.source.batches)  # cut from the copy being written
+    copy = Path(early[0].source.path)
     assert copy.read_bytes() == local.read_bytes()  # (made since)
     here = build_plan(_mixer(local, tmp_path / "here"), RunOptions(work_dir=str(tmp_path / "w2")))
     assert [s.key for s in plan.slices] == [s.key for s in here.slices]
-    assert jsonl.read_rows(early[-1].jsonl, [early[-1].row_start]) == jsonl.read_rows(
-        here.slices[-1].jsonl,  # type: ignore[arg-type]
+    assert jsonl.read_rows(early[-1].source, [early[-1].row_start]) == jsonl.read_rows(
+        here.slices[-1].source,  # type: ignore[arg-type]
         [here.slices[-1].row_start],
     )
 
@@ -277,12 +281,12 @@ def test_a_parquet_object_is_read_by_row_group_in_place_and_a_replaced_one_is_re
     mixer, run = _mixer(url, tmp_path / "out"), RunOptions(work_dir=str(tmp_path / "w"), runner="thread")  # type: ignore[arg-type]
     plan = build_plan(mixer, run)
     here = build_plan(_mixer(local, tmp_path / "here"), RunOptions(work_dir=str(tmp_path / "w2")))  # type: ignore[arg-type]
-    groups = [g for s in plan.slices for g in s.parquet.row_groups]  # type: ignore[union-attr]
+    groups = [g for s in plan.slices for g in s.source.row_groups]  # type: ignore[union-attr]
     assert {g.path for g in groups} == {pinned} and len({g.index for g in groups}) == 5
     assert [(g.index, g.sha256) for g in groups] == [
         (g.index, g.sha256)
         for s in here.slices
-        for g in s.parquet.row_groups  # type: ignore[union-attr]
+        for g in s.source.row_groups  # type: ignore[union-attr]
     ]
     assert plan.datasets[0].fingerprint == here.datasets[0].fingerprint
     assert not (tmp_path / "w" / "datasets-cache" / "remote-files").exists()  # no copy
@@ -299,7 +303,7 @@ def test_a_parquet_object_is_read_by_row_group_in_place_and_a_replaced_one_is_re
         monkeypatch.setenv("TOKENIZE_MIXER_PARQUET_STREAMED_BYTES", streamed)
         parquet.release()
         with pytest.raises(DatasetError, match=r"chats.parquet.*changed since the run was planned"):
-            parquet.read_rows(plan.slices[0].parquet, [0])  # type: ignore[arg-type]
+            parquet.read_rows(plan.slices[0].source, [0])  # type: ignore[arg-type]
             parquet.confirm()
     parquet.release()
     with pytest.raises(DatasetError, match=r"chats.parquet.*changed while it was planned"):
@@ -324,8 +328,8 @@ def test_a_compressed_jsonl_object_is_decompressed_as_it_is_read_not_fetched_fir
     run = RunOptions(work_dir=str(tmp_path / "work"), runner="thread")
     plan = build_plan(mixer, run)
     first = plan.slices[plan.datasets[0].slices[0]]
-    assert first.jsonl is not None and Path(first.jsonl.path).read_bytes() == lines
-    assert Path(first.jsonl.path).is_relative_to(tmp_path / "work" / "datasets-cache" / "decompressed")
+    assert isinstance(first.source, JsonlSource) and Path(first.source.path).read_bytes() == lines
+    assert Path(first.source.path).is_relative_to(tmp_path / "work" / "datasets-cache" / "decompressed")
     assert not (tmp_path / "work" / "datasets-cache" / "remote-files").exists()  # no compressed copy
     result = tokenize_mixer(mixer=mixer, run=run)
     assert parts(result["digests"]) == parts(DEMO_DIGESTS)

@@ -21,6 +21,7 @@ from sftmix.errors import DatasetError
 from sftmix.output.digest import compare
 from sftmix.planning.plan import build_plan
 from sftmix.sources import jsonl
+from sftmix.sources.jsonl import JsonlSource
 from sftmix.sources.jsonl import batches as jsonl_batches
 from sftmix.sources.jsonl import scanning as jsonl_scanning
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
@@ -239,8 +240,8 @@ def test_a_large_compressed_files_slices_start_while_its_copy_is_written(
 
     def handed(spec, ctx) -> None:
         if not held.is_set():
-            assert spec.jsonl is not None
-            made = Path(spec.jsonl.path).exists()
+            assert isinstance(spec.source, JsonlSource)
+            made = Path(spec.source.path).exists()
             seen.append((made, rows_of(spec, str(work / "datasets-cache"), [spec.row_start])[0]))
             held.set()
 
@@ -360,7 +361,7 @@ def test_larger_slices_hold_whole_batches_and_share_keys_with_a_counted_plan(lar
     counted.datasets[0].amount = 10_000  # every row (more than the file has), known from the count
     early: list[str] = []
     plan = build_plan(streamed, run, lambda spec, ctx: early.append(spec.key))
-    assert [len(s.jsonl.batches) for s in plan.slices] == [2, 1]
+    assert [len(s.source.batches) for s in plan.slices] == [2, 1]
     assert early == [s.key for s in plan.slices]
     assert [s.key for s in build_plan(counted, run).slices] == early
 
@@ -392,7 +393,7 @@ def test_left_to_the_tool_a_larger_dataset_has_larger_slices(large, tmp_path, mo
     plan = build_plan(
         streamed, RunOptions(work_dir=str(tmp_path / "w")), lambda spec, ctx: early.append(spec.key)
     )
-    assert [len(s.jsonl.batches) for s in plan.slices] == [2, 1]
+    assert [len(s.source.batches) for s in plan.slices] == [2, 1]
     asked = RunOptions(work_dir=str(tmp_path / "w2"), slice_bytes=16 << 20)
     assert [s.key for s in build_plan(streamed, asked).slices] == early
     assert [s.key for s in build_plan(counted, RunOptions(work_dir=str(tmp_path / "w3"))).slices] == early
@@ -411,12 +412,12 @@ def test_left_to_the_tool_the_slices_follow_the_whole_mixtures_size(large, tmp_p
     other = tmp_path / "other.jsonl"
     shutil.copyfile(large, other)
     alone = build_plan(_mixer(large, tmp_path / "a"), RunOptions(work_dir=str(tmp_path / "w1")))
-    assert [len(s.jsonl.batches) for s in alone.slices] == [2, 1]
+    assert [len(s.source.batches) for s in alone.slices] == [2, 1]
     both = _mixer(large, tmp_path / "b")
     both.datasets[0].amount = amount
     both.datasets.append(DatasetEntry(path=str(other), amount=1.0))
     plan = build_plan(both, RunOptions(work_dir=str(tmp_path / "w2")))
-    assert [(s.dataset_index, len(s.jsonl.batches)) for s in plan.slices] == [(0, 3), (1, 3)]
+    assert [(s.dataset_index, len(s.source.batches)) for s in plan.slices] == [(0, 3), (1, 3)]
     asked = build_plan(both, RunOptions(work_dir=str(tmp_path / "w3"), slice_bytes=32 << 20))
     assert [s.key for s in asked.slices] == [s.key for s in plan.slices]
 

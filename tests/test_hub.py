@@ -41,6 +41,7 @@ FILES = [f"data/train-0000{k}-of-00003.parquet" for k in range(3)]
 # away (a worker elsewhere reads by range).
 _PLAN = """
 import json, os, shutil, sys
+from sftmix.sources.parquet import ParquetSource
 from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.errors import DatasetError
 from sftmix.planning.plan import build_plan
@@ -61,13 +62,13 @@ except DatasetError as exc:
     print("error", json.dumps(str(exc)), flush=True)
     sys.exit(0)
 def parts(s):
-    return s.parquet.row_groups if s.parquet is not None else s.jsonl.batches
+    return s.source.row_groups if isinstance(s.source, ParquetSource) else s.source.batches
 def rows():
     return [
         r
         for s in plan.slices
-        for r in (parquet.read_rows(s.parquet, list(range(s.row_start, s.row_end))) if s.parquet is not None
-                  else jsonl.read_rows(s.jsonl, list(range(s.row_start, s.row_end))))
+        for r in (parquet.read_rows(s.source, list(range(s.row_start, s.row_end))) if isinstance(s.source, ParquetSource)
+                  else jsonl.read_rows(s.source, list(range(s.row_start, s.row_end))))
     ]
 found = {
     "slices": [[s.row_start, s.row_end, [p.sha256 for p in parts(s)]] for s in plan.slices],

@@ -19,6 +19,7 @@ from datasets.packaged_modules.json.json import JsonConfig
 from sftmix.errors import BadRowError, DatasetError
 from sftmix.sources import jsonl
 from sftmix.sources.data_files import reference_json_options
+from sftmix.sources.jsonl import JsonlSource
 from sftmix.sources.jsonl import batches as jsonl_batches
 from sftmix.sources.jsonl import rows as jsonl_rows
 from sftmix.sources.jsonl import scanning as jsonl_scanning
@@ -233,7 +234,7 @@ def test_the_plan_cuts_a_large_file_by_batch_and_an_edit_changes_only_its_batchs
 
     whole, half = plan(1.0), plan(0.5)
     assert whole.datasets[0].fingerprint.startswith(jsonl.FINGERPRINT_PREFIX)
-    assert [len(s.jsonl.batches) for s in whole.slices] == [1, 1, 1]  # type: ignore[union-attr]
+    assert [len(s.source.batches) for s in whole.slices] == [1, 1, 1]  # type: ignore[union-attr]
     assert sum(s.row_end - s.row_start for s in whole.slices) == len(rows)
     assert sum(len(s.rows or []) for s in half.slices) == len(rows) // 2 and len(half.slices) == 3
     rows[-5]["messages"][0]["content"] = "edited"  # type: ignore[index]
@@ -394,7 +395,7 @@ def test_the_plan_of_a_compressed_file_is_the_plan_of_its_content(tmp_path):
         return build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work"), slice_bytes=50_000))
 
     ours, theirs = plan(packed), plan(plain)
-    assert len(ours.slices) > 1 and all(s.jsonl is not None for s in ours.slices)
+    assert len(ours.slices) > 1 and all(isinstance(s.source, JsonlSource) for s in ours.slices)
     assert [s.key for s in ours.slices] == [s.key for s in theirs.slices]
     assert ours.datasets[0].fingerprint == theirs.datasets[0].fingerprint
     assert ours.slices[0].dataset == str(packed)
@@ -866,7 +867,10 @@ def test_a_split_other_than_train_is_read_by_batch_where_its_features_are_known(
     )
     plan = build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work")))
     assert plan.datasets[0].n_rows == len(reference)
-    assert all(s.jsonl is not None and s.arrow_files is None for s in plan.slices)
+    assert all(
+        isinstance(s.source, JsonlSource) and getattr(s.source, "arrow_files", None) is None
+        for s in plan.slices
+    )
 
     inferred = _split_directory(tmp_path / "org--inferred", random.Random(32), declared=False)
     assert json_data_files(str(inferred), "test_sft", None, str(cache)) is None

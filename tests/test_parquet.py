@@ -17,6 +17,7 @@ import pytest
 from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.errors import DatasetError
 from sftmix.sources import parquet
+from sftmix.sources.parquet import ParquetSource
 from sftmix.sources.parquet import counting as parquet_counting
 from sftmix.sources.parquet import decoding as parquet_decoding
 from sftmix.sources.parquet import ranges as parquet_ranges
@@ -310,8 +311,8 @@ def test_the_plan_cuts_at_row_groups_and_an_edit_changes_only_its_row_groups_key
     whole = plan()
     assert whole.datasets[0].fingerprint.startswith(parquet.FINGERPRINT_PREFIX)
     assert [(s.row_start, s.row_end) for s in whole.slices] == [(0, 200), (200, 400), (400, 600)]
-    assert all(s.parquet is not None and len(s.parquet.row_groups) == 1 for s in whole.slices)
-    assert all(s.arrow_files is None for s in whole.slices)
+    assert all(isinstance(s.source, ParquetSource) and len(s.source.row_groups) == 1 for s in whole.slices)
+    assert all(getattr(s.source, "arrow_files", None) is None for s in whole.slices)
     for amount, selected, tokenized in ((0.5, 300, 300), (250, 250, 250), (2.0, 1200, 600)):
         got = plan(amount)  # (an upsampled row is tokenized once)
         assert got.datasets[0].target == selected
@@ -476,9 +477,9 @@ def test_the_plan_reads_a_hub_layout_by_row_group(tmp_path):
     assert (
         plan.datasets[0].fingerprint.startswith(parquet.FINGERPRINT_PREFIX) and plan.datasets[0].n_rows == 240
     )
-    assert all(s.parquet is not None for s in plan.slices)
+    assert all(isinstance(s.source, ParquetSource) for s in plan.slices)
     assert sum(s.row_end - s.row_start for s in plan.slices) == 240
-    read = {Path(g.path).name for s in plan.slices for g in s.parquet.row_groups}  # type: ignore[union-attr]
+    read = {Path(g.path).name for s in plan.slices for g in s.source.row_groups}  # type: ignore[union-attr]
     assert read == {"train-00000-of-00002.parquet", "train-00001-of-00002.parquet"}
 
 

@@ -205,14 +205,14 @@ def test_the_plan_cuts_a_large_row_group_into_many_slices_of_one_spill(tmp_path,
     run = RunOptions(work_dir=str(tmp_path / "work"), slice_bytes=64 << 10)
     plan = build_plan(_mixer(path, tmp_path / "out"), run)
     assert len(plan.slices) > 8  # (was at most 4: each slice decoded the row group up to its rows)
-    spills = {s.parquet.spilled[0].path for s in plan.slices}
-    assert len(spills) == 1 and all(len(s.parquet.spilled) == 1 for s in plan.slices)
+    spills = {s.source.spilled[0].path for s in plan.slices}
+    assert len(spills) == 1 and all(len(s.source.spilled) == 1 for s in plan.slices)
     index = json.loads(Path(next(iter(spills))).with_suffix(".json").read_text())
     assert sum(b["rows"] for b in index["batches"]) == 2000
     again = build_plan(_mixer(path, tmp_path / "out"), run)
     assert [s.key for s in again.slices] == [s.key for s in plan.slices]
     unspilled = build_plan(_mixer(path, tmp_path / "out"), run.model_copy(update={"slice_bytes": 8 << 20}))
-    assert len(unspilled.slices) == 1 and not unspilled.slices[0].parquet.spilled
+    assert len(unspilled.slices) == 1 and not unspilled.slices[0].source.spilled
 
 
 def test_the_datasets_after_a_spilled_one_are_cut_while_it_is_spilled(tmp_path, streamed, monkeypatch):

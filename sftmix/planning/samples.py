@@ -59,8 +59,8 @@ def _sample_rows(spec: SliceSpec, datasets_cache: Path, on_bad_row: str) -> list
     for row, record in zip(rows, records, strict=True):
         if isinstance(record, jsonl.BadLine):
             if on_bad_row == "error":
-                assert spec.jsonl is not None
-                raise record.error(jsonl.lines_of(spec.dataset, spec.jsonl.path))
+                assert isinstance(spec.source, jsonl.JsonlSource)
+                raise record.error(jsonl.lines_of(spec.dataset, spec.source.path))
             continue
         try:
             out.append((row, conversation_from_row(record, spec.row_format, spec.messages_key)))  # type: ignore[arg-type]  # a RowFormat in a str field

@@ -53,7 +53,7 @@ class Slicing:
             rows=subset,
             est_bytes=cut.est_bytes,
             unrendered=dataset.probes,
-            **cut.where,
+            source=cut.source,
         )
         self._keyed[id(cut)] = (cut, spec)
         return spec

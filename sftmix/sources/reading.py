@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -79,20 +79,53 @@ def rows_key(start: int, end: int, subset: list[int] | None) -> dict:
     return {"rows": [start, end], "subset": None if subset is None else digest(subset)}
 
 
+class RowSource(BaseModel):
+    """Where a slice's rows are, as its format reads them in a worker: each format's own model (a JSON Lines
+    file's batches, a Parquet file's row groups, a dataset ``datasets`` opens), told apart by its
+    ``data_format`` (a file's format, not a row's layout: that is ``row_format``)."""
+
+    data_format: str
+
+
+@dataclass(frozen=True)
+class RowsAt:
+    """The slice's dataset, for a format that reads its rows through it: its path, split and revision as
+    the mixer names them, and the datasets cache."""
+
+    path: str
+    split: str
+    revision: str | None
+    datasets_cache: str
+
+
+@dataclass(frozen=True)
+class DataFormat:
+    """A format as the plan and the workers know it: its ``source`` model, the plan's ``reader`` of it, and
+    what a worker asks of it: a slice's rows by index (a line that is not a row comes back as the format's
+    record of it), the source as this machine reads it (``None``: read through ``datasets`` instead), the file
+    and line of a row for an error (``None``: not known), a check once the slice's rows are read, and its
+    caches released between slices."""
+
+    name: str
+    source: type[RowSource]
+    reader: Reader
+    read_rows: Callable[[Any, RowsAt, list[int]], Sequence[Any]]
+    here: Callable[[Any], RowSource | None]
+    row_place: Callable[[Any, RowsAt, int], tuple[str | None, int] | None] = lambda source, at, row: None
+    finish: Callable[[], None] = lambda: None
+    release: Callable[[], None] = lambda: None
+
+
 @dataclass
 class Cut:
     """A slice as a reader cuts it: rows of one dataset, what they hold (``data``, keyed with them; the
     sample's is ``"sample"``), their source bytes estimated (``est_bytes``: bigger slices start first) and
-    where a worker reads them (``where``: the slice's fields of its format, such as ``jsonl=``)."""
+    where a worker reads them (``source``: its format's own)."""
 
     rows: Rows
     data: str
     est_bytes: int
-    where: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, rows: Rows, data: str, est_bytes: int, **where: Any) -> Cut:
-        return cls(rows, data, est_bytes, where)
+    source: RowSource
 
 
 @dataclass
@@ -107,7 +140,9 @@ class Planning:
     whole: Reader  # the reader of any dataset: a reader finding its dataset is not its own hands it on
     selected_total: int = 0  # rows the datasets before this one select
     slice_bytes: int = 0  # known once every dataset is opened
-    cut_batches: bool = False  # a small mixture's JSON Lines batches are cut into slices (slice_sizes.cuts_batches)
+    cut_batches: bool = (
+        False  # a small mixture's JSON Lines batches are cut into slices (slice_sizes.cuts_batches)
+    )
 
     @property
     def datasets_cache(self) -> str:

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -24,6 +24,7 @@ from sftmix.sources.data_files import BATCH_BYTES  # (the package reads it here:
 from sftmix.sources.features import schema_of
 from sftmix.sources.growing import open_landing
 from sftmix.sources.paths import compression_of, local_builder
+from sftmix.sources.reading import RowSource
 
 FINGERPRINT_PREFIX = "jsonl-batches:"
 
@@ -74,10 +75,11 @@ class JsonlBatch(BaseModel):
     )
 
 
-class JsonlSource(BaseModel):
+class JsonlSource(RowSource):
     """What a slice needs to read its rows: the file (or, for a dataset of several files, the dataset:
     each batch names its file), the features as an Arrow schema, its batches."""
 
+    data_format: Literal["jsonl"] = "jsonl"
     path: str
     schema_b64: str
     batches: list[JsonlBatch]

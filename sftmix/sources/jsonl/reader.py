@@ -5,11 +5,15 @@ tokenizing begins while the plan still reads the rest."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from sftmix.config.config import DatasetEntry
 from sftmix.config.selection import selection_problem, target_rows
 from sftmix.errors import DatasetError
+from sftmix.runtime.storage import is_remote
 from sftmix.sources import jsonl
 from sftmix.sources.data_files import JsonFiles
 from sftmix.sources.downloads import closed_on_error
@@ -25,10 +29,12 @@ from sftmix.sources.jsonl.files import (
 )
 from sftmix.sources.reading import (
     Cut,
+    DataFormat,
     HandOn,
     Opened,
     Planning,
     Rows,
+    RowsAt,
     dataset_error,
     format_of,
     read_whole_instead,
@@ -94,7 +100,7 @@ class StreamedReader:
             batch = batch.model_copy(update={"path": final_name(first)})
         source = _source(dataset, schema_b64, [batch])
         rows = (0, min(batch.rows, at.run.slice_rows or batch.rows), None)  # the first slice's rows
-        dataset.sampled = Cut.of(rows, batch_data(schema_b64, [batch]), 0, jsonl=source)
+        dataset.sampled = Cut(rows, batch_data(schema_b64, [batch]), 0, source)
         return dataset
 
     def cut(self, dataset: Opened, at: Planning, hand_on: HandOn) -> int:
@@ -118,7 +124,7 @@ class StreamedReader:
                 )
             for start, end, _ in pieces:
                 size = round(nbytes * (end - start) / (hi - lo))
-                hand_on(Cut.of((start, end, None), data, size, jsonl=source))
+                hand_on(Cut((start, end, None), data, size, source))
 
         def counted(batch: jsonl.JsonlBatch, schema_b64: str) -> None:
             if not batch.rows:
@@ -159,3 +165,19 @@ class StreamedReader:
 
 
 STREAMED = StreamedReader()
+
+
+def _rows(source: jsonl.JsonlSource, at: RowsAt, rows: list[int]) -> Sequence[dict[str, Any] | jsonl.BadLine]:
+    return jsonl.read_rows(source, rows)
+
+
+def _here(source: jsonl.JsonlSource) -> jsonl.JsonlSource | None:
+    """Read as planned where its files are on this machine (or on ``gs://``); else ``datasets`` opens it."""
+    return source if all(is_remote(f) or os.path.isfile(f) for f in jsonl.files_of(source)) else None
+
+
+def _place(source: jsonl.JsonlSource, at: RowsAt, row: int) -> tuple[str | None, int] | None:
+    return jsonl.row_place(source, row)
+
+
+FORMAT = DataFormat("jsonl", jsonl.JsonlSource, STREAMED, _rows, _here, _place, release=jsonl.release)

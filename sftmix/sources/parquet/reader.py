@@ -5,8 +5,11 @@ soon as the row groups it reads are (a row group several slices share, decoded o
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from sftmix.config.config import DatasetEntry
 from sftmix.config.selection import target_rows
@@ -20,10 +23,12 @@ from sftmix.sources.parquet.spill import Spill, spill_group
 from sftmix.sources.paths import local_builder
 from sftmix.sources.reading import (
     Cut,
+    DataFormat,
     HandOn,
     Opened,
     Planning,
     Rows,
+    RowsAt,
     dataset_error,
     digest,
     format_of,
@@ -99,7 +104,7 @@ class ParquetReader:
             )
             rows = at.sampled_rows(layout.n_rows, dataset.selected)
             first = [parquet.with_sha256(g, layout.downloads) for g in parquet.groups_for(layout, *rows[:2])]
-            dataset.sampled = Cut.of(rows, "sample", 0, parquet=layout.source(first))
+            dataset.sampled = Cut(rows, "sample", 0, layout.source(first))
             return dataset
 
     def cut(self, dataset: Opened, at: Planning, hand_on: HandOn) -> int:
@@ -112,8 +117,8 @@ class ParquetReader:
         at.check_selection(entry, layout.n_rows, target)
         cutting = _Cutting(dataset, at, hand_on)
         try:
-            sampled = dataset.sampled.where.get("parquet") if dataset.sampled is not None else None
-            known = sampled.row_groups if sampled is not None else []
+            sampled = dataset.sampled.source if dataset.sampled is not None else None
+            known = sampled.row_groups if isinstance(sampled, parquet.ParquetSource) else []
             done = parquet.hashed(layout, cutting.on_group, hand_on.reading_threads(), known)
         except DatasetError as exc:
             raise dataset_error(entry, exc) from None
@@ -169,7 +174,7 @@ class _Cutting:
             start, end, subset = self.cuts[len(made)]
             size = round((end - start if subset is None else len(subset)) * layout.nbytes / layout.n_rows)
             data = digest(layout.data_key(found.row_groups))
-            self.hand_on(Cut.of((start, end, subset), data, size, parquet=found))
+            self.hand_on(Cut((start, end, subset), data, size, found))
 
     def spilled_ready(self, wait: bool) -> None:
         """(After the last row group is hashed.) ``wait``: every slice, and the spills landed."""
@@ -200,3 +205,26 @@ class _Cutting:
 
 
 BY_ROW_GROUP = ParquetReader()
+
+
+def _rows(source: parquet.ParquetSource, at: RowsAt, rows: list[int]) -> Sequence[dict[str, Any]]:
+    return parquet.read_rows(source, rows)
+
+
+def _here(source: parquet.ParquetSource) -> parquet.ParquetSource | None:
+    """Read as planned where its files are on this machine (or on ``gs://``), without the planner's spills
+    (they lie in its work directory); else ``datasets`` opens it."""
+    if not all(is_remote(f.path) or os.path.isfile(f.path) for f in source.footers):
+        return None
+    return source.model_copy(update={"spilled": []}) if source.spilled else source
+
+
+FORMAT = DataFormat(
+    "parquet",
+    parquet.ParquetSource,
+    BY_ROW_GROUP,
+    _rows,
+    _here,
+    finish=parquet.confirm,
+    release=parquet.release,
+)

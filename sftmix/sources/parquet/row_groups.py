@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -21,6 +21,7 @@ from sftmix.sources.downloads import Downloads
 from sftmix.sources.features import schema_of
 from sftmix.sources.parquet.spill import SpilledRows
 from sftmix.sources.paths import local_builder
+from sftmix.sources.reading import RowSource
 
 FINGERPRINT_PREFIX = "parquet-row-groups:"
 
@@ -76,11 +77,12 @@ class RowGroup(BaseModel):
     chunk_sha256: tuple[str, ...] = ()
 
 
-class ParquetSource(BaseModel):
+class ParquetSource(RowSource):
     """What a slice needs to read its rows: the footers of its files, the features as an Arrow schema,
     the row groups that hold its rows, and where the plan decoded one for all its slices, the batches of
     that spill which hold them (:mod:`sftmix.sources.parquet.spill`; what the rows are follows from the row groups)."""
 
+    data_format: Literal["parquet"] = "parquet"
     footers: list[ParquetFooter]
     schema_b64: str
     row_groups: list[RowGroup]

@@ -22,7 +22,9 @@ import logging
 import os
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from sftmix.errors import DatasetError
 from sftmix.runtime.read_progress import StillLoading
@@ -44,6 +46,7 @@ from sftmix.sources.pinned import (
     at_commit,
     local_copy,
 )
+from sftmix.sources.reading import RowSource
 from sftmix.sources.tables import table_rows
 
 logger = logging.getLogger(__name__)
@@ -109,6 +112,16 @@ def row_line(path: str, split: str, row: int) -> int | None:
     except Exception:
         return None
     return None
+
+
+class ArrowSource(RowSource):
+    """A slice's rows read through ``datasets``: from the dataset's Arrow cache files when they hold exactly
+    its rows (and are on this machine), else from the dataset ``datasets`` opens."""
+
+    data_format: Literal["arrow"] = "arrow"
+    arrow_files: list[str] | None = Field(
+        default=None, description="The dataset's Arrow cache files, when they hold exactly its rows."
+    )
 
 
 @dataclass(frozen=True)

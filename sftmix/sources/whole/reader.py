@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sftmix.config.config import DatasetEntry
 from sftmix.config.selection import target_rows
@@ -17,17 +19,28 @@ from sftmix.sources import jsonl
 from sftmix.sources.jsonl.files import bad_lines_warning, batch_data, batch_groups, counted_jsonl
 from sftmix.sources.reading import (
     Cut,
+    DataFormat,
     HandOn,
     Opened,
     Planning,
     Rows,
+    RowsAt,
     digest,
     format_of,
     row_groups,
     rows_key,
     selected_rows,
 )
-from sftmix.sources.whole.arrow import RowsFingerprinter, SourceInfo, arrow_cache_files, describe
+from sftmix.sources.whole.arrow import (
+    ArrowSource,
+    RowsFingerprinter,
+    SourceInfo,
+    arrow_cache_files,
+    describe,
+    read_rows,
+    release_mapped_data,
+    row_line,
+)
 
 MAX_AUTO_SLICE_ROWS = 20_000
 
@@ -115,7 +128,7 @@ class WholeReader:
         )
         rows = at.sampled_rows(info.n_rows, dataset.selected)
         source = None if batched is None else batched.source(jsonl.batches_for(batched, rows[0], rows[1]))
-        dataset.sampled = Cut.of(rows, "sample", 0, arrow_files=arrow_files, jsonl=source)
+        dataset.sampled = Cut(rows, "sample", 0, source or ArrowSource(arrow_files=arrow_files))
         dataset.counted(info.n_rows, target, info.fingerprint)
         return dataset
 
@@ -141,7 +154,7 @@ class WholeReader:
                 memo.remember(rows_key(start, end, subset), data)
             size = round((end - start if subset is None else len(subset)) * info.nbytes / info.n_rows)
             dataset.cuts.append(
-                Cut.of((start, end, subset), data, size, arrow_files=arrow_files, jsonl=source)
+                Cut((start, end, subset), data, size, source or ArrowSource(arrow_files=arrow_files))
             )
         memo.save()
         fingerprint_rows.close()
@@ -159,3 +172,17 @@ class WholeReader:
 
 
 WHOLE = WholeReader()
+
+
+def _rows(source: ArrowSource, at: RowsAt, rows: list[int]) -> Sequence[dict[str, Any]]:
+    return read_rows(at.path, at.split, at.revision, at.datasets_cache, rows, source.arrow_files)
+
+
+def _place(source: ArrowSource, at: RowsAt, row: int) -> tuple[str | None, int] | None:
+    line = row_line(at.path, at.split, row)
+    return None if line is None else (None, line)
+
+
+FORMAT = DataFormat(
+    "arrow", ArrowSource, WHOLE, _rows, lambda source: ArrowSource(), _place, release=release_mapped_data
+)

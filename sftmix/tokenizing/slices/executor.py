@@ -16,9 +16,8 @@ import numpy as np
 from sftmix.errors import BadRowError, DatasetError, MixerError, TemplateError, row_label
 from sftmix.runtime.ownership import remove_abandoned_temps
 from sftmix.runtime.storage import atomic_write_bytes, storage_errors
-from sftmix.sources import jsonl, parquet
+from sftmix.sources import jsonl, registry
 from sftmix.sources.formats import Conversation, RowFormatError, conversation_from_row
-from sftmix.sources.whole.arrow import read_rows, release_mapped_data, row_line
 from sftmix.tokenizing.labels import (
     DROP_REASONS,
     UNTRAINABLE,
@@ -63,9 +62,9 @@ def _skipped(reason: str) -> TokenizedRow:
 def bad_row_error(spec: SliceSpec, row: int, reason: str) -> BadRowError:
     """The error for a malformed row, with its line when the dataset is a local JSON Lines file, or its
     file and line in a dataset of several (found by reading the file: only on this error path)."""
-    if spec.jsonl is not None and (place := jsonl.row_place(spec.jsonl, row)) is not None:
-        return BadRowError(spec.dataset, row, reason, place[1], place[0])
-    return BadRowError(spec.dataset, row, reason, row_line(spec.dataset, spec.split, row))
+    if (place := registry.row_place(spec.source, spec.rows_at(), row)) is None:
+        return BadRowError(spec.dataset, row, reason)
+    return BadRowError(spec.dataset, row, reason, place[1], place[0])
 
 
 def _tokenize_batch(
@@ -87,8 +86,8 @@ def _tokenize_batch(
     for j, (row, record) in enumerate(zip(rows, records, strict=True)):
         if isinstance(record, jsonl.BadLine):  # a line of the file that is not a row
             if not skip_bad:
-                assert spec.jsonl is not None
-                raise record.error(jsonl.lines_of(spec.dataset, spec.jsonl.path))
+                assert isinstance(spec.source, jsonl.JsonlSource)
+                raise record.error(jsonl.lines_of(spec.dataset, spec.source.path))
             results[j] = _skipped(record.detail)
             continue
         try:
@@ -142,19 +141,13 @@ def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext, reuse: bool = False) -
     try:
         return _tokenize_slice(spec, ctx)
     finally:
-        release_mapped_data()  # the next slice maps what it reads; resident memory stays per slice
-        jsonl.release()
-        parquet.release()
+        registry.release()  # the next slice maps what it reads; resident memory stays per slice
 
 
 def rows_of(spec: SliceSpec, datasets_cache: str, rows: list[int]) -> Sequence[dict | jsonl.BadLine]:
-    """Rows of the slice's dataset by index: from its JSON Lines batches, its Parquet row groups, its
-    Arrow files, or datasets."""
-    if spec.jsonl is not None:
-        return jsonl.read_rows(spec.jsonl, rows)
-    if spec.parquet is not None:
-        return parquet.read_rows(spec.parquet, rows)
-    return read_rows(spec.dataset, spec.split, spec.revision, datasets_cache, rows, spec.arrow_files)
+    """Rows of the slice's dataset by index, as its source's data format reads them: its JSON Lines
+    batches, its Parquet row groups, its Arrow files, or datasets."""
+    return registry.read_rows(spec.source, spec.rows_at(datasets_cache), rows)
 
 
 def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
@@ -201,8 +194,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
             mask_chunks.append(res.mask.astype(np.uint8))
             offset += res.ids.shape[0]
     _refuse_all_zero(spec, ctx, len(rows), tally)
-    if spec.parquet is not None:
-        parquet.confirm()  # rows decoded batch by batch came from the version the plan read
+    registry.finish(spec.source)  # (Parquet: rows decoded batch by batch came from the version the plan read)
     tokens = np.concatenate(token_chunks) if token_chunks else np.zeros(0, dtype=dtype)
     mask = np.concatenate(mask_chunks) if mask_chunks else np.zeros(0, dtype=np.uint8)
     return _checkpoint(spec, ctx, tokens, mask, records, tally, (started, started_at, fallbacks_before))

@@ -7,8 +7,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from sftmix.sources.jsonl import JsonlSource
-from sftmix.sources.parquet import ParquetSource
+from sftmix.sources.reading import RowsAt
+from sftmix.sources.registry import SliceSource
+from sftmix.sources.whole.arrow import ArrowSource
 from sftmix.tokenizing.labels import Masking, MaskPolicy
 from sftmix.tokenizing.tokenizer import TokenizerKey, save_split_worker_tokenizer
 from sftmix.tokenizing.tokenizer_load import TokenizerLoad
@@ -81,23 +82,21 @@ class SliceSpec(BaseModel):
     revision: str | None = None
     row_format: str = "messages"
     messages_key: str = "messages"
-    arrow_files: list[str] | None = Field(
-        default=None, description="The dataset's Arrow cache files, when they hold exactly its rows."
-    )
     row_start: int
     row_end: int
     rows: list[int] | None = Field(default=None, description="Selected rows; None = every row in the range.")
-    jsonl: JsonlSource | None = Field(
-        default=None,
-        description="A JSON Lines file read by batch (sftmix.sources.jsonl): its batches that hold these rows.",
-    )
-    parquet: ParquetSource | None = Field(
-        default=None,
-        description="A Parquet file read by row group (sftmix.sources.parquet): its row groups that hold these rows.",
+    source: SliceSource = Field(
+        default_factory=lambda: ArrowSource(),
+        description="Where its rows are, as its data format reads them (sftmix.sources.registry): a JSON Lines "
+        "file's batches, a Parquet file's row groups, or the dataset datasets opens (its Arrow files).",
     )
     est_bytes: int = Field(
         default=0, description="Source bytes it holds, estimated: bigger slices start first."
     )
+
+    def rows_at(self, datasets_cache: str = "") -> RowsAt:
+        """Its dataset, for a format that reads its rows through it (a row's place needs no cache)."""
+        return RowsAt(self.dataset, self.split, self.revision, datasets_cache)
 
     def row_list(self) -> list[int]:
         return list(range(self.row_start, self.row_end)) if self.rows is None else list(self.rows)

@@ -20,7 +20,6 @@ from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.storage import (
     atomic_write_with,
     download_file,
-    is_remote,
     join_url,
     open_npy,
     read_npy_of,
@@ -31,7 +30,7 @@ from sftmix.runtime.storage import (
     upload_file,
     write_remote_bytes,
 )
-from sftmix.sources import jsonl
+from sftmix.sources import registry
 from sftmix.tokenizing.slices.manifest import (
     MANIFEST,
     OVER_LENGTH,
@@ -236,19 +235,9 @@ def on_this_machine(ctx: TokenizeContext, spec: SliceSpec) -> tuple[TokenizeCont
     here = context_here(ctx)
     if here is ctx:
         return ctx, spec
-    update: dict[str, Any] = {"arrow_files": None}
     # Files the planner read that this machine lacks (its copies of a hub dataset's files): datasets
     # opens the dataset here. Files it has, and gs:// objects, are read as planned (checksums agree).
-    if spec.parquet is not None and not all(
-        is_remote(f.path) or os.path.isfile(f.path) for f in spec.parquet.footers
-    ):
-        update["parquet"] = None
-    elif spec.parquet is not None and spec.parquet.spilled:  # (the planner's spills lie in its work dir)
-        update["parquet"] = spec.parquet.model_copy(update={"spilled": []})
-    if spec.jsonl is not None and not all(
-        is_remote(f) or os.path.isfile(f) for f in jsonl.files_of(spec.jsonl)
-    ):
-        update["jsonl"] = None
+    update: dict[str, Any] = {"source": registry.here(spec.source)}
     return here, spec.model_copy(update=update)
 
 
