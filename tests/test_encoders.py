@@ -774,7 +774,7 @@ def test_encoder_fast_refuses_before_work_and_auto_falls_back(tmp_path, caplog):
         ConfigError, match="the fast encoder is not proven the same tokenizer: it has a normalizer"
     ):
         plan("fast")
-    with caplog.at_level("INFO", logger="sftmix.planning.plan"):
+    with caplog.at_level("INFO", logger="sftmix.planning"):
         assert plan("auto").context.encoder == "hf"
     assert "the fast encoder is not used: it has a normalizer" in caplog.text
     assert plan("hf").context.encoder == "hf"
@@ -1045,7 +1045,7 @@ def test_a_run_passes_over_an_engine_that_cannot_take_its_tokenizer(
     monkeypatch.setattr(module, "_fastokens_from", _cannot_take)
     worker_encoding.cache_clear()
     folder = llama3_dir() if name == "llama3" else deepseek_v3_dir()
-    with caplog.at_level("INFO", logger="sftmix.planning.plan"):
+    with caplog.at_level("INFO", logger="sftmix.planning"):
         assert _plan_of_chats(tmp_path, folder, "q{i} é", " a{i}").context.encoder == expected
     worker_encoding.cache_clear()
     if expected == "fast":
