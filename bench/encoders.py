@@ -4,10 +4,10 @@
     python bench/encoders.py --tokenizers mistral-v3,deepseek-v3,gemma3   # fastokens only
     python bench/encoders.py --rows 2000 --tokenizers dolma2
 
-For each tokenizer, in this one process and one thread: the proof (:func:`sftmix.tokenizing.encoders.analyse`,
+For each tokenizer, in this one process and one thread: the proof (:func:`sftmix.tokenizing.encoder_proof.analyse`,
 timed), then every rendered chat encoded by both encoders, compared id for id and offset for offset,
 and the characters per second of each (the library's ``encode_batch`` with one Rayon thread, each engine
-of :data:`sftmix.tokenizing.encoders.ENGINES` (fastokens, tiktoken) through :class:`sftmix.tokenizing.encoders.FastEncoder` with
+of :data:`sftmix.tokenizing.engines.ENGINES` (fastokens, tiktoken) through :class:`sftmix.tokenizing.encoders.FastEncoder` with
 its offsets built). Prints one row per tokenizer: per engine its speed, the texts handed to the library
 (those with a token the proof could not vouch for) and the texts that differ (must be 0).
 """
@@ -36,7 +36,9 @@ from bench.data import (  # noqa: E402
     sharegpt_chats,
     tekken_dir,
 )
-from sftmix.tokenizing.encoders import ENGINES, FastEncoder, analyse  # noqa: E402
+from sftmix.tokenizing.encoder_proof import analyse  # noqa: E402
+from sftmix.tokenizing.encoders import FastEncoder  # noqa: E402
+from sftmix.tokenizing.engines import ENGINES  # noqa: E402
 from sftmix.tokenizing.templates import ChatRenderer, named_template  # noqa: E402
 
 SETUPS = {

@@ -57,7 +57,8 @@ def _init_fast_worker(tokenizer: str) -> None:
     """As :func:`_init_worker`, plus the fast encoder (proved here, before any timing)."""
     _init_worker(tokenizer)
     global _FAST
-    from sftmix.tokenizing.encoders import FastEncoder, analyse
+    from sftmix.tokenizing.encoder_proof import analyse
+    from sftmix.tokenizing.encoders import FastEncoder
 
     rust = _TOK.backend_tokenizer
     _FAST = FastEncoder(rust, analyse(rust.to_str()))

@@ -31,7 +31,8 @@ def _mask(rows: int, store: str | None) -> dict:
 
     from bench.data import dolma2_dir, sharegpt_chats
     from sftmix.sources.formats import Conversation
-    from sftmix.tokenizing.encoders import FastEncoder, analyse
+    from sftmix.tokenizing.encoder_proof import analyse
+    from sftmix.tokenizing.encoders import FastEncoder
     from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding, Masking
     from sftmix.tokenizing.prefix_renders import SkeletonStore
     from sftmix.tokenizing.templates import ChatRenderer, named_template

@@ -21,23 +21,20 @@ from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptio
 from sftmix.errors import ConfigError
 from sftmix.planning.plan import build_plan
 from sftmix.sources.formats import Conversation
-from sftmix.tokenizing.encoders import (
+from sftmix.tokenizing.encoder_proof import analyse
+from sftmix.tokenizing.encoders import FastEncoder, char_offsets, same_encodings
+from sftmix.tokenizing.engines import (
     BYTE_LEVEL_PATTERN,
     ENGINE_ENV,
     ENGINES,
-    METASPACE,
     PROVEN_PATTERNS,
     PROVEN_SPLIT_SEQUENCES,
-    FastAnalysis,
-    FastEncoder,
-    Unproven,
-    analyse,
-    char_offsets,
     fast_engine,
-    same_encodings,
 )
+from sftmix.tokenizing.fast_analysis import FastAnalysis, Unproven
 from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding, Masking
 from sftmix.tokenizing.segments import PrefixEncoder
+from sftmix.tokenizing.sentencepiece_proof import METASPACE
 from sftmix.tokenizing.templates import ChatRenderer, named_template
 from sftmix.tokenizing.tokenizer import boundaries_of
 from tests.test_labels import conversation

@@ -14,7 +14,7 @@ import pytest
 from sftmix.check.findings import check_output
 from sftmix.config.config import RunOptions
 from sftmix.output.digest import compare
-from sftmix.tokenizing.encoders import ENGINE_ENV, PROVEN_PATTERNS, fast_engine
+from sftmix.tokenizing.engines import ENGINE_ENV, PROVEN_PATTERNS, fast_engine
 from tests.tokenizer_fixtures import GOLDEN
 from tokenize_mixer.cli import build_parser, mixer_from_convert_args
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer

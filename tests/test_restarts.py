@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from sftmix.sources.formats import Conversation
-from sftmix.tokenizing.encoders import LINE_RESTARTS, WORD_RESTARTS, FastEncoder
+from sftmix.tokenizing.encoders import FastEncoder
+from sftmix.tokenizing.fast_analysis import LINE_RESTARTS, WORD_RESTARTS
 from sftmix.tokenizing.prefix_renders import PastedPrefix
 from sftmix.tokenizing.restarts import Restarts
 from sftmix.tokenizing.segments import Encoded, PrefixEncoder

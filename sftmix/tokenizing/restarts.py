@@ -33,9 +33,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sftmix.tokenizing.encoders import LINE_RESTARTS, METASPACE, WORD_RESTARTS, FastAnalysis
+from sftmix.tokenizing.fast_analysis import LINE_RESTARTS, WORD_RESTARTS, FastAnalysis
 from sftmix.tokenizing.prefix_renders import PastedPrefix
 from sftmix.tokenizing.segments import Encoded, agreement, text_part
+from sftmix.tokenizing.sentencepiece_proof import METASPACE
 
 #: How far back from where a prefix leaves the full render a restart is looked for (characters): past it
 #: the prefix is encoded whole.

@@ -27,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from sftmix.tokenizing.encoders import METASPACE, FastEncoding
+from sftmix.tokenizing.encoders import FastEncoding
 from sftmix.tokenizing.prefix_renders import PastedPrefix, common_prefix_length
+from sftmix.tokenizing.sentencepiece_proof import METASPACE
 
 
 @dataclass(frozen=True)

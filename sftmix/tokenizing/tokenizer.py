@@ -22,17 +22,11 @@ import numpy as np
 from sftmix.errors import ConfigError, TokenDtypeError
 from sftmix.sources.hub import offline_cache_problem, unreachable_hub_problem
 from sftmix.sources.paths import looks_local, relative_note
-from sftmix.tokenizing.encoders import (
-    ANALYSIS_VERSION,
-    FastAnalysis,
-    Unproven,
-    analyse,
-    normalizer_does_nothing,
-    pack_vocabulary,
-    unpack_vocabulary,
-    vocabulary,
-)
+from sftmix.tokenizing.bpe_vocabulary import pack_vocabulary, unpack_vocabulary, vocabulary
+from sftmix.tokenizing.encoder_proof import ANALYSIS_VERSION, analyse
+from sftmix.tokenizing.fast_analysis import FastAnalysis, Unproven
 from sftmix.tokenizing.literal_tokens import Renaming, cannot_rename, renaming
+from sftmix.tokenizing.pipeline_steps import normalizer_does_nothing
 from sftmix.tokenizing.segments import SegmentBoundaries
 from sftmix.tokenizing.tokenizer_load import (
     TokenizerLoad,

@@ -24,7 +24,7 @@ import numpy as np
 
 from sftmix.errors import TokenDtypeError
 from sftmix.runtime.storage import write_cache_file
-from sftmix.tokenizing.encoders import ANALYSIS_VERSION
+from sftmix.tokenizing.encoder_proof import ANALYSIS_VERSION
 from sftmix.tokenizing.tokenizer import (
     TOKEN_DTYPES,
     TokenizerKey,

@@ -21,7 +21,7 @@ from typing import Any
 
 from sftmix.config.config import TokenizerLoad
 from sftmix.errors import ConfigError
-from sftmix.tokenizing.encoders import normalizer_does_nothing
+from sftmix.tokenizing.pipeline_steps import normalizer_does_nothing
 
 #: The transformers release whose loading rules ``reference`` follows (the reference's locked version).
 REFERENCE_TRANSFORMERS = "5.4.0"

@@ -12,7 +12,8 @@ from typing import Any
 from sftmix.errors import ConfigError
 from sftmix.runtime import settings
 from sftmix.sources.formats import Conversation
-from sftmix.tokenizing.encoders import FastEncoder, Unproven
+from sftmix.tokenizing.encoders import FastEncoder
+from sftmix.tokenizing.fast_analysis import Unproven
 from sftmix.tokenizing.labels import (
     LabelMasker,
     MaskerEncoding,
