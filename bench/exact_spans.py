@@ -20,7 +20,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.data import dolma2_dir, sharegpt_chats  # noqa: E402
 from sftmix.sources.formats import Conversation  # noqa: E402
-from sftmix.tokenizing.labels import DROP_REASONS, LabelMasker, MaskerEncoding, Masking, RowStatus  # noqa: E402
+from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding  # noqa: E402
+from sftmix.tokenizing.masking import Masking  # noqa: E402
+from sftmix.tokenizing.row_status import DROP_REASONS, RowStatus  # noqa: E402
 from sftmix.tokenizing.templates import ChatRenderer, named_template  # noqa: E402
 from sftmix.tokenizing.tokenizer import (  # noqa: E402
     TokenizerKey,

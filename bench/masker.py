@@ -36,7 +36,7 @@ def main() -> None:
 
     from bench.data import sharegpt_chats
     from sftmix.sources.formats import Conversation
-    from sftmix.tokenizing.labels import Masking
+    from sftmix.tokenizing.masking import Masking
     from sftmix.tokenizing.slices import cached_masker, worker_encoding
     from sftmix.tokenizing.templates import named_template
 

@@ -33,7 +33,8 @@ def _mask(rows: int, store: str | None) -> dict:
     from sftmix.sources.formats import Conversation
     from sftmix.tokenizing.encoder_proof import analyse
     from sftmix.tokenizing.encoders import FastEncoder
-    from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding, Masking
+    from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding
+    from sftmix.tokenizing.masking import Masking
     from sftmix.tokenizing.prefix_renders import SkeletonStore
     from sftmix.tokenizing.templates import ChatRenderer, named_template
     from sftmix.tokenizing.tokenizer import boundaries_of

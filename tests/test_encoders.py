@@ -32,7 +32,8 @@ from sftmix.tokenizing.engines import (
     fast_engine,
 )
 from sftmix.tokenizing.fast_analysis import FastAnalysis, Unproven
-from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding, Masking
+from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding
+from sftmix.tokenizing.masking import Masking
 from sftmix.tokenizing.segments import PrefixEncoder
 from sftmix.tokenizing.sentencepiece_proof import METASPACE
 from sftmix.tokenizing.templates import ChatRenderer, named_template

@@ -10,8 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sftmix.sources.formats import Conversation
-from sftmix.tokenizing.labels import RowStatus, assistant_indices
+from sftmix.tokenizing.labels import assistant_indices
 from sftmix.tokenizing.prefix_renders import PrefixRenders
+from sftmix.tokenizing.row_status import RowStatus
 from sftmix.tokenizing.templates import NAMED_TEMPLATES, ChatRenderer, named_template
 from tests.test_labels import masker
 from tests.tiers import examples

@@ -11,7 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sftmix.sources.formats import Conversation
-from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding, Masking, RowStatus, common_prefix_length
+from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding
+from sftmix.tokenizing.masking import Masking
+from sftmix.tokenizing.prefix_renders import common_prefix_length
+from sftmix.tokenizing.row_status import RowStatus
 from sftmix.tokenizing.templates import ChatRenderer, named_template
 from sftmix.tokenizing.tokenizer import (
     TokenizerKey,

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sftmix.sources.formats import Conversation
-from sftmix.tokenizing.labels import MaskPolicy, RowStatus, thinking_ranges
+from sftmix.tokenizing.masking import MaskPolicy, thinking_ranges
+from sftmix.tokenizing.row_status import RowStatus
 from sftmix.tokenizing.templates import NAMED_TEMPLATES
 from sftmix.tokenizing.tokenizer import TokenizerKey, rust_tokenizer
 from tests.test_labels import GOLDEN, masker
@@ -133,7 +134,8 @@ QWEN_LIKE = (  # a tool-using model's own template: tool_calls rendered as JSON 
 
 
 def test_tool_calls_a_template_renders_from_a_list_are_taken_out_tags_and_all():
-    from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding, Masking
+    from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding
+    from sftmix.tokenizing.masking import Masking
     from sftmix.tokenizing.templates import ChatRenderer
     from sftmix.tokenizing.tokenizer import load_hf_tokenizer, segment_boundaries, special_tokens
 

@@ -20,7 +20,7 @@ import pytest
 
 from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
 from sftmix.planning.plan import Plan, build_plan
-from sftmix.tokenizing.labels import DROP_REASONS, RowStatus
+from sftmix.tokenizing.row_status import DROP_REASONS, RowStatus
 from sftmix.tokenizing.templates import ChatRenderer, named_template
 from tests.slice_rows import tokenized_rows
 from tests.tokenizer_fixtures import (

@@ -168,7 +168,8 @@ def test_families_without_restarts_have_none():
 def test_the_maskers_rows_are_the_same_with_restarts_and_without(name):
     """ShareGPT chats under ``olmo`` (whose turn markers are none of these tokenizers' added tokens, so
     each prefix was encoded whole): ids, masks, statuses and reasons unchanged."""
-    from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding, Masking
+    from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding
+    from sftmix.tokenizing.masking import Masking
     from tests.sharegpt import sharegpt_chats
 
     rust, fast, restarts = _family(name)

@@ -60,7 +60,7 @@ from sftmix.runtime import settings
 from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.storage import storage_errors, temp_name
 from sftmix.sources.reading import DatasetPlan
-from sftmix.tokenizing.labels import DROP_REASONS, RowStatus
+from sftmix.tokenizing.row_status import DROP_REASONS, RowStatus
 from sftmix.tokenizing.slices import SliceManifest, load_over_length, load_slice_rows, slice_dir
 from sftmix.tokenizing.tokenizer_facts import write_tokenizer_dir
 

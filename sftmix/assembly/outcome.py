@@ -17,7 +17,7 @@ from sftmix.config.config import RunOptions
 from sftmix.output.report import DatasetReport, RunReport, Validation
 from sftmix.planning.plan import Plan
 from sftmix.planning.span_losses import span_loss_line
-from sftmix.tokenizing.labels import DROP_REASONS, RowStatus
+from sftmix.tokenizing.row_status import DROP_REASONS, RowStatus
 from sftmix.tokenizing.slices import SliceManifest, literal_report
 from sftmix.tokenizing.unrendered import counted_lines
 

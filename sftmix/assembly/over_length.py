@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sftmix.tokenizing.labels import RowStatus
+from sftmix.tokenizing.row_status import RowStatus
 
 #: A document's change at writing (``DOCUMENT_DTYPE``'s ``edit``): none, its last token becomes EOS, or
 #: its mask becomes all zero.

@@ -11,47 +11,22 @@ reference. No I/O here: the caller supplies the renderer and tokenizers.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from enum import IntEnum
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from sftmix.sources.formats import Conversation
+from sftmix.tokenizing.masking import Masking, _apply_policy
 from sftmix.tokenizing.prefix_renders import PastedPrefix, PrefixRenders, SkeletonStore, common_prefix_length
 from sftmix.tokenizing.restarts import Restarts
+from sftmix.tokenizing.row_status import RowStatus, TokenizedRow
 from sftmix.tokenizing.segments import Encoded, PrefixEncoder, SegmentBoundaries, span_masks
 from sftmix.tokenizing.templates import ChatRenderer
 
 #: Tails of prefix renders up to this many characters have their token counts remembered (at most
 #: this many of them): they are the template's own text, repeated in every row.
 _MEMO_CHARS, _MEMO_ENTRIES = 256, 65536
-
-
-class RowStatus(IntEnum):
-    KEPT = 0
-    NO_TRAINABLE = 1
-    SPAN_UNVERIFIED = 2
-    BAD_ROW = 3
-    LITERAL_SPECIAL = 4  # the row spells a special token, dropped (sftmix.tokenizing.literal_tokens)
-    OVER_LENGTH = (
-        5  # cut at max_seq_length and dropped at assembly (over_length_strategy drop); never in a slice
-    )
-
-
-#: Why a row was dropped, as shown in statistics and reports.
-DROP_REASONS = {
-    RowStatus.NO_TRAINABLE: "no_trainable_tokens",
-    RowStatus.SPAN_UNVERIFIED: "assistant_span_unverified",
-    RowStatus.BAD_ROW: "bad_row",
-    RowStatus.LITERAL_SPECIAL: "literal_special_token",
-    RowStatus.OVER_LENGTH: "over_length",
-}
-
-
-#: Rows that tokenize but train on nothing: the reference keeps them (all-zero mask) when its chain has no
-#: ``sft_tulu_filter_v1`` step.
-UNTRAINABLE = frozenset({RowStatus.NO_TRAINABLE, RowStatus.SPAN_UNVERIFIED})
 
 
 class RenderError(Exception):
@@ -61,17 +36,6 @@ class RenderError(Exception):
         self.index = index
         self.cause = cause
         super().__init__(f"chat template failed: {type(cause).__name__}: {cause}")
-
-
-@dataclass
-class TokenizedRow:
-    ids: np.ndarray
-    mask: np.ndarray
-    status: RowStatus
-    detail: str | None = None
-    reference_drops: bool = False  # kept by exact spans; the reference's rule would drop it
-    spelled: bool = False  # its text spells a special token, read as text (sftmix.tokenizing.literal_tokens)
-    truncated: bool = False  # its render has more than max_seq_length tokens (the kept ones do not cover it)
 
 
 class _SpanFailure(Exception):
@@ -106,18 +70,6 @@ def _empty_row() -> TokenizedRow:
 
 def assistant_indices(messages: Sequence[dict]) -> list[int]:
     return [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
-
-
-@dataclass(frozen=True)
-class Masking:
-    """The mixer's settings a masker follows, by the mixer's own names (``sftmix.config.config.MixerConfig``:
-    ``max_seq_length``, ``mask``, ``spans``, ``drop_untrainable``, ``mask_thinking``, ...)."""
-
-    max_seq_length: int | None = None
-    mask: str = "assistant"
-    spans: str = "reference"
-    drop_untrainable: bool = False  # a row with nothing to train is dropped, so it needs no tokens
-    policy: MaskPolicy = field(default_factory=lambda: MaskPolicy())  # mask_thinking, ... (defined below)
 
 
 @dataclass(frozen=True)
@@ -565,150 +517,3 @@ def _generation_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.nd
     for start, end in spans:
         mask |= (offsets[:, 0] < end) & (offsets[:, 1] > start)
     return mask.astype(np.uint8)
-
-
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-
-
-def thinking_ranges(text: str, start: int, end: int) -> list[tuple[int, int]]:
-    """Character ranges of ``text[start:end]`` (an assistant message's content) that are thinking:
-    each ``<think>`` through its ``</think>``, tags included; a ``</think>`` with no ``<think>`` before
-    it counts from the start (templates whose generation prompt opens the tag), and a ``<think>`` never
-    closed runs to the end."""
-    ranges = []
-    pos = start
-    while pos < end:
-        opened = text.find(THINK_OPEN, pos, end)
-        closed = text.find(THINK_CLOSE, pos, end)
-        if closed != -1 and (opened == -1 or closed < opened):  # closes what the header opened
-            ranges.append((pos, closed + len(THINK_CLOSE)))
-            pos = closed + len(THINK_CLOSE)
-        elif opened != -1:
-            closed = text.find(THINK_CLOSE, opened + len(THINK_OPEN), end)
-            stop = end if closed == -1 else closed + len(THINK_CLOSE)
-            ranges.append((opened, stop))
-            pos = stop
-        else:
-            break
-    return ranges
-
-
-#: Roles whose messages are tool results, in the reference's templates and in common data.
-TOOL_ROLES = ("tool", "environment", "ipython")
-
-
-@dataclass(frozen=True)
-class MaskPolicy:
-    """Opt-in text taken out of the mask, beyond the reference (default: nothing, byte-compatible)."""
-
-    thinking: bool = False  # assistant <think> ... </think>
-    tool_calls: bool = False  # what the template renders for an assistant message's tool calls
-    tool_outputs: bool = False  # tool results (roles tool, environment, ipython): for mask: all
-
-    def __bool__(self) -> bool:
-        return self.thinking or self.tool_calls or self.tool_outputs
-
-    def pieces(self, message: dict) -> list[str]:
-        """The texts of ``message`` that are not to be trained on (tool calls aside: see ``calls``)."""
-        role, content = message.get("role"), message.get("content")
-        pieces = []
-        if role == "assistant" and self.thinking and isinstance(content, str):
-            pieces += [content[s:e].strip() for s, e in thinking_ranges(content, 0, len(content))]
-        elif role in TOOL_ROLES and self.tool_outputs and isinstance(content, str):
-            pieces.append(content.strip())
-        return [p for p in pieces if p]
-
-    def calls(self, message: dict) -> bool:
-        """Whether ``message`` has tool calls this policy takes out."""
-        return (
-            self.tool_calls
-            and message.get("role") == "assistant"
-            and any(message.get(f) for f in CALL_FIELDS)
-        )
-
-
-#: The fields that hold an assistant message's tool calls: the reference's templates render
-#: ``function_calls`` (text); chat templates of tool-using models render ``tool_calls`` (a list).
-CALL_FIELDS = ("function_calls", "tool_calls")
-
-
-def _apply_policy(
-    policy: MaskPolicy,
-    renderer: ChatRenderer,
-    conversations: Sequence[Conversation],
-    rendered: list[str],
-    encs: list[Encoded],
-    results: list[TokenizedRow],
-) -> None:
-    """No trained token overlaps a policy's text.
-
-    Each message's text is looked for only where the render shows that message (between the renders of
-    the conversation up to it and through it), so a tool result that an answer repeats is not taken out
-    of the answer; where a template re-renders earlier turns (the prefixes are not prefixes of the
-    whole), from the previous piece found on. A message's tool calls are what the template renders
-    for them, tags included: where the whole render differs from the render without its call fields
-    (a template that ignores the fields renders none)."""
-    for conv, text, enc, row in zip(conversations, rendered, encs, results, strict=True):
-        if row.status != RowStatus.KEPT or not row.mask.any():
-            continue
-        wanted = [(k, policy.pieces(m), policy.calls(m)) for k, m in enumerate(conv.messages)]
-        if not any(pieces or calls for _, pieces, calls in wanted):
-            continue
-        out: list[tuple[int, int]] = []
-        cursor = 0
-        for k, pieces, calls in wanted:
-            if calls:
-                found = _calls_range(renderer, conv, text, k)
-                if found is not None:
-                    out.append(found)
-                elif (
-                    isinstance(text_calls := conv.messages[k].get("function_calls"), str)
-                    and text_calls.strip()
-                ):
-                    pieces = [*pieces, text_calls.strip()]  # the template re-renders turns: find the text
-            if not pieces:
-                continue
-            lo, hi = _message_range(renderer, conv, text, k)
-            if lo is None:
-                lo, hi = cursor, len(text)
-            for piece in pieces:
-                at = text.find(piece, lo, hi)
-                if at == -1:
-                    continue  # the template does not show it (e.g. earlier thinking removed)
-                out.append((at, at + len(piece)))
-                cursor = lo = at + len(piece)
-        if out:
-            offsets = enc.offsets(row.ids.shape[0])
-            starts, ends = offsets[:, 0], offsets[:, 1]
-            for s, e in out:
-                row.mask[(starts < e) & (s < ends)] = 0
-
-
-def _calls_range(renderer: ChatRenderer, conv: Conversation, text: str, k: int) -> tuple[int, int] | None:
-    """The characters the template renders for message ``k``'s tool calls: where the whole render
-    differs from the render of the same conversation without that message's call fields."""
-    without = {key: value for key, value in conv.messages[k].items() if key not in CALL_FIELDS}
-    try:
-        plain = renderer.render([*conv.messages[:k], without, *conv.messages[k + 1 :]], conv.tools, False)
-    except Exception:
-        return None
-    start = common_prefix_length(text, plain)
-    same_end = common_prefix_length(text[start:][::-1], plain[start:][::-1])
-    end = len(text) - same_end
-    # the same insertion can often be placed a few characters earlier ("x.<" + "tool_call>...<" vs
-    # "x." + "<tool_call>..."): take the earliest, where the tags the template adds begin
-    while start > 0 and end > start and text[start - 1] == text[end - 1]:
-        start, end = start - 1, end - 1
-    return (start, end) if end > start else None
-
-
-def _message_range(renderer: ChatRenderer, conv: Conversation, text: str, k: int) -> tuple[int | None, int]:
-    """Where message ``k`` lies in the whole render, when its prefixes render as prefixes of it."""
-    try:
-        before = renderer.render(conv.messages[:k], conv.tools, False) if k else ""
-        through = renderer.render(conv.messages[: k + 1], conv.tools, False)
-    except Exception:
-        return None, len(text)
-    if text.startswith(before) and text.startswith(through) and len(before) <= len(through):
-        return len(before), len(through)
-    return None, len(text)

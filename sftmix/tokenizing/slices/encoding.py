@@ -14,17 +14,12 @@ from sftmix.runtime import settings
 from sftmix.sources.formats import Conversation
 from sftmix.tokenizing.encoders import FastEncoder
 from sftmix.tokenizing.fast_analysis import Unproven
-from sftmix.tokenizing.labels import (
-    LabelMasker,
-    MaskerEncoding,
-    Masking,
-    RenderError,
-    RowStatus,
-    TokenizedRow,
-)
+from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding, RenderError
 from sftmix.tokenizing.literal_tokens import LiteralReport, LiteralRule, Renaming, literal_rule
+from sftmix.tokenizing.masking import Masking
 from sftmix.tokenizing.prefix_renders import SkeletonStore
 from sftmix.tokenizing.restarts import Restarts
+from sftmix.tokenizing.row_status import RowStatus, TokenizedRow
 from sftmix.tokenizing.segments import SegmentBoundaries
 from sftmix.tokenizing.slices.manifest import SKELETONS, SliceManifest
 from sftmix.tokenizing.slices.spec import TokenizeContext

@@ -18,15 +18,9 @@ from sftmix.runtime.ownership import remove_abandoned_temps
 from sftmix.runtime.storage import atomic_write_bytes, storage_errors
 from sftmix.sources import jsonl, registry
 from sftmix.sources.formats import Conversation, RowFormatError, conversation_from_row
-from sftmix.tokenizing.labels import (
-    DROP_REASONS,
-    UNTRAINABLE,
-    LabelMasker,
-    RenderError,
-    RowStatus,
-    TokenizedRow,
-)
+from sftmix.tokenizing.labels import LabelMasker, RenderError
 from sftmix.tokenizing.literal_tokens import LiteralRule
+from sftmix.tokenizing.row_status import DROP_REASONS, UNTRAINABLE, RowStatus, TokenizedRow
 from sftmix.tokenizing.slices.encoding import encoding_for, literal_rule_for, masker_for
 from sftmix.tokenizing.slices.manifest import (
     ALL_ZERO_SLICE_ROWS,

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from sftmix.sources.reading import RowsAt
 from sftmix.sources.registry import SliceSource
 from sftmix.sources.whole.arrow import ArrowSource
-from sftmix.tokenizing.labels import Masking, MaskPolicy
+from sftmix.tokenizing.masking import Masking, MaskPolicy
 from sftmix.tokenizing.tokenizer import TokenizerKey, save_split_worker_tokenizer
 from sftmix.tokenizing.tokenizer_load import TokenizerLoad
 
