@@ -188,7 +188,8 @@ def test_a_flag_is_derived_from_the_setting_it_sets():
 
 
 def test_convert_sets_every_flagged_setting():
-    from tokenize_mixer.cli import build_parser, mixer_from_convert_args
+    from tokenize_mixer.cli import build_parser
+    from tokenize_mixer.command_line.convert_flags import mixer_from_convert_args
 
     base = ["convert", "--dataset_mixer_list", "a.jsonl", "1.0", "--tokenizer_name_or_path", "tok"]
     base += ["--output_dir", "out"]

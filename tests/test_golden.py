@@ -16,7 +16,8 @@ from sftmix.config.config import RunOptions
 from sftmix.output.digest import compare
 from sftmix.tokenizing.engines import ENGINE_ENV, PROVEN_PATTERNS, fast_engine
 from tests.tokenizer_fixtures import GOLDEN
-from tokenize_mixer.cli import build_parser, mixer_from_convert_args
+from tokenize_mixer.cli import build_parser
+from tokenize_mixer.command_line.convert_flags import mixer_from_convert_args
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
 ALL_CASES = {c["name"]: c for c in json.loads((GOLDEN / "cases.json").read_text())["cases"]}

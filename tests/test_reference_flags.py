@@ -9,7 +9,8 @@ import pytest
 
 from sftmix.config.reference_flags import check_flags, transform_chain
 from sftmix.errors import ConfigError
-from tokenize_mixer.cli import build_parser, main, mixer_from_convert_args
+from tokenize_mixer.cli import build_parser, main
+from tokenize_mixer.command_line.convert_flags import mixer_from_convert_args
 
 BASE = ["convert", "--dataset_mixer_list", "data/chat_multi.jsonl", "1.0", "--tokenizer_name_or_path", "t"]
 

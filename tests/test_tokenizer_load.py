@@ -19,7 +19,8 @@ from sftmix.tokenizing.tokenizer_facts import tokenizer_facts
 from sftmix.tokenizing.tokenizer_load import reference_class, reference_tables
 from tests.slice_rows import tokenized_rows
 from tests.tokenizer_fixtures import GOLDEN, deepseek_v3_dir, ensure_dolma2
-from tokenize_mixer.cli import build_parser, mixer_from_convert_args
+from tokenize_mixer.cli import build_parser
+from tokenize_mixer.command_line.convert_flags import mixer_from_convert_args
 
 TEXT = "Hello world, how are you? 12345 ﬁne ３ 你好世界  two  spaces\n\n\nnew x=1000000;"
 
