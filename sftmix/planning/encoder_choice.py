@@ -10,7 +10,8 @@ from sftmix.config.config import (
 )
 from sftmix.errors import ConfigError, MixerError
 from sftmix.sources.reading import digest
-from sftmix.tokenizing.encoders import Unproven, same_encodings
+from sftmix.tokenizing.encoders import same_encodings
+from sftmix.tokenizing.fast_analysis import Unproven
 from sftmix.tokenizing.slices import (
     TokenizeContext,
     encoding_for,

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from sftmix.sources.reading import DatasetPlan, Opened
-from sftmix.tokenizing.labels import RowStatus
+from sftmix.tokenizing.row_status import RowStatus
 from sftmix.tokenizing.slices import TokenizeContext, masked_samples
 
 logger = logging.getLogger(__name__)
