@@ -188,4 +188,4 @@ def test_the_plans_own_lines_reach_the_runs_logs_where_no_console_shows_them(
         last = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)[0]
         logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[last.id])))
     lines = [log.message for log in logs]
-    assert sum(line.startswith("sftmix.planning.plan: encoder: ") for line in lines) == 1, lines
+    assert sum(line.startswith("sftmix.planning.encoder_choice: encoder: ") for line in lines) == 1, lines
