@@ -97,7 +97,8 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    from sftmix.assembly.assemble import assemble, global_order
+    from sftmix.assembly.assemble import assemble
+    from sftmix.assembly.document_order import global_order
     from sftmix.check.findings import Recorded, check_output
     from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
     from sftmix.output.digest import output_digests
