@@ -75,7 +75,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/core-scaling"))
     args = ap.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"
-    from sftmix.config.config import MixerConfig, RunOptions
+    from sftmix.config.config import MixerConfig
+    from sftmix.config.run_options import RunOptions
     from sftmix.planning.plan import build_plan
 
     scratch = Path(tempfile.mkdtemp(prefix="core-scaling-"))

@@ -25,7 +25,8 @@ def main() -> None:
     ap.add_argument("data", type=Path, nargs="+")
     ap.add_argument("--runs", type=int, default=1)
     args = ap.parse_args()
-    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+    from sftmix.config.run_options import RunOptions
     from sftmix.planning.plan import build_plan
     from tests.tokenizer_fixtures import ensure_dolma2
 

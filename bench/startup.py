@@ -37,7 +37,8 @@ from tests.hub_emulator import declared_card  # noqa: E402
 
 PLAN = """
 import json, sys, time
-from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+from sftmix.config.run_options import RunOptions
 from sftmix.planning.plan import build_plan
 data, tokenizer, work = sys.argv[1:4]
 mixer = MixerConfig(

@@ -100,7 +100,8 @@ def main() -> None:
     from sftmix.assembly.assemble import assemble
     from sftmix.assembly.document_order import global_order
     from sftmix.check.findings import Recorded, check_output
-    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+    from sftmix.config.run_options import RunOptions
     from sftmix.output.digest import output_digests
     from sftmix.planning.plan import build_plan
     from sftmix.runtime.parallel import available_cpus

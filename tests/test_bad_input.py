@@ -24,7 +24,8 @@ import pytest
 
 import sftmix.errors
 import sftmix.planning.plan
-from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+from sftmix.config.run_options import RunOptions
 from sftmix.config.selection import ASSEMBLE_BYTES_PER_ROW, MAX_SELECTED_ROWS
 from sftmix.errors import BadRowError, DatasetError
 from sftmix.planning.plan import build_plan

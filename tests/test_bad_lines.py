@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+from sftmix.config.run_options import RunOptions
 from sftmix.errors import BadLineError
 from sftmix.planning.plan import build_plan
 from sftmix.sources import jsonl

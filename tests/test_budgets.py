@@ -125,7 +125,8 @@ def test_a_budget_run_is_deterministic_and_a_new_budget_only_assembles(prefect_a
 
 
 def test_the_plan_estimates_a_budget_in_rows(tmp_path):
-    from sftmix.config.config import MixerConfig, RunOptions
+    from sftmix.config.config import MixerConfig
+    from sftmix.config.run_options import RunOptions
     from sftmix.planning.plan import build_plan
 
     data = tmp_path / "chats.jsonl"

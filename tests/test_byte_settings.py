@@ -14,14 +14,8 @@ from pydantic import BaseModel, Field
 
 from sftmix.config.byte_settings import ChangesBytes, declaration, for_slices, keyed, recorded
 from sftmix.config.command_flags import Flag, flags, with_flags
-from sftmix.config.config import (
-    REFERENCE_PART_BYTES,
-    DatasetEntry,
-    MixerConfig,
-    OutputSpec,
-    RunOptions,
-    TokenizerSpec,
-)
+from sftmix.config.config import REFERENCE_PART_BYTES, DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+from sftmix.config.run_options import RunOptions
 from sftmix.planning.plan import build_plan
 
 GOLDEN = Path(__file__).parent / "golden"

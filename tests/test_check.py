@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from sftmix.check.findings import check_output
-from sftmix.config.config import MixerConfig, RunOptions
+from sftmix.config.config import MixerConfig
+from sftmix.config.run_options import RunOptions
 from tokenize_mixer.cli import main
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
@@ -112,7 +113,8 @@ def test_the_flow_checks_before_publishing(prefect_api, tmp_path):
     naming the first finding, and nothing is published."""
     from prefect.states import State
 
-    from sftmix.config.config import MixerConfig, RunOptions
+    from sftmix.config.config import MixerConfig
+    from sftmix.config.run_options import RunOptions
 
     data = tmp_path / "d.jsonl"
     data.write_text(

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from sftmix.config.config import MixerConfig, RunOptions
+from sftmix.config.config import MixerConfig
+from sftmix.config.run_options import RunOptions
 from sftmix.output.digest import output_digests
 from tests.cli_runs import left_in_shm, machine_env, semaphores
 from tests.ports import free_port

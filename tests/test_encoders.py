@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+from sftmix.config.run_options import RunOptions
 from sftmix.errors import ConfigError
 from sftmix.planning.plan import build_plan
 from sftmix.sources.formats import Conversation

@@ -8,14 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sftmix.config.config import (
-    DatasetEntry,
-    MixerConfig,
-    OutputSpec,
-    RunOptions,
-    TokenizerSpec,
-    load_run_file,
-)
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+from sftmix.config.run_file import load_run_file
+from sftmix.config.run_options import RunOptions
 from sftmix.errors import (
     BadRowError,
     ConfigError,

@@ -84,7 +84,8 @@ def test_exact_spans_keep_rows_the_reference_rule_drops_and_count_them():
 
 
 def test_the_flow_keeps_and_reports_rows_with_exact_spans(golden_dir, prefect_api, tmp_path, monkeypatch):
-    from sftmix.config.config import MixerConfig, RunOptions
+    from sftmix.config.config import MixerConfig
+    from sftmix.config.run_options import RunOptions
     from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
     monkeypatch.chdir(golden_dir)

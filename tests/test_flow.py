@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+from sftmix.config.run_options import RunOptions
 from sftmix.output.digest import compare
 from sftmix.tokenizing.slices import slice_dir
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer

@@ -12,7 +12,9 @@ import yaml
 from prefect.utilities.callables import parameter_schema
 from prefect.utilities.schema_tools import validate
 
-from sftmix.config.config import TOKENIZERS_OWN, RunFile, RunOptions, TokenizerSpec, load_run_file
+from sftmix.config.config import TOKENIZERS_OWN, TokenizerSpec
+from sftmix.config.run_file import RunFile, load_run_file
+from sftmix.config.run_options import RunOptions
 from sftmix.errors import ConfigError
 from sftmix.tokenizing.templates import NAMED_TEMPLATES
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import sftmix.planning.free_space as free_space
-from sftmix.config.config import MixerConfig, RunOptions
+from sftmix.config.config import MixerConfig
+from sftmix.config.run_options import RunOptions
 from sftmix.errors import StorageError
 from sftmix.planning.plan import build_plan
 from tests.test_check import EXAMPLES, chat

@@ -19,7 +19,8 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from sftmix.config.config import MixerConfig, RunOptions
+from sftmix.config.config import MixerConfig
+from sftmix.config.run_options import RunOptions
 from sftmix.errors import ConfigError, DatasetError, OutputConflictError
 from sftmix.output.digest import OUTPUT_MANIFEST, output_digests, remote_output_digests
 from sftmix.output.publish import publish_remote

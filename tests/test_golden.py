@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sftmix.check.findings import check_output
-from sftmix.config.config import RunOptions
+from sftmix.config.run_options import RunOptions
 from sftmix.output.digest import compare
 from sftmix.tokenizing.engines import ENGINE_ENV, PROVEN_PATTERNS, fast_engine
 from tests.tokenizer_fixtures import GOLDEN

@@ -42,7 +42,8 @@ FILES = [f"data/train-0000{k}-of-00003.parquet" for k in range(3)]
 _PLAN = """
 import json, os, shutil, sys
 from sftmix.sources.parquet import ParquetSource
-from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+from sftmix.config.run_options import RunOptions
 from sftmix.errors import DatasetError
 from sftmix.planning.plan import build_plan
 from sftmix.sources import jsonl

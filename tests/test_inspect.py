@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+from sftmix.config.run_options import RunOptions
 from tokenize_mixer.cli import main
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 

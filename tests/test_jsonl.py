@@ -216,7 +216,8 @@ def test_invalid_utf8_names_its_line(tmp_path):
 
 @pytest.mark.slow
 def test_the_plan_cuts_a_large_file_by_batch_and_an_edit_changes_only_its_batchs_keys(tmp_path):
-    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+    from sftmix.config.run_options import RunOptions
     from sftmix.planning.plan import build_plan
 
     rows = _many(random.Random(11), 2 * jsonl_batches.BATCH_BYTES + (1 << 20))
@@ -379,7 +380,8 @@ def test_a_copy_left_half_made_by_a_killed_run_is_removed(tmp_path):
 def test_the_plan_of_a_compressed_file_is_the_plan_of_its_content(tmp_path):
     """Slices read the copy by batch, keyed by what they read: the same keys as the plain file's, so
     finished slices are reused whichever of the two a mixer names."""
-    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+    from sftmix.config.run_options import RunOptions
     from sftmix.planning.plan import build_plan
 
     plain = tmp_path / "chats.jsonl"
@@ -414,7 +416,8 @@ def _shards_match_datasets(
     data: Path, amount: float, max_seq_length: int, slice_bytes: int, tmp_path: Path, monkeypatch
 ) -> None:
     """The flow's shards of ``data`` read by batch, in several slices, are those of ``datasets``' load."""
-    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+    from sftmix.config.run_options import RunOptions
     from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
     examples = Path(__file__).parent.parent / "examples"
@@ -843,7 +846,8 @@ def test_a_split_other_than_train_is_read_by_batch_where_its_features_are_known(
     """A split the card names, not 'train' and not the first, is read by batch (not converted whole by
     ``datasets``) where the card declares the features: ``datasets`` casts every split to them. Without
     them it casts a later split to what it found in the first, so only the first is read by batch."""
-    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+    from sftmix.config.run_options import RunOptions
     from sftmix.planning.plan import build_plan
     from sftmix.sources.data_files import json_data_files
 
@@ -901,7 +905,8 @@ def test_a_column_the_card_does_not_declare_is_refused_before_any_slice(tmp_path
     """Every row has a column the card does not declare (an old card): the plan refuses the run before any
     slice begins, naming the first line and the card, where each slice would fail on it; with
     ``on_bad_row: skip`` it is planned (the slices skip and count such lines)."""
-    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+    from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+    from sftmix.config.run_options import RunOptions
     from sftmix.errors import BadLineError
     from sftmix.planning.plan import build_plan
 

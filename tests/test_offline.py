@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sftmix.config.config import MixerConfig, RunOptions
+from sftmix.config.config import MixerConfig
+from sftmix.config.run_options import RunOptions
 from sftmix.planning.plan import build_plan, prepare_plan
 from sftmix.tokenizing.slices import tokenize_slice
 

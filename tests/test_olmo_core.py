@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+from sftmix.config.run_options import RunOptions
 from tests.venvs import cached_venv, venv_env
 from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 
@@ -178,7 +179,7 @@ def test_check_simulates_olmo_core_instance_counts(olmo_core_python, prefect_api
     packed FSL datasets make of the output, at lengths below and above its longest documents, with
     both long-document strategies and both sources of boundaries (.csv.gz and EOS scanning)."""
     from sftmix.check.findings import check_output
-    from sftmix.config.config import load_run_file
+    from sftmix.config.run_file import load_run_file
 
     out = tmp_path / "out"
     if output == "demo":

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from sftmix.assembly.assemble import assemble
 from sftmix.assembly.outcome import SliceOutcome, check_for, run_report
-from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+from sftmix.config.run_options import RunOptions
 from sftmix.output.digest import output_digests
 from sftmix.planning.plan import build_plan
 from sftmix.tokenizing.slices import tokenize_slice

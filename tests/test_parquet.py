@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+from sftmix.config.run_options import RunOptions
 from sftmix.errors import DatasetError
 from sftmix.sources import parquet
 from sftmix.sources.parquet import ParquetSource

@@ -73,7 +73,8 @@ def test_a_dataset_of_more_slices_than_open_files_allowed_is_assembled(prefect_a
     import resource
 
     from sftmix.assembly.assemble import assemble
-    from sftmix.config.config import MixerConfig, RunOptions
+    from sftmix.config.config import MixerConfig
+    from sftmix.config.run_options import RunOptions
     from sftmix.output.digest import output_digests
     from sftmix.planning.plan import build_plan
     from sftmix.tokenizing.slices import read_manifest
@@ -146,7 +147,8 @@ def test_the_check_that_follows_the_writers_finds_what_a_check_after_them_finds(
     import sftmix.check.parts
     from sftmix.assembly.assemble import assemble
     from sftmix.check.findings import Recorded, check_output
-    from sftmix.config.config import MixerConfig, RunOptions
+    from sftmix.config.config import MixerConfig
+    from sftmix.config.run_options import RunOptions
     from sftmix.output.digest import output_digests
     from sftmix.planning.plan import build_plan
     from sftmix.tokenizing.slices import read_manifest

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+from sftmix.config.run_options import RunOptions
 from sftmix.planning.plan import Plan, build_plan
 from sftmix.tokenizing.row_status import DROP_REASONS, RowStatus
 from sftmix.tokenizing.templates import ChatRenderer, named_template

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+from sftmix.config.run_options import RunOptions
 from sftmix.errors import ConfigError
 from sftmix.planning.roots import ENV, check_allowed_roots, is_hub_name, split_roots
 

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sftmix.config.config import MixerConfig, RunOptions, load_run_file
+from sftmix.config.config import MixerConfig
+from sftmix.config.run_file import load_run_file
+from sftmix.config.run_options import RunOptions
 from sftmix.errors import ConfigError
 from sftmix.output.olmo_format import MAX_PARTS, part_bytes_problem
 from sftmix.planning.plan import build_plan

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sftmix.config.config import MixerConfig, RunOptions
+from sftmix.config.config import MixerConfig
+from sftmix.config.run_options import RunOptions
 from sftmix.planning.plan import build_plan
 from sftmix.planning.span_losses import span_loss_line
 

@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sftmix.config.config import DatasetEntry, RunOptions
+from sftmix.config.config import DatasetEntry
+from sftmix.config.run_options import RunOptions
 from sftmix.errors import DatasetError
 from sftmix.sources import parquet
 from sftmix.sources.parquet import decoding as parquet_decoding

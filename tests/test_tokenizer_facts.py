@@ -140,7 +140,8 @@ def test_a_hub_name_is_not_kept(cache):
 
 PLAN_TWICE = """
 import sys
-from sftmix.config.config import load_run_file, RunOptions
+from sftmix.config.run_file import load_run_file
+from sftmix.config.run_options import RunOptions
 from sftmix.planning.plan import build_plan
 rf = load_run_file(sys.argv[1])
 plan = build_plan(rf.mixer, RunOptions(work_dir=sys.argv[2]))

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, RunOptions, TokenizerSpec
+from sftmix.config.config import DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
+from sftmix.config.run_options import RunOptions
 from sftmix.planning.plan import build_plan
 from sftmix.planning.recipe import mixer_recipe
 from sftmix.tokenizing.tokenizer import TokenizerKey, load_hf_tokenizer

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sftmix.config.config import MixerConfig, RunOptions
+from sftmix.config.config import MixerConfig
+from sftmix.config.run_options import RunOptions
 from sftmix.planning.plan import build_plan
 from sftmix.sources.formats import Conversation
 from sftmix.tokenizing.templates import ChatRenderer, named_template

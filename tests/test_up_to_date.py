@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from sftmix.assembly.up_to_date import up_to_date
-from sftmix.config.config import OutputSpec, RunOptions
+from sftmix.config.config import OutputSpec
+from sftmix.config.run_options import RunOptions
 from sftmix.errors import ChecksumError
 from sftmix.output.output_dir import OUTPUT_MARKER
 from sftmix.output.report import UP_TO_DATE

@@ -14,7 +14,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from sftmix.config.config import user_cache_dir
+from sftmix.config.run_options import user_cache_dir
 
 GOLDEN = Path(__file__).parent / "golden"
 DOLMA2_DIR = GOLDEN / "tokenizers" / "dolma2"

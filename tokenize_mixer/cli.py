@@ -16,11 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sftmix.config.command_flags import flags, with_flags
-from sftmix.config.config import (
-    MixerConfig,
-    load_run_file,
-)
+from sftmix.config.config import MixerConfig
 from sftmix.config.reference_flags import check_flags
+from sftmix.config.run_file import load_run_file
 from sftmix.errors import CheckFailedError, MixerError, WorkerDiedError
 from sftmix.output.report import COMMAND_CLOCK
 from sftmix.runtime import settings

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sftmix.assembly.assemble import AssembleResult
 from sftmix.check.findings import CheckReport, Recorded, check_output
-from sftmix.config.config import RunOptions
+from sftmix.config.run_options import RunOptions
 from sftmix.output.report import DatasetReport, RunReport, Validation
 from sftmix.planning.plan import Plan
 from sftmix.planning.span_losses import span_loss_line

@@ -29,7 +29,8 @@ import os
 from pathlib import Path
 
 from sftmix.check.findings import CHANGES_TRAINING, INFORMATION
-from sftmix.config.config import MixerConfig, RunOptions
+from sftmix.config.config import MixerConfig
+from sftmix.config.run_options import RunOptions
 from sftmix.errors import ChecksumError
 from sftmix.output.digest import RUN_REPORT, compare, load_digests
 from sftmix.output.output_dir import OUTPUT_MARKER, changed_since_published, read_output_marker

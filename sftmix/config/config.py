@@ -6,31 +6,24 @@ as the flow's parameter form, so every field carries a description and its const
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
     PlainSerializer,
-    ValidationError,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
 
-from sftmix.config.byte_settings import NO_BYTES, ChangesBytes, nested_model
+from sftmix.config.byte_settings import NO_BYTES, ChangesBytes
 from sftmix.config.command_flags import Flag
 from sftmix.config.form import blank_is_none, form_schema, lift_advanced
 from sftmix.config.selection import BUDGET_PATTERN, Amount, TokenBudget, amount_text, parse_amount
 from sftmix.errors import ConfigError
-from sftmix.runtime import settings
 
 #: Every name of the reference's ``CHAT_TEMPLATES``, carried byte for byte (``sftmix/tokenizing/templates/<name>.jinja``),
 #: in the reference's order. ``olmo_old`` is the same text as ``olmo`` under its own name.
@@ -58,22 +51,29 @@ NAMED_TEMPLATES = (
     "qwen_instruct_user_boxed_math",
 )
 
+
 #: How a tokenizer is built: as the reference's transformers 5.4.0 builds it, or as its files say
 #: (:mod:`sftmix.tokenizing.tokenizer_load`).
 TokenizerLoad = Literal["reference", "files"]
 
+
 #: What the UI form accepts as an amount: a whole number, a number with a '.', or a token budget.
 AMOUNT_PATTERN = rf"^\s*(\d+|\d*\.\d+|\d+\.\d*|{BUDGET_PATTERN})\s*$"
 
+
 #: The form's choice for the tokenizer's own chat_template (configs may also write 'tokenizer' or leave it out).
 TOKENIZERS_OWN = "the tokenizer's own"
+
 
 #: Bytes of token ids in a part of the reference's output (``convert_sft_data_for_olmocore.py``): ``part_bytes``'s
 #: default.
 REFERENCE_PART_BYTES = 1024**3
 
+
 #: Optional text and lists: an empty form field means "not set".
 OptionalText = Annotated[str | None, BeforeValidator(blank_is_none)]
+
+
 OptionalList = Annotated[list[str] | None, BeforeValidator(blank_is_none)]
 
 
@@ -485,212 +485,3 @@ class MixerConfig(BaseModel):
         if self.output.packing != "none" and self.max_seq_length is None:
             raise ValueError("output.packing needs max_seq_length (the length of the packed sequences)")
         return self
-
-
-class RunOptions(BaseModel):
-    """How to run: where checkpoints live, slice size, parallelism, validation."""
-
-    model_config = ConfigDict(
-        extra="forbid",
-        title="Run options",
-        json_schema_extra=form_schema(
-            advanced=(
-                "runner",
-                "slice_rows",
-                "slice_bytes",
-                "dask_address",
-                "slice_deployment",
-                "batch_slices",
-                "allowed_roots",
-            ),
-            title="Slices, runners and allowed paths",
-            description="How big slices are, where they run, and which paths a run may touch. Rarely changed.",
-        ),
-    )
-
-    work_dir: OptionalText = Field(
-        default=None,
-        title="Work directory",
-        description="Where finished slices are kept, so a rerun redoes only what did not finish: a local "
-        "directory, or a gs://bucket/prefix every worker reaches. Empty: $TOKENIZE_MIXER_WORK_DIR or the user "
-        "cache directory (the worker's, from the UI). Deleting it means starting cold.",
-    )
-    workers: int | None = Field(
-        default=None,
-        gt=0,
-        title="Workers",
-        description="Worker processes. Empty: one per CPU this run may use.",
-    )
-    check: Literal["report", "strict", "off"] = Field(
-        default="report",
-        title="Check before publishing",
-        description="Reads the shards once more before they are published, as `tokenize-mixer check` does. "
-        "report: its findings go to the run report and the UI. strict: any finding fails the run and nothing "
-        "is published. off: no check.",
-    )
-    reference: OptionalText = Field(
-        default=None,
-        title="Reference output",
-        description="An output directory or a digests JSON file the shards must match byte for byte; a "
-        "mismatch fails the run. Empty: none.",
-    )
-    force: bool = Field(
-        default=False,
-        title="Rebuild an up-to-date output",
-        description="Make and publish the output again even when it already holds this run's shards (the "
-        "same recipe and inputs, every file as published); finished slices are still reused.",
-    )
-    force_recache: bool = Field(
-        default=False,
-        title="Recompute every slice",
-        description="Ignore finished slices and compute them again, replacing them.",
-    )
-    disable_cache: bool = Field(
-        default=False,
-        title="Keep no slices",
-        description="Neither reuse nor keep finished slices: they go to a scratch directory removed after the run.",
-    )
-    runner: Literal["auto", "process", "thread", "dask", "work_pool"] = Field(
-        default="auto",
-        title="Runner",
-        description="auto: a process pool when there is enough work for several workers, else in this process. "
-        "process: a process pool on this machine. dask: a Dask cluster (the scheduler address below, or a "
-        "local cluster of the workers above). work_pool: batches of slices as runs of the slice deployment "
-        "below, on whichever machines serve its work pool (needs a gs:// work directory). thread: in this "
-        "process, for debugging.",
-    )
-    slice_rows: int | None = Field(
-        default=None,
-        gt=0,
-        title="Rows per slice",
-        description="Source rows in each slice (one task per slice). Empty: about the bytes per slice below.",
-    )
-    slice_bytes: int | None = Field(
-        default=None,
-        gt=0,
-        title="Bytes per slice",
-        description="Source bytes in each slice when rows per slice is empty: small enough to balance the "
-        "workers, large enough that orchestration costs little. Empty: by the whole mixture's size, 4 MiB "
-        "up to 2 GiB of data, doubling to at most 64 MiB so that a mixture makes at most ~512 slices (one "
-        "Prefect API core dispatches ~25 task runs a second). It does not depend on the number of workers, "
-        "so finished slices are reused whatever the parallelism. A local JSON Lines file of several 10 MiB "
-        "batches is cut into whole batches (the nearest number of them, at least one).",
-    )
-    dask_address: OptionalText = Field(
-        default=None,
-        title="Dask scheduler address",
-        description="Runner dask: the scheduler of an existing cluster (tcp://host:8786); its workers need "
-        "tokenize-mixer installed and the work directory in reach. Empty: a local cluster.",
-    )
-    slice_deployment: str = Field(
-        default="tokenize-slices/cpu",
-        title="Slice deployment",
-        description="Runner work_pool: the deployment of the tokenize-slices flow that runs each batch.",
-    )
-    batch_slices: int = Field(
-        default=16,
-        gt=0,
-        title="Slices per batch",
-        description="Runner work_pool: slices per batch (one run of the slice deployment).",
-    )
-    allowed_roots: OptionalList = Field(
-        default=None,
-        title="Allowed roots",
-        description="Absolute local directories and gs://bucket/prefix URLs that every path this run reads or "
-        "writes must lie in: dataset files, a local tokenizer, a .jinja template, the output (strictly below a "
-        "root), the work directory and the reference; hub names are not paths. Empty: no narrowing. A worker "
-        "that sets TOKENIZE_MIXER_ALLOWED_ROOTS bounds every run, and these may only narrow it.",
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _form_shape(cls, data: object) -> object:
-        return lift_advanced(data, "run")
-
-
-def user_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME``, else ``~/.cache``."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"))
-
-
-def cache_subdir(name: str) -> Path:
-    """``$XDG_CACHE_HOME/tokenize-mixer/NAME``: what a machine keeps across runs and work directories
-    (encoder proofs, tokenizer facts, schemas), each made again where it is missing."""
-    return user_cache_dir() / "tokenize-mixer" / name
-
-
-def default_work_dir() -> Path:
-    """``$TOKENIZE_MIXER_WORK_DIR``, else the user cache directory."""
-    env = settings.WORK_DIR.get()
-    if env:
-        return Path(env).expanduser()
-    return user_cache_dir() / "tokenize-mixer"
-
-
-def local_mirror(remote_work_dir: str) -> Path:
-    """Where this machine keeps its copies of a remote work directory's files (slices it reads, the
-    datasets cache, staging)."""
-    tag = hashlib.sha256(remote_work_dir.rstrip("/").encode("utf-8")).hexdigest()[:16]
-    return default_work_dir() / "mirrors" / tag
-
-
-class RunFile(BaseModel):
-    """The file ``tokenize-mixer run`` reads: a mixer plus optional run options."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    mixer: MixerConfig
-    run: RunOptions = Field(default_factory=RunOptions)
-
-
-def format_validation_error(exc: ValidationError, source: str, model: type[BaseModel] = RunFile) -> str:
-    """One line per problem, naming the field, instead of pydantic's wall of text; a key the model does not
-    have, with the fields it has that are closest to it."""
-    lines = [f"invalid configuration in {source}:"]
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden" and err["loc"]:
-            msg = f"unknown setting{_closest_field(model, err['loc'])}"
-        lines.append(f"  {where}: {msg}")
-    return "\n".join(lines)
-
-
-def _closest_field(model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
-    """``; did you mean 'max_seq_length'?`` for a mistyped key at ``loc`` (its last item) of ``model``, with
-    the fields of the model that holds it; nothing where none is close."""
-    import difflib
-
-    holder: type[BaseModel] | None = model
-    for key in loc[:-1]:
-        if isinstance(key, int) or holder is None:
-            continue  # (an index into a list of models)
-        info = holder.model_fields.get(key)
-        holder = None if info is None else nested_model(info)[0]
-    if holder is None:
-        return ""
-    close = difflib.get_close_matches(str(loc[-1]), list(holder.model_fields), n=2, cutoff=0.6)
-    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-
-
-def load_run_file(path: str | os.PathLike[str]) -> RunFile:
-    """Read a YAML or JSON config. A file with top-level ``datasets`` is a bare mixer."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {p}: {exc.strerror or exc}") from None
-    try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(
-            f"config {p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}"
-        ) from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config {p} must be a mapping with 'mixer' (and optionally 'run')")
-    if "datasets" in data:
-        data = {"mixer": data}
-    try:
-        return RunFile.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, str(p))) from None

@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sftmix.config.config import MixerConfig, RunOptions, default_work_dir, local_mirror
+from sftmix.config.config import MixerConfig
+from sftmix.config.run_options import RunOptions, default_work_dir, local_mirror
 from sftmix.errors import ConfigError, OutputConflictError
 from sftmix.runtime.ownership import LEASE_MARKER
 from sftmix.runtime.storage import TMP_MARK, atomic_write_bytes, is_remote, remote_fs, storage_errors

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from sftmix.config.config import (
-    TokenizerSpec,
-)
+from sftmix.config.config import TokenizerSpec
 from sftmix.errors import ConfigError, MixerError
 from sftmix.sources.reading import digest
 from sftmix.tokenizing.encoders import same_encodings

@@ -18,14 +18,8 @@ import numpy as np
 from pydantic import BaseModel
 
 from sftmix.config.byte_settings import for_slices, keyed
-from sftmix.config.config import (
-    DatasetEntry,
-    MixerConfig,
-    RunOptions,
-    TokenizerSpec,
-    default_work_dir,
-    local_mirror,
-)
+from sftmix.config.config import DatasetEntry, MixerConfig, TokenizerSpec
+from sftmix.config.run_options import RunOptions, default_work_dir, local_mirror
 from sftmix.config.selection import TokenBudget, large_upsample_warning
 from sftmix.errors import ConfigError, DatasetError, TemplateError
 from sftmix.output.olmo_format import part_bytes_problem

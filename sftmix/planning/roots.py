@@ -32,7 +32,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from sftmix.config.config import MixerConfig, RunOptions, default_work_dir
+from sftmix.config.config import MixerConfig
+from sftmix.config.run_options import RunOptions, default_work_dir
 from sftmix.errors import ConfigError
 from sftmix.runtime import settings
 from sftmix.runtime.storage import is_remote

@@ -6,9 +6,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from sftmix.config.config import (
-    TokenizerSpec,
-)
+from sftmix.config.config import TokenizerSpec
 from sftmix.errors import DatasetError, TemplateError
 from sftmix.planning.slicing import Slicing
 from sftmix.sources import jsonl

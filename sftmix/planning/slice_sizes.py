@@ -3,9 +3,7 @@ limited number of task runs a second, whatever the cores), and the plan's words 
 
 from __future__ import annotations
 
-from sftmix.config.config import (
-    RunOptions,
-)
+from sftmix.config.run_options import RunOptions
 from sftmix.runtime.parallel import available_cpus
 from sftmix.sources.jsonl import batches as jsonl_batches
 from sftmix.tokenizing.slices import (

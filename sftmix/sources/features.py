@@ -49,7 +49,7 @@ def schema_of(text: str) -> Any:
 def _kept_schema_path(serialized: bytes) -> Path:
     from importlib.metadata import version
 
-    from sftmix.config.config import cache_subdir
+    from sftmix.config.run_options import cache_subdir
 
     key = hashlib.sha256(f"datasets {version('datasets')}\0".encode() + serialized).hexdigest()[:32]
     return cache_subdir("features-schemas") / f"{key}.arrow"

@@ -22,7 +22,8 @@ from typing import Any, Protocol
 import numpy as np
 from pydantic import BaseModel
 
-from sftmix.config.config import DatasetEntry, RunOptions
+from sftmix.config.config import DatasetEntry
+from sftmix.config.run_options import RunOptions
 from sftmix.config.selection import (
     Amount,
     large_upsample_warning,

@@ -247,7 +247,7 @@ def fast_analysis(key: TokenizerKey) -> FastAnalysis | str:
 
 def proofs_dir() -> Path:
     """``$XDG_CACHE_HOME/tokenize-mixer/encoder-proofs`` (not the work directory: proofs outlive it)."""
-    from sftmix.config.config import cache_subdir
+    from sftmix.config.run_options import cache_subdir
 
     return cache_subdir("encoder-proofs")
 

@@ -71,7 +71,7 @@ class TokenizerFacts:
 
 def facts_dir() -> Path:
     """``$XDG_CACHE_HOME/tokenize-mixer/tokenizer-facts``."""
-    from sftmix.config.config import cache_subdir
+    from sftmix.config.run_options import cache_subdir
 
     return cache_subdir("tokenizer-facts")
 

@@ -9,10 +9,7 @@ from __future__ import annotations
 import argparse
 
 from sftmix.config.command_flags import flags, with_flags
-from sftmix.config.config import (
-    DatasetEntry,
-    MixerConfig,
-)
+from sftmix.config.config import DatasetEntry, MixerConfig
 from sftmix.config.reference_flags import NEUTRAL_FLAGS, transform_chain
 from sftmix.config.selection import parse_amount
 from sftmix.errors import ConfigError

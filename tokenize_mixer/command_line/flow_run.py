@@ -11,10 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sftmix.config.config import (
-    MixerConfig,
-    RunOptions,
-)
+from sftmix.config.config import MixerConfig
+from sftmix.config.run_options import RunOptions
 from sftmix.errors import ConfigError
 from sftmix.output.report import COMMAND_CLOCK, RunReport
 from sftmix.runtime.stopping import (

@@ -10,10 +10,8 @@ import argparse
 from typing import Any
 
 from sftmix.config.command_flags import FlagSpec, flags
-from sftmix.config.config import (
-    MixerConfig,
-    RunOptions,
-)
+from sftmix.config.config import MixerConfig
+from sftmix.config.run_options import RunOptions
 
 
 def _flag(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:

@@ -22,7 +22,7 @@ from prefect import get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from sftmix.assembly.outcome import SliceOutcome
-from sftmix.config.config import RunOptions
+from sftmix.config.run_options import RunOptions
 from sftmix.errors import MixerError, SliceFailuresError, WorkerDiedError
 from sftmix.tokenizing.slices import (
     SliceManifest,

@@ -22,7 +22,8 @@ from sftmix.assembly.outcome import SliceOutcome, check_for, run_report
 from sftmix.assembly.up_to_date import remember_inputs, up_to_date
 from sftmix.check.findings import BROKEN, CHANGES_TRAINING, CheckReport
 from sftmix.check.report_page import REPORT_PNG, write_report
-from sftmix.config.config import MixerConfig, RunOptions
+from sftmix.config.config import MixerConfig
+from sftmix.config.run_options import RunOptions
 from sftmix.errors import CheckFailedError, MixerError
 from sftmix.output.digest import RUN_REPORT
 from sftmix.output.output_dir import check_output_free, paths_to_protect, refuse_different_output

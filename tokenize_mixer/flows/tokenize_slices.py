@@ -10,7 +10,7 @@ import os
 from prefect import flow
 from prefect.states import Cancelled, Failed, State
 
-from sftmix.config.config import RunOptions
+from sftmix.config.run_options import RunOptions
 from sftmix.errors import MixerError
 from sftmix.planning.roots import check_slices_allowed
 from sftmix.runtime.stopping import EXIT_CANCELLED, RunStopped, follow_supervisor

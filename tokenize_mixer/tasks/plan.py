@@ -10,7 +10,8 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from sftmix.config.config import MixerConfig, RunOptions
+from sftmix.config.config import MixerConfig
+from sftmix.config.run_options import RunOptions
 from sftmix.planning.plan import Plan, build_plan
 from sftmix.runtime import settings
 from tokenize_mixer.tasks import fail_cleanly

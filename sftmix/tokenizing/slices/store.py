@@ -14,7 +14,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from sftmix.config.config import local_mirror
+from sftmix.config.run_options import local_mirror
 from sftmix.errors import ChecksumError
 from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.storage import (

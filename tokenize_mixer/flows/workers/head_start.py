@@ -28,7 +28,8 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where used: the command enters head_start_scope before the API starts
-    from sftmix.config.config import MixerConfig, RunOptions
+    from sftmix.config.config import MixerConfig
+    from sftmix.config.run_options import RunOptions
     from sftmix.planning.plan import Plan
     from sftmix.planning.slicing import EarlySlice
     from sftmix.tokenizing.slices import SliceSpec, TokenizeContext

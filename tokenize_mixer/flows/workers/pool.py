@@ -26,7 +26,7 @@ from typing import Any
 from prefect.settings import get_current_settings
 from prefect.task_runners import ProcessPoolTaskRunner
 
-from sftmix.config.config import RunOptions
+from sftmix.config.run_options import RunOptions
 from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.processes import start_resource_tracker, stop_signals_blocked
 from sftmix.tokenizing.slices import (

@@ -22,7 +22,7 @@ from prefect.deployments import run_deployment
 from prefect.states import Cancelling, State
 
 from sftmix.assembly.outcome import SliceOutcome
-from sftmix.config.config import RunOptions
+from sftmix.config.run_options import RunOptions
 from sftmix.errors import ConfigError, SliceFailuresError
 from sftmix.planning.plan import Plan
 from sftmix.tokenizing.slices import (

@@ -22,7 +22,8 @@ from sftmix.runtime.parallel import available_cpus
 from sftmix.runtime.processes import start_resource_tracker, stop_signals_blocked
 
 if TYPE_CHECKING:
-    from sftmix.config.config import MixerConfig, RunOptions
+    from sftmix.config.config import MixerConfig
+    from sftmix.config.run_options import RunOptions
 
 #: What the fork server imports for its workers: what a worker needs before its first slice.
 WORKER_PRELOAD = ["tokenize_mixer.flows.workers.worker_preload"]
