@@ -65,6 +65,17 @@ def test_no_function_is_over_60_lines():
     assert long == []
 
 
+def test_no_module_is_over_600_lines():
+    """A module that holds one concept: the core, the tasks, the flows and the command line (issue 80). A
+    module that grows past it holds two; split it by concept (CONTRIBUTING's map names each)."""
+    long = []
+    for folder in PACKAGES:
+        for module in sorted((ROOT / folder).rglob("*.py")):
+            if (lines := len(module.read_text(encoding="utf-8").splitlines())) > 600:
+                long.append(f"{module.relative_to(ROOT)} ({lines} lines)")
+    assert long == []
+
+
 def test_contributings_module_map_is_the_tree():
     """CONTRIBUTING's "How the layers fit" names every module of the core, the tasks, the flows and the
     command line, and no module that is gone: the map a newcomer reads first stays true."""
