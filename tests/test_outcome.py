@@ -43,11 +43,14 @@ def test_a_report_is_made_from_the_plan_the_slices_and_the_output(tmp_path):
     )
     result = assemble(plan, manifests, staging, documents, check)
     report = run_report(plan, outcome, result, output_digests(staging), None, plan_seconds=0.5)
-    assert (report.rows_in, report.rows_kept, report.rows_dropped) == (20, 18, {"no_trainable_tokens": 2})
+    counted = report.rows
+    assert (counted.rows_in, counted.rows_kept, counted.rows_dropped) == (20, 18, {"no_trainable_tokens": 2})
+    slices = report.slices
     assert (
-        report.slices_total == report.slices_computed == len(plan.slices) == 2 and report.slices_reused == 0
+        slices.slices_total == slices.slices_computed == len(plan.slices) == 2 and slices.slices_reused == 0
     )
-    assert report.documents == 18 and report.tokens == result.tokens > report.trainable_tokens > 0
-    assert report.tokens_per_second == round(outcome.computed_tokens / 1.0, 1) > 0
-    assert report.drop_examples and all(e["dataset"] == str(rows) for e in report.drop_examples)
+    out = report.output
+    assert out.documents == 18 and out.tokens == result.tokens > out.trainable_tokens > 0
+    assert report.timings.tokens_per_second == round(outcome.computed_tokens / 1.0, 1) > 0
+    assert counted.drop_examples and all(e["dataset"] == str(rows) for e in counted.drop_examples)
     assert result.checked is not None and result.checked.exit_code == 0

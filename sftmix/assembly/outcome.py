@@ -14,7 +14,16 @@ from pathlib import Path
 from sftmix.assembly.assemble import AssembleResult
 from sftmix.check.findings import CheckReport, Recorded, check_output
 from sftmix.config.run_options import RunOptions
-from sftmix.output.report import DatasetReport, RunReport, Validation
+from sftmix.output.report import (
+    DatasetReport,
+    Findings,
+    OutputFacts,
+    RowCounts,
+    RunReport,
+    SliceCounts,
+    Timings,
+    Validation,
+)
 from sftmix.planning.plan import Plan
 from sftmix.planning.span_losses import span_loss_line
 from sftmix.tokenizing.row_status import DROP_REASONS, RowStatus
@@ -98,16 +107,56 @@ def run_report(
     plan_seconds: float,
 ) -> RunReport:
     """The report of an assembled output, before its tail's times, the check's findings and the publish."""
-    dropped: Counter[str] = Counter()
-    for t in result.tallies:
-        dropped.update(t.dropped)
     manifests = outcome.manifests
     return RunReport(
         output_dir=plan.mixer.output.path,
-        slices_total=len(plan.slices),
-        slices_computed=outcome.computed,
-        slices_reused=outcome.reused,
-        slices_rechecked=outcome.rechecked,
+        slices=SliceCounts(
+            slices_total=len(plan.slices),
+            slices_computed=outcome.computed,
+            slices_reused=outcome.reused,
+            slices_rechecked=outcome.rechecked,
+        ),
+        rows=_row_counts(plan, result, manifests),
+        output=OutputFacts(
+            documents=result.documents,
+            tokens=result.tokens,
+            trainable_tokens=result.trainable_tokens,
+            parts=result.parts,
+            whole_document_parts=plan.mixer.output.parts == "whole_documents",
+            token_dtype=plan.context.token_dtype,
+            digests=digests,
+            documents_file=result.documents_path,
+        ),
+        timings=Timings(
+            wall_seconds=0.0,
+            plan_seconds=plan_seconds,
+            plan_ahead_seconds=plan.seconds if plan.made_ahead else None,
+            tokenize_seconds=round(outcome.seconds, 3),
+            tokens_per_second=_throughput(outcome),
+            steady_seconds=outcome.steady_seconds,
+            steady_tokens_per_second=outcome.steady_tokens_per_second,
+        ),
+        findings=Findings(
+            budgets=[t.budget for t in result.tallies if t.budget is not None],
+            over_length=[t.over_length for t in result.tallies if t.over_length is not None],
+            training=_training_lines(result),
+            warnings=plan.warnings,
+            unrendered=plan.unrendered,
+            unrendered_rows=_unrendered_rows(plan, manifests),
+            tokenizer_load=plan.context.tokenizer_load,
+            tokenizer_load_note=plan.tokenizer_load_note,
+            literal=literal_report(plan.context, manifests),
+        ),
+        validation=validation,
+    )
+
+
+def _row_counts(plan: Plan, result: AssembleResult, manifests: list[SliceManifest]) -> RowCounts:
+    """The rows in, kept and dropped, overall and per dataset, with examples of the drops."""
+    dropped: Counter[str] = Counter()
+    for t in result.tallies:
+        dropped.update(t.dropped)
+    return RowCounts(
         rows_in=sum(t.selected for t in result.tallies),
         rows_kept=sum(t.kept for t in result.tallies),
         rows_dropped=dict(sorted(dropped.items())),
@@ -116,36 +165,11 @@ def run_report(
             DatasetReport(name=t.name, selected=t.selected, kept=t.kept, dropped=dict(t.dropped))
             for t in result.tallies
         ],
-        documents=result.documents,
-        budgets=[t.budget for t in result.tallies if t.budget is not None],
-        over_length=[t.over_length for t in result.tallies if t.over_length is not None],
-        training=_training_lines(result),
-        untrainable_documents=result.untrainable_documents,
         rows_kept_by_exact_spans=sum(m.kept_by_exact_spans for m in manifests),
-        tokens=result.tokens,
-        trainable_tokens=result.trainable_tokens,
-        parts=result.parts,
-        whole_document_parts=plan.mixer.output.parts == "whole_documents",
-        token_dtype=plan.context.token_dtype,
-        wall_seconds=0.0,
-        plan_seconds=plan_seconds,
-        plan_ahead_seconds=plan.seconds if plan.made_ahead else None,
-        tokenize_seconds=round(outcome.seconds, 3),
-        tokens_per_second=_throughput(outcome),
-        steady_seconds=outcome.steady_seconds,
-        steady_tokens_per_second=outcome.steady_tokens_per_second,
-        digests=digests,
-        validation=validation,
-        documents_file=result.documents_path,
+        untrainable_documents=result.untrainable_documents,
         drop_examples=[{"dataset": m.dataset, **e} for m in manifests for e in m.drop_examples][
             :DROP_EXAMPLES
         ],
-        warnings=plan.warnings,
-        unrendered=plan.unrendered,
-        unrendered_rows=_unrendered_rows(plan, manifests),
-        tokenizer_load=plan.context.tokenizer_load,
-        tokenizer_load_note=plan.tokenizer_load_note,
-        literal=literal_report(plan.context, manifests),
     )
 
 

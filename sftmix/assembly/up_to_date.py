@@ -71,13 +71,13 @@ def _published_report(directory: Path) -> RunReport | None:
 def _run_wants_more(mixer: MixerConfig, run: RunOptions, report: RunReport) -> str | None:
     """Why this run must do the work although the output's bytes would be the same: it asks for a check
     the published output did not pass, or fails on bad rows the published one skipped."""
-    if run.check != "off" and mixer.output.format == "olmo" and report.check_findings is None:
+    if run.check != "off" and mixer.output.format == "olmo" and report.findings.check_findings is None:
         return "the output was published without the check this run asks for"
     if run.check == "strict" and any(
-        f.get("severity", CHANGES_TRAINING) != INFORMATION for f in report.check_findings or []
+        f.get("severity", CHANGES_TRAINING) != INFORMATION for f in report.findings.check_findings or []
     ):
         return "the output has check findings and this run's check is strict"
-    if mixer.on_bad_row == "error" and report.rows_dropped.get("bad_row"):
+    if mixer.on_bad_row == "error" and report.rows.rows_dropped.get("bad_row"):
         return "the output skipped malformed rows and this run fails on them (on_bad_row: error)"
     return None
 
@@ -129,7 +129,7 @@ def up_to_date(mixer: MixerConfig, run: RunOptions, recipe: dict | None = None) 
     validation = None
     if run.reference is not None:
         expected, _ = load_digests(run.reference)
-        matches = expected == report.digests
+        matches = expected == report.output.digests
         details = (
             "the output's digests (as published) match"
             if matches
@@ -138,13 +138,19 @@ def up_to_date(mixer: MixerConfig, run: RunOptions, recipe: dict | None = None) 
         validation = Validation(reference=run.reference, matches=matches, details=details)
         if not matches:
             raise ChecksumError(f"output differs from reference {run.reference}:\n{details}")
-    return report.model_copy(
+    return _found_up_to_date(report, marker.get("published_at"), validation)
+
+
+def _found_up_to_date(
+    report: RunReport, published_at: str | None, validation: Validation | None
+) -> RunReport:
+    """The published report as this run's: nothing computed, reused or timed by it (the run that made the
+    output keeps its other times and counts)."""
+    slices = report.slices.model_copy(
+        update={"slices_computed": 0, "slices_reused": 0, "slices_rechecked": 0}
+    )
+    timings = report.timings.model_copy(
         update={
-            "publish": UP_TO_DATE,
-            "published_at": marker.get("published_at"),
-            "slices_computed": 0,
-            "slices_reused": 0,
-            "slices_rechecked": 0,
             "plan_seconds": 0.0,
             "tokenize_seconds": 0.0,
             "tokens_per_second": 0.0,
@@ -152,6 +158,14 @@ def up_to_date(mixer: MixerConfig, run: RunOptions, recipe: dict | None = None) 
             "steady_tokens_per_second": 0.0,
             "wall_seconds": 0.0,
             "command_seconds": None,
+        }
+    )
+    return report.model_copy(
+        update={
+            "publish": UP_TO_DATE,
+            "published_at": published_at,
+            "slices": slices,
+            "timings": timings,
             "validation": validation,
         }
     )

@@ -154,7 +154,8 @@ def _say_flow_run_end(state: Any) -> int:
 
 def _say_up_to_date(report: RunReport) -> int:
     """The command's end when the output already holds its shards: its report, said again."""
-    report.wall_seconds = report.plan_seconds = round(time.time() - (COMMAND_CLOCK.started or time.time()), 3)
-    report.command_seconds = report.wall_seconds
+    timings, now = report.timings, time.time()
+    timings.wall_seconds = timings.plan_seconds = round(now - (COMMAND_CLOCK.started or now), 3)
+    timings.command_seconds = timings.wall_seconds
     sys.stdout.write(report.render() + "\n")
     return 0

@@ -15,10 +15,11 @@ def dataset_table(report: RunReport, statistics: dict) -> list[dict]:
     (an 'in output' column only when num_examples cut some kept rows), tokens, trained share, upsampling."""
     per = {s["dataset_name"]: s for s in statistics["per_dataset_statistics"]}
     cut = any(
-        per.get(d.name, {}).get("final_instances_in_output", d.kept) != d.kept for d in report.per_dataset
+        per.get(d.name, {}).get("final_instances_in_output", d.kept) != d.kept
+        for d in report.rows.per_dataset
     )
     rows = []
-    for d in report.per_dataset:
+    for d in report.rows.per_dataset:
         s = per.get(d.name, {})
         tokens = s.get("final_tokens_in_output", 0)
         row: dict = {
@@ -39,6 +40,9 @@ def dataset_table(report: RunReport, statistics: dict) -> list[dict]:
 
 
 def report_markdown(report: RunReport) -> str:
+    """The run report as the Prefect UI's markdown artifact: a table of what the run did, then the check,
+    the digests and the warnings."""
+    s, rows, out, found = report.slices, report.rows, report.output, report.findings
     lines = [
         "# tokenize-mixer run",
         "",
@@ -46,34 +50,34 @@ def report_markdown(report: RunReport) -> str:
         "",
         "| what | this run |",
         "|---|---|",
-        f"| slices | {report.slices_total} total, {report.slices_computed} computed, {report.slices_reused} reused, "
-        f"{report.slices_rechecked} recomputed after a failed check |"
+        f"| slices | {s.slices_total} total, {s.slices_computed} computed, {s.slices_reused} reused, "
+        f"{s.slices_rechecked} recomputed after a failed check |"
         if report.publish != UP_TO_DATE
         else f"| slices | none run: the output, published {report.published_at}, holds this run's shards |",
-        f"| rows | {report.rows_in} in, {report.rows_kept} kept, dropped {report.rows_dropped or 'none'} |",
-        f"| documents | {report.documents} in {report.parts} part(s), dtype {report.token_dtype} |",
-        f"| tokens | {report.tokens:,} ({report.trainable_tokens:,} trainable) |",
-        *(f"| budget | {line} |" for line in report.budgets),
-        *(f"| over length | {line} |" for line in report.over_length),
+        f"| rows | {rows.rows_in} in, {rows.rows_kept} kept, dropped {rows.rows_dropped or 'none'} |",
+        f"| documents | {out.documents} in {out.parts} part(s), dtype {out.token_dtype} |",
+        f"| tokens | {out.tokens:,} ({out.trainable_tokens:,} trainable) |",
+        *(f"| budget | {line} |" for line in found.budgets),
+        *(f"| over length | {line} |" for line in found.over_length),
         f"| time | {report.time_line()} |",
     ]
     if report.validation is not None:
         verdict = "matches" if report.validation.matches else "DIFFERS"
         lines.append(f"| reference | `{report.validation.reference}`: {verdict} |")
-    if report.check_findings is not None:
+    if found.check_findings is not None:
         lines += ["", "## Check (tokenize-mixer check)", ""]
-        lines += [f"- {Finding(**f).console_line()}" for f in report.check_findings] or [
+        lines += [f"- {Finding(**f).console_line()}" for f in found.check_findings] or [
             "clean: nothing broken, nothing that changes training"
         ]
-        if report.check_notes:
+        if found.check_notes:
             # a list, not a code block: the UI wraps list items, and a code block runs off its right edge
             lines += [""] + [
-                ("  - " if note.startswith(" ") else "- ") + note.strip() for note in report.check_notes
+                ("  - " if note.startswith(" ") else "- ") + note.strip() for note in found.check_notes
             ]
     lines += ["", "## Digests (sha256)", "", "| file | sha256 |", "|---|---|"]
-    lines += [f"| `{name}` | `{digest}` |" for name, digest in sorted(report.digests.items())]
-    if report.warnings:
-        lines += ["", "## Warnings", ""] + [f"- {w}" for w in report.warnings]
+    lines += [f"| `{name}` | `{digest}` |" for name, digest in sorted(out.digests.items())]
+    if found.warnings:
+        lines += ["", "## Warnings", ""] + [f"- {w}" for w in found.warnings]
     return "\n".join(lines)
 
 

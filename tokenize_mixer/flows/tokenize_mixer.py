@@ -172,9 +172,10 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
 
 def _nothing_to_do(report: RunReport, started: float) -> dict:
     """The run's end when the output already holds its shards: the published report, said again."""
-    report.wall_seconds = report.plan_seconds = round(time.perf_counter() - started, 3)
+    timings = report.timings
+    timings.wall_seconds = timings.plan_seconds = round(time.perf_counter() - started, 3)
     if COMMAND_CLOCK.started is not None:
-        report.command_seconds = round(time.time() - COMMAND_CLOCK.started, 3)
+        timings.command_seconds = round(time.time() - COMMAND_CLOCK.started, 3)
     try:
         with no_retries():
             create_markdown_artifact(
@@ -210,17 +211,18 @@ def _assemble_and_publish(
     checked = result.checked
     digests, validation = _call(validate_output, staging, run.reference, checked.digests if checked else None)
     report = run_report(plan, outcome, result, digests, validation, plan_seconds)
-    report.template_drift = drift
-    report.assemble_seconds = round(assembled - tail_started, 3)
-    report.verify_seconds = round(time.perf_counter() - assembled, 3)
+    report.findings.template_drift = drift
+    timings = report.timings
+    timings.assemble_seconds = round(assembled - tail_started, 3)
+    timings.verify_seconds = round(time.perf_counter() - assembled, 3)
     if checked is not None:
         _report_findings(report, checked, run)
-    report.wall_seconds = round(time.perf_counter() - started, 3)
+    timings.wall_seconds = round(time.perf_counter() - started, 3)
     if COMMAND_CLOCK.started is not None:  # started by our CLI: the whole command, start-up included
-        report.command_seconds = round(time.time() - COMMAND_CLOCK.started, 3)
+        timings.command_seconds = round(time.time() - COMMAND_CLOCK.started, 3)
         began = [m.started_at for m in outcome.manifests if m.started_at >= COMMAND_CLOCK.started]
-        report.first_slice_seconds = round(min(began) - COMMAND_CLOCK.started, 3) if began else None
-    report.time = report.time_line()  # the JSON's times in words (start-up, planning, tokenizing, ...)
+        timings.first_slice_seconds = round(min(began) - COMMAND_CLOCK.started, 3) if began else None
+    timings.time = report.time_line()  # the JSON's times in words (start-up, planning, tokenizing, ...)
     report.publish = "pending"  # publish stamps its outcome into the staged copy before it shows
     atomic_write_bytes(staging / RUN_REPORT, report.model_dump_json(indent=2).encode("utf-8"))
     StopCheck().check(force=True)  # a run cancelled while it assembled does not publish
@@ -246,10 +248,11 @@ def _assemble_and_publish(
 def _report_findings(report: RunReport, checked: CheckReport, run: RunOptions) -> None:
     """The check's findings into the report and the run's log; under ``run.check: strict`` one that breaks
     the output or changes training fails the run, nothing published."""
-    report.check_notes = checked.notes()
+    found = report.findings
+    found.check_notes = checked.notes()
     findings = checked.findings
-    report.check_findings = [asdict(f) for f in findings]
-    report.training = [*report.training, *checked.summary_lines()]  # (after the run's own: span losses)
+    found.check_findings = [asdict(f) for f in findings]
+    found.training = [*found.training, *checked.summary_lines()]  # (after the run's own: span losses)
     log = get_run_logger()
     for f in findings:  # what follows from the user's settings is information, not a warning
         level = {BROKEN: logging.ERROR, CHANGES_TRAINING: logging.WARNING}.get(f.severity, logging.INFO)
