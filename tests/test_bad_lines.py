@@ -102,7 +102,7 @@ def test_a_bad_line_is_skipped_and_counted_with_skip(tmp_path, kind):
     manifests = [tokenize_slice(spec, plan.context) for spec in plan.slices]
     assert sum(m.kept for m in manifests) == 4
     assert sum(m.dropped.get("bad_row", 0) for m in manifests) == 1
-    (example,) = [e for m in manifests for e in m.drop_examples]
+    (example,) = [e for m in manifests for e in m.findings.drop_examples]
     assert example["row"] == 2 and example["detail"].startswith("line 3: "), example
     assert re.search(says, example["detail"]), example
 

@@ -301,13 +301,13 @@ def test_on_bad_row_skip_counts_each_skip_with_its_reason(tmp_path):
     plan = build_plan(m, RunOptions(work_dir=str(tmp_path / "work")))
     manifest = tokenize_slice(plan.slices[0], plan.context)
     assert manifest.kept == 2 and manifest.dropped == {"bad_row": 3}
-    assert [(e["row"], e["reason"]) for e in manifest.drop_examples] == [
+    assert [(e["row"], e["reason"]) for e in manifest.findings.drop_examples] == [
         (1, "bad_row"),
         (2, "bad_row"),
         (3, "bad_row"),
     ]
-    assert "no 'role' string" in manifest.drop_examples[0]["detail"]
-    assert "chat template failed" in manifest.drop_examples[2]["detail"]
+    assert "no 'role' string" in manifest.findings.drop_examples[0]["detail"]
+    assert "chat template failed" in manifest.findings.drop_examples[2]["detail"]
     with pytest.raises(BadRowError, match=r"row 1 \(0-based; line 2 of the file\): message 0 has no 'role'"):
         build_plan(mixer(tmp_path, (data, 1.0)), RunOptions(work_dir=str(tmp_path / "work")))  # (before work)
     good = write_jsonl(tmp_path / "good.jsonl", [GOOD, GOOD])
@@ -462,7 +462,7 @@ def test_rows_without_trainable_text_are_counted_drops(tmp_path):
     plan = build_plan(mixer(tmp_path, (data, 1.0)), RunOptions(work_dir=str(tmp_path / "work")))
     manifest = tokenize_slice(plan.slices[0], plan.context)
     assert (manifest.kept, manifest.dropped) == (2, {"no_trainable_tokens": 1})
-    assert [e["row"] for e in manifest.drop_examples] == [1]
+    assert [e["row"] for e in manifest.findings.drop_examples] == [1]
 
 
 def test_token_ids_that_do_not_fit_the_dtype_fail_loudly(tmp_path):

@@ -57,11 +57,12 @@ def test_the_board_counts_each_slice_once_and_rates_only_computed_ones():
 def _write_manifest(work_dir, key: str, finished_at: float) -> None:
     """A slice's manifest as a worker lands it (a temp name, then a rename), 700 tokens."""
     from sftmix.tokenizing.slices import MANIFEST, SliceManifest, slice_dir
+    from sftmix.tokenizing.slices.manifest import SliceTiming
 
     manifest = SliceManifest(
         key=key, dataset="d.jsonl", row_start=0, row_end=10, rows=10, kept=10, tokens=700,
-        trainable_tokens=300, dropped={}, token_dtype="uint32", files={}, seconds=1.0,
-        finished_at=finished_at,
+        trainable_tokens=300, dropped={}, token_dtype="uint32", files={},
+        timing=SliceTiming(seconds=1.0, finished_at=finished_at),
     )  # fmt: skip
     directory = slice_dir(work_dir, key)
     directory.mkdir(parents=True, exist_ok=True)

@@ -52,8 +52,8 @@ class SliceOutcome:
         """The outcome of ``manifests`` (in plan order), ``reused[i]`` telling the ones not computed now;
         the steady window spans the computed ones."""
         fresh = [m for m, r in zip(manifests, reused, strict=True) if not r]
-        span = max((m.finished_at for m in fresh), default=0.0) - min(
-            (m.started_at for m in fresh), default=0.0
+        span = max((m.timing.finished_at for m in fresh), default=0.0) - min(
+            (m.timing.started_at for m in fresh), default=0.0
         )
         return cls(
             manifests=manifests,
@@ -165,9 +165,9 @@ def _row_counts(plan: Plan, result: AssembleResult, manifests: list[SliceManifes
             DatasetReport(name=t.name, selected=t.selected, kept=t.kept, dropped=dict(t.dropped))
             for t in result.tallies
         ],
-        rows_kept_by_exact_spans=sum(m.kept_by_exact_spans for m in manifests),
+        rows_kept_by_exact_spans=sum(m.findings.kept_by_exact_spans for m in manifests),
         untrainable_documents=result.untrainable_documents,
-        drop_examples=[{"dataset": m.dataset, **e} for m in manifests for e in m.drop_examples][
+        drop_examples=[{"dataset": m.dataset, **e} for m in manifests for e in m.findings.drop_examples][
             :DROP_EXAMPLES
         ],
     )
@@ -187,7 +187,7 @@ def _unrendered_rows(plan: Plan, manifests: list[SliceManifest]) -> list[str]:
         lines += counted_lines(
             d.name,
             plan.slices[d.slices[0]].unrendered if d.slices else [],
-            [manifests[k].unrendered_rows for k in d.slices],
+            [manifests[k].findings.unrendered_rows for k in d.slices],
             sum(manifests[k].rows for k in d.slices),
         )
     return lines

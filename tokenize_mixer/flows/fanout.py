@@ -262,12 +262,12 @@ class _Collector:
         state.done += 1
         state.manifests[spec.index] = m
         # reused: Prefect's cache answered, or the slice's own manifest from an earlier run did
-        state.cached[spec.index] = fut.state.name == "Cached" or m.finished_at < state.started_at
+        state.cached[spec.index] = fut.state.name == "Cached" or m.timing.finished_at < state.started_at
         state.progress.advance(spec, m.rows, m.tokens, reused=state.cached[spec.index])
         verb = (
             "reused"
             if state.cached[spec.index]
-            else f"done in {m.seconds:.1f}s ({m.tokens / max(m.seconds, 1e-9):,.0f} tok/s)"
+            else f"done in {m.timing.seconds:.1f}s ({m.tokens / max(m.timing.seconds, 1e-9):,.0f} tok/s)"
         )
         self.logger.debug(  # a line per slice is a debug line: the progress lines summarise them
             "[%d/%d] %s: %d rows, %d tokens, %s",
@@ -354,7 +354,9 @@ def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
         work_dir=None if ctx.remote_work_dir is not None or run.force_recache else ctx.work_dir,
     )
     # finished by an earlier run (one this command's head start finished gets its task run as it ends)
-    earlier = {k: m for k, m in finished_slices(specs, ctx, run).items() if m.finished_at < state.started_at}
+    earlier = {
+        k: m for k, m in finished_slices(specs, ctx, run).items() if m.timing.finished_at < state.started_at
+    }
     todo = [s for s in specs if s.key not in earlier]
     if head is None:
         make_runner, workers = _runner(todo, run)

@@ -198,7 +198,7 @@ class Board:
                 m = read_manifest(self.work_dir or "", spec.key)
                 if m is None:
                     continue
-                if m.finished_at < self.started_at:
+                if m.timing.finished_at < self.started_at:
                     # an earlier run's: the flow counts it if it reuses the slice; a slice it computes
                     # again is counted when its new manifest replaces this one
                     earlier[index] = (st.st_ino, st.st_mtime_ns)

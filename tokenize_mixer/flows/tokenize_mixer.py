@@ -220,7 +220,9 @@ def _assemble_and_publish(
     timings.wall_seconds = round(time.perf_counter() - started, 3)
     if COMMAND_CLOCK.started is not None:  # started by our CLI: the whole command, start-up included
         timings.command_seconds = round(time.time() - COMMAND_CLOCK.started, 3)
-        began = [m.started_at for m in outcome.manifests if m.started_at >= COMMAND_CLOCK.started]
+        began = [
+            m.timing.started_at for m in outcome.manifests if m.timing.started_at >= COMMAND_CLOCK.started
+        ]
         timings.first_slice_seconds = round(min(began) - COMMAND_CLOCK.started, 3) if began else None
     timings.time = report.time_line()  # the JSON's times in words (start-up, planning, tokenizing, ...)
     report.publish = "pending"  # publish stamps its outcome into the staged copy before it shows

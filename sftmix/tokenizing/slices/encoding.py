@@ -178,5 +178,5 @@ def literal_rule_for(ctx: TokenizeContext) -> LiteralRule | None:
 
 def literal_report(ctx: TokenizeContext, manifests: Sequence[SliceManifest]) -> LiteralReport:
     """What the run did with special tokens its rows spell (the run report's, the check's)."""
-    spelled = sum(m.spelled_special_tokens for m in manifests)
+    spelled = sum(m.findings.spelled_special_tokens for m in manifests)
     return LiteralReport(mode=ctx.literal_special_tokens, spelled_rows=spelled)

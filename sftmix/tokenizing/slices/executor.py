@@ -30,7 +30,10 @@ from sftmix.tokenizing.slices.manifest import (
     PROGRESS,
     PROGRESS_SECONDS,
     ROW_DTYPE,
+    RowFindings,
+    SliceEncoding,
     SliceManifest,
+    SliceTiming,
 )
 from sftmix.tokenizing.slices.spec import SliceSpec, TokenizeContext
 from sftmix.tokenizing.slices.store import (
@@ -273,20 +276,24 @@ def _checkpoint(
         tokens=int(tokens.shape[0]),
         trainable_tokens=int(records["trainable"][kept].sum()),
         dropped=dict(sorted(tally.dropped.items())),
-        untrainable_kept=dict(sorted(tally.untrainable.items())),
-        kept_by_exact_spans=tally.rescued,
-        spelled_special_tokens=tally.spelled,
-        over_length=len(tally.over_length),
-        unrendered_rows=dict(sorted(tally.holding.items())),
-        drop_examples=tally.examples,
+        findings=RowFindings(
+            untrainable_kept=dict(sorted(tally.untrainable.items())),
+            kept_by_exact_spans=tally.rescued,
+            spelled_special_tokens=tally.spelled,
+            over_length=len(tally.over_length),
+            unrendered_rows=dict(sorted(tally.holding.items())),
+            drop_examples=tally.examples,
+        ),
         token_dtype=tokens.dtype.name,
         files=files,
-        seconds=round(time.perf_counter() - started, 3),
-        started_at=started_at,
-        finished_at=time.time(),
-        encoder=ctx.encoder,
-        fast_engine=encoding_for(ctx).engine,
-        library_texts=encoding_for(ctx).fallbacks - fallbacks_before,
+        timing=SliceTiming(
+            seconds=round(time.perf_counter() - started, 3), started_at=started_at, finished_at=time.time()
+        ),
+        encoding=SliceEncoding(
+            encoder=ctx.encoder,
+            fast_engine=encoding_for(ctx).engine,
+            library_texts=encoding_for(ctx).fallbacks - fallbacks_before,
+        ),
     )
     with storage_errors(where):
         atomic_write_bytes(root / MANIFEST, json.dumps(manifest.model_dump(), indent=1).encode("utf-8"))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, Field
 
+from sftmix.runtime.sections import FlatSections
+
 #: Bump when the bytes a slice holds for the same inputs change; part of every content key.
 SLICE_FORMAT_VERSION = "3"  # 3: a dropped row records length 0 (its tokens are not all made)
 
@@ -43,18 +45,10 @@ class FileDigest(BaseModel):
     sha256: str
 
 
-class SliceManifest(BaseModel):
-    """The persisted result of a slice task: small, and enough to trust (or distrust) the files."""
+class RowFindings(BaseModel):
+    """What the slice's rows held besides their counts: rows kept otherwise than the reference would,
+    rows over length, unrendered fields, and examples of the drops."""
 
-    key: str
-    dataset: str
-    row_start: int
-    row_end: int
-    rows: int
-    kept: int
-    tokens: int
-    trainable_tokens: int
-    dropped: dict[str, int]
     kept_by_exact_spans: int = Field(
         0, description="Rows kept with spans: exact that the reference's span rule would have dropped."
     )
@@ -76,14 +70,21 @@ class SliceManifest(BaseModel):
         "not count them).",
     )
     drop_examples: list[dict] = Field(default_factory=list)
-    token_dtype: str
-    files: dict[str, FileDigest]
+
+
+class SliceTiming(BaseModel):
+    """How long the slice took, and when (for the run's steady-state throughput and its progress)."""
+
     seconds: float
     started_at: float = Field(
         0.0, description="Wall-clock start (epoch seconds), for steady-state throughput."
     )
     finished_at: float = 0.0
-    format_version: str = SLICE_FORMAT_VERSION
+
+
+class SliceEncoding(BaseModel):
+    """What made the slice's ids."""
+
     encoder: str = Field(
         "hf",
         description="What made the ids: 'hf' (the tokenizers library) or 'fast' (proven the same; fast_engine).",
@@ -95,3 +96,27 @@ class SliceManifest(BaseModel):
         "",
         description="With the fast encoder: what computed its ids ('fastokens' or 'tiktoken': the same ids).",
     )
+
+
+class SliceManifest(FlatSections):
+    """The persisted result of a slice task: small, and enough to trust (or distrust) the files. Kept in
+    sections (``findings``, ``timing``, ``encoding``) written flat, in place: ``manifest.json`` keeps the
+    keys and order of earlier versions, so their checkpoints are read and reused."""
+
+    SECTIONS = ("findings", "timing", "encoding")
+
+    key: str
+    dataset: str
+    row_start: int
+    row_end: int
+    rows: int
+    kept: int
+    tokens: int
+    trainable_tokens: int
+    dropped: dict[str, int]
+    findings: RowFindings = Field(default_factory=RowFindings)
+    token_dtype: str
+    files: dict[str, FileDigest]
+    timing: SliceTiming
+    format_version: str = SLICE_FORMAT_VERSION
+    encoding: SliceEncoding = Field(default_factory=SliceEncoding)

@@ -140,7 +140,7 @@ def load_slice_rows(work_dir: str | Path, manifest: SliceManifest) -> np.ndarray
 def load_over_length(work_dir: str | Path, manifest: SliceManifest) -> np.ndarray:
     """The slice's kept rows longer than ``max_seq_length`` (:data:`OVER_LENGTH_DTYPE`); none are read
     where the manifest counts none."""
-    if not manifest.over_length:
+    if not manifest.findings.over_length:
         return np.zeros(0, OVER_LENGTH_DTYPE)
     return _read_records(work_dir, manifest, OVER_LENGTH, OVER_LENGTH_DTYPE)
 
@@ -155,7 +155,7 @@ def _read_records(work_dir: str | Path, manifest: SliceManifest, name: str, dtyp
 def unrecorded_over_length(ctx: TokenizeContext, manifest: SliceManifest) -> str | None:
     """Why a finished slice cannot serve this run: it was made before its over-length rows were recorded,
     and the run's ``over_length_strategy`` needs them."""
-    if ctx.over_length_recorded and manifest.over_length is None:
+    if ctx.over_length_recorded and manifest.findings.over_length is None:
         return "made before over-length rows were recorded (over_length_strategy needs them)"
     return None
 
