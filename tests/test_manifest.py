@@ -44,7 +44,8 @@ def test_a_manifest_of_an_older_version_reads_with_what_it_did_not_record_unknow
 
 
 def test_a_slice_writes_its_manifest_flat_in_the_order_it_always_had(golden_dir, tmp_path, monkeypatch):
-    from sftmix.config.config import MixerConfig, RunOptions
+    from sftmix.config.config import MixerConfig
+    from sftmix.config.run_options import RunOptions
     from sftmix.planning.plan import build_plan
     from sftmix.tokenizing.slices import MANIFEST, slice_dir
 
