@@ -76,6 +76,21 @@ def test_no_module_is_over_600_lines():
     assert long == []
 
 
+def test_a_data_format_is_its_package_and_its_registry_line():
+    """Each format in the registry names its own source (its ``data_format``) and reader, from its own
+    package, and a slice's source is one of theirs: a new format is its package and a line in ``FORMATS``."""
+    import typing
+
+    from sftmix.sources import registry
+
+    members = set(typing.get_args(typing.get_args(registry.SliceSource)[0]))
+    assert members == {f.source for f in registry.FORMATS}
+    for f in registry.FORMATS:
+        assert f.source.model_fields["data_format"].default == f.name
+        assert f.source.__module__.split(".")[2] == type(f.reader).__module__.split(".")[2], f.name
+    assert tuple(f.reader for f in registry.FORMATS) == registry.READERS
+
+
 def test_contributings_module_map_is_the_tree():
     """CONTRIBUTING's "How the layers fit" names every module of the core, the tasks, the flows and the
     command line, and no module that is gone: the map a newcomer reads first stays true."""
