@@ -39,17 +39,17 @@ from sftmix.runtime.watchdog import arm_watchdog
 from tokenize_mixer.command_line import flow_run
 from tokenize_mixer.command_line.convert_flags import (
     CHECKED_REFERENCE_FLAGS,
-    _convert_parser,
+    convert_parser,
     mixer_from_convert_args,
 )
-from tokenize_mixer.command_line.flow_run import _run_flow, _write_tokenizer_only
-from tokenize_mixer.command_line.inspect_command import _inspect
+from tokenize_mixer.command_line.flow_run import run_flow, write_tokenizer_only
+from tokenize_mixer.command_line.inspect_command import inspect_output_command
 from tokenize_mixer.command_line.subcommands import (
-    _check_parser,
-    _output_parsers,
-    _run_parser,
-    _Subcommands,
+    Subcommands,
+    check_parser,
+    output_parsers,
     run_options,
+    run_parser,
 )
 
 logger = logging.getLogger("sftmix")
@@ -66,11 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    sub = _Subcommands(parser.add_subparsers(dest="command", required=True))
-    _convert_parser(sub)
-    _run_parser(sub)
-    _output_parsers(sub)
-    _check_parser(sub)
+    sub = Subcommands(parser.add_subparsers(dest="command", required=True))
+    convert_parser(sub)
+    run_parser(sub)
+    output_parsers(sub)
+    check_parser(sub)
     return parser
 
 
@@ -166,11 +166,11 @@ def _main(args: argparse.Namespace) -> int:
             check_flags({name: getattr(args, name) for name in CHECKED_REFERENCE_FLAGS})
             mixer = mixer_from_convert_args(args)
             if args.tokenizer_config_only:
-                return _write_tokenizer_only(mixer)
-            return _run_flow(mixer, run_options(args))
+                return write_tokenizer_only(mixer)
+            return run_flow(mixer, run_options(args))
         if args.command == "run":
             rf = load_run_file(args.config)
-            return _run_flow(_with_run_flags(rf.mixer, args), run_options(args, rf.run))
+            return run_flow(_with_run_flags(rf.mixer, args), run_options(args, rf.run))
         if args.command == "plan":
             from sftmix.planning.plan import build_plan
 
@@ -184,7 +184,7 @@ def _main(args: argparse.Namespace) -> int:
             sys.stdout.write(result.render() + "\n")
             return 0 if result.matches else 1
         if args.command == "inspect":
-            return _inspect(args)
+            return inspect_output_command(args)
         if args.command == "check":
             from sftmix.check.findings import check_output
 

@@ -27,7 +27,7 @@ def byte_alphabet() -> dict[str, int]:
     return {c: b for b, c in chars.items()}
 
 
-def _ranks(vocab: dict[str, int], added: dict[str, int]) -> dict[bytes, int]:
+def bpe_ranks(vocab: dict[str, int], added: dict[str, int]) -> dict[bytes, int]:
     alphabet = byte_alphabet()
     ranks: dict[bytes, int] = {}
     for text, i in vocab.items():
@@ -46,7 +46,7 @@ def _ranks(vocab: dict[str, int], added: dict[str, int]) -> dict[bytes, int]:
     return ranks
 
 
-def _merges(raw: list[Any]) -> list[tuple[str, str]]:
+def bpe_merges(raw: list[Any]) -> list[tuple[str, str]]:
     out = []
     for m in raw:
         pair = tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m)
@@ -60,7 +60,7 @@ def vocabulary(tokenizer_json: str) -> tuple[dict[bytes, int], dict[str, int]]:
     """The BPE vocabulary as tiktoken's ranks (token bytes -> id) and the added tokens (text -> id)."""
     data = json.loads(tokenizer_json)
     added = {t["content"]: int(t["id"]) for t in data.get("added_tokens") or []}
-    return _ranks(data["model"]["vocab"], added), added
+    return bpe_ranks(data["model"]["vocab"], added), added
 
 
 def pack_vocabulary(ranks: dict[bytes, int], added: dict[str, int]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sftmix.tokenizing.bpe_vocabulary import _merges, _ranks, byte_alphabet
+from sftmix.tokenizing.bpe_vocabulary import bpe_merges, bpe_ranks, byte_alphabet
 from sftmix.tokenizing.engines import (
     BYTE_LEVEL_PATTERN,
     PROVEN_PATTERNS,
@@ -39,13 +39,13 @@ from sftmix.tokenizing.engines import (
 )
 from sftmix.tokenizing.fast_analysis import LINE_RESTARTS, FastAnalysis, Trim, Unproven
 from sftmix.tokenizing.pipeline_steps import (
-    _added_tokens,
-    _kind,
-    _normal_form,
-    _post_processor_trims,
+    node_kind,
+    normal_form,
     normalizer_does_nothing,
+    plain_added_tokens,
+    post_processor_trims,
 )
-from sftmix.tokenizing.sentencepiece_proof import _analyse_sentencepiece, _metaspace_scheme
+from sftmix.tokenizing.sentencepiece_proof import analyse_sentencepiece, metaspace_scheme
 
 
 def analyse(tokenizer_json: str | dict[str, Any]) -> FastAnalysis:
@@ -68,25 +68,25 @@ def _analyse(tokenizer_json: str | dict[str, Any]) -> FastAnalysis:
         raise Unproven(f"its model is {model.get('type')!r}, not BPE")
     if model.get("dropout") not in (None, 0, 0.0):
         raise Unproven("its BPE has dropout")
-    scheme = _metaspace_scheme(data.get("normalizer"), data.get("pre_tokenizer"))
+    scheme = metaspace_scheme(data.get("normalizer"), data.get("pre_tokenizer"))
     if scheme is not None:
-        return _analyse_sentencepiece(data, scheme)
+        return analyse_sentencepiece(data, scheme)
     if model.get("byte_fallback"):
         raise Unproven("its BPE falls back to byte tokens")
     if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
         raise Unproven("its BPE marks word pieces with a prefix or suffix")
-    form = _normal_form(data.get("normalizer"))
+    form = normal_form(data.get("normalizer"))
     normalizes = not normalizer_does_nothing(data.get("normalizer"))
     splits = _splits(data.get("pre_tokenizer"))
     pattern = splits[0] if len(splits) == 1 else ""
     if not pattern and not fastokens_installed():
         raise Unproven("a sequence of Split pre-tokenizers is fast only with fastokens, not installed here")
-    trims = _post_processor_trims(data.get("post_processor"))
-    added = _added_tokens(data.get("added_tokens") or [], normalizes=normalizes)
+    trims = post_processor_trims(data.get("post_processor"))
+    added = plain_added_tokens(data.get("added_tokens") or [], normalizes=normalizes)
     if trims and any(t[:1].isspace() or t[-1:].isspace() for t in added):
         raise Unproven("its post-processor trims offsets and an added token starts or ends with whitespace")
-    ranks = _ranks(model.get("vocab") or {}, added)
-    merges = _merges(model.get("merges") or [])
+    ranks = bpe_ranks(model.get("vocab") or {}, added)
+    merges = bpe_merges(model.get("merges") or [])
     index, one_merge = _merge_index(merges, ranks)
     trim = None if not trims else Trim(keep_first_space=trims[0])
     decodes = _decodes_as_bytes(data.get("decoder"), added)
@@ -126,9 +126,9 @@ def _splits(pre: Any) -> tuple[str, ...]:
             raise Unproven("its ByteLevel pre-tokenizer adds a prefix space or splits with no regex")
         return (BYTE_LEVEL_PATTERN,)
     if len(steps) < 2 or not all(isinstance(s, dict) for s in steps):
-        raise Unproven(f"its pre-tokenizer is not Splits then ByteLevel ({_kind(pre)})")
+        raise Unproven(f"its pre-tokenizer is not Splits then ByteLevel ({node_kind(pre)})")
     *splits, level = steps
-    kinds = [_kind(step) for step in steps]
+    kinds = [node_kind(step) for step in steps]
     if any(kind != "Split" for kind in kinds[:-1]) or kinds[-1] != "ByteLevel":
         raise Unproven(f"its pre-tokenizer is {' then '.join(kinds)}, not Splits then ByteLevel")
     if level.get("add_prefix_space") or level.get("use_regex"):

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from sftmix.sources.formats import Conversation
-from sftmix.tokenizing.masking import Masking, _apply_policy
+from sftmix.tokenizing.masking import Masking, apply_policy
 from sftmix.tokenizing.prefix_renders import PastedPrefix, PrefixRenders, SkeletonStore, common_prefix_length
 from sftmix.tokenizing.restarts import Restarts
 from sftmix.tokenizing.row_status import RowStatus, TokenizedRow
@@ -185,7 +185,7 @@ class LabelMasker:
         if self.spans == "exact":
             self._exact_spans(conversations, rendered, encs, results)
         if self.policy:
-            _apply_policy(self.policy, self.renderer, conversations, rendered, encs, results)
+            apply_policy(self.policy, self.renderer, conversations, rendered, encs, results)
         for row in results:
             if row.status == RowStatus.KEPT and not row.mask.any():
                 row.status, row.detail = (
@@ -336,7 +336,7 @@ class LabelMasker:
                 mask = np.ones(ids.shape[0], dtype=np.uint8)
             results.append(TokenizedRow(ids=ids, mask=mask, status=RowStatus.KEPT, truncated=self._cut(enc)))
         if self.policy:
-            _apply_policy(self.policy, self.renderer, conversations, rendered, encs, results)
+            apply_policy(self.policy, self.renderer, conversations, rendered, encs, results)
         for row in results:
             if not row.mask.any():
                 row.status = RowStatus.NO_TRAINABLE

@@ -92,7 +92,7 @@ class MaskPolicy:
 CALL_FIELDS = ("function_calls", "tool_calls")
 
 
-def _apply_policy(
+def apply_policy(
     policy: MaskPolicy,
     renderer: ChatRenderer,
     conversations: Sequence[Conversation],

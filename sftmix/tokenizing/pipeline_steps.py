@@ -10,12 +10,12 @@ from unicodedata import category, is_normalized
 
 from sftmix.tokenizing.fast_analysis import Unproven
 
-#: Normalizers that change nothing in a text already in their form (:func:`_normal_form`).
+#: Normalizers that change nothing in a text already in their form (:func:`normal_form`).
 NORMAL_FORMS = ("NFC", "NFKC")
 NormalForm = Literal["NFC", "NFKC"]
 
 
-def _normal_form(normalizer: Any) -> str | None:
+def normal_form(normalizer: Any) -> str | None:
     """The form of a normalizer that is NFC (Qwen2's and Qwen3's) or NFKC (Anthropic's), alone or in a
     sequence of them (NFKC where any is: a text in NFKC is in NFC too); none, or an empty sequence
     (DeepSeek-V3's, which changes nothing), is None. On a text already in that form it changes nothing,
@@ -23,8 +23,8 @@ def _normal_form(normalizer: Any) -> str | None:
     text included); any other normalizer is refused, named."""
     if normalizer_does_nothing(normalizer):
         return None
-    steps = normalizer.get("normalizers") if _kind(normalizer) == "Sequence" else [normalizer]
-    kinds = {_kind(step) for step in steps or [normalizer]}
+    steps = normalizer.get("normalizers") if node_kind(normalizer) == "Sequence" else [normalizer]
+    kinds = {node_kind(step) for step in steps or [normalizer]}
     if steps and kinds <= set(NORMAL_FORMS):
         return "NFKC" if "NFKC" in kinds else "NFC"
     raise Unproven(
@@ -44,23 +44,23 @@ def normalizer_does_nothing(normalizer: Any) -> bool:
     """None, or a Sequence of no steps (nested ones included): the text passes as it is."""
     if normalizer is None:
         return True
-    return _kind(normalizer) == "Sequence" and all(
+    return node_kind(normalizer) == "Sequence" and all(
         normalizer_does_nothing(step) for step in normalizer.get("normalizers") or []
     )
 
 
-def _kind(node: Any) -> str:
+def node_kind(node: Any) -> str:
     return str(node.get("type")) if isinstance(node, dict) else type(node).__name__
 
 
-def _post_processor_trims(node: Any) -> list[bool]:
+def post_processor_trims(node: Any) -> list[bool]:
     """The ByteLevel offset trims the post-processor makes with special tokens off (each one's
     ``add_prefix_space``); anything else it does there must change neither ids nor offsets."""
     if node is None:
         return []
     kind = node.get("type")
     if kind == "Sequence":
-        trims = [t for step in node.get("processors", []) for t in _post_processor_trims(step)]
+        trims = [t for step in node.get("processors", []) for t in post_processor_trims(step)]
         if len(trims) > 1:
             raise Unproven("its post-processor trims offsets twice")
         return trims
@@ -71,7 +71,7 @@ def _post_processor_trims(node: Any) -> list[bool]:
     raise Unproven(f"its post-processor is {kind!r}")
 
 
-def _added_tokens(
+def plain_added_tokens(
     tokens: list[dict[str, Any]], prefixes: bool = False, normalizes: bool = True
 ) -> dict[str, int]:
     """Added tokens matched as plain text. ``prefixes``: one may be a prefix of another (fastokens, like the

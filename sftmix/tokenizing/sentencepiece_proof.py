@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sftmix.tokenizing.bpe_vocabulary import _merges
+from sftmix.tokenizing.bpe_vocabulary import bpe_merges
 from sftmix.tokenizing.engines import fastokens_installed
 from sftmix.tokenizing.fast_analysis import WORD_RESTARTS, FastAnalysis, Unproven
-from sftmix.tokenizing.pipeline_steps import _added_tokens, _kind, _post_processor_trims
+from sftmix.tokenizing.pipeline_steps import node_kind, plain_added_tokens, post_processor_trims
 
 #: SentencePiece's word marker: a space is this character, and a text's first word starts with one.
 METASPACE = "\u2581"
@@ -22,7 +22,7 @@ METASPACE = "\u2581"
 METASPACE_SCHEMES = ("first", "always", "never")
 
 
-def _metaspace_scheme(normalizer: Any, pre: Any) -> str | None:
+def metaspace_scheme(normalizer: Any, pre: Any) -> str | None:
     """The prepend scheme of a SentencePiece-style pipeline: a Metaspace pre-tokenizer that does not split
     (transformers' Llama, Mistral and Gemma conversions), a normalizer that only turns spaces into the
     marker (``never``, Gemma's), or one that prepends a marker first (``prepend``, Llama-2's and Mistral's
@@ -33,14 +33,14 @@ def _metaspace_scheme(normalizer: Any, pre: Any) -> str | None:
     legacy = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": METASPACE}, replace]}
     if pre is None and normalizer == legacy:
         return "prepend"
-    if _kind(pre) != "Metaspace":
+    if node_kind(pre) != "Metaspace":
         if _mentions_metaspace(pre):
             raise Unproven("it uses a Metaspace step in a pipeline of other steps")
         if METASPACE in json.dumps(normalizer, ensure_ascii=False):
             raise Unproven("its normalizer writes SentencePiece's marker in steps other than the known forms")
         return None
     if normalizer is not None:
-        raise Unproven(f"it has a normalizer ({_kind(normalizer)}) before its Metaspace pre-tokenizer")
+        raise Unproven(f"it has a normalizer ({node_kind(normalizer)}) before its Metaspace pre-tokenizer")
     if pre.get("replacement") != METASPACE or pre.get("split", True):
         raise Unproven("its Metaspace pre-tokenizer splits words apart or marks them with another character")
     scheme = pre.get("prepend_scheme")
@@ -70,7 +70,7 @@ def _mentions_metaspace(node: Any) -> bool:
 BYTE_PIECES = tuple(f"<0x{b:02X}>" for b in range(256))
 
 
-def _analyse_sentencepiece(data: dict[str, Any], scheme: str) -> FastAnalysis:
+def analyse_sentencepiece(data: dict[str, Any], scheme: str) -> FastAnalysis:
     """SentencePiece-style BPE: spaces become the marker, no regex splits the text (each run between added
     tokens is one word), merges by the library's rule, and a character outside the vocabulary becomes its
     UTF-8 bytes' tokens. fastokens implements that pipeline from ``tokenizer.json`` except the Metaspace
@@ -87,9 +87,9 @@ def _analyse_sentencepiece(data: dict[str, Any], scheme: str) -> FastAnalysis:
         raise Unproven("its BPE marks word pieces with a prefix or suffix")
     if model.get("ignore_merges"):
         raise Unproven("its BPE takes whole words from the vocabulary before merging (ignore_merges)")
-    if _post_processor_trims(data.get("post_processor")):
+    if post_processor_trims(data.get("post_processor")):
         raise Unproven("its post-processor trims offsets")
-    added = _added_tokens(data.get("added_tokens") or [], prefixes=True)
+    added = plain_added_tokens(data.get("added_tokens") or [], prefixes=True)
     vocab = model.get("vocab") or {}
     if any(not _falls_back(b, vocab) for b in range(256)):
         raise Unproven("its vocabulary lacks some of the 256 byte-fallback tokens")
@@ -116,7 +116,7 @@ def _text_decodes(data: dict[str, Any], scheme: str) -> bool:
         return False
     pieces = set(BYTE_PIECES)
     added = {t.get("content") for t in data.get("added_tokens") or []}
-    merged = {a + b for a, b in _merges(data["model"].get("merges") or [])}
+    merged = {a + b for a, b in bpe_merges(data["model"].get("merges") or [])}
     return not (pieces & added or pieces & merged)
 
 

@@ -14,7 +14,7 @@ from sftmix.config.reference_flags import NEUTRAL_FLAGS, transform_chain
 from sftmix.config.selection import parse_amount
 from sftmix.errors import ConfigError
 from sftmix.runtime import settings
-from tokenize_mixer.command_line.subcommands import _bool, _flag, _run_flags, _setting_flag, _Subcommands
+from tokenize_mixer.command_line.subcommands import Subcommands, add_flag, flag_bool, run_flags, setting_flag
 
 #: Environment setting for convert's --unknown_template (a cluster's profile can make typos errors).
 UNKNOWN_TEMPLATE_ENV = settings.UNKNOWN_TEMPLATE.name
@@ -22,42 +22,42 @@ UNKNOWN_TEMPLATE_ENV = settings.UNKNOWN_TEMPLATE.name
 CHECKED_REFERENCE_FLAGS = (*NEUTRAL_FLAGS, "dataset_target_columns", "get_tokenizer_fn", "use_fast")
 
 
-def _convert_parser(sub: _Subcommands) -> None:
+def convert_parser(sub: Subcommands) -> None:
     """``convert``: the reference converter's flags, and ours beside them."""
     conv = sub.add_parser("convert", help="the reference converter's flags, same bytes out")
     _reference_input_flags(conv)
     _reference_output_flags(conv)
     for name in CHECKED_REFERENCE_FLAGS:
-        _flag(conv, name, nargs="*", help=argparse.SUPPRESS)
+        add_flag(conv, name, nargs="*", help=argparse.SUPPRESS)
     _beyond_the_reference(conv)
-    _run_flags(conv)
+    run_flags(conv)
 
 
 def _reference_input_flags(conv: argparse.ArgumentParser) -> None:
     """The reference's flags for what is read: the datasets, the tokenizer and its chat template."""
-    _flag(
+    add_flag(
         conv, "dataset_mixer_list", nargs="+", required=True, metavar="NAME AMOUNT", help="NAME AMOUNT pairs"
     )
-    _flag(
+    add_flag(
         conv, "dataset_mixer_list_splits", nargs="+", default=["train"], help="one split, or one per dataset"
     )
-    _flag(
+    add_flag(
         conv,
         "tokenizer_name_or_path",
         required=True,
         help="a hub name or a local directory holding tokenizer.json",
     )
-    _flag(conv, "tokenizer_revision", help="the hub revision (branch, tag or commit) of the tokenizer")
-    _flag(
+    add_flag(conv, "tokenizer_revision", help="the hub revision (branch, tag or commit) of the tokenizer")
+    add_flag(
         conv,
         "chat_template_name",
         help="one of the reference's named chat templates (olmo, tulu, zephyr, ...); none, or a name "
         "tokenize-mixer does not know: the tokenizer's own (see --unknown_template)",
     )
-    _flag(
+    add_flag(
         conv,
         "add_bos",
-        type=_bool,
+        type=flag_bool,
         nargs="?",
         const=True,
         default=False,
@@ -68,19 +68,21 @@ def _reference_input_flags(conv: argparse.ArgumentParser) -> None:
 def _reference_output_flags(conv: argparse.ArgumentParser) -> None:
     """The reference's flags for what is written: the length, number and order of the documents, where
     they go, the transforms that make them."""
-    _flag(
+    add_flag(
         conv,
         "max_seq_length",
         type=int,
         help="longest document in tokens: longer chats are truncated, not dropped, as the reference does "
         "(default: no limit)",
     )
-    _flag(conv, "num_examples", type=int, default=0, help="keep the first N rows after the shuffle (0: all)")
-    _flag(
+    add_flag(
+        conv, "num_examples", type=int, default=0, help="keep the first N rows after the shuffle (0: all)"
+    )
+    add_flag(
         conv, "shuffle_seed", type=int, default=42, help="seed of the shuffle of the kept rows (default 42)"
     )
-    _flag(conv, "output_dir", required=True, help="where the shards go: a local directory or gs://...")
-    _flag(
+    add_flag(conv, "output_dir", required=True, help="where the shards go: a local directory or gs://...")
+    add_flag(
         conv,
         "dataset_transform_fn",
         nargs="+",
@@ -88,10 +90,10 @@ def _reference_output_flags(conv: argparse.ArgumentParser) -> None:
         "(default), sft_tulu_tokenize_and_truncate_v1 alone (keep rows with no trainable token), or "
         "last_turn_tulu_tokenize_and_truncate_v1 [sft_tulu_filter_v1] (train on the final turn only)",
     )
-    _flag(
+    add_flag(
         conv,
         "tokenizer_config_only",
-        type=_bool,
+        type=flag_bool,
         nargs="?",
         const=True,
         default=False,
@@ -101,7 +103,7 @@ def _reference_output_flags(conv: argparse.ArgumentParser) -> None:
 
 def _beyond_the_reference(conv: argparse.ArgumentParser) -> None:
     """``convert``'s flags that the reference does not have: where it is unsafe, the better way on request."""
-    _flag(
+    add_flag(
         conv,
         "unknown_template",
         choices=["fallback", "error"],
@@ -111,7 +113,7 @@ def _beyond_the_reference(conv: argparse.ArgumentParser) -> None:
         f"{UNKNOWN_TEMPLATE_ENV}=error)",
     )
     for spec in flags(MixerConfig):
-        _setting_flag(conv, spec)
+        setting_flag(conv, spec)
 
 
 def mixer_from_convert_args(args: argparse.Namespace) -> MixerConfig:

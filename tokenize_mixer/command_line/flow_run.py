@@ -20,7 +20,7 @@ from sftmix.runtime.stopping import (
     RunStopped,
     record_stop,
 )
-from tokenize_mixer.command_line.progress_display import _progress_bar
+from tokenize_mixer.command_line.progress_display import progress_bar
 
 logger = logging.getLogger("sftmix")
 
@@ -28,7 +28,7 @@ logger = logging.getLogger("sftmix")
 one_run_per_process = False
 
 
-def _write_tokenizer_only(mixer: MixerConfig) -> int:
+def write_tokenizer_only(mixer: MixerConfig) -> int:
     """--tokenizer_config_only: OUTPUT_DIR/tokenizer/ (the tokenizer with the chat template the run would
     use) and nothing else, as the reference writes it; an existing tokenizer/ is never replaced."""
     from sftmix.planning.plan import resolve_tokenizer
@@ -52,7 +52,7 @@ def _write_tokenizer_only(mixer: MixerConfig) -> int:
     return 0
 
 
-def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
+def run_flow(mixer: MixerConfig, run: RunOptions) -> int:
     from sftmix.assembly.up_to_date import UpToDate, may_be_up_to_date, up_to_date
     from tokenize_mixer.flows.api.runtime import prefect_api, remove_abandoned_private_dirs
 
@@ -74,7 +74,7 @@ def _run_flow(mixer: MixerConfig, run: RunOptions) -> int:
         # An output that only the plan can find up to date: planned before any API is launched.
         first = planning.plan_and_check if may_be_up_to_date(mixer, run) else None
         api = prefect_api(planning.prepare, launch_first=one_run_per_process, before_launch=first)
-        with head_start_scope(), api, _progress_bar():
+        with head_start_scope(), api, progress_bar():
             # Imported here, not above: with a temporary API server, the import overlaps its start-up.
             from tokenize_mixer.flows.tokenize_mixer import tokenize_mixer
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from sftmix.errors import ConfigError
 
 
-def _inspect(args: argparse.Namespace) -> int:
+def inspect_output_command(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.text import Text
     from tokenizers import Tokenizer

@@ -13,7 +13,7 @@ from typing import Any
 
 
 @contextlib.contextmanager
-def _progress_bar() -> Iterator[None]:
+def progress_bar() -> Iterator[None]:
     """The command's progress: a live bar on a terminal (slices, share of the input, the recent rate,
     time left), elsewhere a summary line every few seconds (``flows.progress``); both count the head
     start's slices as they finish, before the flow run exists."""

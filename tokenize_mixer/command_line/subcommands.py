@@ -14,7 +14,7 @@ from sftmix.config.config import MixerConfig
 from sftmix.config.run_options import RunOptions
 
 
-def _flag(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
+def add_flag(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
     """Accept both ``--snake_case`` (the reference's) and ``--kebab-case`` spellings."""
     spellings = [f"--{name}"]
     if "_" in name:
@@ -22,7 +22,7 @@ def _flag(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
     parser.add_argument(*spellings, dest=name, **kwargs)
 
 
-def _bool(text: str) -> bool:
+def flag_bool(text: str) -> bool:
     if text.lower() in ("1", "true", "yes", "y"):
         return True
     if text.lower() in ("0", "false", "no", "n"):
@@ -32,13 +32,13 @@ def _bool(text: str) -> bool:
 
 def _plan_flags(parser: argparse.ArgumentParser) -> None:
     """The run options a plan reads (``plan`` takes these alone: it would ignore the others)."""
-    _flag(
+    add_flag(
         parser,
         "work_dir",
         help="checkpoint directory (default: $TOKENIZE_MIXER_WORK_DIR or ~/.cache/tokenize-mixer)",
     )
-    _flag(parser, "slice_rows", type=int, help="most source rows per slice")
-    _flag(
+    add_flag(parser, "slice_rows", type=int, help="most source rows per slice")
+    add_flag(
         parser,
         "slice_bytes",
         type=int,
@@ -46,26 +46,28 @@ def _plan_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _run_flags(parser: argparse.ArgumentParser) -> None:
+def run_flags(parser: argparse.ArgumentParser) -> None:
     _plan_flags(parser)
-    _flag(parser, "workers", type=int, help="worker processes (default: the CPUs this process may use)")
-    _flag(parser, "runner", choices=["auto", "process", "thread", "dask", "work_pool"], help="task runner")
-    _flag(parser, "slice_deployment", help="runner work_pool: deployment of the tokenize-slices flow")
-    _flag(parser, "batch_slices", type=int, help="runner work_pool: slices per batch flow run")
-    _flag(parser, "dask_address", help="scheduler address of an existing Dask cluster (runner dask)")
-    _flag(parser, "reference", help="directory or digests JSON to validate against; a mismatch fails the run")
-    _flag(
+    add_flag(parser, "workers", type=int, help="worker processes (default: the CPUs this process may use)")
+    add_flag(parser, "runner", choices=["auto", "process", "thread", "dask", "work_pool"], help="task runner")
+    add_flag(parser, "slice_deployment", help="runner work_pool: deployment of the tokenize-slices flow")
+    add_flag(parser, "batch_slices", type=int, help="runner work_pool: slices per batch flow run")
+    add_flag(parser, "dask_address", help="scheduler address of an existing Dask cluster (runner dask)")
+    add_flag(
+        parser, "reference", help="directory or digests JSON to validate against; a mismatch fails the run"
+    )
+    add_flag(
         parser,
         "force",
         action="store_true",
         default=None,
         help="make and publish the output even when it is up to date (slices are still reused)",
     )
-    _flag(parser, "force_recache", action="store_true", default=None, help="recompute every slice")
-    _flag(
+    add_flag(parser, "force_recache", action="store_true", default=None, help="recompute every slice")
+    add_flag(
         parser, "disable_cache", action="store_true", default=None, help="neither read nor write checkpoints"
     )
-    _flag(
+    add_flag(
         parser,
         "check",
         choices=["report", "strict", "off"],
@@ -75,16 +77,16 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _setting_flag(parser: argparse.ArgumentParser, spec: FlagSpec) -> None:
+def setting_flag(parser: argparse.ArgumentParser, spec: FlagSpec) -> None:
     """A flag derived from the setting it sets (:mod:`sftmix.config.command_flags`): left out, the
     setting keeps its default."""
     default = str(spec.default).lower() if spec.boolean else spec.default
     help_text = f"{spec.help} (default {default})".replace("%", "%%")
     if spec.boolean:
-        _flag(
+        add_flag(
             parser,
             spec.name,
-            type=_bool,
+            type=flag_bool,
             nargs="?",
             const=True,
             default=None,
@@ -92,17 +94,17 @@ def _setting_flag(parser: argparse.ArgumentParser, spec: FlagSpec) -> None:
             help=help_text,
         )
     elif spec.whole_number:
-        _flag(parser, spec.name, type=int, default=None, metavar="N", help=help_text)
+        add_flag(parser, spec.name, type=int, default=None, metavar="N", help=help_text)
     else:
-        _flag(parser, spec.name, choices=spec.choices, default=None, help=help_text)
+        add_flag(parser, spec.name, choices=spec.choices, default=None, help=help_text)
 
 
-def _run_parser(sub: _Subcommands) -> None:
+def run_parser(sub: Subcommands) -> None:
     """``run`` a mixer config."""
     run = sub.add_parser("run", help="run a mixer config (YAML or JSON)")
     run.add_argument("config", help="a mixer config file, YAML or JSON (see examples/mixer.yaml)")
-    _flag(run, "output_dir", help="override the config's output path")
-    _flag(
+    add_flag(run, "output_dir", help="override the config's output path")
+    add_flag(
         run,
         "overwrite",
         action="store_true",
@@ -111,11 +113,11 @@ def _run_parser(sub: _Subcommands) -> None:
     )
     for spec in flags(MixerConfig):  # each overrides the config's setting
         if spec.name != "overwrite":
-            _setting_flag(run, spec)
-    _run_flags(run)
+            setting_flag(run, spec)
+    run_flags(run)
 
 
-def _output_parsers(sub: _Subcommands) -> None:
+def output_parsers(sub: Subcommands) -> None:
     """``plan``, and the commands that read an output: ``compare``, ``digest``, ``inspect``, ``report``."""
     plan = sub.add_parser("plan", help="print the slices of a mixer config without running")
     plan.add_argument("config", help="a mixer config file, YAML or JSON")
@@ -158,7 +160,7 @@ def _output_parsers(sub: _Subcommands) -> None:
     rep.add_argument("-o", "--out", help="directory for the report (default: the output directory)")
 
 
-def _check_parser(sub: _Subcommands) -> None:
+def check_parser(sub: Subcommands) -> None:
     """``check``: will this output train as expected."""
     chk = sub.add_parser(
         "check",
@@ -167,14 +169,14 @@ def _check_parser(sub: _Subcommands) -> None:
         "when something is broken",
     )
     chk.add_argument("output", help="an output directory")
-    _flag(
+    add_flag(
         chk,
         "sequence_length",
         type=int,
         help="the training sequence length: longer documents are found, and OLMo-core's plain and packed "
         "FSL datasets are simulated at it (instances, padding, truncated and unread tokens)",
     )
-    _flag(
+    add_flag(
         chk,
         "long_doc_strategy",
         choices=["truncate", "fragment"],
@@ -183,7 +185,7 @@ def _check_parser(sub: _Subcommands) -> None:
         "(its long_doc_strategy; default truncate)",
     )
     chk.add_argument("--json", help="also write the findings as JSON to this file")
-    _flag(
+    add_flag(
         chk,
         "template_diff",
         action="store_true",
@@ -191,7 +193,7 @@ def _check_parser(sub: _Subcommands) -> None:
     )
 
 
-class _Subcommands:
+class Subcommands:
     """Subcommands that take no abbreviated flags and take ``-v`` after their name too (its value
     is left alone when not given there)."""
 
