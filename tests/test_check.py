@@ -61,6 +61,19 @@ def test_a_clean_output_is_clean_and_exit_0(clean, capsys):
     assert "clean: nothing broken, nothing that changes training" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("length", ["0", "-4", "4k"])
+def test_a_sequence_length_that_is_not_a_length_is_refused_by_its_flag(tmp_path, capsys, length):
+    """``check --sequence_length 0`` once divided by zero deep in the fit's simulation: now argparse's
+    one line, naming the flag, before any part is read."""
+    with pytest.raises(SystemExit) as stop:
+        main(["check", str(tmp_path), "--sequence_length", length])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        f"argument --sequence_length/--sequence-length: must be a whole number above 0, not '{length}'" in err
+    )
+
+
 def test_integrity_findings(clean, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(clean, broken)

@@ -160,6 +160,17 @@ def output_parsers(sub: Subcommands) -> None:
     rep.add_argument("-o", "--out", help="directory for the report (default: the output directory)")
 
 
+def positive_int(text: str) -> int:
+    """A whole number above zero (a sequence length): anything else is said by argparse, by its flag."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number above 0, not {text!r}")
+    return value
+
+
 def check_parser(sub: Subcommands) -> None:
     """``check``: will this output train as expected."""
     chk = sub.add_parser(
@@ -172,7 +183,7 @@ def check_parser(sub: Subcommands) -> None:
     add_flag(
         chk,
         "sequence_length",
-        type=int,
+        type=positive_int,
         help="the training sequence length: longer documents are found, and OLMo-core's plain and packed "
         "FSL datasets are simulated at it (instances, padding, truncated and unread tokens)",
     )
