@@ -208,11 +208,23 @@ def test_convert_sets_every_flagged_setting():
 
 
 def test_the_slice_workers_are_handed_every_setting_their_slices_follow_from():
-    """``slices=True`` settings reach the workers by name (``for_slices`` into ``TokenizeContext``): each one
-    needs a field there, or the workers would tokenize without it while the slice keys hold it."""
-    from sftmix.tokenizing.slices import TokenizeContext
+    """``slices=True`` settings reach the workers by name (``for_slices`` into ``TokenizeContext``, the
+    masker's into its ``Masking``): each one needs a field there, or the workers would tokenize without it
+    while the slice keys hold it."""
+    from sftmix.tokenizing.masking import SETTINGS as MASKING
+    from sftmix.tokenizing.slices import TokenizeContext, workers_context
 
     handed = for_slices(_mixer(mask_thinking=True, literal_special_tokens="drop"))
-    assert set(handed) <= set(TokenizeContext.model_fields), set(handed) - set(TokenizeContext.model_fields)
+    fields = set(TokenizeContext.model_fields) | set(MASKING)
+    assert set(handed) <= fields, set(handed) - fields
     assert handed["mask_thinking"] is True and handed["literal_special_tokens"] == "drop"
+    found = {
+        "tokenizer": "t",
+        "template_text": "",
+        "token_dtype": "uint32",
+        "work_dir": "w",
+        "datasets_cache": "c",
+    }
+    ctx = workers_context(handed, **found)
+    assert ctx.masking.policy.thinking is True and ctx.literal_special_tokens == "drop"
     assert set(keyed(_mixer())) <= set(handed)

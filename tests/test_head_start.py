@@ -5,6 +5,7 @@ bytes are those of a run without a head start."""
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import os
 import random
@@ -100,7 +101,8 @@ def test_a_head_start_that_does_not_match_the_flows_plan_is_discarded(chats, tmp
         assert head is not None
         pids = list(head.pool._executor._processes)
         plan = build_plan(mixer, run)
-        other = plan.context.model_copy(update={"max_seq_length": 128})
+        shorter = dataclasses.replace(plan.context.masking, max_seq_length=128)
+        other = plan.context.model_copy(update={"masking": shorter})
         assert head_start.take_head_start(plan.slices, other, run) is None
         assert head_start._pending is None
     deadline = time.monotonic() + 10

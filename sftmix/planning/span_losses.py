@@ -30,7 +30,7 @@ KEEPS_THEM = "spans: exact (--spans exact) keeps them, each assistant turn maske
 def span_losses(datasets: Sequence[DatasetPlan], opened: Sequence[Opened], ctx: TokenizeContext) -> None:
     """Warn (in each dataset's warnings) of those whose sampled rows the span check drops at
     :data:`SPAN_LOSS_SHARE` or more."""
-    if ctx.spans != "reference" or ctx.mask not in ("assistant", "last_turn"):
+    if ctx.masking.spans != "reference" or ctx.masking.mask not in ("assistant", "last_turn"):
         return  # (no span check: exact spans, or masks that need no prefix renders)
     for d in datasets:
         dataset = opened[d.index]
@@ -41,7 +41,7 @@ def span_losses(datasets: Sequence[DatasetPlan], opened: Sequence[Opened], ctx: 
         if len(failed) < SPAN_LOSS_SHARE * len(rows):
             continue
         common = Counter(failed).most_common(1)[0][0]
-        fate = "drop" if ctx.drop_untrainable else "leave untrained"
+        fate = "drop" if ctx.masking.drop_untrainable else "leave untrained"
         warning = (
             f"{dataset.entry.path}: the reference's span check will {fate} ~{len(failed) / len(rows):.0%} of its "
             f"rows ({len(failed)} of {len(rows)} sampled rows, most often: {common}), which changes what is "

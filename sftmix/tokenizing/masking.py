@@ -5,8 +5,9 @@ how a policy is applied to a batch's masked rows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sftmix.sources.formats import Conversation
 from sftmix.tokenizing.prefix_renders import common_prefix_length
@@ -25,6 +26,32 @@ class Masking:
     spans: str = "reference"
     drop_untrainable: bool = False  # a row with nothing to train is dropped, so it needs no tokens
     policy: MaskPolicy = field(default_factory=lambda: MaskPolicy())  # mask_thinking, ... (defined below)
+
+    @classmethod
+    def of(cls, settings: Mapping[str, Any]) -> Masking:
+        """From the mixer's settings, each by its name (:func:`sftmix.config.byte_settings.for_slices`)."""
+        policy = MaskPolicy(
+            settings["mask_thinking"], settings["mask_tool_calls"], settings["mask_tool_outputs"]
+        )
+        return cls(
+            settings["max_seq_length"],
+            settings["mask"],
+            settings["spans"],
+            settings["drop_untrainable"],
+            policy,
+        )
+
+
+#: The mixer's settings a :class:`Masking` is made of: the workers' context holds them in its ``masking``.
+SETTINGS = (
+    "max_seq_length",
+    "mask",
+    "spans",
+    "drop_untrainable",
+    "mask_thinking",
+    "mask_tool_calls",
+    "mask_tool_outputs",
+)
 
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"

@@ -171,7 +171,9 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
         )
         for j, res in enumerate(results):
             rec, row = records[b + j], batch_rows[j]
-            kept = res.status == RowStatus.KEPT or (not ctx.drop_untrainable and res.status in UNTRAINABLE)
+            kept = res.status == RowStatus.KEPT or (
+                not ctx.masking.drop_untrainable and res.status in UNTRAINABLE
+            )
             rec["length"] = res.ids.shape[0] if kept else 0  # a dropped row's tokens may not all be made
             rec["status"] = int(RowStatus.KEPT if kept else res.status)
             if not kept:
@@ -237,7 +239,7 @@ def _refuse_all_zero(spec: SliceSpec, ctx: TokenizeContext, rows: int, tally: _T
     if rows >= ALL_ZERO_SLICE_ROWS and tally.dropped[no_trainable] + tally.untrainable[no_trainable] == rows:
         raise TemplateError(
             f"{spec.describe()}: all {rows} rows have an all-zero label mask with template "
-            f"{ctx.template_source or 'in use'} (mask {ctx.mask}): the template's assistant turns are not "
+            f"{ctx.template_source or 'in use'} (mask {ctx.masking.mask}): the template's assistant turns are not "
             "found in its output, or these rows have none; check the template and the rows' roles"
         )
 

@@ -10,7 +10,8 @@ from pydantic import BaseModel, Field
 from sftmix.sources.reading import RowsAt
 from sftmix.sources.registry import SliceSource
 from sftmix.sources.whole.arrow import ArrowSource
-from sftmix.tokenizing.masking import Masking, MaskPolicy
+from sftmix.tokenizing.masking import SETTINGS as MASKING_SETTINGS
+from sftmix.tokenizing.masking import Masking
 from sftmix.tokenizing.tokenizer import TokenizerKey, save_split_worker_tokenizer
 from sftmix.tokenizing.tokenizer_load import TokenizerLoad
 
@@ -23,18 +24,12 @@ class TokenizeContext(BaseModel):
     tokenizer_load: TokenizerLoad = "reference"
     tokenizer_file: str | None = None
     template_text: str
-    max_seq_length: int | None
     token_dtype: str
     work_dir: str
     remote_work_dir: str | None = None
     datasets_cache: str
     on_bad_row: str = "error"
-    mask: str = "assistant"
-    mask_thinking: bool = False
-    mask_tool_calls: bool = False
-    mask_tool_outputs: bool = False
-    spans: str = "reference"
-    drop_untrainable: bool = True
+    masking: Masking  # the mixer's settings the masker follows, by their names (Masking.of)
     template_source: str = ""
     literal_special_tokens: str = "keep"  # (split: tokenizer_file is the renamed tokenizer)
     batch_size: int = 256
@@ -43,12 +38,6 @@ class TokenizeContext(BaseModel):
     # reads those records, so that a slice made before they were recorded is made again.
     over_length_recorded: bool = False
 
-    @property
-    def masking(self) -> Masking:
-        """The masker's settings, each by its name here (the mixer's)."""
-        policy = MaskPolicy(self.mask_thinking, self.mask_tool_calls, self.mask_tool_outputs)
-        return Masking(self.max_seq_length, self.mask, self.spans, self.drop_untrainable, policy)
-
     def tokenizer_key(self) -> TokenizerKey:
         """The run's tokenizer, loaded as the plan loaded it."""
         return TokenizerKey.of(self.tokenizer, self.tokenizer_revision, self.tokenizer_load)
@@ -56,9 +45,11 @@ class TokenizeContext(BaseModel):
 
 def workers_context(settings: dict[str, Any], **found: Any) -> TokenizeContext:
     """What every slice shares: the mixer's slice settings (:func:`sftmix.config.byte_settings.for_slices`,
-    each a field here by its name) and what the plan found. Spelled special tokens read as text need the
-    workers' tokenizer with the template's own renamed (written once, beside the workers' copy)."""
-    ctx = TokenizeContext(**settings, **found)
+    each a field here by its name, the masker's in its :class:`Masking`) and what the plan found. Spelled
+    special tokens read as text need the workers' tokenizer with the template's own renamed (written once,
+    beside the workers' copy)."""
+    rest = {name: value for name, value in settings.items() if name not in MASKING_SETTINGS}
+    ctx = TokenizeContext(**rest, masking=Masking.of(settings), **found)
     if ctx.literal_special_tokens == "split":
         assert ctx.tokenizer_file is not None
         ctx.tokenizer_file = save_split_worker_tokenizer(ctx.tokenizer_file, ctx.template_text)
