@@ -160,6 +160,6 @@ def test_the_command_says_a_finding_once_as_found_once_checked_once_summed_up(tm
     summed = [line for line in proc.stdout.splitlines() if "'tool_calls'" in line]
     assert len(logged) == 2 and len(summed) == 1, proc.stderr + proc.stdout
     found, checked = logged
-    assert "sftmix.planning.plan" in found and "never renders" in found
+    assert "sftmix.planning.samples" in found and "never renders" in found
     assert "check WARNING" in checked
     assert summed[0].startswith("unrendered") and "8 of its 8 rows" in summed[0]
