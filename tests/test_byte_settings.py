@@ -226,5 +226,5 @@ def test_the_slice_workers_are_handed_every_setting_their_slices_follow_from():
         "datasets_cache": "c",
     }
     ctx = workers_context(handed, **found)
-    assert ctx.masking.policy.thinking is True and ctx.literal_special_tokens == "drop"
+    assert ctx.masking.policy.mask_thinking is True and ctx.literal_special_tokens == "drop"
     assert set(keyed(_mixer())) <= set(handed)

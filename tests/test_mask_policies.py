@@ -51,10 +51,20 @@ def touching(offsets: np.ndarray, text: str, word: str) -> np.ndarray:
 
 
 CASES = [  # (mask mode, policy, words it takes out, words it must leave trained)
-    ("assistant", MaskPolicy(thinking=True), ("<think>", "</think>", "r{i}z"), ("a{i}z", "b{i}z", "c{i}z")),
-    ("last_turn", MaskPolicy(thinking=True), ("<think>", "</think>", "r{i}z"), ("a{i}z", "b{i}z")),
-    ("assistant", MaskPolicy(tool_calls=True), ("c{i}z", "function_calls>"), ("a{i}z", "b{i}z", "r{i}z")),
-    ("all", MaskPolicy(tool_outputs=True), ("e{i}z",), ("q{i}z", "a{i}z", "b{i}z", "c{i}z", "r{i}z")),
+    (
+        "assistant",
+        MaskPolicy(mask_thinking=True),
+        ("<think>", "</think>", "r{i}z"),
+        ("a{i}z", "b{i}z", "c{i}z"),
+    ),
+    ("last_turn", MaskPolicy(mask_thinking=True), ("<think>", "</think>", "r{i}z"), ("a{i}z", "b{i}z")),
+    (
+        "assistant",
+        MaskPolicy(mask_tool_calls=True),
+        ("c{i}z", "function_calls>"),
+        ("a{i}z", "b{i}z", "r{i}z"),
+    ),
+    ("all", MaskPolicy(mask_tool_outputs=True), ("e{i}z",), ("q{i}z", "a{i}z", "b{i}z", "c{i}z", "r{i}z")),
 ]
 
 
@@ -112,7 +122,7 @@ def test_a_tool_result_repeated_in_the_answer_stays_trained_in_the_answer():
     )
     plain = masker("dolma2", "olmo_thinker", None, True, mask="all")
     [row] = masker(
-        "dolma2", "olmo_thinker", None, True, mask="all", policy=MaskPolicy(tool_outputs=True)
+        "dolma2", "olmo_thinker", None, True, mask="all", policy=MaskPolicy(mask_tool_outputs=True)
     ).tokenize([conv])
     text = plain.renderer.render(conv.messages, None, False)
     enc = rust_tokenizer(TokenizerKey.of(str(GOLDEN / "tokenizers" / "dolma2"), None)).encode(
@@ -172,7 +182,7 @@ def test_tool_calls_a_template_renders_from_a_list_are_taken_out_tags_and_all():
     text = ChatRenderer(QWEN_LIKE, {}).render(conv.messages, None, False)
     enc = rust.encode(text, add_special_tokens=False)
     offsets = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)
-    before, after = mask(MaskPolicy()), mask(MaskPolicy(tool_calls=True))
+    before, after = mask(MaskPolicy()), mask(MaskPolicy(mask_tool_calls=True))
     for word in ("c0z", "<tool_call>", "</tool_call>", '"weather"'):
         assert (before & touching(offsets, text, word)).any() and not (
             after & touching(offsets, text, word)

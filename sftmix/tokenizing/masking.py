@@ -86,29 +86,30 @@ TOOL_ROLES = ("tool", "environment", "ipython")
 
 @dataclass(frozen=True)
 class MaskPolicy:
-    """Opt-in text taken out of the mask, beyond the reference (default: nothing, byte-compatible)."""
+    """Opt-in text taken out of the mask, beyond the reference (default: nothing, byte-compatible), by the
+    mixer's names."""
 
-    thinking: bool = False  # assistant <think> ... </think>
-    tool_calls: bool = False  # what the template renders for an assistant message's tool calls
-    tool_outputs: bool = False  # tool results (roles tool, environment, ipython): for mask: all
+    mask_thinking: bool = False  # assistant <think> ... </think>
+    mask_tool_calls: bool = False  # what the template renders for an assistant message's tool calls
+    mask_tool_outputs: bool = False  # tool results (roles tool, environment, ipython): for mask: all
 
     def __bool__(self) -> bool:
-        return self.thinking or self.tool_calls or self.tool_outputs
+        return self.mask_thinking or self.mask_tool_calls or self.mask_tool_outputs
 
     def pieces(self, message: dict) -> list[str]:
         """The texts of ``message`` that are not to be trained on (tool calls aside: see ``calls``)."""
         role, content = message.get("role"), message.get("content")
         pieces = []
-        if role == "assistant" and self.thinking and isinstance(content, str):
+        if role == "assistant" and self.mask_thinking and isinstance(content, str):
             pieces += [content[s:e].strip() for s, e in thinking_ranges(content, 0, len(content))]
-        elif role in TOOL_ROLES and self.tool_outputs and isinstance(content, str):
+        elif role in TOOL_ROLES and self.mask_tool_outputs and isinstance(content, str):
             pieces.append(content.strip())
         return [p for p in pieces if p]
 
     def calls(self, message: dict) -> bool:
         """Whether ``message`` has tool calls this policy takes out."""
         return (
-            self.tool_calls
+            self.mask_tool_calls
             and message.get("role") == "assistant"
             and any(message.get(f) for f in CALL_FIELDS)
         )
