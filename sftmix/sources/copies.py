@@ -24,6 +24,7 @@ from sftmix.sources.pinned import (
     Stream,
     object_info,
     object_version,
+    pin,
     read_remote,
     size_of,
     unpinned,
@@ -50,10 +51,13 @@ def localize(path: str, cache_dir: str) -> str:
     return local
 
 
-def fetched_copy(path: str, split: str, cache_dir: str) -> str:
-    """The file a reader reads when it cannot read ``path`` in place: for a ``gs://`` data file of the
-    'train' split, this machine's copy of it in the cache ``datasets`` would read it from (fetched once
-    per object generation, :func:`localize`); anything else as it is."""
+def readable_copy(path: str, split: str, cache_dir: str, in_place: bool) -> str:
+    """The file a reader reads: ``path`` itself; a ``gs://`` object it reads in place, by byte range
+    (``in_place``), pinned to the generation it has now (:func:`sftmix.sources.pinned.pin`); another
+    ``gs://`` data file of the 'train' split, this machine's copy of it in the cache ``datasets`` would read
+    it from (fetched once per object generation, :func:`localize`)."""
+    if in_place:
+        return pin(path)
     whole = is_remote(path) and local_builder(path) is not None and split.strip() == "train"
     return localize(path, cache_dir) if whole else path
 

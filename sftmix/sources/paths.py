@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from sftmix.runtime.storage import is_remote
 from sftmix.sources.hub import offline_cache_problem, unreachable_hub_problem
@@ -151,3 +151,9 @@ def path_problem(path: str, caches: Sequence[str] = ()) -> str | None:
     if local_builder(path) is not None:
         return local_file_problem(path)
     return hub_name_problem(path, caches)
+
+
+def readable_here(paths: Iterable[str]) -> bool:
+    """Whether a worker reads these files as the plan did: each on this machine, or a ``gs://`` object
+    (read in place anywhere); a machine that lacks one (the planner's copies) opens the dataset itself."""
+    return all(is_remote(path) or os.path.isfile(path) for path in paths)

@@ -107,7 +107,6 @@ class DataFormat:
     and line of a row for an error (``None``: not known), a check once the slice's rows are read, and its
     caches released between slices."""
 
-    name: str
     source: type[RowSource]
     reader: Reader
     read_rows: Callable[[Any, RowsAt, list[int]], Sequence[Any]]
@@ -115,6 +114,11 @@ class DataFormat:
     row_place: Callable[[Any, RowsAt, int], tuple[str | None, int] | None] = lambda source, at, row: None
     finish: Callable[[], None] = lambda: None
     release: Callable[[], None] = lambda: None
+
+    @property
+    def name(self) -> str:
+        """Its sources' ``data_format``."""
+        return str(self.source.model_fields["data_format"].default)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from sftmix.errors import DatasetError
 from sftmix.runtime.read_progress import ReadProgress
 from sftmix.runtime.storage import is_remote
 from sftmix.sources import jsonl, pinned
-from sftmix.sources.copies import copies_of, fetched_copy
+from sftmix.sources.copies import copies_of, readable_copy
 from sftmix.sources.data_files import JsonFiles, json_data_files
 from sftmix.sources.downloads import closed_on_error
 from sftmix.sources.jsonl import batches as jsonl_batches
@@ -22,15 +22,6 @@ from sftmix.sources.paths import local_builder
 from sftmix.sources.reading import Rows, dataset_error, digest
 
 logger = logging.getLogger(__name__)
-
-
-def local_copy(entry: DatasetEntry, datasets_cache: str) -> str:
-    """The file the plan reads: the entry's own path; a ``gs://`` JSON Lines object's pinned generation
-    (:func:`sftmix.sources.pinned.pin`); for another ``gs://`` object, this machine's copy of it
-    (:func:`sftmix.sources.copies.fetched_copy`). (A compressed JSON Lines file's copy: :func:`compressed_file`.)"""
-    if jsonl.reads_remote(entry.path, entry.split):
-        return pinned.pin(entry.path)  # read in place, by byte range
-    return fetched_copy(entry.path, entry.split, datasets_cache)
 
 
 def counted_jsonl(entry: DatasetEntry, datasets_cache: str) -> jsonl.JsonlLayout | None:
@@ -51,7 +42,9 @@ def counted_jsonl(entry: DatasetEntry, datasets_cache: str) -> jsonl.JsonlLayout
             with closed_on_error(files), ReadProgress(entry.path, files.sizes[0]) as progress:
                 layout = jsonl.scan_file(files.follow(0), progress.batch_read)
         else:
-            path = local_copy(entry, datasets_cache)
+            path = readable_copy(
+                entry.path, entry.split, datasets_cache, jsonl.reads_remote(entry.path, entry.split)
+            )
             if not jsonl.applies(path, entry.split):
                 return None
             with ReadProgress(entry.path, pinned.size_of(path)) as progress:

@@ -5,7 +5,6 @@ tokenizing begins while the plan still reads the rest."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -13,7 +12,6 @@ from typing import Any
 from sftmix.config.config import DatasetEntry
 from sftmix.config.selection import selection_problem, target_rows
 from sftmix.errors import DatasetError
-from sftmix.runtime.storage import is_remote
 from sftmix.sources import jsonl
 from sftmix.sources.data_files import JsonFiles
 from sftmix.sources.downloads import closed_on_error
@@ -27,6 +25,7 @@ from sftmix.sources.jsonl.files import (
     slice_is_full,
     streamed_files,
 )
+from sftmix.sources.paths import readable_here
 from sftmix.sources.reading import (
     Cut,
     DataFormat,
@@ -173,11 +172,11 @@ def _rows(source: jsonl.JsonlSource, at: RowsAt, rows: list[int]) -> Sequence[di
 
 def _here(source: jsonl.JsonlSource) -> jsonl.JsonlSource | None:
     """Read as planned where its files are on this machine (or on ``gs://``); else ``datasets`` opens it."""
-    return source if all(is_remote(f) or os.path.isfile(f) for f in jsonl.files_of(source)) else None
+    return source if readable_here(jsonl.files_of(source)) else None
 
 
 def _place(source: jsonl.JsonlSource, at: RowsAt, row: int) -> tuple[str | None, int] | None:
     return jsonl.row_place(source, row)
 
 
-FORMAT = DataFormat("jsonl", jsonl.JsonlSource, STREAMED, _rows, _here, _place, release=jsonl.release)
+FORMAT = DataFormat(jsonl.JsonlSource, STREAMED, _rows, _here, _place, release=jsonl.release)

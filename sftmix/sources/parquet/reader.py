@@ -5,7 +5,6 @@ soon as the row groups it reads are (a row group several slices share, decoded o
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
@@ -15,12 +14,12 @@ from sftmix.config.config import DatasetEntry
 from sftmix.config.selection import target_rows
 from sftmix.errors import DatasetError
 from sftmix.runtime.storage import is_remote
-from sftmix.sources import parquet, pinned
-from sftmix.sources.copies import fetched_copy
+from sftmix.sources import parquet
+from sftmix.sources.copies import readable_copy
 from sftmix.sources.data_files import parquet_data_files
 from sftmix.sources.downloads import closed_on_error
 from sftmix.sources.parquet.spill import Spill, spill_group
-from sftmix.sources.paths import local_builder
+from sftmix.sources.paths import local_builder, readable_here
 from sftmix.sources.reading import (
     Cut,
     DataFormat,
@@ -44,7 +43,10 @@ def counted_parquet(entry: DatasetEntry, datasets_cache: str) -> parquet.Parquet
     of a hub dataset (or a directory laid out like one), fetched; else ``None``."""
     try:
         if local_builder(entry.path) == "parquet" and parquet.applies(
-            path := local_copy(entry, datasets_cache), entry.split
+            path := readable_copy(
+                entry.path, entry.split, datasets_cache, parquet.reads_remote(entry.path, entry.split)
+            ),
+            entry.split,
         ):
             return parquet.counted([path])
         if local_builder(entry.path) is None and not parquet.disabled():
@@ -61,15 +63,6 @@ def counted_parquet(entry: DatasetEntry, datasets_cache: str) -> parquet.Parquet
     except DatasetError as exc:
         raise dataset_error(entry, exc) from None
     return None
-
-
-def local_copy(entry: DatasetEntry, datasets_cache: str) -> str:
-    """The file the plan reads: the entry's own path; a ``gs://`` Parquet object's pinned generation, read
-    in place by range (:func:`sftmix.sources.pinned.pin`); else this machine's copy of it
-    (:func:`sftmix.sources.copies.fetched_copy`)."""
-    if parquet.reads_remote(entry.path, entry.split):
-        return pinned.pin(entry.path)
-    return fetched_copy(entry.path, entry.split, datasets_cache)
 
 
 def _layout(dataset: Opened) -> parquet.ParquetLayout:
@@ -214,13 +207,12 @@ def _rows(source: parquet.ParquetSource, at: RowsAt, rows: list[int]) -> Sequenc
 def _here(source: parquet.ParquetSource) -> parquet.ParquetSource | None:
     """Read as planned where its files are on this machine (or on ``gs://``), without the planner's spills
     (they lie in its work directory); else ``datasets`` opens it."""
-    if not all(is_remote(f.path) or os.path.isfile(f.path) for f in source.footers):
+    if not readable_here(f.path for f in source.footers):
         return None
     return source.model_copy(update={"spilled": []}) if source.spilled else source
 
 
 FORMAT = DataFormat(
-    "parquet",
     parquet.ParquetSource,
     BY_ROW_GROUP,
     _rows,

@@ -184,5 +184,5 @@ def _place(source: ArrowSource, at: RowsAt, row: int) -> tuple[str | None, int] 
 
 
 FORMAT = DataFormat(
-    "arrow", ArrowSource, WHOLE, _rows, lambda source: ArrowSource(), _place, release=release_mapped_data
+    ArrowSource, WHOLE, _rows, lambda source: ArrowSource(), _place, release=release_mapped_data
 )
