@@ -52,8 +52,6 @@ from tokenize_mixer.command_line.subcommands import (
     run_parser,
 )
 
-logger = logging.getLogger("sftmix")
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
