@@ -35,23 +35,22 @@ def _init() -> None:
 
 def _warm(args: tuple) -> float:
     spec, ctx = args
-    from sftmix.tokenizing.slices import masker_for
 
-    masker_for(ctx)  # loads (and caches) the tokenizer in this worker
+    ctx.masker()  # loads (and caches) the tokenizer in this worker
     return time.time()
 
 
 def _limit(args: tuple) -> int:
     """The physical limit on the same rows: render each with the template, Rust ``encode_batch``."""
     from sftmix.sources.formats import conversation_from_row
-    from sftmix.tokenizing.slices import masker_for, rows_of
+    from sftmix.tokenizing.slices import rows_of
 
     spec, ctx = args
-    masker = masker_for(ctx)
+    masker = ctx.masker()
     rows = spec.row_list()
     tokens = 0
     for b in range(0, len(rows), ctx.batch_size):
-        raw = rows_of(spec, ctx.datasets_cache, rows[b : b + ctx.batch_size])
+        raw = rows_of(spec, ctx.output.datasets_cache, rows[b : b + ctx.batch_size])
         convs = [conversation_from_row(r, spec.row_format, spec.messages_key) for r in raw]
         texts = [masker.renderer.render(c.messages, c.tools, False) for c in convs]
         tokens += sum(len(e.ids) for e in masker.encode_batch(texts))
@@ -96,7 +95,8 @@ def main() -> None:
     reference = None
     base = limit_base = None
     for n in [int(x) for x in args.workers.split(",")]:
-        ctx = plan.context.model_copy(update={"work_dir": str(scratch / f"w{n}")})
+        output = plan.context.output.model_copy(update={"work_dir": str(scratch / f"w{n}")})
+        ctx = plan.context.model_copy(update={"output": output})
         t0 = time.perf_counter()
         with mp.get_context("spawn").Pool(n, initializer=_init) as pool:
             pool.map(_warm, [(plan.slices[0], ctx)] * n, chunksize=1)

@@ -125,7 +125,7 @@ def main() -> None:
     if args.memory:
         tracemalloc.start()
     plan = timed("plan", lambda: build_plan(mixer, RunOptions(work_dir=str(args.work_dir))), results, 1)
-    manifests = [read_manifest(plan.context.work_dir, s.key) for s in plan.slices]
+    manifests = [read_manifest(plan.context.output.work_dir, s.key) for s in plan.slices]
     missing = sum(m is None for m in manifests)
     if missing:
         sys.exit(f"{missing} of {len(manifests)} slices are not in {args.work_dir}: convert first")
@@ -149,7 +149,7 @@ def main() -> None:
             assert not differ, f"the output differs from {args.reference}: {differ}"
             print(f"same digests as {args.reference}", flush=True)
         recorded = Recorded(
-            token_dtype=plan.context.token_dtype, documents_file=str(Path(tmp) / "documents.npy")
+            token_dtype=plan.context.output.token_dtype, documents_file=str(Path(tmp) / "documents.npy")
         )
         timed(
             "check (no digests)",

@@ -15,7 +15,9 @@ def tokenized_rows(plan: Plan) -> Iterator[tuple[Any, np.ndarray | None, np.ndar
     """Each row of each slice, in plan order: its record (``row``, ``status``, ...), and a kept row's tokens
     and label mask (``None`` for a dropped one)."""
     for spec in plan.slices:
-        tokens, masks, records = load_slice_arrays(plan.context.work_dir, tokenize_slice(spec, plan.context))
+        tokens, masks, records = load_slice_arrays(
+            plan.context.output.work_dir, tokenize_slice(spec, plan.context)
+        )
         for r in records:
             if r["offset"] < 0:
                 yield r, None, None

@@ -232,7 +232,7 @@ def test_compressed_json_gives_the_tokens_of_the_plain_file(here):
             for s in plan.slices
         )
         manifests = [tokenize_slice(s, plan.context) for s in plan.slices]
-        arrays = [load_slice_arrays(plan.context.work_dir, m)[:2] for m in manifests]
+        arrays = [load_slice_arrays(plan.context.output.work_dir, m)[:2] for m in manifests]
         return [s.key for s in plan.slices], arrays
 
     keys, expected = slices(plain, "w-plain")

@@ -4,6 +4,7 @@ to date and existing slices are reused), and an option added with a declaration 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Annotated, Any, Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from sftmix.config.byte_settings import ChangesBytes, declaration, for_slices, keyed, recorded
+from sftmix.config.byte_settings import ChangesBytes, declaration, keyed, recorded
 from sftmix.config.command_flags import Flag, flags, with_flags
 from sftmix.config.config import REFERENCE_PART_BYTES, DatasetEntry, MixerConfig, OutputSpec, TokenizerSpec
 from sftmix.config.run_options import RunOptions
@@ -207,24 +208,45 @@ def test_convert_sets_every_flagged_setting():
         assert inner == (True if spec.boolean else 4096 if spec.whole_number else value), spec
 
 
-def test_the_slice_workers_are_handed_every_setting_their_slices_follow_from():
-    """``slices=True`` settings reach the workers by name (``for_slices`` into ``TokenizeContext``, the
-    masker's into its ``Masking``): each one needs a field there, or the workers would tokenize without it
-    while the slice keys hold it."""
-    from sftmix.tokenizing.masking import SETTINGS as MASKING
-    from sftmix.tokenizing.slices import TokenizeContext, workers_context
+def _named(holder: Any, name: str) -> list[Any]:
+    """The values held under ``name`` anywhere in ``holder`` (its pydantic models and dataclasses)."""
+    if isinstance(holder, BaseModel):
+        fields = {f: getattr(holder, f) for f in type(holder).model_fields}
+    elif dataclasses.is_dataclass(holder) and not isinstance(holder, type):
+        fields = {f.name: getattr(holder, f.name) for f in dataclasses.fields(holder)}
+    else:
+        return []
+    found = [value for field, value in fields.items() if field == name]
+    return found + [v for value in fields.values() for v in _named(value, name)]
 
-    handed = for_slices(_mixer(mask_thinking=True, literal_special_tokens="drop"))
-    fields = set(TokenizeContext.model_fields) | set(MASKING)
-    assert set(handed) <= fields, set(handed) - fields
-    assert handed["mask_thinking"] is True and handed["literal_special_tokens"] == "drop"
-    found = {
-        "tokenizer": "t",
-        "template_text": "",
-        "token_dtype": "uint32",
-        "work_dir": "w",
-        "datasets_cache": "c",
-    }
-    ctx = workers_context(handed, **found)
-    assert ctx.masking.policy.mask_thinking is True and ctx.literal_special_tokens == "drop"
-    assert set(keyed(_mixer())) <= set(handed)
+
+def test_the_slice_workers_are_handed_every_setting_their_slices_follow_from():
+    """Every ``slices=True`` setting reaches the workers in their context's specs (the tokenizer's, the
+    masker's, ...), once and under its own name: otherwise the workers would tokenize without it while the
+    slice keys hold it. Each is set away from its default, so a spec that forgot one would hold the default."""
+    from sftmix.tokenizing.slices import SliceOutput, TokenizeContext, WorkerTemplate, WorkerTokenizer
+    from sftmix.tokenizing.tokenizer import TokenizerKey
+
+    mixer = _mixer(
+        max_seq_length=100,
+        mask="all",
+        spans="exact",
+        drop_untrainable=False,
+        on_bad_row="skip",
+        mask_thinking=True,
+        mask_tool_calls=True,
+        mask_tool_outputs=True,
+        literal_special_tokens="drop",
+    )
+    handed = keyed(mixer)
+    declared = {n for n, i in MixerConfig.model_fields.items() if (d := declaration(i)) and d.slices}
+    declared |= {n for n, i in TokenizerSpec.model_fields.items() if (d := declaration(i)) and d.slices}
+    assert set(handed) == declared  # (every slice setting is away from its default here)
+    ctx = TokenizeContext.of(
+        mixer,
+        WorkerTokenizer.of(mixer.tokenizer, TokenizerKey.of("tok", None), None),
+        WorkerTemplate(text=""),
+        SliceOutput(work_dir="w", datasets_cache="c", token_dtype="uint32"),
+    )
+    for name, value in handed.items():
+        assert _named(ctx, name) == [value], name

@@ -774,9 +774,9 @@ def test_encoder_fast_refuses_before_work_and_auto_falls_back(tmp_path, caplog):
     ):
         plan("fast")
     with caplog.at_level("INFO", logger="sftmix.planning"):
-        assert plan("auto").context.encoder == "hf"
+        assert plan("auto").context.tokenizer.encoder == "hf"
     assert "the fast encoder is not used: it has a normalizer" in caplog.text
-    assert plan("hf").context.encoder == "hf"
+    assert plan("hf").context.tokenizer.encoder == "hf"
 
 
 @pytest.mark.full
@@ -878,7 +878,7 @@ def _plan_of_chats(tmp_path: Path, tokenizer: Path, user: str, assistant: str):
 
 
 def test_the_default_run_on_llama3_uses_the_fast_encoder(tmp_path):
-    assert _plan_of_chats(tmp_path, llama3_dir(), "q{i} é 😀", "a{i}").context.encoder == "fast"
+    assert _plan_of_chats(tmp_path, llama3_dir(), "q{i} é 😀", "a{i}").context.tokenizer.encoder == "fast"
 
 
 @pytest.mark.parametrize("name", ["deepseek-v3", pytest.param("gemma3", marks=pytest.mark.full)])
@@ -887,7 +887,9 @@ def test_the_default_run_on_deepseek_v3_and_gemma3_uses_the_fast_encoder(tmp_pat
     run's sample rows."""
     pytest.importorskip("fastokens")
     folder = deepseek_v3_dir() if name == "deepseek-v3" else gemma3_dir()
-    assert _plan_of_chats(tmp_path, folder, "q{i} 漢字 123456 é 😀", " a{i}").context.encoder == "fast"
+    assert (
+        _plan_of_chats(tmp_path, folder, "q{i} 漢字 123456 é 😀", " a{i}").context.tokenizer.encoder == "fast"
+    )
 
 
 def test_the_default_run_on_a_sentencepiece_tokenizer_uses_the_fast_encoder(tmp_path):
@@ -897,8 +899,8 @@ def test_the_default_run_on_a_sentencepiece_tokenizer_uses_the_fast_encoder(tmp_
     from sftmix.tokenizing import tokenizer as tk_module
 
     plan = _plan_of_chats(tmp_path, mistral_sp_dir(), "q{i} é 😀 ▁", " a{i}")
-    assert plan.context.encoder == "fast"
-    loaded = tk_module.load_worker_tokenizer.__wrapped__(plan.context.tokenizer_file)  # a worker's own
+    assert plan.context.tokenizer.encoder == "fast"
+    loaded = tk_module.load_worker_tokenizer.__wrapped__(plan.context.tokenizer.file)  # a worker's own
     assert loaded.vocab is None and loaded.fast.metaspace == "first"
     fast = FastEncoder(loaded.rust, loaded.fast, loaded.vocab, None, loaded.backend_json)
     rust, _ = encoders("mistral-v3")
@@ -1045,7 +1047,7 @@ def test_a_run_passes_over_an_engine_that_cannot_take_its_tokenizer(
     worker_encoding.cache_clear()
     folder = llama3_dir() if name == "llama3" else deepseek_v3_dir()
     with caplog.at_level("INFO", logger="sftmix.planning"):
-        assert _plan_of_chats(tmp_path, folder, "q{i} é", " a{i}").context.encoder == expected
+        assert _plan_of_chats(tmp_path, folder, "q{i} é", " a{i}").context.tokenizer.encoder == expected
     worker_encoding.cache_clear()
     if expected == "fast":
         assert "encoder: fastokens cannot take this tokenizer (ValueError" in caplog.text
@@ -1074,11 +1076,11 @@ def test_a_worker_that_cannot_build_the_proven_encoder_says_so(tmp_path, monkeyp
     from sftmix.tokenizing.slices import worker_encoding
 
     plan = _plan_of_chats(tmp_path, deepseek_v3_dir(), "q{i} 123", " a{i}")
-    assert plan.context.encoder == "fast"
+    assert plan.context.tokenizer.encoder == "fast"
     monkeypatch.setattr(module, "_fastokens_from", _cannot_take)
     worker_encoding.cache_clear()
     with pytest.raises(
         ConfigError, match="the fast encoder the plan proved cannot be built here: fastokens cannot"
     ):
-        worker_encoding(str(deepseek_v3_dir()), None, plan.context.tokenizer_file, "fast", "auto")
+        worker_encoding(str(deepseek_v3_dir()), None, plan.context.tokenizer.file, "fast", "auto")
     worker_encoding.cache_clear()

@@ -495,5 +495,5 @@ def test_token_ids_that_do_not_fit_the_dtype_fail_loudly(tmp_path):
         tokenize_slice(plan.slices[0], plan.context)
     fixed = m.model_copy(update={"output": m.output.model_copy(update={"token_dtype_rule": "largest_id"})})
     plan = build_plan(fixed, RunOptions(work_dir=str(tmp_path / "w2")))
-    assert plan.context.token_dtype == "uint32"
+    assert plan.context.output.token_dtype == "uint32"
     assert tokenize_slice(plan.slices[0], plan.context).kept == 2

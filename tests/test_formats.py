@@ -47,7 +47,7 @@ def tokenize(tmp_path: Path, entry: DatasetEntry) -> tuple[np.ndarray, np.ndarra
     )
     plan = build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work")))
     manifests = [tokenize_slice(s, plan.context) for s in plan.slices]
-    arrays = [load_slice_arrays(plan.context.work_dir, m) for m in manifests]
+    arrays = [load_slice_arrays(plan.context.output.work_dir, m) for m in manifests]
     tokens = np.concatenate([np.asarray(a[0]) for a in arrays])
     mask = np.concatenate([np.asarray(a[1]) for a in arrays])
     return tokens, mask, sum(m.rows for m in manifests)

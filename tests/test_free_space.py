@@ -55,7 +55,7 @@ def test_a_short_disk_is_refused_with_the_numbers(tmp_path, monkeypatch):
 def test_two_disks_are_counted_apart(tmp_path, monkeypatch):
     """Slices on the work directory's disk, the output on its own: each is held against its own free space."""
     plan = build_plan(_mixer(tmp_path), RunOptions(work_dir=str(tmp_path / "work"), slice_rows=50))
-    work = Path(plan.context.work_dir)
+    work = Path(plan.context.output.work_dir)
     slices_need = free_space.slices_to_make(plan)
     assert len(slices_need) == 4
 

@@ -168,7 +168,8 @@ def test_an_object_is_read_by_batch_or_row_group_not_converted_whole(gcs, prefec
     prefix = "parquet-row-groups:" if suffix == ".parquet" else "jsonl-batches:"
     assert plan.datasets[0].fingerprint.startswith(prefix)
     first = plan.slices[plan.datasets[0].slices[0]]
-    elsewhere = plan.context.model_copy(update={"remote_work_dir": f"gs://work/{uuid.uuid4().hex[:8]}"})
+    moved = plan.context.output.model_copy(update={"remote_work_dir": f"gs://work/{uuid.uuid4().hex[:8]}"})
+    elsewhere = plan.context.model_copy(update={"output": moved})
     if suffix == ".jsonl":
         assert isinstance(first.source, JsonlSource) and first.source.path == pinned
         assert on_this_machine(elsewhere, first)[1].source == first.source  # read in place anywhere

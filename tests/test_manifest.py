@@ -59,6 +59,6 @@ def test_a_slice_writes_its_manifest_flat_in_the_order_it_always_had(golden_dir,
     )
     plan = build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work"), slice_rows=100_000))
     manifest = tokenize_slice(plan.slices[0], plan.context)
-    text = (slice_dir(plan.context.work_dir, manifest.key) / MANIFEST).read_text(encoding="utf-8")
+    text = (slice_dir(plan.context.output.work_dir, manifest.key) / MANIFEST).read_text(encoding="utf-8")
     assert list(json.loads(text)) == list(WRITTEN_FLAT)
     assert SliceManifest.model_validate_json(text) == manifest

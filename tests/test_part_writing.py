@@ -91,7 +91,7 @@ def test_a_dataset_of_more_slices_than_open_files_allowed_is_assembled(prefect_a
         }
     )
     plan = build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work"), runner="thread", slice_rows=1))
-    manifests = [read_manifest(plan.context.work_dir, s.key) for s in plan.slices]
+    manifests = [read_manifest(plan.context.output.work_dir, s.key) for s in plan.slices]
     assert len(manifests) == 300 and all(m is not None for m in manifests)
     staging = tmp_path / "again"
     staging.mkdir()
@@ -166,18 +166,18 @@ def test_the_check_that_follows_the_writers_finds_what_a_check_after_them_finds(
         }
     )
     plan = build_plan(mixer, RunOptions(work_dir=str(tmp_path / "work"), runner="thread", slice_rows=16))
-    manifests = [read_manifest(plan.context.work_dir, s.key) for s in plan.slices]
+    manifests = [read_manifest(plan.context.output.work_dir, s.key) for s in plan.slices]
     monkeypatch.setattr(sftmix.assembly.assemble, "ASSEMBLE_BY", "window")
     monkeypatch.setattr(sftmix.assembly.assemble, "WINDOW", 97)
     monkeypatch.setattr(sftmix.check.parts, "CHUNK", 61)
-    after = check_output(out, 4096, recorded=Recorded(token_dtype=plan.context.token_dtype))
+    after = check_output(out, 4096, recorded=Recorded(token_dtype=plan.context.output.token_dtype))
     assert after.findings  # the literal special token, trained mid-answer
     for processes_from in (1 << 40, 1):  # threads, then worker processes
         monkeypatch.setattr(sftmix.assembly.assemble, "PROCESSES_FROM_TOKENS", processes_from)
         staging = tmp_path / f"staging-{processes_from}"
         staging.mkdir()
         follow = functools.partial(
-            check_output, staging, 4096, recorded=Recorded(token_dtype=plan.context.token_dtype)
+            check_output, staging, 4096, recorded=Recorded(token_dtype=plan.context.output.token_dtype)
         )
         result = assemble(plan, manifests, staging, tmp_path / "documents.npy", follow)  # type: ignore[arg-type]
         checked = result.checked

@@ -276,7 +276,7 @@ def our_renderer(plan: Plan, folder: Path, load: str) -> ChatRenderer:
     from sftmix.tokenizing.tokenizer import TokenizerKey, load_hf_tokenizer, special_tokens
 
     key = TokenizerKey.of(str(folder), None, load=load)
-    return ChatRenderer(plan.context.template_text, special_tokens(load_hf_tokenizer(key)))
+    return ChatRenderer(plan.context.template.text, special_tokens(load_hf_tokenizer(key)))
 
 
 @pytest.mark.parametrize(("name", "template"), CASES, ids=[f"{n}-{t}" for n, t in CASES])
@@ -295,7 +295,7 @@ def test_ids_masks_and_drops_are_the_reference_environments(oracle, tmp_path, na
     assert set(kept) | set(dropped) == set(range(len(chats)))
 
     renderer = our_renderer(plan, folder, "reference")
-    assert plan.context.template_text == facts["chat_template"]
+    assert plan.context.template.text == facts["chat_template"]
     fallbacks = 0
     for r, (chat, row) in enumerate(zip(chats, facts["rows"], strict=True)):
         messages = chat["messages"]

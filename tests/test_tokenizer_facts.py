@@ -145,7 +145,7 @@ from sftmix.config.run_options import RunOptions
 from sftmix.planning.plan import build_plan
 rf = load_run_file(sys.argv[1])
 plan = build_plan(rf.mixer, RunOptions(work_dir=sys.argv[2]))
-print(plan.context.encoder, *sorted(m for m in ("transformers", "datasets", "pandas") if m in sys.modules))
+print(plan.context.tokenizer.encoder, *sorted(m for m in ("transformers", "datasets", "pandas") if m in sys.modules))
 """
 
 

@@ -156,13 +156,13 @@ def test_a_plan_warns_before_work_and_load_files_tokenizes_as_the_files_say(tmp_
     assert "--tokenizer_load files" in note
     assert [r.getMessage() for r in caplog.records].count(note) <= 1
     files = plan("files")
-    assert files.tokenizer_load_note is None and files.context.tokenizer_load == "files"
+    assert files.tokenizer_load_note is None and files.context.tokenizer.load == "files"
     assert files.tokenizer_fingerprint != reference.tokenizer_fingerprint  # (other slices)
     own = Tokenizer.from_file(str(folder / "tokenizer.json"))
     from sftmix.tokenizing.templates import ChatRenderer
 
     facts = tokenizer_facts(TokenizerKey.of(str(folder), None, "files"))
-    renderer = ChatRenderer(files.context.template_text, facts.special_tokens)
+    renderer = ChatRenderer(files.context.template.text, facts.special_tokens)
     texts = [
         renderer.render(json.loads(line)["messages"], None, False) for line in rows.read_text().splitlines()
     ]

@@ -132,7 +132,7 @@ def _assemble(
     started = time.perf_counter()
     docs, tallies = global_order(plan, manifests)
     table = DocumentTable.of(docs)
-    dtype = np.dtype(plan.context.token_dtype)
+    dtype = np.dtype(plan.context.output.token_dtype)
     spec = plan.mixer.output
     layout = part_layout(spec.parts, spec.part_bytes, dtype, table.ends)
     olmo = spec.format == "olmo"
@@ -224,7 +224,7 @@ def _beside_the_parts(
     steps = (
         lambda: write_boundaries(at.path, table.starts, table.ends, at.layout, lineage),
         lambda: write_tokenizer_dir(
-            plan.context.tokenizer_key(), plan.context.template_text, at.path / "tokenizer"
+            plan.context.tokenizer.key(), plan.context.template.text, at.path / "tokenizer"
         ),
         lambda: _write_documents(at.documents_path, docs, table.starts),
     )
@@ -257,8 +257,8 @@ class _PartWriting:
     sync: SyncBehind
 
     def __post_init__(self) -> None:
-        self.dtype = np.dtype(self.plan.context.token_dtype)
-        self.slice_dirs = [str(slice_dir(self.plan.context.work_dir, m.key)) for m in self.manifests]
+        self.dtype = np.dtype(self.plan.context.output.token_dtype)
+        self.slice_dirs = [str(slice_dir(self.plan.context.output.work_dir, m.key)) for m in self.manifests]
         self.part_files = [
             (str(self.at.path / TOKENS_PART.format(k)), str(self.at.path / MASK_PART.format(k)))
             for k in range(len(self.at.layout))

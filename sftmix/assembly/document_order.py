@@ -59,7 +59,7 @@ def _dataset_documents(
     a file descriptor: a dataset may have tens of thousands of slices)."""
 
     def records(k: int) -> np.ndarray:
-        return load_slice_rows(plan.context.work_dir, manifests[d.slices[k]])
+        return load_slice_rows(plan.context.output.work_dir, manifests[d.slices[k]])
 
     budget = d.amount if isinstance(d.amount, TokenBudget) else None
     rows, statuses, counts, cut = [], [], [], []
@@ -69,7 +69,7 @@ def _dataset_documents(
         statuses.append(np.array(r["status"], dtype=np.int8))
         if budget is not None:  # (what a token budget counts, row by row)
             counts.append(np.array(r["trainable" if budget.trainable else "length"], dtype=np.int64))
-        cut.append(load_over_length(plan.context.work_dir, manifests[d.slices[k]]))
+        cut.append(load_over_length(plan.context.output.work_dir, manifests[d.slices[k]]))
         del r
     first = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum([r.shape[0] for r in rows], out=first[1:])
@@ -77,8 +77,8 @@ def _dataset_documents(
     status = np.concatenate(statuses) if statuses else np.zeros(0, np.int8)
     del rows, statuses
     over = OverLength.of(list(zip(first[:-1].tolist(), cut, strict=True)))
-    strategy, filtered = plan.mixer.over_length_strategy, plan.mixer.drop_untrainable
-    drop_rows(status, over, strategy, filtered)
+    strategy = plan.mixer.over_length_strategy
+    drop_rows(status, over, strategy, plan.context.masking)
     if budget is None:
         sel = selection_indices(d.n_rows, d.target)
     else:
@@ -97,7 +97,7 @@ def _dataset_documents(
     tally = _tally_of(plan, d, pos, chosen, over)
     del pos, chosen
     docs = _kept_documents(d, kept, first, records)
-    docs["edit"] = edits(kept, over, strategy, filtered)
+    docs["edit"] = edits(kept, over, strategy, plan.context.masking)
     docs["trainable"][docs["edit"] == UNMASKED] = 0
     if budget is not None:
         made = int(docs["trainable" if budget.trainable else "length"].sum())
@@ -115,8 +115,7 @@ def _tally_of(
         tally.dropped[DROP_REASONS[RowStatus(int(code))]] += int(count)
     mixer = plan.mixer
     if mixer.max_seq_length is not None:
-        strategy, filtered = mixer.over_length_strategy, mixer.drop_untrainable
-        tally.over_length = outcome_line(d.name, pos, over, strategy, filtered, mixer.max_seq_length)
+        tally.over_length = outcome_line(d.name, pos, over, mixer.over_length_strategy, plan.context.masking)
     if tally.kept == 0:
         raise DatasetError(
             d.name,

@@ -27,7 +27,7 @@ from sftmix.output.report import (
 from sftmix.planning.plan import Plan
 from sftmix.planning.span_losses import span_loss_line
 from sftmix.tokenizing.row_status import DROP_REASONS, RowStatus
-from sftmix.tokenizing.slices import SliceManifest, literal_report
+from sftmix.tokenizing.slices import SliceManifest
 from sftmix.tokenizing.unrendered import counted_lines
 
 #: Examples of dropped rows a report keeps.
@@ -76,12 +76,12 @@ def check_for(
     if run.check == "off" or plan.mixer.output.format != "olmo":
         return None
     recorded = Recorded(
-        token_dtype=plan.context.token_dtype,
+        token_dtype=plan.context.output.token_dtype,
         template=drift,
         documents_file=str(documents),
         dataset_names=[d.name for d in plan.datasets],
         unrendered=plan.unrendered,
-        literal=literal_report(plan.context, outcome.manifests),
+        literal=plan.context.tokenizer.literal_report(outcome.manifests),
         tokenizer_load_note=plan.tokenizer_load_note or "",
         # strict refuses an output with findings, unpublished: its document numbers open nothing
         published=run.check != "strict",
@@ -123,7 +123,7 @@ def run_report(
             trainable_tokens=result.trainable_tokens,
             parts=result.parts,
             whole_document_parts=plan.mixer.output.parts == "whole_documents",
-            token_dtype=plan.context.token_dtype,
+            token_dtype=plan.context.output.token_dtype,
             digests=digests,
             documents_file=result.documents_path,
         ),
@@ -143,9 +143,9 @@ def run_report(
             warnings=plan.warnings,
             unrendered=plan.unrendered,
             unrendered_rows=_unrendered_rows(plan, manifests),
-            tokenizer_load=plan.context.tokenizer_load,
+            tokenizer_load=plan.context.tokenizer.load,
             tokenizer_load_note=plan.tokenizer_load_note,
-            literal=literal_report(plan.context, manifests),
+            literal=plan.context.tokenizer.literal_report(manifests),
         ),
         validation=validation,
     )

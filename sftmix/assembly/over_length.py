@@ -8,8 +8,8 @@ tokenizes nothing again:
 - ``keep``: as the reference, the row keeps its cut end, trained on, without EOS;
 - ``terminate``: where the last kept token is trainable, its id becomes EOS and stays trainable; a cut in
   text that is not trained on (a later user turn) is left as it is;
-- ``drop``: the row is masked whole, so ``drop_untrainable`` (the reference's ``sft_tulu_filter_v1``) removes
-  it; without that filter it is kept with nothing trained on, as the reference keeps untrainable rows.
+- ``drop``: the row is masked whole, so the reference's filter of untrainable rows (``sft_tulu_filter_v1``)
+  removes it; without that filter it is kept with nothing trained on, as the reference keeps such rows.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sftmix.tokenizing.masking import Masking
 from sftmix.tokenizing.row_status import RowStatus
 
 #: A document's change at writing (``DOCUMENT_DTYPE``'s ``edit``): none, its last token becomes EOS, or
@@ -52,35 +53,34 @@ class OverLength:
         return self.rows[:0]
 
 
-def drop_rows(status: np.ndarray, over: OverLength, strategy: str, drop_untrainable: bool) -> None:
+def drop_rows(status: np.ndarray, over: OverLength, strategy: str, masking: Masking) -> None:
     """``drop`` with the filter on: the cut rows are dropped (their status, a copy of the records', says so)."""
-    if strategy == "drop" and drop_untrainable:
+    if masking.drops_masked_whole(strategy):
         cut = over.rows[status[over.rows] == RowStatus.KEPT]
         status[cut] = RowStatus.OVER_LENGTH
 
 
-def edits(kept: np.ndarray, over: OverLength, strategy: str, drop_untrainable: bool) -> np.ndarray:
+def edits(kept: np.ndarray, over: OverLength, strategy: str, masking: Masking) -> np.ndarray:
     """Each kept row's change at writing (:data:`UNCHANGED`, :data:`TERMINATED`, :data:`UNMASKED`)."""
     out = np.zeros(kept.shape[0], np.int8)
     changed = over.edited(strategy)
-    if changed.size and not (strategy == "drop" and drop_untrainable):
+    if changed.size and not masking.drops_masked_whole(strategy):
         out[np.isin(kept, changed)] = TERMINATED if strategy == "terminate" else UNMASKED
     return out
 
 
 def outcome_line(
-    name: str, selected: np.ndarray, over: OverLength, strategy: str, drop_untrainable: bool, max_len: int
+    name: str, selected: np.ndarray, over: OverLength, strategy: str, masking: Masking
 ) -> str | None:
-    """What became of the dataset's selected rows longer than ``max_len``, in the summary's words (``None``
+    """What became of the dataset's selected rows longer than ``max_seq_length``, in the summary's words (``None``
     where there are none). ``selected``: positions among the row records, a row once per time it is taken."""
     cut = np.isin(selected, over.rows)
     n = int(cut.sum())
     if not n:
         return None
-    head = f"{name}: {n:,} rows longer than max_seq_length {max_len}"
+    head = f"{name}: {n:,} rows longer than max_seq_length {masking.max_seq_length}"
     if strategy == "drop":
-        fate = "dropped" if drop_untrainable else "kept with nothing trained on (drop_untrainable is off)"
-        return f"{head}: {n:,} {fate} (over_length_strategy drop)"
+        return f"{head}: {n:,} {masking.untrained_fate()} (over_length_strategy drop)"
     ended = int(np.isin(selected[cut], over.rows[over.trainable_end]).sum())  # (cut in trained text)
     if strategy == "keep":
         return (

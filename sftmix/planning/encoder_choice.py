@@ -12,7 +12,6 @@ from sftmix.tokenizing.encoders import same_encodings
 from sftmix.tokenizing.fast_analysis import Unproven
 from sftmix.tokenizing.slices import (
     TokenizeContext,
-    encoding_for,
 )
 from sftmix.tokenizing.tokenizer import (
     TokenizerKey,
@@ -30,7 +29,7 @@ def choose_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, 
     instead."""
     if spec.encoder == "hf":
         return "hf"
-    asked = (tk, ctx.tokenizer_file, spec.encoder, digest(texts))
+    asked = (tk, ctx.tokenizer.file, spec.encoder, digest(texts))
     if asked not in _ENCODER_CHOSEN:  # the head start and the plan task ask the same question
         _ENCODER_CHOSEN[asked] = _prove_encoder(spec, tk, ctx, texts)
     return _ENCODER_CHOSEN[asked]
@@ -40,8 +39,8 @@ _ENCODER_CHOSEN: dict[tuple, str] = {}
 
 
 def _prove_encoder(spec: TokenizerSpec, tk: TokenizerKey, ctx: TokenizeContext, texts: list[str]) -> str:
-    assert ctx.tokenizer_file is not None  # build_plan writes the workers' copy, with the proof
-    found = load_worker_tokenizer(ctx.tokenizer_file).fast
+    assert ctx.tokenizer.file is not None  # build_plan writes the workers' copy, with the proof
+    found = load_worker_tokenizer(ctx.tokenizer.file).fast
     problem = found if isinstance(found, str) else None
     if problem is None:
         problem, engine = _try_fast(ctx, texts)
@@ -75,7 +74,7 @@ def _try_fast(ctx: TokenizeContext, texts: list[str]) -> tuple[str | None, str]:
     """(why the fast encoder is not used, or None; the engine it takes): an engine that cannot build the
     encoder, or fails on a sample row, is passed over with its reason, never an error of the run."""
     try:
-        encoding = encoding_for(ctx, "fast")
+        encoding = ctx.tokenizer.build("fast")
         assert encoding.fast is not None
         differ = same_encodings(encoding.rust, encoding.fast, texts)
     except MixerError as exc:

@@ -47,9 +47,11 @@ def free_bytes(path: Path) -> tuple[int, int]:
 
 def slices_to_make(plan: Plan) -> list[SliceSpec]:
     """The slices without a finished checkpoint in the local work directory (its manifest is written last)."""
-    if plan.context.remote_work_dir is not None:
+    if plan.context.output.remote_work_dir is not None:
         return []  # (their files go to the remote work directory)
-    return [s for s in plan.slices if not (slice_dir(plan.context.work_dir, s.key) / MANIFEST).exists()]
+    return [
+        s for s in plan.slices if not (slice_dir(plan.context.output.work_dir, s.key) / MANIFEST).exists()
+    ]
 
 
 def refuse_short_disk(plan: Plan) -> None:
@@ -57,9 +59,9 @@ def refuse_short_disk(plan: Plan) -> None:
     (unless ``TOKENIZE_MIXER_DISK_CHECK`` is off)."""
     if settings.DISK_CHECK.get() == "off":
         return
-    per_token = np.dtype(plan.context.token_dtype).itemsize + 1
+    per_token = np.dtype(plan.context.output.token_dtype).itemsize + 1
     per_row = {d.index: d.tokens_per_row for d in plan.datasets}
-    work = Path(plan.context.work_dir)
+    work = Path(plan.context.output.work_dir)
     disks: dict[int, _Disk] = {}
 
     def disk(path: Path) -> _Disk:

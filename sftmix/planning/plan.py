@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
-from sftmix.config.byte_settings import for_slices, keyed
+from sftmix.config.byte_settings import keyed
 from sftmix.config.config import DatasetEntry, MixerConfig, TokenizerSpec
 from sftmix.config.run_options import RunOptions, default_work_dir, local_mirror
 from sftmix.config.selection import TokenBudget, large_upsample_warning
@@ -41,10 +41,11 @@ from sftmix.sources.registry import READERS, WHOLE
 from sftmix.sources.whole.arrow import release_mapped_data
 from sftmix.tokenizing.slices import (
     SLICE_FORMAT_VERSION,
+    SliceOutput,
     SliceSpec,
     TokenizeContext,
-    trainable_per_row,
-    workers_context,
+    WorkerTemplate,
+    WorkerTokenizer,
 )
 from sftmix.tokenizing.templates import (
     ChatRenderer,
@@ -99,13 +100,13 @@ class Plan(BaseModel):
             "data": [d.fingerprint for d in self.datasets],
             "tokenizer": self.tokenizer_fingerprint,
             "template": self.template_sha256,
-            "token_dtype": self.context.token_dtype,
+            "token_dtype": self.context.output.token_dtype,
         }
 
     def size_line(self) -> str:
         """What the run will make, estimated from the sampled rows: tokens, and bytes of slices (each
         row once) and of output (each selected row; tokens and masks)."""
-        per_token = np.dtype(self.context.token_dtype).itemsize + 1
+        per_token = np.dtype(self.context.output.token_dtype).itemsize + 1
         tokens = sum(d.estimated_tokens() for d in self.datasets)
         distinct = sum(d.estimated_tokens(distinct=True) for d in self.datasets)
         rows = sum(d.target for d in self.datasets)
@@ -135,9 +136,9 @@ class Plan(BaseModel):
             f"tokenizer   {m.tokenizer.name_or_path} (fingerprint {self.tokenizer_fingerprint[:12]})",
             f"template    {m.tokenizer.chat_template or '(tokenizer)'} -> {self.template_source} "
             f"(sha256 {self.template_sha256[:12]})",
-            f"max length  {m.max_seq_length}; token dtype {self.context.token_dtype}; shuffle seed {m.shuffle_seed}"
+            f"max length  {m.max_seq_length}; token dtype {self.context.output.token_dtype}; shuffle seed {m.shuffle_seed}"
             + (f"; first {m.num_examples} rows" if m.num_examples else ""),
-            f"work dir    {self.context.remote_work_dir or self.context.work_dir}",
+            f"work dir    {self.context.output.remote_work_dir or self.context.output.work_dir}",
             f"output      {m.output.path}",
             "",
             f"{'#':>3}  {'dataset':<40} {'split':<8} {'amount':>{wide}} {'rows':>9} {'selected':>9} {'slices':>6}",
@@ -259,19 +260,16 @@ def _context(
     remote: str | None,
 ) -> TokenizeContext:
     """What every slice of the run shares (the workers' copy of the tokenizer written once, here)."""
-    return workers_context(
-        for_slices(mixer),
-        tokenizer=tk.name_or_path,
-        tokenizer_revision=tk.revision,
-        tokenizer_load=tk.load,
-        tokenizer_file=worker_tokenizer_file(tk, work_dir / "tokenizers"),
-        template_text=template.text,
-        token_dtype=dtype,
+    tokenizer = WorkerTokenizer.of(mixer.tokenizer, tk, worker_tokenizer_file(tk, work_dir / "tokenizers"))
+    output = SliceOutput(
         work_dir=str(work_dir),
         remote_work_dir=remote,
         datasets_cache=str(work_dir / "datasets-cache"),
-        template_source=template.source,
+        token_dtype=dtype,
         over_length_recorded=mixer.over_length_strategy != "keep" and mixer.max_seq_length is not None,
+    )
+    return TokenizeContext.of(
+        mixer, tokenizer, WorkerTemplate(text=template.text, source=template.source), output
     )
 
 
@@ -306,7 +304,10 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     rendered = [rendered_samples(renderer, d, slicing) for d in opened]  # the sample rows, rendered once
     texts = [text for texts in rendered for text in texts]
     load_note = tokenizer_load_note(tk, facts, ctx, texts)
-    ctx.encoder = choose_encoder(mixer.tokenizer, tk, ctx, texts)
+    encoder = choose_encoder(mixer.tokenizer, tk, ctx, texts)
+    ctx.tokenizer = ctx.tokenizer.model_copy(
+        update={"encoder": encoder}
+    )  # (the same context: the head start's)
     tokens_per_row = sampled_tokens_per_row(ctx, rendered, mixer.max_seq_length)
     data_bytes = sum(d.nbytes for d in opened)
     at.slice_bytes, at.cut_batches = slice_bytes_for(run, data_bytes), cuts_batches(run, data_bytes)
@@ -403,7 +404,7 @@ def _estimate_budgets(
         per_row = d.tokens_per_row
         if d.amount.trainable:
             samples = [conv for _, conv in opened[d.index].samples]
-            per_row = trainable_per_row(ctx, samples) or per_row
+            per_row = ctx.trainable_per_row(samples) or per_row
         rows = math.ceil(d.amount.tokens / per_row) if per_row > 0 else d.n_rows
         d.target = max(1, rows if d.max_repeats is None else min(rows, int(d.max_repeats * d.n_rows)))
     for d in budgets:

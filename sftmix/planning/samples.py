@@ -21,7 +21,6 @@ from sftmix.tokenizing.slices import (
     SliceSpec,
     TokenizeContext,
     bad_row_error,
-    encoding_for,
     rows_of,
 )
 from sftmix.tokenizing.templates import (
@@ -76,7 +75,7 @@ def tokenizer_load_note(
     of this run's sample rows (``texts``, rendered): the warning (said once per process), else ``None``."""
     if not facts.load_changes:
         return None
-    workers = encoding_for(ctx, "hf")  # the reference's build, as the workers load it (unless renamed)
+    workers = ctx.tokenizer.build("hf")  # the reference's build, as the workers load it (unless renamed)
     changed = ids_changed(tk, texts, workers.rust if workers.renaming is None else None)
     note = reference_note(tk.name_or_path, facts.tokenizer_class, facts.load_changes, changed, len(texts))
     if note not in _SAID:
@@ -94,7 +93,7 @@ def sampled_tokens_per_row(
     """Each dataset's sampled rows' tokens on average, cut at the max length, and the share of them longer
     than it: the plan's estimates (the rows a run drops, and what a mask leaves out, are not known before
     the work)."""
-    rust = encoding_for(ctx).rust
+    rust = ctx.tokenizer.build().rust
     found = []
     for texts in rendered:
         lengths = [len(e.ids) for e in rust.encode_batch(texts, add_special_tokens=False)] if texts else []
@@ -119,7 +118,7 @@ def rendered_samples(renderer: ChatRenderer, dataset: Opened, slicing: Slicing) 
     if not failed:
         return texts
     row, reason, ctx = *failed[0], slicing.ctx
-    if ctx.on_bad_row == "error" and ctx.literal_special_tokens != "drop":
+    if ctx.on_bad_row == "error" and not ctx.tokenizer.may_drop_spelled:
         raise bad_row_error(slicing.sample(dataset), row, f"{reason}{REFUSED_SAMPLE}")
     warning = (
         f"{dataset.entry.path}: the chat template fails on {len(failed)} of {len(dataset.samples)} sampled rows "

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from sftmix.sources.reading import DatasetPlan, Opened
 from sftmix.tokenizing.row_status import RowStatus
-from sftmix.tokenizing.slices import TokenizeContext, masked_samples
+from sftmix.tokenizing.slices import TokenizeContext
 
 logger = logging.getLogger(__name__)
 
@@ -34,14 +34,14 @@ def span_losses(datasets: Sequence[DatasetPlan], opened: Sequence[Opened], ctx: 
         return  # (no span check: exact spans, or masks that need no prefix renders)
     for d in datasets:
         dataset = opened[d.index]
-        rows = masked_samples(ctx, [conv for _, conv in dataset.samples])
+        rows = ctx.masked_samples([conv for _, conv in dataset.samples])
         if not rows:
             continue
         failed = [r.detail or "" for r in rows if r.status == RowStatus.SPAN_UNVERIFIED]
         if len(failed) < SPAN_LOSS_SHARE * len(rows):
             continue
         common = Counter(failed).most_common(1)[0][0]
-        fate = "drop" if ctx.masking.drop_untrainable else "leave untrained"
+        fate = ctx.masking.untrained_fate(verb=True)
         warning = (
             f"{dataset.entry.path}: the reference's span check will {fate} ~{len(failed) / len(rows):.0%} of its "
             f"rows ({len(failed)} of {len(rows)} sampled rows, most often: {common}), which changes what is "

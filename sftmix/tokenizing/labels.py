@@ -118,7 +118,7 @@ class LabelMasker:
         self.spans = masking.spans
         self.policy = masking.policy
         # rows that will be dropped need no tokens; with exact spans any row may be kept
-        self.skip_untrainable = masking.drop_untrainable and masking.spans != "exact"
+        self.skip_untrainable = masking.skips_untrainable()
         self.drop_early = drop_early
         self.prefixes = PrefixRenders(renderer.render, store=skeletons)
         self.encoder = PrefixEncoder(encoding.encode_batch, encoding.boundaries)

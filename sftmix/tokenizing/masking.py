@@ -5,13 +5,13 @@ how a policy is applied to a batch's masked rows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from sftmix.config.config import MixerConfig
 from sftmix.sources.formats import Conversation
 from sftmix.tokenizing.prefix_renders import common_prefix_length
-from sftmix.tokenizing.row_status import RowStatus, TokenizedRow
+from sftmix.tokenizing.row_status import UNTRAINABLE, RowStatus, TokenizedRow
 from sftmix.tokenizing.segments import Encoded
 from sftmix.tokenizing.templates import ChatRenderer
 
@@ -19,7 +19,8 @@ from sftmix.tokenizing.templates import ChatRenderer
 @dataclass(frozen=True)
 class Masking:
     """The mixer's settings a masker follows, by the mixer's own names (``sftmix.config.config.MixerConfig``:
-    ``max_seq_length``, ``mask``, ``spans``, ``drop_untrainable``, ``mask_thinking``, ...)."""
+    ``max_seq_length``, ``mask``, ``spans``, ``drop_untrainable``, ``mask_thinking``, ...), and what they
+    mean for a row the plan, the slices, assembly and the report ask about."""
 
     max_seq_length: int | None = None
     mask: str = "assistant"
@@ -28,30 +29,31 @@ class Masking:
     policy: MaskPolicy = field(default_factory=lambda: MaskPolicy())  # mask_thinking, ... (defined below)
 
     @classmethod
-    def of(cls, settings: Mapping[str, Any]) -> Masking:
-        """From the mixer's settings, each by its name (:func:`sftmix.config.byte_settings.for_slices`)."""
-        policy = MaskPolicy(
-            settings["mask_thinking"], settings["mask_tool_calls"], settings["mask_tool_outputs"]
-        )
-        return cls(
-            settings["max_seq_length"],
-            settings["mask"],
-            settings["spans"],
-            settings["drop_untrainable"],
-            policy,
-        )
+    def of(cls, mixer: MixerConfig) -> Masking:
+        """The mixer's settings, each under its own name."""
+        policy = MaskPolicy(mixer.mask_thinking, mixer.mask_tool_calls, mixer.mask_tool_outputs)
+        return cls(mixer.max_seq_length, mixer.mask, mixer.spans, mixer.drop_untrainable, policy)
 
+    def skips_untrainable(self) -> bool:
+        """Whether a row found to have nothing to train on is dropped before its tokens are counted
+        (the reference's filter; exact spans may keep what the reference's span check would not)."""
+        return self.drop_untrainable and self.spans != "exact"
 
-#: The mixer's settings a :class:`Masking` is made of: the workers' context holds them in its ``masking``.
-SETTINGS = (
-    "max_seq_length",
-    "mask",
-    "spans",
-    "drop_untrainable",
-    "mask_thinking",
-    "mask_tool_calls",
-    "mask_tool_outputs",
-)
+    def keeps_untrained(self, status: RowStatus) -> bool:
+        """Whether a row of ``status`` is kept with an all-zero mask (counted as such in the manifest)."""
+        return not self.drop_untrainable and status in UNTRAINABLE
+
+    def drops_masked_whole(self, over_length_strategy: str) -> bool:
+        """Whether an over-length row masked whole (``over_length_strategy: drop``) is dropped, not kept."""
+        return over_length_strategy == "drop" and self.drop_untrainable
+
+    def untrained_fate(self, verb: bool = False) -> str:
+        """What becomes of a row with nothing to train on, in a summary's words (``verb``: a warning's)."""
+        if verb:
+            return "drop" if self.drop_untrainable else "leave untrained"
+        return (
+            "dropped" if self.drop_untrainable else "kept with nothing trained on (drop_untrainable is off)"
+        )
 
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"

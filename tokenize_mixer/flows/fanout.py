@@ -351,7 +351,7 @@ def run_slice_specs(specs: list[SliceSpec], ctx: TokenizeContext, run: RunOption
         specs,
         started_at=head.started_at if head is not None else None,
         head_start=head is not None,
-        work_dir=None if ctx.remote_work_dir is not None or run.force_recache else ctx.work_dir,
+        work_dir=None if ctx.output.remote_work_dir is not None or run.force_recache else ctx.output.work_dir,
     )
     # finished by an earlier run (one this command's head start finished gets its task run as it ends)
     earlier = {
@@ -464,11 +464,11 @@ def _untrustworthy(
     stale = []
     # Cached slices are distrusted until their files verify; with a remote work directory, a slice
     # computed on another machine is fetched here (its digests checked on the way).
-    checked = [s for s in specs if state.cached[s.index] or ctx.remote_work_dir is not None]
+    checked = [s for s in specs if state.cached[s.index] or ctx.output.remote_work_dir is not None]
     problems = verify_slices(
-        ctx.work_dir,
+        ctx.output.work_dir,
         [(manifests[s.index], state.cached[s.index]) for s in checked],  # type: ignore[misc]  # none failed (raised above): each has one
-        ctx.remote_work_dir,
+        ctx.output.remote_work_dir,
     )
     for spec, problem in zip(checked, problems, strict=True):
         problem = unrecorded_over_length(ctx, manifests[spec.index]) or problem  # type: ignore[arg-type]  # (as above)

@@ -59,7 +59,7 @@ def run_slices(plan: Plan, run: RunOptions) -> SliceOutcome:
 def _documents_path(plan: Plan) -> Path:
     ident = json.dumps([plan.mixer.model_dump(), [s.key for s in plan.slices]], sort_keys=True)
     return (
-        Path(plan.context.work_dir)
+        Path(plan.context.output.work_dir)
         / "runs"
         / f"{hashlib.sha256(ident.encode()).hexdigest()[:24]}.documents.npy"
     )
@@ -149,11 +149,12 @@ def _tokenize_mixer(mixer: MixerConfig, run: RunOptions) -> dict:
     documents = _documents_path(plan)
     scratch = None
     if run.disable_cache:  # slices still go through files, in a scratch directory removed below
-        scratch = Path(plan.context.work_dir) / "scratch" / uuid.uuid4().hex
-        plan.context = plan.context.model_copy(update={"work_dir": str(scratch), "remote_work_dir": None})
+        scratch = Path(plan.context.output.work_dir) / "scratch" / uuid.uuid4().hex
+        output = plan.context.output.model_copy(update={"work_dir": str(scratch), "remote_work_dir": None})
+        plan.context = plan.context.model_copy(update={"output": output})
     try:
         outcome = run_slices(plan, run)
-        with staging_dir(mixer.output.path, plan.context.work_dir) as staging:
+        with staging_dir(mixer.output.path, plan.context.output.work_dir) as staging:
             report, result = _assemble_and_publish(
                 plan, run, outcome, staging, documents, started, seen_id, plan_seconds
             )
@@ -201,9 +202,9 @@ def _assemble_and_publish(
     mixer = plan.mixer
     tail_started = time.perf_counter()
     drift = template_drift(
-        plan.context.template_text,
+        plan.context.template.text,
         plan.template_source,
-        tokenizer_facts(plan.context.tokenizer_key()).chat_template,
+        tokenizer_facts(plan.context.tokenizer.key()).chat_template,
     )
     check = check_for(plan, run, staging, documents, outcome, drift)
     result = _call(assemble_output, plan, outcome.manifests, staging, documents, check)

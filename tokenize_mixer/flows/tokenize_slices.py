@@ -14,7 +14,7 @@ from sftmix.config.run_options import RunOptions
 from sftmix.errors import MixerError
 from sftmix.planning.roots import check_slices_allowed
 from sftmix.runtime.stopping import EXIT_CANCELLED, RunStopped, follow_supervisor
-from sftmix.tokenizing.slices import SliceSpec, TokenizeContext, context_here
+from sftmix.tokenizing.slices import SliceSpec, TokenizeContext, context_here, slice_here
 from tokenize_mixer.flows.api.watch import report_crashed
 from tokenize_mixer.flows.fanout import run_slice_specs
 from tokenize_mixer.flows.workers.worker_start import fork_workers_from_server
@@ -34,10 +34,12 @@ def tokenize_slices(
         )
         fork_workers_from_server()  # one flow run a process: its workers forked ready (flows.workers.worker_start)
     try:
-        check_slices_allowed([s.dataset for s in slices], ctx.tokenizer, ctx.remote_work_dir)
+        check_slices_allowed(
+            [s.dataset for s in slices], ctx.tokenizer.name_or_path, ctx.output.remote_work_dir
+        )
         here = context_here(ctx)
-        if here is not ctx:  # the planner's Arrow files are not on this machine
-            slices = [s.model_copy(update={"arrow_files": None}) for s in slices]
+        if here is not ctx:  # (the planner's files are not all on this machine)
+            slices = [slice_here(s) for s in slices]
         outcome = run_slice_specs(slices, here, RunOptions(workers=workers or None, force_recache=not reuse))
         return {"slices": len(slices), "computed": outcome.computed, "reused": outcome.reused}
     except MixerError as exc:

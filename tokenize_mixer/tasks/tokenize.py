@@ -66,9 +66,9 @@ def slice_task_for(ctx: TokenizeContext, refresh: bool = False, cache: bool = Tr
     (``cache=False``: no record is read or written)."""
     if not cache:
         return tokenize_slice_task.with_options(cache_policy=NO_CACHE, persist_result=False)
-    storage: Path | RemoteFileSystem = Path(ctx.work_dir) / "prefect-results"
-    if ctx.remote_work_dir is not None:
-        storage = remote_result_storage(join_url(ctx.remote_work_dir, "prefect-results"))
+    storage: Path | RemoteFileSystem = Path(ctx.output.work_dir) / "prefect-results"
+    if ctx.output.remote_work_dir is not None:
+        storage = remote_result_storage(join_url(ctx.output.remote_work_dir, "prefect-results"))
     return tokenize_slice_task.with_options(result_storage=storage, refresh_cache=refresh)
 
 

@@ -16,13 +16,9 @@ masker), ``executor`` (tokenizing one slice). Its names are importable from here
 
 from sftmix.tokenizing.slices.encoding import (
     WorkerEncoding,
+    WorkerTemplate,
+    WorkerTokenizer,
     cached_masker,
-    encoding_for,
-    literal_report,
-    literal_rule_for,
-    masked_samples,
-    masker_for,
-    trainable_per_row,
     worker_encoding,
 )
 from sftmix.tokenizing.slices.executor import bad_row_error, rows_of, tokenize_slice
@@ -40,7 +36,7 @@ from sftmix.tokenizing.slices.manifest import (
     FileDigest,
     SliceManifest,
 )
-from sftmix.tokenizing.slices.spec import SliceSpec, TokenizeContext, workers_context
+from sftmix.tokenizing.slices.spec import SliceOutput, SliceSpec, TokenizeContext
 from sftmix.tokenizing.slices.store import (
     context_here,
     load_over_length,
@@ -56,6 +52,7 @@ from sftmix.tokenizing.slices.store import (
     remote_tokenizer_url,
     save_npy,
     slice_dir,
+    slice_here,
     unrecorded_over_length,
     verify_slice,
     verify_slices,
@@ -75,7 +72,9 @@ __all__ = [
     "FileDigest",
     "SliceManifest",
     "TokenizeContext",
-    "workers_context",
+    "SliceOutput",
+    "WorkerTokenizer",
+    "WorkerTemplate",
     "SliceSpec",
     "slice_dir",
     "remote_slice_url",
@@ -92,17 +91,12 @@ __all__ = [
     "push_worker_tokenizer",
     "context_here",
     "on_this_machine",
+    "slice_here",
     "note_progress",
     "read_progress",
-    "masker_for",
-    "masked_samples",
-    "trainable_per_row",
     "WorkerEncoding",
-    "encoding_for",
     "worker_encoding",
     "cached_masker",
-    "literal_rule_for",
-    "literal_report",
     "bad_row_error",
     "tokenize_slice",
     "rows_of",

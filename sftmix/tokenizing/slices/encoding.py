@@ -1,5 +1,6 @@
-"""The tokenizer and masker as a worker process uses them: built once per process and run settings, the
-fast encoder where the plan proved it, and what ``literal_special_tokens`` asks of each row."""
+"""The run's tokenizer and template as the workers get them (:class:`WorkerTokenizer`,
+:class:`WorkerTemplate`), and what they build in a worker process: its encoding (the fast encoder where the
+plan proved it) and its masker, once per process and run settings."""
 
 from __future__ import annotations
 
@@ -9,20 +10,20 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
+from sftmix.config.config import TokenizerSpec
 from sftmix.errors import ConfigError
 from sftmix.runtime import settings
-from sftmix.sources.formats import Conversation
 from sftmix.tokenizing.encoders import FastEncoder
 from sftmix.tokenizing.fast_analysis import Unproven
-from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding, RenderError
+from sftmix.tokenizing.labels import LabelMasker, MaskerEncoding
 from sftmix.tokenizing.literal_tokens import LiteralReport, LiteralRule, Renaming, literal_rule
 from sftmix.tokenizing.masking import Masking
 from sftmix.tokenizing.prefix_renders import SkeletonStore
 from sftmix.tokenizing.restarts import Restarts
-from sftmix.tokenizing.row_status import RowStatus, TokenizedRow
 from sftmix.tokenizing.segments import SegmentBoundaries
-from sftmix.tokenizing.slices.manifest import SKELETONS, SliceManifest
-from sftmix.tokenizing.slices.spec import TokenizeContext
+from sftmix.tokenizing.slices.manifest import SliceManifest
 from sftmix.tokenizing.templates import ChatRenderer
 from sftmix.tokenizing.tokenizer import (
     TokenizerKey,
@@ -30,39 +31,11 @@ from sftmix.tokenizing.tokenizer import (
     load_hf_tokenizer,
     load_worker_tokenizer,
     rust_tokenizer,
+    save_split_worker_tokenizer,
     segment_boundaries,
     special_tokens,
 )
 from sftmix.tokenizing.tokenizer_load import TokenizerLoad
-
-
-def masker_for(ctx: TokenizeContext) -> LabelMasker:
-    """One masker per worker process and run settings: its template and pasted-prefix shapes are
-    reused by every slice the process tokenizes, and the shapes' skeletons by every process of the
-    machine (kept in the work directory, ``SKELETONS``)."""
-    return cached_masker(
-        encoding_for(ctx), ctx.template_text, ctx.masking, os.path.join(ctx.work_dir, SKELETONS)
-    )
-
-
-def masked_samples(ctx: TokenizeContext, conversations: list[Conversation]) -> list[TokenizedRow] | None:
-    """The run's masker over ``conversations`` (a plan's sampled rows): what the plan estimates from before
-    any work; ``None`` where there are none or the masker fails on one."""
-    if not conversations:
-        return None
-    try:
-        return masker_for(ctx).tokenize(conversations)
-    except RenderError:
-        return None
-
-
-def trainable_per_row(ctx: TokenizeContext, conversations: list[Conversation]) -> float | None:
-    """The trainable tokens the run's masker gives each of ``conversations`` on average (none for a row it
-    drops): what a trainable token budget's plan estimates from; ``None`` where the masker fails on one."""
-    rows = masked_samples(ctx, conversations)
-    if rows is None:
-        return None
-    return sum(int(r.mask.sum()) for r in rows if r.status == RowStatus.KEPT) / len(rows)
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,17 +73,90 @@ class WorkerEncoding:
         return "" if self.fast is None else self.fast.engine
 
 
-def encoding_for(ctx: TokenizeContext, encoder: str | None = None) -> WorkerEncoding:
-    """This process's encoding for the run (``encoder`` instead of the run's: the plan's sample check),
-    with the fast engine :data:`ENGINE_ENV` names now (part of the cache's key)."""
-    return worker_encoding(
-        ctx.tokenizer,
-        ctx.tokenizer_revision,
-        ctx.tokenizer_file,
-        encoder or ctx.encoder,
-        settings.FAST_ENGINE.raw(),
-        ctx.tokenizer_load,
+class WorkerTokenizer(BaseModel):
+    """The run's tokenizer as every worker builds it (:meth:`build`): where the plan found it and how it
+    loaded it, the workers' copy it wrote (``file``), the encoder it proved (``fast``) and what
+    ``literal_special_tokens`` asks of each row's spelled special tokens."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name_or_path: str
+    revision: str | None = None
+    load: TokenizerLoad = "reference"
+    file: str | None = None  # the workers' copy, written once by the plan (split: the renamed tokenizer)
+    encoder: str = (
+        "hf"  # "fast": the fast encoder, proven the same tokenizer by the plan (tokenizing/encoders.py)
     )
+    literal_special_tokens: str = "keep"
+
+    @classmethod
+    def of(cls, spec: TokenizerSpec, key: TokenizerKey, file: str | None) -> WorkerTokenizer:
+        """The mixer's tokenizer as the plan loaded it (``key``), with the workers' copy it wrote."""
+        return cls(
+            name_or_path=key.name_or_path,
+            revision=key.revision,
+            load=key.load,
+            file=file,
+            literal_special_tokens=spec.literal_special_tokens,
+        )
+
+    def key(self) -> TokenizerKey:
+        """The tokenizer, loaded as the plan loaded it."""
+        return TokenizerKey.of(self.name_or_path, self.revision, self.load)
+
+    def build(self, encoder: str | None = None) -> WorkerEncoding:
+        """This process's encoding (``encoder`` instead of the run's: the plan's sample check), with the
+        fast engine :data:`sftmix.runtime.settings.FAST_ENGINE` names now (part of the cache's key)."""
+        return worker_encoding(
+            self.name_or_path,
+            self.revision,
+            self.file,
+            encoder or self.encoder,
+            settings.FAST_ENGINE.raw(),
+            self.load,
+        )
+
+    def with_template(self, template_text: str) -> WorkerTokenizer:
+        """The workers' tokenizer for ``template_text``: spelled special tokens read as text (``split``)
+        need a copy with the template's own renamed (written once, beside the workers' copy)."""
+        if self.literal_special_tokens != "split":
+            return self
+        assert self.file is not None
+        return self.model_copy(update={"file": save_split_worker_tokenizer(self.file, template_text)})
+
+    def literal_rule(self) -> LiteralRule | None:
+        """What the setting asks of each row (none: ``keep``, the reference's)."""
+        if self.literal_special_tokens == "keep":
+            return None
+        return _literal_rule_of(self.build(), self.literal_special_tokens)
+
+    def literal_report(self, manifests: Sequence[SliceManifest]) -> LiteralReport:
+        """What the run did with special tokens its rows spell (the run report's, the check's)."""
+        spelled = sum(m.findings.spelled_special_tokens for m in manifests)
+        return LiteralReport(mode=self.literal_special_tokens, spelled_rows=spelled)
+
+    @property
+    def may_drop_spelled(self) -> bool:
+        """Whether a row that spells a special token may be dropped before it is rendered (``drop``)."""
+        return self.literal_special_tokens == "drop"
+
+
+class WorkerTemplate(BaseModel):
+    """The run's chat template as the plan resolved it: its text, and where it came from (for messages)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    text: str
+    source: str = ""
+
+    def build(self, encoding: WorkerEncoding) -> ChatRenderer:
+        """Its renderer for ``encoding``, the template's own special tokens under their new names where the
+        tokenizer renamed them (``split``)."""
+        return ChatRenderer(self.text_for(encoding), encoding.special_tokens)
+
+    def text_for(self, encoding: WorkerEncoding) -> str:
+        renaming = encoding.renaming
+        return self.text if renaming is None else renaming.template(self.text)
 
 
 @lru_cache(maxsize=4)  # one per process: the plan's sample check and in-process slices share it
@@ -150,17 +196,16 @@ def worker_encoding(
 
 @lru_cache(maxsize=4)
 def cached_masker(
-    encoding: WorkerEncoding, template_text: str, masking: Masking, skeleton_dir: str | None = None
+    encoding: WorkerEncoding, template: WorkerTemplate, masking: Masking, skeleton_dir: str | None = None
 ) -> LabelMasker:
-    renaming = encoding.renaming
-    if renaming is not None:  # the template's own special tokens under their new names
-        template_text = renaming.template(template_text)
-    renderer = ChatRenderer(template_text, encoding.special_tokens)
+    """One masker per worker process and run settings: its template and pasted-prefix shapes are reused by
+    every slice the process tokenizes, and the shapes' skeletons by every process of the machine (kept in
+    ``skeleton_dir``, the work directory's)."""
+    renderer = template.build(encoding)
     store = None
     if skeleton_dir is not None:
-        store = SkeletonStore(
-            skeleton_dir, SkeletonStore.renderer_key_of(template_text, encoding.special_tokens)
-        )
+        text = template.text_for(encoding)
+        store = SkeletonStore(skeleton_dir, SkeletonStore.renderer_key_of(text, encoding.special_tokens))
     return LabelMasker(renderer, encoding.for_masker(), masking, store, drop_early=encoding.fast is None)
 
 
@@ -168,15 +213,3 @@ def cached_masker(
 def _literal_rule_of(encoding: WorkerEncoding, mode: str) -> LiteralRule | None:
     added = lambda: [t.content for t in encoding.rust.get_added_tokens_decoder().values() if t.special]  # noqa: E731
     return literal_rule(mode, encoding.renaming, added)
-
-
-def literal_rule_for(ctx: TokenizeContext) -> LiteralRule | None:
-    if ctx.literal_special_tokens == "keep":
-        return None
-    return _literal_rule_of(encoding_for(ctx), ctx.literal_special_tokens)
-
-
-def literal_report(ctx: TokenizeContext, manifests: Sequence[SliceManifest]) -> LiteralReport:
-    """What the run did with special tokens its rows spell (the run report's, the check's)."""
-    spelled = sum(m.findings.spelled_special_tokens for m in manifests)
-    return LiteralReport(mode=ctx.literal_special_tokens, spelled_rows=spelled)

@@ -20,8 +20,7 @@ from sftmix.sources import jsonl, registry
 from sftmix.sources.formats import Conversation, RowFormatError, conversation_from_row
 from sftmix.tokenizing.labels import LabelMasker, RenderError
 from sftmix.tokenizing.literal_tokens import LiteralRule
-from sftmix.tokenizing.row_status import DROP_REASONS, UNTRAINABLE, RowStatus, TokenizedRow
-from sftmix.tokenizing.slices.encoding import encoding_for, literal_rule_for, masker_for
+from sftmix.tokenizing.row_status import DROP_REASONS, RowStatus, TokenizedRow
 from sftmix.tokenizing.slices.manifest import (
     ALL_ZERO_SLICE_ROWS,
     MANIFEST,
@@ -128,11 +127,11 @@ def tokenize_slice(spec: SliceSpec, ctx: TokenizeContext, reuse: bool = False) -
     own result record (the orchestrator's cache is not the only proof a slice finished)."""
     ctx, spec = on_this_machine(ctx, spec)
     if reuse:
-        done = read_manifest(ctx.work_dir, spec.key, ctx.remote_work_dir)
+        done = read_manifest(ctx.output.work_dir, spec.key, ctx.output.remote_work_dir)
         if (
             done is not None
             and unrecorded_over_length(ctx, done) is None
-            and verify_slice(ctx.work_dir, done, ctx.remote_work_dir) is None
+            and verify_slice(ctx.output.work_dir, done, ctx.output.remote_work_dir) is None
         ):
             return done
     try:
@@ -150,9 +149,9 @@ def rows_of(spec: SliceSpec, datasets_cache: str, rows: list[int]) -> Sequence[d
 def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
     started, started_at = time.perf_counter(), time.time()
     rows = spec.row_list()
-    dtype = np.dtype(ctx.token_dtype)
-    masker = masker_for(ctx)
-    fallbacks_before = encoding_for(ctx).fallbacks
+    dtype = np.dtype(ctx.output.token_dtype)
+    masker, encoding = ctx.masker(), ctx.tokenizer.build()
+    fallbacks_before = encoding.fallbacks
     token_chunks: list[np.ndarray] = []
     mask_chunks: list[np.ndarray] = []
     records = np.zeros(len(rows), dtype=ROW_DTYPE)
@@ -163,17 +162,21 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
     for b in range(0, len(rows), ctx.batch_size):
         if b and time.monotonic() - noted >= PROGRESS_SECONDS:
             noted = time.monotonic()
-            note_progress(slice_dir(ctx.work_dir, spec.key), b, len(rows))
+            note_progress(slice_dir(ctx.output.work_dir, spec.key), b, len(rows))
         batch_rows = rows[b : b + ctx.batch_size]
         raw = _read_rows(spec, ctx, batch_rows)
         results = _tokenize_batch(
-            masker, spec, batch_rows, raw, ctx.on_bad_row == "skip", literal_rule_for(ctx), tally.holding
+            masker,
+            spec,
+            batch_rows,
+            raw,
+            ctx.on_bad_row == "skip",
+            ctx.tokenizer.literal_rule(),
+            tally.holding,
         )
         for j, res in enumerate(results):
             rec, row = records[b + j], batch_rows[j]
-            kept = res.status == RowStatus.KEPT or (
-                not ctx.masking.drop_untrainable and res.status in UNTRAINABLE
-            )
+            kept = res.status == RowStatus.KEPT or (ctx.masking.keeps_untrained(res.status))
             rec["length"] = res.ids.shape[0] if kept else 0  # a dropped row's tokens may not all be made
             rec["status"] = int(RowStatus.KEPT if kept else res.status)
             if not kept:
@@ -202,7 +205,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
 def _read_rows(spec: SliceSpec, ctx: TokenizeContext, rows: list[int]) -> Sequence[dict | jsonl.BadLine]:
     """A batch's rows; a failure of Arrow or ``datasets`` while reading them is named with the rows."""
     try:
-        return rows_of(spec, ctx.datasets_cache, rows)
+        return rows_of(spec, ctx.output.datasets_cache, rows)
     except MixerError:
         raise
     except Exception as exc:
@@ -239,7 +242,7 @@ def _refuse_all_zero(spec: SliceSpec, ctx: TokenizeContext, rows: int, tally: _T
     if rows >= ALL_ZERO_SLICE_ROWS and tally.dropped[no_trainable] + tally.untrainable[no_trainable] == rows:
         raise TemplateError(
             f"{spec.describe()}: all {rows} rows have an all-zero label mask with template "
-            f"{ctx.template_source or 'in use'} (mask {ctx.masking.mask}): the template's assistant turns are not "
+            f"{ctx.template.source or 'in use'} (mask {ctx.masking.mask}): the template's assistant turns are not "
             "found in its output, or these rows have none; check the template and the rows' roles"
         )
 
@@ -255,8 +258,8 @@ def _checkpoint(
 ) -> SliceManifest:
     """The slice's files, then its manifest (written last: the slice is done when it is)."""
     started, started_at, fallbacks_before = times
-    root = slice_dir(ctx.work_dir, spec.key)
-    where = f"cannot write the checkpoint of {spec.describe()} (work directory {ctx.work_dir})"
+    root = slice_dir(ctx.output.work_dir, spec.key)
+    where = f"cannot write the checkpoint of {spec.describe()} (work directory {ctx.output.work_dir})"
     with storage_errors(where):
         with contextlib.suppress(FileNotFoundError):
             (root / PROGRESS).unlink()  # (ours: the slice's progress while it ran)
@@ -292,9 +295,9 @@ def _checkpoint(
             seconds=round(time.perf_counter() - started, 3), started_at=started_at, finished_at=time.time()
         ),
         encoding=SliceEncoding(
-            encoder=ctx.encoder,
-            fast_engine=encoding_for(ctx).engine,
-            library_texts=encoding_for(ctx).fallbacks - fallbacks_before,
+            encoder=ctx.tokenizer.encoder,
+            fast_engine=ctx.tokenizer.build().engine,
+            library_texts=ctx.tokenizer.build().fallbacks - fallbacks_before,
         ),
     )
     with storage_errors(where):

@@ -1,59 +1,85 @@
-"""What a slice is asked to do: the run's context every slice shares (tokenizer, template, masking,
+"""What a slice is asked to do: the run's context every slice shares (tokenizer, template, masking and
 truncation, where to write) and one slice's rows of one dataset."""
 
 from __future__ import annotations
 
-from typing import Any
+import os
 
 from pydantic import BaseModel, Field
 
+from sftmix.config.config import MixerConfig
+from sftmix.sources.formats import Conversation
 from sftmix.sources.reading import RowsAt
 from sftmix.sources.registry import SliceSource
 from sftmix.sources.whole.arrow import ArrowSource
-from sftmix.tokenizing.masking import SETTINGS as MASKING_SETTINGS
+from sftmix.tokenizing.labels import LabelMasker, RenderError
 from sftmix.tokenizing.masking import Masking
-from sftmix.tokenizing.tokenizer import TokenizerKey, save_split_worker_tokenizer
-from sftmix.tokenizing.tokenizer_load import TokenizerLoad
+from sftmix.tokenizing.row_status import RowStatus, TokenizedRow
+from sftmix.tokenizing.slices.encoding import WorkerTemplate, WorkerTokenizer, cached_masker
+from sftmix.tokenizing.slices.manifest import SKELETONS
 
 
-class TokenizeContext(BaseModel):
-    """What every slice of a run shares: tokenizer, template, truncation, dtype, where to write."""
+class SliceOutput(BaseModel):
+    """Where each slice is written and how: the work directory (its mirror, with a remote one beside it),
+    the datasets' cache in it, the tokens' dtype, and whether the slice must hold its over-length records."""
 
-    tokenizer: str
-    tokenizer_revision: str | None = None
-    tokenizer_load: TokenizerLoad = "reference"
-    tokenizer_file: str | None = None
-    template_text: str
-    token_dtype: str
     work_dir: str
     remote_work_dir: str | None = None
     datasets_cache: str
-    on_bad_row: str = "error"
-    masking: Masking  # the mixer's settings the masker follows, by their names (Masking.of)
-    template_source: str = ""
-    literal_special_tokens: str = "keep"  # (split: tokenizer_file is the renamed tokenizer)
-    batch_size: int = 256
-    encoder: str = "hf"  # "fast": the fast encoder, proven the same tokenizer by the plan (sftmix/tokenizing/encoders.py)
+    token_dtype: str
     # Not a slice setting (every slice records its over-length rows): whether the run's over_length_strategy
     # reads those records, so that a slice made before they were recorded is made again.
     over_length_recorded: bool = False
 
-    def tokenizer_key(self) -> TokenizerKey:
-        """The run's tokenizer, loaded as the plan loaded it."""
-        return TokenizerKey.of(self.tokenizer, self.tokenizer_revision, self.tokenizer_load)
 
+class TokenizeContext(BaseModel):
+    """What every slice of a run shares, as the specs that build what a worker runs: the tokenizer's
+    encoding, the template's renderer, the masker, and where slices are written. Each of the mixer's slice
+    settings sits in one of them under its own name (``tests/test_byte_settings.py`` finds each there)."""
 
-def workers_context(settings: dict[str, Any], **found: Any) -> TokenizeContext:
-    """What every slice shares: the mixer's slice settings (:func:`sftmix.config.byte_settings.for_slices`,
-    each a field here by its name, the masker's in its :class:`Masking`) and what the plan found. Spelled
-    special tokens read as text need the workers' tokenizer with the template's own renamed (written once,
-    beside the workers' copy)."""
-    rest = {name: value for name, value in settings.items() if name not in MASKING_SETTINGS}
-    ctx = TokenizeContext(**rest, masking=Masking.of(settings), **found)
-    if ctx.literal_special_tokens == "split":
-        assert ctx.tokenizer_file is not None
-        ctx.tokenizer_file = save_split_worker_tokenizer(ctx.tokenizer_file, ctx.template_text)
-    return ctx
+    tokenizer: WorkerTokenizer
+    template: WorkerTemplate
+    masking: Masking  # the mixer's settings the masker follows (Masking.of)
+    output: SliceOutput
+    on_bad_row: str = "error"
+    batch_size: int = 256
+
+    @classmethod
+    def of(
+        cls, mixer: MixerConfig, tokenizer: WorkerTokenizer, template: WorkerTemplate, output: SliceOutput
+    ) -> TokenizeContext:
+        """The run's context: the mixer's settings for the masker and the rows, with what the plan found."""
+        return cls(
+            tokenizer=tokenizer.with_template(template.text),
+            template=template,
+            masking=Masking.of(mixer),
+            output=output,
+            on_bad_row=mixer.on_bad_row,
+        )
+
+    def masker(self) -> LabelMasker:
+        """This process's masker for the run (cached: every slice of the process shares it, and the
+        pasted-prefix skeletons every process of the machine, in the work directory)."""
+        skeletons = os.path.join(self.output.work_dir, SKELETONS)
+        return cached_masker(self.tokenizer.build(), self.template, self.masking, skeletons)
+
+    def masked_samples(self, conversations: list[Conversation]) -> list[TokenizedRow] | None:
+        """The run's masker over ``conversations`` (a plan's sampled rows): what the plan estimates from
+        before any work; ``None`` where there are none or the masker fails on one."""
+        if not conversations:
+            return None
+        try:
+            return self.masker().tokenize(conversations)
+        except RenderError:
+            return None
+
+    def trainable_per_row(self, conversations: list[Conversation]) -> float | None:
+        """The trainable tokens the run's masker gives each of ``conversations`` on average (none for a row
+        it drops): what a trainable token budget's plan estimates from; ``None`` where the masker fails."""
+        rows = self.masked_samples(conversations)
+        if rows is None:
+            return None
+        return sum(int(r.mask.sum()) for r in rows if r.status == RowStatus.KEPT) / len(rows)
 
 
 class SliceSpec(BaseModel):

@@ -10,7 +10,7 @@ import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import numpy as np
 
@@ -124,9 +124,12 @@ def verify_slices(
 
 def push_slice(ctx: TokenizeContext, manifest: SliceManifest) -> None:
     """Upload a finished slice to the remote work directory, manifest object last."""
-    if ctx.remote_work_dir is None:
+    if ctx.output.remote_work_dir is None:
         return
-    root, url = slice_dir(ctx.work_dir, manifest.key), remote_slice_url(ctx.remote_work_dir, manifest.key)
+    root, url = (
+        slice_dir(ctx.output.work_dir, manifest.key),
+        remote_slice_url(ctx.output.remote_work_dir, manifest.key),
+    )
     for name in manifest.files:
         upload_file(root / name, join_url(url, name))
     write_remote_bytes(join_url(url, MANIFEST), (root / MANIFEST).read_bytes())
@@ -155,7 +158,7 @@ def _read_records(work_dir: str | Path, manifest: SliceManifest, name: str, dtyp
 def unrecorded_over_length(ctx: TokenizeContext, manifest: SliceManifest) -> str | None:
     """Why a finished slice cannot serve this run: it was made before its over-length rows were recorded,
     and the run's ``over_length_strategy`` needs them."""
-    if ctx.over_length_recorded and manifest.findings.over_length is None:
+    if ctx.output.over_length_recorded and manifest.findings.over_length is None:
         return "made before over-length rows were recorded (over_length_strategy needs them)"
     return None
 
@@ -194,37 +197,36 @@ def remote_tokenizer_url(remote_work_dir: str, tokenizer_file: str) -> str:
 def push_worker_tokenizer(ctx: TokenizeContext) -> None:
     """Put the worker tokenizer in the remote work directory (once): a worker on another machine reads
     it there instead of needing the tokenizer's own location."""
-    if ctx.remote_work_dir is None or not ctx.tokenizer_file:
+    if ctx.output.remote_work_dir is None or not ctx.tokenizer.file:
         return
-    url = remote_tokenizer_url(ctx.remote_work_dir, ctx.tokenizer_file)
+    url = remote_tokenizer_url(ctx.output.remote_work_dir, ctx.tokenizer.file)
     if read_remote_bytes(url) is None:
-        upload_file(ctx.tokenizer_file, url)
+        upload_file(ctx.tokenizer.file, url)
 
 
 def context_here(ctx: TokenizeContext) -> TokenizeContext:
     """With a remote work directory, the planning machine's local paths mean nothing on another machine
     (and are never taken from a caller): this process uses its own mirror of the work directory (slices,
     datasets cache) and fetches the worker tokenizer from the work directory."""
-    if ctx.remote_work_dir is None:
+    if ctx.output.remote_work_dir is None:
         return ctx
-    mirror = local_mirror(ctx.remote_work_dir)
-    if Path(ctx.work_dir) == mirror:
+    mirror = local_mirror(ctx.output.remote_work_dir)
+    if Path(ctx.output.work_dir) == mirror:
         return ctx
-    tokenizer_file = ctx.tokenizer_file
+    tokenizer_file = ctx.tokenizer.file
     if tokenizer_file:
         local = mirror / "tokenizers" / os.path.basename(tokenizer_file)
         if not local.is_file():
-            url = remote_tokenizer_url(ctx.remote_work_dir, tokenizer_file)
+            url = remote_tokenizer_url(ctx.output.remote_work_dir, tokenizer_file)
             with storage_errors(f"cannot fetch the worker tokenizer {url}"):
                 if read_remote_bytes(url) is not None:
                     download_file(url, local)
         tokenizer_file = str(local)
+    output = ctx.output.model_copy(
+        update={"work_dir": str(mirror), "datasets_cache": str(mirror / "datasets-cache")}
+    )
     return ctx.model_copy(
-        update={
-            "work_dir": str(mirror),
-            "datasets_cache": str(mirror / "datasets-cache"),
-            "tokenizer_file": tokenizer_file,
-        }
+        update={"output": output, "tokenizer": ctx.tokenizer.model_copy(update={"file": tokenizer_file})}
     )
 
 
@@ -233,12 +235,14 @@ def on_this_machine(ctx: TokenizeContext, spec: SliceSpec) -> tuple[TokenizeCont
     Arrow files (or its copies of a hub dataset's or a ``gs://`` object's files), when the context is not
     the planner's."""
     here = context_here(ctx)
-    if here is ctx:
-        return ctx, spec
-    # Files the planner read that this machine lacks (its copies of a hub dataset's files): datasets
-    # opens the dataset here. Files it has, and gs:// objects, are read as planned (checksums agree).
-    update: dict[str, Any] = {"source": registry.here(spec.source)}
-    return here, spec.model_copy(update=update)
+    return (ctx, spec) if here is ctx else (here, slice_here(spec))
+
+
+def slice_here(spec: SliceSpec) -> SliceSpec:
+    """The slice as a machine other than the planner's reads it: files the planner read that this machine
+    lacks (its copies of a hub dataset's files) are opened here by datasets; files it has, and gs://
+    objects, are read as planned (checksums agree)."""
+    return spec.model_copy(update={"source": registry.here(spec.source)})
 
 
 def note_progress(root: Path, rows: int, of: int) -> None:

@@ -161,7 +161,7 @@ def begin_head_start(mixer: MixerConfig, run: RunOptions, plan: Plan | None = No
     if plan is None:
         return
     ctx = plan.context
-    if ctx.remote_work_dir is not None:
+    if ctx.output.remote_work_dir is not None:
         return
     todo = slices_to_compute(plan.slices, ctx, run)
     head = _pending
@@ -188,7 +188,7 @@ def early_start(run: RunOptions) -> EarlySlice | None:
         return None
 
     def begin(spec: SliceSpec, ctx: TokenizeContext) -> None:
-        if ctx.remote_work_dir is not None or read_manifest(ctx.work_dir, spec.key) is not None:
+        if ctx.output.remote_work_dir is not None or read_manifest(ctx.output.work_dir, spec.key) is not None:
             return
         head = _pending
         if head is None:

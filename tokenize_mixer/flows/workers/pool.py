@@ -50,7 +50,9 @@ def finished_slices(
     if run.force_recache or run.disable_cache or not specs:
         return {}
     with ThreadPoolExecutor(max_workers=min(32, len(specs)), thread_name_prefix="manifests") as pool:
-        found = list(pool.map(lambda s: read_manifest(ctx.work_dir, s.key, ctx.remote_work_dir), specs))
+        found = list(
+            pool.map(lambda s: read_manifest(ctx.output.work_dir, s.key, ctx.output.remote_work_dir), specs)
+        )
     # (a slice made before its over-length rows were recorded is made again where the run reads them)
     return {
         s.key: m

@@ -42,7 +42,7 @@ MAX_LOSSES = 3
 
 def run_on_work_pool(plan: Plan, run: RunOptions) -> SliceOutcome:
     ctx = plan.context
-    if ctx.remote_work_dir is None:
+    if ctx.output.remote_work_dir is None:
         raise ConfigError("runner work_pool needs a work_dir on gs:// (its batches run on other machines)")
     push_worker_tokenizer(ctx)
     started = time.perf_counter()
@@ -60,7 +60,9 @@ def run_on_work_pool(plan: Plan, run: RunOptions) -> SliceOutcome:
     batches.follow()
     done, cached = batches.done, batches.cached
     problems = verify_slices(
-        ctx.work_dir, [(done[s.index], s.index in cached) for s in plan.slices], ctx.remote_work_dir
+        ctx.output.work_dir,
+        [(done[s.index], s.index in cached) for s in plan.slices],
+        ctx.output.remote_work_dir,
     )
     stale = [f"{s.describe()}: {p}" for s, p in zip(plan.slices, problems, strict=True) if p is not None]
     if stale:
@@ -99,7 +101,7 @@ class _BatchRuns:
         return todo
 
     def _manifest(self, s: SliceSpec) -> SliceManifest | None:
-        return read_manifest(self.ctx.work_dir, s.key, self.ctx.remote_work_dir)
+        return read_manifest(self.ctx.output.work_dir, s.key, self.ctx.output.remote_work_dir)
 
     def submit(self, batch: list[SliceSpec]) -> None:
         flow_run = run_deployment(
