@@ -37,13 +37,13 @@ def main() -> None:
     from bench.data import sharegpt_chats
     from sftmix.sources.formats import Conversation
     from sftmix.tokenizing.masking import Masking
-    from sftmix.tokenizing.slices import cached_masker, worker_encoding
+    from sftmix.tokenizing.slices import WorkerTemplate, cached_masker, worker_encoding
     from sftmix.tokenizing.templates import named_template
 
     encoding = worker_encoding(str(args.tokenizer), None, None, "fast")
     skeletons = tempfile.mkdtemp(prefix="tm-bench-skeletons-")
     masking = Masking(args.max_seq_length, "assistant", "reference", drop_untrainable=True)
-    masker = cached_masker(encoding, named_template(args.template), masking, skeletons)
+    masker = cached_masker(encoding, WorkerTemplate(text=named_template(args.template)), masking, skeletons)
     convs = [Conversation(c, None) for c in sharegpt_chats(args.rows)]
     masker.tokenize(convs[:256])  # the shapes' skeletons, made once
     times = []

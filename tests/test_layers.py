@@ -187,7 +187,8 @@ HELD_OPTIONS = (
 
 def _code_words(module: Path) -> set[str]:
     """The names a module's code uses: identifiers, attributes, arguments, and the words of its strings
-    other than docstrings (prose about a setting is not a use of it; comments are not in the tree)."""
+    other than docstrings and fields' descriptions (prose about a setting is not a use of it; comments are
+    not in the tree)."""
     tree = ast.parse(module.read_text(encoding="utf-8"))
     docstrings = {
         id(node.body[0].value)
@@ -196,6 +197,13 @@ def _code_words(module: Path) -> set[str]:
         and node.body
         and isinstance(node.body[0], ast.Expr)
         and isinstance(node.body[0].value, ast.Constant)
+    }
+    docstrings |= {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.keyword)
+        and node.arg == "description"
+        and isinstance(node.value, ast.Constant)
     }
     words: set[str] = set()
     for node in ast.walk(tree):

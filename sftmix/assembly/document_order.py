@@ -113,9 +113,10 @@ def _tally_of(
     tally = DatasetTally(name=d.name, selected=int(pos.size), kept=int((chosen == RowStatus.KEPT).sum()))
     for code, count in zip(*np.unique(chosen[chosen != RowStatus.KEPT], return_counts=True), strict=True):
         tally.dropped[DROP_REASONS[RowStatus(int(code))]] += int(count)
-    mixer = plan.mixer
-    if mixer.max_seq_length is not None:
-        tally.over_length = outcome_line(d.name, pos, over, mixer.over_length_strategy, plan.context.masking)
+    if plan.context.masking.max_seq_length is not None:
+        tally.over_length = outcome_line(
+            d.name, pos, over, plan.mixer.over_length_strategy, plan.context.masking
+        )
     if tally.kept == 0:
         raise DatasetError(
             d.name,

@@ -90,12 +90,6 @@ def _sliced(settings: BaseModel) -> Iterator[tuple[BaseModel, str, ChangesBytes]
             yield settings, name, declared
 
 
-def for_slices(settings: BaseModel) -> dict[str, Any]:
-    """Every setting a slice's tokens follow from (declared ``slices=True``; nested ones' too, by name), with
-    its value: what the slice workers are handed (:class:`sftmix.tokenizing.slices.TokenizeContext`)."""
-    return {name: getattr(owner, name) for owner, name, _ in _sliced(settings)}
-
-
 def keyed(settings: BaseModel) -> dict[str, Any]:
     """The settings every slice's key holds (by name, nested ones' too), as their values are dumped."""
     out: dict[str, Any] = {}

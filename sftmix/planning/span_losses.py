@@ -41,7 +41,7 @@ def span_losses(datasets: Sequence[DatasetPlan], opened: Sequence[Opened], ctx: 
         if len(failed) < SPAN_LOSS_SHARE * len(rows):
             continue
         common = Counter(failed).most_common(1)[0][0]
-        fate = ctx.masking.untrained_fate(verb=True)
+        fate = ctx.masking.untrained_action()
         warning = (
             f"{dataset.entry.path}: the reference's span check will {fate} ~{len(failed) / len(rows):.0%} of its "
             f"rows ({len(failed)} of {len(rows)} sampled rows, most often: {common}), which changes what is "

@@ -47,13 +47,15 @@ class Masking:
         """Whether an over-length row masked whole (``over_length_strategy: drop``) is dropped, not kept."""
         return over_length_strategy == "drop" and self.drop_untrainable
 
-    def untrained_fate(self, verb: bool = False) -> str:
-        """What becomes of a row with nothing to train on, in a summary's words (``verb``: a warning's)."""
-        if verb:
-            return "drop" if self.drop_untrainable else "leave untrained"
+    def untrained_fate(self) -> str:
+        """What becomes of a row with nothing to train on, in a summary's words."""
         return (
             "dropped" if self.drop_untrainable else "kept with nothing trained on (drop_untrainable is off)"
         )
+
+    def untrained_action(self) -> str:
+        """What is done to a row with nothing to train on, in a warning's words ("the check will ...")."""
+        return "drop" if self.drop_untrainable else "leave untrained"
 
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"

@@ -261,7 +261,7 @@ def analysis_from_json(data: dict[str, Any]) -> FastAnalysis | str:
 
 
 @dataclass(frozen=True)
-class WorkerTokenizer:
+class LoadedTokenizer:
     """All a slice worker needs from the tokenizer, without importing transformers (seconds of start-up
     and hundreds of MB per worker): the exact Rust tokenizer the plan loaded, the special tokens and the
     fast encoder's proof (or why there is none)."""
@@ -345,13 +345,13 @@ def save_worker_tokenizer(key: TokenizerKey, directory: str | os.PathLike[str], 
 
 
 @lru_cache(maxsize=4)
-def load_worker_tokenizer(path: str) -> WorkerTokenizer:
+def load_worker_tokenizer(path: str) -> LoadedTokenizer:
     with open(path, encoding="utf-8") as fh:
         data = json.load(fh)
     rust = LazyTokenizer(data["backend"])
     packed = data.get("fast_vocabulary")
     renamed = data.get("renaming")
-    return WorkerTokenizer(
+    return LoadedTokenizer(
         rust,
         dict(data["special_tokens"]),
         boundaries_from_json(data["boundaries"]) if "boundaries" in data else boundaries_of(rust),

@@ -10,8 +10,8 @@ then uploaded with the manifest object last; a machine that needs a slice it did
 it and checks the digests before trusting it.
 
 The package by concept: ``spec`` (what a slice is asked to do), ``manifest`` (what a finished one
-holds), ``store`` (where it lives, read back and checked), ``encoding`` (a worker's tokenizer and
-masker), ``executor`` (tokenizing one slice). Its names are importable from here.
+holds), ``store`` (where it lives, read back and checked), ``encoding`` (the tokenizer and template
+specs and what they build in a worker: its encoding, its renderer, the cached masker), ``executor`` (tokenizing one slice). Its names are importable from here.
 """
 
 from sftmix.tokenizing.slices.encoding import (

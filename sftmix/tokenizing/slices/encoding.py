@@ -75,7 +75,7 @@ class WorkerEncoding:
 
 class WorkerTokenizer(BaseModel):
     """The run's tokenizer as every worker builds it (:meth:`build`): where the plan found it and how it
-    loaded it, the workers' copy it wrote (``file``), the encoder it proved (``fast``) and what
+    loaded it, the workers' copy it wrote (``file``), the ``encoder`` it chose (``fast`` where proven) and what
     ``literal_special_tokens`` asks of each row's spelled special tokens."""
 
     model_config = ConfigDict(frozen=True)
@@ -84,9 +84,7 @@ class WorkerTokenizer(BaseModel):
     revision: str | None = None
     load: TokenizerLoad = "reference"
     file: str | None = None  # the workers' copy, written once by the plan (split: the renamed tokenizer)
-    encoder: str = (
-        "hf"  # "fast": the fast encoder, proven the same tokenizer by the plan (tokenizing/encoders.py)
-    )
+    encoder: str = "hf"  # "fast": proven the same tokenizer by the plan (sftmix/tokenizing/encoders.py)
     literal_special_tokens: str = "keep"
 
     @classmethod

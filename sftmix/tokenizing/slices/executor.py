@@ -176,7 +176,7 @@ def _tokenize_slice(spec: SliceSpec, ctx: TokenizeContext) -> SliceManifest:
         )
         for j, res in enumerate(results):
             rec, row = records[b + j], batch_rows[j]
-            kept = res.status == RowStatus.KEPT or (ctx.masking.keeps_untrained(res.status))
+            kept = res.status == RowStatus.KEPT or ctx.masking.keeps_untrained(res.status)
             rec["length"] = res.ids.shape[0] if kept else 0  # a dropped row's tokens may not all be made
             rec["status"] = int(RowStatus.KEPT if kept else res.status)
             if not kept:
@@ -258,6 +258,7 @@ def _checkpoint(
 ) -> SliceManifest:
     """The slice's files, then its manifest (written last: the slice is done when it is)."""
     started, started_at, fallbacks_before = times
+    encoding = ctx.tokenizer.build()  # (this process's, cached: the one that tokenized the slice)
     root = slice_dir(ctx.output.work_dir, spec.key)
     where = f"cannot write the checkpoint of {spec.describe()} (work directory {ctx.output.work_dir})"
     with storage_errors(where):
@@ -296,8 +297,8 @@ def _checkpoint(
         ),
         encoding=SliceEncoding(
             encoder=ctx.tokenizer.encoder,
-            fast_engine=ctx.tokenizer.build().engine,
-            library_texts=ctx.tokenizer.build().fallbacks - fallbacks_before,
+            fast_engine=encoding.engine,
+            library_texts=encoding.fallbacks - fallbacks_before,
         ),
     )
     with storage_errors(where):

@@ -53,7 +53,7 @@ class RowFindings(BaseModel):
         0, description="Rows kept with spans: exact that the reference's span rule would have dropped."
     )
     untrainable_kept: dict[str, int] = Field(
-        default_factory=dict, description="Rows kept with an all-zero mask (untrainable rows not dropped), by reason."
+        default_factory=dict, description="Rows kept with an all-zero mask (drop_untrainable off), by reason."
     )
     spelled_special_tokens: int = Field(
         0,

@@ -34,8 +34,9 @@ class SliceOutput(BaseModel):
 
 class TokenizeContext(BaseModel):
     """What every slice of a run shares, as the specs that build what a worker runs: the tokenizer's
-    encoding, the template's renderer, the masker, and where slices are written. Each of the mixer's slice
-    settings sits in one of them under its own name (``tests/test_byte_settings.py`` finds each there)."""
+    encoding, the template's renderer, the masker, and where slices are written, with what a worker does
+    with a bad row. Each of the mixer's slice settings is held once under its own name, in a spec or here
+    (``on_bad_row``): ``tests/test_byte_settings.py`` finds each."""
 
     tokenizer: WorkerTokenizer
     template: WorkerTemplate
