@@ -78,7 +78,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The smoke tier's tests are marked ``smoke``; the quick loop leaves tests marked slow or full out,
-    unless tests are named (files, ids) or chosen by ``-m``: then they run whatever their marks."""
+    unless tests are named (files, ids) or chosen by ``-m``: then they run whatever their marks. The
+    longest modules run first (``tiers.LONGEST_FIRST``), each module's tests in their order."""
+    items.sort(key=lambda item: tiers.started_first(item.nodeid.split("::", 1)[0]))
     for item in items:
         if any(item.nodeid == s or item.nodeid.startswith(s + "::") for s in tiers.SMOKE):
             item.add_marker(pytest.mark.smoke)

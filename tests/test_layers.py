@@ -117,7 +117,7 @@ def test_the_smoke_tier_is_whole():
     from tests import tiers
 
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", "-m", "smoke"],
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "--collect-only", "-m", "smoke"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     collected = [line for line in proc.stdout.splitlines() if "::" in line]

@@ -21,6 +21,26 @@ SMOKE = (
 )
 
 
+#: The modules that take longest in the full run (each minutes on 2 cores: ``--durations``), started first:
+#: ``pytest -n`` hands each worker a module at a time (``--dist loadfile``), so a long one started last
+#: leaves the other workers idle while it runs. The rest follow in their order.
+LONGEST_FIRST = (
+    "tests/test_stopping.py",
+    "tests/test_deployment.py",
+    "tests/test_soak.py",
+    "tests/test_work_pool.py",
+    "tests/test_resources.py",
+    "tests/test_runtime.py",
+    "tests/test_kill.py",
+    "tests/test_hub.py",
+)
+
+
+def started_first(path: str) -> int:
+    """A module's place in the run: the longest first (:data:`LONGEST_FIRST`), then every other."""
+    return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def examples(n: int) -> int:
     """Hypothesis examples for a property: ``n`` in the full run, a tenth of it (at least 5) in the loop,
     where they are the same each time (``derandomize``, set by ``tests/conftest.py``): the loop is for
