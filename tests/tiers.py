@@ -23,7 +23,8 @@ SMOKE = (
 
 #: The modules that take longest in the full run (each minutes on 2 cores: ``--durations``), started first:
 #: ``pytest -n`` hands each worker a module at a time (``--dist loadfile``), so a long one started last
-#: leaves the other workers idle while it runs. The rest follow in their order.
+#: leaves the other workers idle while it runs (``--no-loadscope-reorder``: xdist keeps this order rather than
+#: its own, by tests a module). The rest follow in their order.
 LONGEST_FIRST = (
     "tests/test_stopping.py",
     "tests/test_deployment.py",
