@@ -140,8 +140,8 @@ def test_an_empty_file_is_an_error_naming_it(here, capsys, no_hub):
     ("name", "content", "reason"),
     [
         ("blank.jsonl", b"\n  \n\t\n", "the file has no rows, only blank lines"),
-        ("blank.jsonl.gz", gzip.compress(b"\n\n"), "the file has no rows, only blank lines"),
-        ("nothing.jsonl.gz", gzip.compress(b""), "the file decompresses to nothing (0 bytes)"),
+        ("blank.jsonl.gz", gzip.compress(b"\n\n", mtime=0), "the file has no rows, only blank lines"),
+        ("nothing.jsonl.gz", gzip.compress(b"", mtime=0), "the file decompresses to nothing (0 bytes)"),
         ("array.json", b"[]\n", "the file has no rows (an empty JSON array, or only empty objects)"),
         ("objects.jsonl", b"{}\n{}\n", "the file has no rows (an empty JSON array, or only empty objects)"),
         ("empty.parquet", b"", "the file is empty (0 bytes)"),
