@@ -144,13 +144,18 @@ def _saved(tok: object, target: Path) -> Path:
 
 def _made(tmp: Path, target: Path) -> None:
     """``tmp``, made whole beside ``target``, becomes it; where another process made it meanwhile (the
-    same files: ``pytest -n``'s workers), that one stays, as its readers may have it open."""
+    same files: ``pytest -n``'s workers), that one stays, as its readers may have it open. A ``target``
+    lacking some of the files (left by an older version of these fixtures) is made again, as before."""
     try:
         tmp.rename(target)
     except OSError:
         if not target.is_dir():
             raise
-        shutil.rmtree(tmp, ignore_errors=True)
+        if {f.name for f in tmp.iterdir()} <= {f.name for f in target.iterdir()}:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
 
 
 TEKKEN = ("mistral-common==1.13.1", "mistral_common/data/tekken_240911.json")
