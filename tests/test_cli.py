@@ -6,12 +6,15 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from sftmix.runtime.stopping import RunStopped
 
 ROOT = Path(__file__).parent.parent
 CLI = [sys.executable, "-m", "tokenize_mixer.cli"]
@@ -479,3 +482,34 @@ def test_strict_refuses_with_the_exit_code_check_gives_and_names_rows(tmp_path):
     assert f"(e.g. {data} row 1)" in strict.stderr and not (tmp_path / "strict").exists()
     cli(*convert, "--output_dir", str(tmp_path / "out"))
     assert cli("check", str(tmp_path / "out"), check=False).returncode == 1
+
+
+@pytest.mark.parametrize(
+    ("stop", "raised"),
+    [
+        (KeyboardInterrupt, KeyboardInterrupt),
+        (lambda: RunStopped("stopped by SIGTERM", 143), RunStopped),
+        (lambda: MemoryError("no room"), MemoryError),
+    ],
+    ids=["ctrl-c", "our-stop", "another-error"],
+)
+def test_a_stop_inside_main_called_in_process_reaches_the_caller_whose_process_goes_on(
+    tmp_path, monkeypatch, stop, raised
+):
+    """Only the command's own process ends with a stop's one line (``exit_now``, which also kills the
+    process's children): a caller of ``main`` in its own process (a test runner's worker, a notebook)
+    gets the exception and its own signal handlers back, whatever an earlier call there recorded."""
+    from sftmix.runtime.processes import STOP_SIGNALS
+    from tokenize_mixer import cli as command
+
+    theirs = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    hook = sys.unraisablehook
+
+    def stopped(*args, **kwargs):
+        raise stop()
+
+    monkeypatch.setattr(command, "run_flow", stopped)
+    with pytest.raises(raised):
+        command.main(["run", str(ROOT / "examples" / "mixer.yaml"), "--work_dir", str(tmp_path)])
+    assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == theirs
+    assert sys.unraisablehook is hook

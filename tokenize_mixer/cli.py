@@ -24,6 +24,7 @@ from sftmix.output.report import COMMAND_CLOCK
 from sftmix.runtime import settings
 from sftmix.runtime.console import configure_command_console
 from sftmix.runtime.pipes import guard_std_streams, new_line_if_needed, quiet_after_stop, watch_output_pipes
+from sftmix.runtime.processes import STOP_SIGNALS
 from sftmix.runtime.stopping import (
     EXIT_API_LOST,
     EXIT_WORKERS_DIED,
@@ -125,6 +126,20 @@ def _as_stop(exc: BaseException) -> RunStopped | None:
 
 
 def main(argv: Sequence[str] | None = None, started: float | None = None) -> int:
+    """The command's work. In the command (:func:`entry`) a stop ends the process with its one line; a
+    caller in its own process (a test, a notebook) gets the exception, and its signal handlers back."""
+    if flow_run.one_run_per_process:
+        return _main_of_the_command(argv, started)
+    theirs, their_hook = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}, sys.unraisablehook
+    try:
+        return _main_of_the_command(argv, started)
+    finally:
+        for sig, handler in theirs.items():
+            signal.signal(sig, handler)
+        sys.unraisablehook = their_hook
+
+
+def _main_of_the_command(argv: Sequence[str] | None, started: float | None) -> int:
     COMMAND_CLOCK.started = time.time() if started is None else started
     guard_std_streams()
     if flow_run.one_run_per_process:  # (in-process callers keep their own Ctrl-C, except for a run)
@@ -141,7 +156,8 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
                     quiet_after_stop()
         return _main(args)
     except BaseException as exc:
-        stop = _as_stop(exc)
+        # (only the command's own process ends here: an in-process caller's holds its other work)
+        stop = _as_stop(exc) if flow_run.one_run_per_process else None
         if stop is None:
             raise
         exit_now(stop)
