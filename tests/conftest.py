@@ -42,6 +42,10 @@ def scrub_environment(profiles: Path) -> None:
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     os.environ["TRANSFORMERS_VERBOSITY"] = "error"
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    # gcsfs reads this once, when first imported (the test modules' collection imports it). Its default picks a
+    # class that asks, before each call on a bucket, the gRPC control plane the GCS emulator lacks, and retries
+    # it: in a cold-cache run each call took seconds to a minute and test_gcs's module ran for hours.
+    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
 
 _scrubbed = Path(tempfile.mkdtemp(prefix="tokenize-mixer-tests-"))

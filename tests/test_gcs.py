@@ -50,7 +50,6 @@ def gcs():
     )  # fmt: skip
     env = {
         "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}",
-        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",  # the emulator has no gRPC control plane
         "FSSPEC_GS_TOKEN": "anon",
     }
     saved = {k: os.environ.get(k) for k in env}
@@ -104,6 +103,17 @@ def demo_mixer(general: str, output: str, max_len: int = 256) -> MixerConfig:
 def parts(digests: dict[str, str]) -> dict[str, str]:
     """Everything but the statistics (they name the datasets, and a gs:// path is another name)."""
     return {k: v for k, v in digests.items() if k != "dataset_statistics.json"}
+
+
+def test_the_suites_gcsfs_speaks_only_the_json_api_the_emulator_has(gcs):
+    """gcsfs picks its file system class once, at import (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT``, set by
+    ``tests/conftest.py``; set in the emulator's fixture it came too late): the experimental one asks a gRPC
+    control plane the emulator lacks before each call on a bucket, retrying it for seconds to a minute."""
+    import gcsfs
+    import gcsfs.core
+
+    assert gcsfs.GCSFileSystem is gcsfs.core.GCSFileSystem
+    assert type(gcs) is gcsfs.core.GCSFileSystem
 
 
 def test_sources_work_dir_results_and_output_on_gcs(gcs, prefect_api, tmp_path, monkeypatch):
