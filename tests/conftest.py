@@ -44,7 +44,7 @@ def scrub_environment(profiles: Path) -> None:
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
     # gcsfs reads this once, when first imported (the test modules' collection imports it). Its default picks a
     # class that asks, before each call on a bucket, the gRPC control plane the GCS emulator lacks, and retries
-    # it: in a cold-cache run each call took seconds to a minute and test_gcs's module ran for hours.
+    # it: in a cold-cache run each call took seconds to a minute (test_gcs's first test ran 10 minutes and on).
     os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
 

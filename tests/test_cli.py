@@ -513,3 +513,24 @@ def test_a_stop_inside_main_called_in_process_reaches_the_caller_whose_process_g
         command.main(["run", str(ROOT / "examples" / "mixer.yaml"), "--work_dir", str(tmp_path)])
     assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == theirs
     assert sys.unraisablehook is hook
+
+
+def test_main_called_from_another_thread_answers_as_from_the_main_one(tmp_path):
+    """Signal handlers are the main thread's to set: a call from another thread (a notebook's worker, a
+    server's handler) leaves them alone and gets its answer."""
+    import threading
+
+    from tokenize_mixer.cli import main
+
+    answers: list[object] = []
+
+    def call() -> None:
+        try:
+            answers.append(main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]))
+        except BaseException as exc:  # (the test's own answer: what reached the thread)
+            answers.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    caller.join(60)
+    assert answers and isinstance(answers[0], int), answers

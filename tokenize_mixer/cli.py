@@ -11,6 +11,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -128,14 +129,15 @@ def _as_stop(exc: BaseException) -> RunStopped | None:
 def main(argv: Sequence[str] | None = None, started: float | None = None) -> int:
     """The command's work. In the command (:func:`entry`) a stop ends the process with its one line; a
     caller in its own process (a test, a notebook) gets the exception, and its signal handlers back."""
-    if flow_run.one_run_per_process:
-        return _main_of_the_command(argv, started)
+    if flow_run.one_run_per_process or threading.current_thread() is not threading.main_thread():
+        return _main_of_the_command(argv, started)  # (handlers are the main thread's to set)
     theirs, their_hook = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}, sys.unraisablehook
     try:
         return _main_of_the_command(argv, started)
     finally:
         for sig, handler in theirs.items():
-            signal.signal(sig, handler)
+            if handler is not None:  # (None: set from C, not ours to restore)
+                signal.signal(sig, handler)
         sys.unraisablehook = their_hook
 
 
