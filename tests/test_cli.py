@@ -498,7 +498,7 @@ def test_a_stop_inside_main_called_in_process_reaches_the_caller_whose_process_g
 ):
     """Only the command's own process ends with a stop's one line (``exit_now``, which also kills the
     process's children): a caller of ``main`` in its own process (a test runner's worker, a notebook)
-    gets the exception and its own signal handlers back, whatever an earlier call there recorded."""
+    gets the exception and its own signal handlers back."""
     from sftmix.runtime.processes import STOP_SIGNALS
     from tokenize_mixer import cli as command
 

@@ -11,7 +11,6 @@ import json
 import logging
 import signal
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +24,6 @@ from sftmix.output.report import COMMAND_CLOCK
 from sftmix.runtime import settings
 from sftmix.runtime.console import configure_command_console
 from sftmix.runtime.pipes import guard_std_streams, new_line_if_needed, quiet_after_stop, watch_output_pipes
-from sftmix.runtime.processes import STOP_SIGNALS
 from sftmix.runtime.stopping import (
     EXIT_API_LOST,
     EXIT_WORKERS_DIED,
@@ -34,6 +32,7 @@ from sftmix.runtime.stopping import (
     exit_now,
     finish,
     first_stop,
+    handlers_given_back,
     install_signal_handlers,
     set_stop_note,
 )
@@ -129,16 +128,10 @@ def _as_stop(exc: BaseException) -> RunStopped | None:
 def main(argv: Sequence[str] | None = None, started: float | None = None) -> int:
     """The command's work. In the command (:func:`entry`) a stop ends the process with its one line; a
     caller in its own process (a test, a notebook) gets the exception, and its signal handlers back."""
-    if flow_run.one_run_per_process or threading.current_thread() is not threading.main_thread():
-        return _main_of_the_command(argv, started)  # (handlers are the main thread's to set)
-    theirs, their_hook = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}, sys.unraisablehook
-    try:
+    if flow_run.one_run_per_process:
         return _main_of_the_command(argv, started)
-    finally:
-        for sig, handler in theirs.items():
-            if handler is not None:  # (None: set from C, not ours to restore)
-                signal.signal(sig, handler)
-        sys.unraisablehook = their_hook
+    with handlers_given_back():
+        return _main_of_the_command(argv, started)
 
 
 def _main_of_the_command(argv: Sequence[str] | None, started: float | None) -> int:

@@ -234,6 +234,24 @@ def install_signal_handlers() -> None:
 
 
 @contextlib.contextmanager
+def handlers_given_back() -> Iterator[None]:
+    """Around a call in someone else's process that may :func:`install_signal_handlers`: their signal
+    handlers and unraisable hook are theirs again after it. Only the main thread sets handlers, so
+    elsewhere there is nothing to give back; a handler set from C (``None``) is not ours to restore."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    theirs, their_hook = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}, sys.unraisablehook
+    try:
+        yield
+    finally:
+        for sig, handler in theirs.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+        sys.unraisablehook = their_hook
+
+
+@contextlib.contextmanager
 def our_sigterm() -> Iterator[None]:
     """Inside a Prefect flow run of the command: SIGTERM is ours again. Prefect's flow engine swaps in a
     handler of its own that raises ``TerminationSignal``, which records no stop; raised inside a
